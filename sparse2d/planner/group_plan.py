@@ -1,0 +1,133 @@
+"""Plan once for ``L`` ranks, then remap the plan onto one sharding group's global ranks.
+
+Every sharding group gets the identical plan (that is what makes its ranks
+replicas of the other groups' ranks), so planning happens once, on global rank
+0, and the result — or the planner's error — is broadcast to every rank. An
+error therefore surfaces on all ranks instead of leaving ranks 1..T-1 blocked
+in the broadcast.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
+from torch.distributed.remote_device import _remote_device
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
+
+from sparse2d.errors import PlanError
+
+# Types whose shard count is fixed by the number of ranks the plan was made for.
+_RANK_COUNT_TYPES = (ShardingType.ROW_WISE.value,)
+
+
+def plan_for_group(
+    module: nn.Module,
+    sharding_group_size: int,
+    device_type: str,
+    sharders: list[ModuleSharder[nn.Module]],
+    constraints: dict[str, ParameterConstraints] | None,
+    node_group_size: int,
+    pg: dist.ProcessGroup,
+    batch_size: int | None = None,
+) -> ShardingPlan:
+    """Plan ``module`` for ``sharding_group_size`` ranks on rank 0; every rank gets it."""
+    result: list[Any] = [None]
+    if dist.get_rank(pg) == 0:
+        try:
+            result[0] = _plan_locally(
+                module,
+                sharding_group_size,
+                device_type,
+                sharders,
+                constraints,
+                node_group_size,
+                batch_size,
+            )
+        except Exception as error:  # forwarded to every rank below
+            result[0] = PlanError(
+                f"Planning the embedding tables for a sharding group of {sharding_group_size} "
+                f"ranks failed: {error}\nFixes: 1. raise sharding_group_size above "
+                f"{sharding_group_size} so each rank holds less; 2. relax or remove the "
+                f"constraints on {sorted(constraints or {})}; 3. pass a hand-made plan= for "
+                f"{sharding_group_size} ranks."
+            )
+    dist.broadcast_object_list(result, src=dist.get_global_rank(pg, 0), group=pg)
+    if isinstance(result[0], Exception):
+        raise result[0]
+    return result[0]
+
+
+def _plan_locally(
+    module: nn.Module,
+    sharding_group_size: int,
+    device_type: str,
+    sharders: list[ModuleSharder[nn.Module]],
+    constraints: dict[str, ParameterConstraints] | None,
+    node_group_size: int,
+    batch_size: int | None,
+) -> ShardingPlan:
+    topology = Topology(
+        world_size=sharding_group_size,
+        compute_device=device_type,
+        local_world_size=node_group_size,
+    )
+    kwargs: dict[str, Any] = {"topology": topology, "constraints": constraints}
+    if batch_size is not None:
+        kwargs["batch_size"] = batch_size
+    return EmbeddingShardingPlanner(**kwargs).plan(module, sharders)
+
+
+def validate_plan(plan: ShardingPlan, sharding_group_size: int) -> None:
+    """Raise ``PlanError`` if ``plan`` was not made for ``sharding_group_size`` ranks."""
+    for module_path, module_plan in plan.plan.items():
+        for table, sharding in module_plan.items():  # type: ignore[union-attr]
+            ranks = list(sharding.ranks or [])
+            where = f"table {table!r} of module {module_path!r}"
+            if any(r < 0 or r >= sharding_group_size for r in ranks):
+                raise PlanError(
+                    f"The plan places {where} on ranks {ranks}, but the sharding group has "
+                    f"{sharding_group_size} ranks (0..{sharding_group_size - 1}). A 2D plan is "
+                    f"made for the sharding group, not the world: plan with "
+                    f"Topology(world_size={sharding_group_size}) or pass plan=None."
+                )
+            if sharding.sharding_type in _RANK_COUNT_TYPES and len(ranks) != sharding_group_size:
+                raise PlanError(
+                    f"The plan shards {where} {sharding.sharding_type} over {len(ranks)} ranks, "
+                    f"but row-wise sharding must span the whole sharding group of "
+                    f"{sharding_group_size} ranks: plan with Topology(world_size="
+                    f"{sharding_group_size}) or pass plan=None."
+                )
+
+
+def remap_plan(plan: ShardingPlan, sharding_group: list[int], device: torch.device) -> ShardingPlan:
+    """Return a copy of ``plan`` (made for ranks 0..L-1) placed on ``sharding_group``.
+
+    Shard placements become ``rank:<global>/cpu`` on CPU (TorchRec's own remap
+    writes ``cuda:<k>`` unconditionally) and ``rank:<global>/cuda:<local>`` on CUDA.
+    """
+    remapped = copy.deepcopy(plan)
+    for module_plan in remapped.plan.values():
+        for sharding in module_plan.values():  # type: ignore[union-attr]
+            if sharding.ranks is not None:
+                sharding.ranks = [sharding_group[r] for r in sharding.ranks]
+            spec = sharding.sharding_spec
+            if isinstance(spec, EnumerableShardingSpec):
+                for shard in spec.shards:
+                    group_rank = shard.placement.rank()  # type: ignore[union-attr]
+                    shard.placement = _placement(sharding_group[group_rank], device)
+    return remapped
+
+
+def _placement(global_rank: int, device: torch.device) -> _remote_device:
+    if device.type == "cpu":
+        return _remote_device(f"rank:{global_rank}/cpu")
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count() or 1))
+    return _remote_device(f"rank:{global_rank}/{device.type}:{global_rank % local_size}")

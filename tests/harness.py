@@ -1,0 +1,120 @@
+"""A pool of spawned processes joined in one gloo process group, reused by many checks.
+
+Spawning and importing TorchRec costs seconds per process, so each world size
+is started once per test session and checks are sent to it as functions. A
+check that raises on any rank fails with every rank's traceback; a check that
+does not finish within its timeout (a hang) fails and the pool is restarted.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch.multiprocessing as mp
+
+_CTX = mp.get_context("spawn")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+    )
+    os.environ.pop("LOCAL_WORLD_SIZE", None)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=90)
+    )
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        fn, args, kwargs = task
+        try:
+            results.put((rank, True, fn(*args, **kwargs)))
+        except BaseException as error:  # reported to the parent with the traceback
+            results.put((rank, False, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+    dist.destroy_process_group()
+
+
+class CheckFailed(AssertionError):
+    """A check raised on at least one rank."""
+
+
+class DistWorld:
+    """``world_size`` live gloo ranks; ``run(fn, ...)`` calls ``fn`` on all of them."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._start()
+
+    def _start(self) -> None:
+        port = _free_port()
+        self._results = _CTX.Queue()
+        self._tasks = [_CTX.Queue() for _ in range(self.world_size)]
+        self._procs = [
+            _CTX.Process(
+                target=_worker,
+                args=(rank, self.world_size, port, self._tasks[rank], self._results),
+                daemon=True,
+            )
+            for rank in range(self.world_size)
+        ]
+        for proc in self._procs:
+            proc.start()
+
+    def run(
+        self, fn: Callable[..., Any], *args: Any, timeout: float = 240.0, **kwargs: Any
+    ) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the per-rank results."""
+        for q in self._tasks:
+            q.put((fn, args, kwargs))
+        results: dict[int, tuple[bool, Any]] = {}
+        try:
+            while len(results) < self.world_size:
+                rank, ok, value = self._results.get(timeout=timeout)
+                results[rank] = (ok, value)
+        except queue.Empty:
+            missing = sorted(set(range(self.world_size)) - set(results))
+            self.restart()
+            raise CheckFailed(
+                f"{fn.__name__} did not finish on ranks {missing} within {timeout}s (hang)"
+            ) from None
+        failures = {r: v for r, (ok, v) in results.items() if not ok}
+        if failures:
+            text = "\n".join(f"--- rank {r} ---\n{v}" for r, v in sorted(failures.items()))
+            raise CheckFailed(f"{fn.__name__} failed on ranks {sorted(failures)}:\n{text}")
+        return [results[r][1] for r in range(self.world_size)]
+
+    def restart(self) -> None:
+        self.close(graceful=False)
+        self._start()
+
+    def close(self, graceful: bool = True) -> None:
+        if graceful:
+            for q in self._tasks:
+                q.put(None)
+            for proc in self._procs:
+                proc.join(timeout=10)
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)

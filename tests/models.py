@@ -1,0 +1,223 @@
+"""Small models, deterministic batches and training loops shared by the distributed checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
+from torchrec import EmbeddingBagCollection, EmbeddingCollection, KeyedJaggedTensor
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.types import ShardingEnv
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from sparse2d.planner.sharders import default_sharders
+from sparse2d.sync.tensors import collect_shard_states
+
+DENSE_IN = 4
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    rows: int
+    dim: int
+    sharding: str
+
+
+MIXED_TABLES = (
+    Table("t0", 40, 8, "table_wise"),
+    Table("t1", 48, 16, "column_wise"),
+    Table("t2", 64, 8, "row_wise"),
+    Table("t3", 32, 16, "table_wise"),
+)
+
+
+class PooledModel(nn.Module):
+    """EBC + a dense layer on the pooled embeddings and dense features."""
+
+    def __init__(self, tables: tuple[Table, ...], device: str = "cpu") -> None:
+        super().__init__()
+        self.names = [t.name for t in tables]
+        self.ebc = EmbeddingBagCollection(
+            tables=[
+                EmbeddingBagConfig(
+                    name=t.name,
+                    embedding_dim=t.dim,
+                    num_embeddings=t.rows,
+                    feature_names=[f"f_{t.name}"],
+                )
+                for t in tables
+            ],
+            device=torch.device(device),
+        )
+        self.dense = nn.Linear(sum(t.dim for t in tables) + DENSE_IN, 1, device=device)
+
+    def forward(self, kjt: KeyedJaggedTensor, dense: torch.Tensor) -> torch.Tensor:
+        pooled = self.ebc(kjt).to_dict()
+        features = [pooled[f"f_{n}"] for n in self.names]
+        return self.dense(torch.cat([*features, dense], dim=1)).squeeze(1)
+
+
+class SequenceModel(nn.Module):
+    """EC (sequence embeddings) summed per sample, then a dense layer."""
+
+    def __init__(self, tables: tuple[Table, ...], device: str = "cpu") -> None:
+        super().__init__()
+        self.names = [t.name for t in tables]
+        self.dims = [t.dim for t in tables]
+        self.ec = EmbeddingCollection(
+            tables=[
+                EmbeddingConfig(
+                    name=t.name,
+                    embedding_dim=t.dim,
+                    num_embeddings=t.rows,
+                    feature_names=[f"f_{t.name}"],
+                )
+                for t in tables
+            ],
+            device=torch.device(device),
+        )
+        self.dense = nn.Linear(sum(self.dims) + DENSE_IN, 1, device=device)
+
+    def forward(self, kjt: KeyedJaggedTensor, dense: torch.Tensor) -> torch.Tensor:
+        jagged = self.ec(kjt)
+        batch = dense.shape[0]
+        features = []
+        for name, dim in zip(self.names, self.dims, strict=True):
+            jt = jagged[f"f_{name}"]
+            owner = torch.repeat_interleave(torch.arange(batch), jt.lengths())
+            features.append(torch.zeros(batch, dim).index_add(0, owner, jt.values()))
+        return self.dense(torch.cat([*features, dense], dim=1)).squeeze(1)
+
+
+def make_batch(
+    tables: tuple[Table, ...], step: int, rank: int, batch: int = 8, seed: int = 0
+) -> tuple[KeyedJaggedTensor, torch.Tensor, torch.Tensor]:
+    """A deterministic batch for (seed, step, rank): the same on any sharding layout."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
+    lengths, values = [], []
+    for t in tables:
+        length = torch.randint(0, 4, (batch,), generator=gen)
+        lengths.append(length)
+        values.append(torch.randint(0, t.rows, (int(length.sum()),), generator=gen))
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=[f"f_{t.name}" for t in tables],
+        values=torch.cat(values),
+        lengths=torch.cat(lengths),
+    )
+    dense = torch.randn(batch, DENSE_IN, generator=gen)
+    target = torch.randn(batch, generator=gen)
+    return kjt, dense, target
+
+
+def build_model(
+    tables: tuple[Table, ...],
+    kind: str = "pooled",
+    optimizer: type = torch.optim.SGD,
+    lr: float = 0.1,
+    seed: int = 0,
+    device: str = "cpu",
+    **opt_kwargs: float,
+) -> nn.Module:
+    torch.manual_seed(seed)
+    model = (PooledModel if kind == "pooled" else SequenceModel)(tables, device)
+    module = model.ebc if kind == "pooled" else model.ec
+    apply_optimizer_in_backward(optimizer, module.parameters(), {"lr": lr, **opt_kwargs})
+    return model
+
+
+def constraints_for(tables: tuple[Table, ...]) -> dict[str, ParameterConstraints]:
+    return {
+        t.name: ParameterConstraints(sharding_types=[t.sharding], min_partition=4)
+        for t in tables
+    }
+
+
+def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded model's tables, used to seed sharded models identically."""
+    module = model.ebc if hasattr(model, "ebc") else model.ec
+    bags = module.embedding_bags if hasattr(module, "embedding_bags") else module.embeddings
+    return {name: bag.weight.detach().clone() for name, bag in bags.items()}
+
+
+def load_full_weights(sharded: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Copy unsharded tables into the local shards of a sharded model."""
+    with torch.no_grad():
+        for shard in collect_shard_states(sharded):
+            full = weights[shard.table]
+            shard.weight.copy_(
+                full[
+                    shard.row_offset : shard.row_offset + shard.rows,
+                    shard.col_offset : shard.col_offset + shard.cols,
+                ]
+            )
+
+
+def gather_tables(
+    sharded: nn.Module, tables: tuple[Table, ...], pg: dist.ProcessGroup | None
+) -> dict[str, torch.Tensor]:
+    """Reassemble full tables (and row-wise state sums) from the shards held in ``pg``."""
+    out: dict[str, torch.Tensor] = {t.name: torch.zeros(t.rows, t.dim) for t in tables}
+    for shard in collect_shard_states(sharded):
+        out[shard.table][
+            shard.row_offset : shard.row_offset + shard.rows,
+            shard.col_offset : shard.col_offset + shard.cols,
+        ] = shard.weight.detach()
+    for name in sorted(out):
+        dist.all_reduce(out[name], group=pg)
+    return out
+
+
+def dense_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        name.replace("module.", "").replace("_dmp_wrapped_module.", ""): p.detach().clone()
+        for name, p in in_backward_optimizer_filter(model.named_parameters())
+    }
+
+
+def shard_1d(model: nn.Module, tables: tuple[Table, ...]) -> DistributedModelParallel:
+    """TorchRec's own 1D DMP over the whole world: the reference."""
+    world = dist.get_world_size()
+    plan = EmbeddingShardingPlanner(
+        topology=Topology(world_size=world, compute_device="cpu", local_world_size=world),
+        constraints=constraints_for(tables),
+    ).collective_plan(model, default_sharders())
+    return DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        device=torch.device("cpu"),
+        plan=plan,
+        sharders=default_sharders(),
+    )
+
+
+def train(
+    model: nn.Module,
+    tables: tuple[Table, ...],
+    steps: int,
+    after_step: Callable[[int], None] | None = None,
+    lr: float = 0.1,
+    seed: int = 0,
+) -> list[float]:
+    """Train with MSE on deterministic batches; ``after_step(step)`` runs after each step."""
+    dense_opt = torch.optim.SGD(
+        [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=lr
+    )
+    losses = []
+    for step in range(steps):
+        kjt, dense, target = make_batch(tables, step, dist.get_rank(), seed=seed)
+        loss = ((model(kjt, dense) - target) ** 2).mean()
+        loss.backward()
+        dense_opt.step()
+        dense_opt.zero_grad()
+        losses.append(float(loss))
+        if after_step is not None:
+            after_step(step)
+    return losses
