@@ -30,6 +30,7 @@ from sparse2d.sync import (
     full_sync,
 )
 from sparse2d.sync.dense import state_tensors, weight_tensors
+from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class DMPCollection(DistributedModelParallel):
         node_group_size: ranks of one group sharing a host, for TWRW/grid (divides ``L``).
         custom_all_reduce: ``hook(tensors, replica_pg)`` replacing the averaging all-reduce.
         planner_batch_size: per-rank batch size the planner assumes.
+        sync_options: cadence and strategy of ``maybe_sync`` (default: every step, dense).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class DMPCollection(DistributedModelParallel):
         node_group_size: int | None = None,
         custom_all_reduce: AllReduceHook | None = None,
         planner_batch_size: int | None = None,
+        sync_options: SyncOptions | None = None,
         init_data_parallel: bool = True,
     ) -> None:
         # 1. Validate: pure and identical on every rank, before any collective.
@@ -130,6 +133,9 @@ class DMPCollection(DistributedModelParallel):
         self._replica_layout = replica_layout
         self._all_reduce_hook = custom_all_reduce
         self._shards: list[ShardState] = collect_shard_states(self)
+        self.sync_policy = SyncPolicy(
+            self._shards, mesh.replica_pg, len(mesh.replica_group), sync_options, custom_all_reduce
+        )
         # 5. Align replicas: TorchRec seeds each group's shards independently.
         self.align_replicas()
         logger.info("[sparse2d] replicas aligned over %s", mesh.replica_group)
@@ -199,9 +205,14 @@ class DMPCollection(DistributedModelParallel):
                 self._shards, self.replica_pg, include_optimizer_state, self._all_reduce_hook
             )
 
+    def maybe_sync(self, step: int) -> SyncReport | None:
+        """Sync if the policy's cadence says step ``step`` (0-based) ends an interval."""
+        return self.sync_policy.step(step)
+
     def set_all_reduce_hook(self, hook: AllReduceHook | None) -> None:
         """Replace the averaging all-reduce (``hook(tensors, replica_pg)`` averages in place)."""
         self._all_reduce_hook = hook
+        self.sync_policy.hook = hook
 
     def extra_repr(self) -> str:
         return (
