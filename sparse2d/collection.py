@@ -109,7 +109,9 @@ class DMPCollection(DistributedModelParallel):
                 planner_batch_size,
             )
         group_plan = remap_plan(plan, mesh.sharding_group, resolved)
-        logger.info("[sparse2d] plan for %d ranks remapped to %s", sharding_group_size, mesh.sharding_group)
+        logger.info(
+            "[sparse2d] plan for %d ranks remapped to %s", sharding_group_size, mesh.sharding_group
+        )
         # 4. Shard: TorchRec's DMP over the sharding group via ShardingEnv2D.
         env = ShardingEnv2D(
             sharding_pg=mesh.sharding_pg,
@@ -221,4 +223,6 @@ class DMPCollection(DistributedModelParallel):
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        raise TypeError("DMPCollection holds process groups and cannot be pickled; save state_dict().")
+        raise TypeError(
+            "DMPCollection holds process groups and cannot be pickled; save state_dict()."
+        )

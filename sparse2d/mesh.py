@@ -70,12 +70,9 @@ def rank_layout(
     validate_layout(replica_layout)
     num_groups = world_size // sharding_group_size
     if replica_layout == "intra_host":
-        return [
-            [g + num_groups * r for r in range(sharding_group_size)] for g in range(num_groups)
-        ]
+        return [[g + num_groups * r for r in range(sharding_group_size)] for g in range(num_groups)]
     return [
-        [g * sharding_group_size + r for r in range(sharding_group_size)]
-        for g in range(num_groups)
+        [g * sharding_group_size + r for r in range(sharding_group_size)] for g in range(num_groups)
     ]
 
 

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.distributed.types import ModuleSharder
 from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 
-from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from sparse2d.errors import ConfigError, UnsupportedOptimizerError
 
 CPU_OPTIMIZERS: tuple[EmbOptimType, ...] = (
@@ -86,7 +86,9 @@ def embedding_optimizer_types(
 ) -> dict[str, EmbOptimType | None]:
     """Map each embedding parameter to the fused optimizer it will be sharded with."""
     types = tuple(s.module_type for s in sharders)
-    fused: dict[type, dict[str, Any]] = {s.module_type: dict(s.fused_params or {}) for s in sharders}
+    fused: dict[type, dict[str, Any]] = {
+        s.module_type: dict(s.fused_params or {}) for s in sharders
+    }
     result: dict[str, EmbOptimType | None] = {}
     for path, sub in module.named_modules():
         if not isinstance(sub, types):

@@ -135,8 +135,7 @@ def build_model(
 
 def constraints_for(tables: tuple[Table, ...]) -> dict[str, ParameterConstraints]:
     return {
-        t.name: ParameterConstraints(sharding_types=[t.sharding], min_partition=4)
-        for t in tables
+        t.name: ParameterConstraints(sharding_types=[t.sharding], min_partition=4) for t in tables
     }
 
 
