@@ -36,9 +36,14 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> 
         LOCAL_RANK=str(rank),
     )
     os.environ.pop("LOCAL_WORLD_SIZE", None)
+    import logging
+    import warnings
+
     import torch
     import torch.distributed as dist
 
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)  # TorchRec logs every plan at WARNING; failures still raise
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=90)

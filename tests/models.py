@@ -38,6 +38,13 @@ MIXED_TABLES = (
     Table("t3", 32, 16, "table_wise"),
 )
 
+SEQUENCE_TABLES = (  # EmbeddingCollection needs one embedding dim for all tables
+    Table("s0", 40, 8, "table_wise"),
+    Table("s1", 48, 8, "column_wise"),
+    Table("s2", 64, 8, "row_wise"),
+    Table("s3", 32, 8, "table_wise"),
+)
+
 
 class PooledModel(nn.Module):
     """EBC + a dense layer on the pooled embeddings and dense features."""
@@ -220,3 +227,24 @@ def train(
         if after_step is not None:
             after_step(step)
     return losses
+
+
+def replica_max_diff(sharded: nn.Module, replica_pg: dist.ProcessGroup) -> float:
+    """Largest |difference| between this rank's shards (weights and optimizer state) and
+    replica-rank 0's copy; 0.0 means bit-identical replicas."""
+    worst = torch.zeros(())
+    for shard in collect_shard_states(sharded):
+        for tensor in [shard.weight, *shard.optimizer_states]:
+            reference = tensor.detach().clone()
+            dist.broadcast(reference, src=dist.get_global_rank(replica_pg, 0), group=replica_pg)
+            worst = torch.maximum(worst, (tensor.detach() - reference).abs().max())
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst)
+
+
+SPARSE_SYNC_TABLES = (
+    *MIXED_TABLES,
+    Table("t4", 56, 8, "table_row_wise"),
+    Table("t5", 4096, 4, "row_wise"),
+)
+"""Every sharding type (TW/CW/RW/TWRW) plus a large row-wise table that few ids touch."""

@@ -1,0 +1,160 @@
+"""DMPCollection against TorchRec's 1D DistributedModelParallel on real gloo ranks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torchrec.optim import RowWiseAdagrad
+
+from sparse2d import DMPCollection
+from sparse2d.planner.sharders import MODEL_PARALLEL_TYPES
+from tests.models import (
+    MIXED_TABLES,
+    SEQUENCE_TABLES,
+    Table,
+    build_model,
+    constraints_for,
+    dense_params,
+    full_weights,
+    gather_tables,
+    load_full_weights,
+    replica_max_diff,
+    shard_1d,
+    train,
+)
+
+STEPS = 4
+ALL_TYPES = tuple(
+    Table(f"t{i}", 32 + 8 * i, 8, kind) for i, kind in enumerate(MODEL_PARALLEL_TYPES)
+)
+
+
+def make_2d(
+    base: torch.nn.Module, tables: tuple[Table, ...], group: int, **kwargs
+) -> DMPCollection:
+    """Shard ``base`` itself: deepcopy would drop apply_optimizer_in_backward's attributes."""
+    return DMPCollection(base, group, device="cpu", constraints=constraints_for(tables), **kwargs)
+
+
+def check_2d_equals_1d(group: int, kind: str, layout: str, tables=MIXED_TABLES) -> dict:
+    """Train 2D (sync after every step) and TorchRec 1D from identical weights; compare."""
+    lr = 2.0  # large steps, so that the 1e-5 comparison is meaningful
+    weights = full_weights(build_model(tables, kind, lr=lr))
+    reference = shard_1d(build_model(tables, kind, lr=lr), tables)
+    load_full_weights(reference, weights)
+    model = make_2d(
+        build_model(tables, kind, lr=lr),
+        tables,
+        group,
+        replica_layout=layout,
+        node_group_size=min(group, 2),
+    )
+    load_full_weights(model, weights)
+    diffs: list[float] = []
+    ref_losses = train(reference, tables, STEPS)
+    losses = train(
+        model,
+        tables,
+        STEPS,
+        after_step=lambda _: (
+            model.sync(),
+            diffs.append(replica_max_diff(model, model.replica_pg)),
+        ),
+    )
+    expected = gather_tables(reference, tables, None)
+    got = gather_tables(model, tables, model.sharding_pg)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=0)
+    # Weights really moved: the comparison is not between untouched tables.
+    moved = max(float((expected[n] - weights[n]).abs().max()) for n in weights)
+    ref_dense, dense = dense_params(reference), dense_params(model)
+    if ref_dense.keys() != dense.keys():
+        raise AssertionError(f"dense params differ: {ref_dense.keys()} vs {dense.keys()}")
+    for name in ref_dense:
+        torch.testing.assert_close(dense[name], ref_dense[name], atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), atol=1e-5, rtol=0)
+    return {"replica_diffs": diffs, "moved": moved, "replicas": model.num_replicas}
+
+
+@pytest.mark.parametrize("group", [2, 1, 4])
+def test_pooled_2d_equals_1d(world4, group: int) -> None:
+    results = world4.run(check_2d_equals_1d, group, "pooled", "intra_host")
+    for result in results:
+        assert result["moved"] > 1e-3, result["moved"]
+        assert result["replicas"] == 4 // group
+        assert result["replica_diffs"] == [0.0] * STEPS  # bit-identical after every sync
+
+
+def test_pooled_2d_equals_1d_inter_host(world4) -> None:
+    world4.run(check_2d_equals_1d, 2, "pooled", "inter_host")
+
+
+def test_pooled_2d_equals_1d_world2(world2) -> None:
+    world2.run(check_2d_equals_1d, 1, "pooled", "intra_host")
+
+
+def test_sequence_2d_equals_1d(world4) -> None:
+    results = world4.run(check_2d_equals_1d, 2, "sequence", "intra_host", SEQUENCE_TABLES)
+    assert all(r["replica_diffs"] == [0.0] * STEPS for r in results)
+
+
+def test_every_sharding_type_2d_equals_1d(world4) -> None:
+    """TW, CW, TWCW, RW, TWRW and grid, all on CPU, inside a 2x2 mesh."""
+    world4.run(check_2d_equals_1d, 2, "pooled", "intra_host", ALL_TYPES)
+
+
+def check_skipping_sync(optimizer: str) -> dict:
+    """Without sync replicas drift apart; one sync makes them bit-identical, states included."""
+    tables = MIXED_TABLES
+    optim = RowWiseAdagrad if optimizer == "rowwise_adagrad" else torch.optim.SGD
+    model = make_2d(build_model(tables, optimizer=optim, lr=0.05), tables, 2)
+    start = replica_max_diff(model, model.replica_pg)
+    losses = train(model, tables, 3)
+    before = replica_max_diff(model, model.replica_pg)
+    stats = model.sync()
+    after = replica_max_diff(model, model.replica_pg)
+    states = sum(len(s.optimizer_states) for s in model.shard_states)
+    state_bytes = sum(t.numel() * 4 for s in model.shard_states for t in s.optimizer_states)
+    return {
+        "start": start,
+        "before": before,
+        "after": after,
+        "states": states,
+        "state_bytes": state_bytes,
+        "bytes": stats.bytes,
+        "finite": all(math.isfinite(x) for x in losses),
+    }
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_replicas_identical_only_after_sync(world4, optimizer: str) -> None:
+    for result in world4.run(check_skipping_sync, optimizer):
+        assert result["start"] == 0.0  # aligned at construction
+        assert result["before"] > 1e-4  # groups saw different data
+        assert result["after"] == 0.0
+        assert result["finite"]
+        if optimizer == "rowwise_adagrad":
+            assert result["states"] > 0 and result["bytes"] > result["state_bytes"] > 0
+
+
+def check_alignment_overrides_independent_init() -> float:
+    """Each rank seeds differently; construction must still leave identical replicas."""
+    torch.manual_seed(1000 + dist.get_rank())
+    model = make_2d(build_model(MIXED_TABLES, seed=dist.get_rank()), MIXED_TABLES, 2)
+    return replica_max_diff(model, model.replica_pg)
+
+
+def test_construction_aligns_replicas(world4) -> None:
+    assert world4.run(check_alignment_overrides_independent_init) == [0.0] * 4
+
+
+def check_single_replica_sync_is_noop() -> int:
+    model = make_2d(build_model(MIXED_TABLES), MIXED_TABLES, 4)
+    return model.sync().bytes
+
+
+def test_sync_without_replicas_moves_nothing(world4) -> None:
+    assert world4.run(check_single_replica_sync_is_noop) == [0, 0, 0, 0]
