@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal
-
-import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
+from typing import TYPE_CHECKING, Literal
 
 from sparse2d.errors import ConfigError
+
+if TYPE_CHECKING:  # torch is imported lazily: rank_layout and the config checker need none of it
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,8 @@ def build_mesh(
     rank: int,
 ) -> Mesh2D:
     """Create the ``("replicate", "shard")`` DeviceMesh; collective over the world."""
+    from torch.distributed.device_mesh import DeviceMesh
+
     layout = rank_layout(world_size, sharding_group_size, replica_layout)
     mesh = DeviceMesh(device_type, layout, mesh_dim_names=("replicate", "shard"))
     group_index = next(g for g, ranks in enumerate(layout) if rank in ranks)

@@ -158,3 +158,28 @@ def check_single_replica_sync_is_noop() -> int:
 
 def test_sync_without_replicas_moves_nothing(world4) -> None:
     assert world4.run(check_single_replica_sync_is_noop) == [0, 0, 0, 0]
+
+
+# A TWCW table one column block wide (dim 4 = min_partition): the other ranks of the group
+# hold no shard of it, the case TorchRec 1.8.0 crashes on without sparse2d's fix.
+TWCW_EMPTY_RANK = (
+    Table("w0", 40, 8, "table_wise"),
+    Table("w1", 48, 4, "table_column_wise"),
+    Table("w2", 32, 8, "table_wise"),
+)
+
+
+def check_twcw_with_a_rank_holding_no_shard(group: int) -> list[int]:
+    result = check_2d_equals_1d(group, "pooled", "intra_host", TWCW_EMPTY_RANK)
+    del result
+    model = make_2d(build_model(TWCW_EMPTY_RANK), TWCW_EMPTY_RANK, group)
+    return [s.cols for s in model.shard_states if s.table == "w1"]
+
+
+@pytest.mark.parametrize("group", [2, 4])
+def test_table_column_wise_with_empty_ranks(world4, group: int) -> None:
+    held = world4.run(check_twcw_with_a_rank_holding_no_shard, group)
+    assert any(h == [] for h in held), (
+        f"every rank holds a shard; the case is not exercised: {held}"
+    )
+    assert sum(sum(h) for h in held) == 4 * (4 // group)  # all 4 columns, once per replica
