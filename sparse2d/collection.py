@@ -21,13 +21,12 @@ from torchrec.distributed.types import ModuleSharder, ShardingEnv2D, ShardingPla
 from sparse2d import validation
 from sparse2d.mesh import build_mesh, validate_group_size, validate_layout
 from sparse2d.planner import default_sharders, plan_for_group, remap_plan, validate_plan
+from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes
 from sparse2d.sync import (
     AllReduceHook,
     ShardState,
-    SyncStats,
     broadcast_,
     collect_shard_states,
-    full_sync,
 )
 from sparse2d.sync.dense import state_tensors, weight_tensors
 from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
@@ -82,6 +81,12 @@ class DMPCollection(DistributedModelParallel):
         if plan is not None:
             validate_plan(plan, sharding_group_size)
         validation.check_optimizers(module, sharders, resolved)
+        if not any(validation.embedding_optimizer_types(module, sharders).values()):
+            logger.warning(
+                "[sparse2d] no fused embedding optimizer given: FBGEMM's default applies. Call "
+                "apply_optimizer_in_backward(...) on the embedding parameters before wrapping "
+                "(note: copy.deepcopy drops that setting)."
+            )
         num_groups = world_size // sharding_group_size
         node_size = validation.resolve_node_group_size(
             node_group_size, sharding_group_size, num_groups, replica_layout
@@ -113,6 +118,7 @@ class DMPCollection(DistributedModelParallel):
             "[sparse2d] plan for %d ranks remapped to %s", sharding_group_size, mesh.sharding_group
         )
         # 4. Shard: TorchRec's DMP over the sharding group via ShardingEnv2D.
+        apply_torchrec_fixes()
         env = ShardingEnv2D(
             sharding_pg=mesh.sharding_pg,
             replica_pg=mesh.replica_pg,
@@ -197,15 +203,25 @@ class DMPCollection(DistributedModelParallel):
             tensors += state_tensors(self._shards)
         with torch.no_grad():
             broadcast_(tensors, self.replica_pg, src_group_rank=0)
+        self.sync_policy.reset()
 
-    def sync(self, include_optimizer_state: bool = True) -> SyncStats:
-        """Average embedding weights and all fused optimizer state over the replica group."""
-        if self.num_replicas == 1:
-            return SyncStats()
-        with torch.no_grad():
-            return full_sync(
-                self._shards, self.replica_pg, include_optimizer_state, self._all_reduce_hook
-            )
+    def sync(self, include_optimizer_state: bool = True) -> SyncReport:
+        """Average embedding weights and all fused optimizer state over the replica group.
+
+        Routed through the sync policy so its engine, hook and compression apply; blocking,
+        and it first lands any transfer still in flight from ``maybe_sync``.
+        """
+        return self.sync_policy.sync_now(include_optimizer_state=include_optimizer_state)
+
+    def repair_from_replicas(self, ranks: list[int], include_dense: bool = True) -> None:
+        """Refill ``ranks`` (e.g. restarted with fresh weights) from a healthy replica.
+
+        Collective over the world: every rank calls it with the same ``ranks``. No storage is
+        read; see ``sparse2d.repair``.
+        """
+        from sparse2d.repair import repair_from_replicas
+
+        repair_from_replicas(self, ranks, include_dense)
 
     def maybe_sync(self, step: int) -> SyncReport | None:
         """Sync if the policy's cadence says step ``step`` (0-based) ends an interval."""

@@ -1,7 +1,12 @@
 """The sync policy: when replicas are averaged, and how.
 
 One small object owns the cadence so the trainer and users make a single call
-per step (``policy.step(step)`` or ``model.maybe_sync(step)``).
+per step (``policy.step(step)`` or ``model.maybe_sync(step)``). The injected
+engine decides *which values* are averaged; the policy decides *when* (every N
+steps), *how* (blocking, overlapped with the next interval, delayed optimizer
+state, bf16 deltas) and what to do around it (AdaGrad accumulator scaling,
+replica divergence). ``sync_now`` is always a blocking sync that leaves the
+replicas identical; overlap and delay apply to cadence syncs only.
 """
 
 from __future__ import annotations
@@ -13,9 +18,16 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.collectives import AllReduceHook, average_
+from sparse2d.sync.collectives import AllReduceHook
+from sparse2d.sync.compression import Bf16DeltaCompressor
+from sparse2d.sync.divergence import DivergenceSampler
 from sparse2d.sync.engine import DenseEngine, SyncEngine
+from sparse2d.sync.overlap import Pending, Reduction, start_average
+from sparse2d.sync.scaling import AccumulatorScaler
 from sparse2d.sync.tensors import ShardState
+
+ENGINES = ("dense", "sparse", "auto")
+COMPRESSIONS = ("none", "bf16")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -26,10 +38,59 @@ class SyncOptions:
     """Average replicas every N optimizer steps (local SGD in between)."""
     include_optimizer_state: bool = True
     """Average fused optimizer state (accumulators, momenta) along with the weights."""
+    delayed_optimizer_state: bool = False
+    """Average optimizer state one sync behind the weights: the state all-reduce runs during
+    the next interval and lands with delta correction (needs ``include_optimizer_state``)."""
+    momentum_scaling: bool = False
+    """Divide the averaged AdaGrad accumulator growth by the number of replica groups so it
+    grows like 1D training's (see ``sparse2d.sync.scaling``); needs optimizer-state sync."""
+    overlap: bool = False
+    """Start the weight (and state) all-reduce at a sync point, finish it at the next one;
+    updates made meanwhile are kept by delta correction. Not bit-exact versus 1D."""
+    compression: str = "none"
+    """``"none"`` (fp32 average) or ``"bf16"`` (bf16 deltas since the last sync, fp32 master
+    values and error feedback); bf16 needs the dense engine."""
+    engine: str = "dense"
+    """Which values a sync covers: ``"dense"`` (every row), ``"sparse"`` (rows touched since the
+    last sync, ``sparse2d.sync.sparse``) or ``"auto"`` (sparse when available, dense with bf16)."""
+    divergence_every: int = 0
+    """Measure replica divergence before every k-th sync (0 = off); reported in ``SyncReport``."""
+    divergence_rows: int = 32
+    """Rows sampled per local shard for the divergence metric."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.every, int) or self.every < 1:
-            raise ConfigError(f"sync every={self.every!r} must be an int >= 1 (1 = every step).")
+        _check_int("every", self.every, 1, "1 = every step")
+        _check_int("divergence_every", self.divergence_every, 0, "0 = off")
+        _check_int("divergence_rows", self.divergence_rows, 1, "rows sampled per shard")
+        for name in ("include_optimizer_state", "delayed_optimizer_state", "momentum_scaling"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"sync {name}={getattr(self, name)!r} must be True or False.")
+        if not isinstance(self.overlap, bool):
+            raise ConfigError(f"sync overlap={self.overlap!r} must be True or False.")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(
+                f"sync compression={self.compression!r} is not one of {COMPRESSIONS}."
+            )
+        if self.engine not in ENGINES:
+            raise ConfigError(f"sync engine={self.engine!r} is not one of {ENGINES}.")
+        needs_state = [
+            n for n in ("delayed_optimizer_state", "momentum_scaling") if getattr(self, n)
+        ]
+        if needs_state and not self.include_optimizer_state:
+            raise ConfigError(
+                f"sync {needs_state[0]}=True acts on optimizer state, but "
+                "include_optimizer_state=False; enable include_optimizer_state or drop it."
+            )
+        if self.compression == "bf16" and self.engine == "sparse":
+            raise ConfigError(
+                "sync compression='bf16' keeps fp32 references at fixed positions and is not "
+                "supported with engine='sparse'; use engine='dense' (or 'auto') with bf16."
+            )
+
+
+def _check_int(name: str, value: object, low: int, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"sync {name}={value!r} must be an int >= {low} ({meaning}).")
 
 
 @dataclass(slots=True)
@@ -38,7 +99,29 @@ class SyncReport:
 
     step: int
     bytes: int
+    """Bytes this rank sent into the replica collectives."""
     seconds: float
+    """Time spent in the sync call (the blocking part)."""
+    divergence: float | None = None
+    """Relative L2 distance to the replica mean just before this sync, when measured."""
+    wait_seconds: float = 0.0
+    """Time spent waiting for transfers started at the previous sync (overlap/delay)."""
+
+
+def make_engine(kind: str, shards: list[ShardState], replica_pg: dist.ProcessGroup) -> SyncEngine:
+    """``dense``: every row. ``sparse``: touched rows only, never dense. ``auto``: touched rows,
+    falling back to dense per shard above the measured crossover (``sparse.DEFAULT_CROSSOVER``)."""
+    if kind == "dense":
+        return DenseEngine(shards, replica_pg)
+    from sparse2d.sync.sparse import DEFAULT_CROSSOVER, SparseEngine
+
+    return SparseEngine(shards, replica_pg, crossover=DEFAULT_CROSSOVER if kind == "auto" else 1.0)
+
+
+def _metadata_bytes(engine: SyncEngine) -> int:
+    """Bytes the engine spent agreeing on what to sync (the sparse engine's row union)."""
+    stats = getattr(engine, "stats", None)
+    return int(getattr(stats, "metadata_bytes", 0))
 
 
 class SyncPolicy:
@@ -54,28 +137,123 @@ class SyncPolicy:
         engine: SyncEngine | None = None,
     ) -> None:
         self.options = options or SyncOptions()
+        self.shards = shards
         self.replica_pg = replica_pg
         self.num_replicas = num_replicas
         self.hook = hook
-        self.engine = engine or DenseEngine(shards, replica_pg)
+        opts = self.options
+        kind = "dense" if opts.engine == "auto" and opts.compression == "bf16" else opts.engine
+        self.engine = engine or make_engine(kind, shards, replica_pg)
+        if opts.compression == "bf16" and not isinstance(self.engine, DenseEngine):
+            raise ConfigError(
+                f"sync compression='bf16' needs the dense engine; got "
+                f"{type(self.engine).__name__}. Use compression='none' or the dense engine."
+            )
+        self.compressor = Bf16DeltaCompressor() if opts.compression == "bf16" else None
+        self.scaler = AccumulatorScaler(shards, num_replicas) if opts.momentum_scaling else None
+        self._sampler: DivergenceSampler | None = None
+        self._pending: list[Pending] = []
+        self._syncs = 0
 
+    # ---- public ----------------------------------------------------------------------
     def step(self, step: int) -> SyncReport | None:
         """Call after optimizer step ``step`` (0-based); syncs when ``step + 1`` is a multiple of N."""
         if (step + 1) % self.options.every != 0:
             return None
-        return self.sync_now(step, self.options.include_optimizer_state)
+        opts = self.options
+        return self._sync(
+            step,
+            states=opts.include_optimizer_state,
+            async_weights=opts.overlap,
+            async_states=opts.overlap or opts.delayed_optimizer_state,
+        )
 
     def sync_now(self, step: int = -1, include_optimizer_state: bool = True) -> SyncReport:
-        """Average replicas now, regardless of cadence."""
+        """Average replicas now, regardless of cadence; blocking, replicas identical after."""
+        return self._sync(
+            step, states=include_optimizer_state, async_weights=False, async_states=False
+        )
+
+    def finish(self) -> float:
+        """Land transfers still in flight (overlap/delay); return seconds spent waiting."""
+        waited = 0.0
+        pending, self._pending = self._pending, []
+        for transfer in pending:
+            waited += transfer.complete()
+            if transfer.kind == "states" and self.scaler is not None:
+                self.scaler.apply()
+        return waited
+
+    def measure_divergence(self) -> float:
+        """Relative L2 distance of this replica to the replica mean (a small collective)."""
+        if self._sampler is None:
+            self._sampler = DivergenceSampler(self.shards, self.options.divergence_rows)
+        return self._sampler.measure(self.replica_pg)
+
+    def reset(self) -> None:
+        """Forget per-sync references; call after loading weights or state into the shards."""
+        self.finish()
+        if self.compressor is not None:
+            self.compressor.reset()
+        if self.scaler is not None:
+            self.scaler.reset()
+
+    # ---- internals -------------------------------------------------------------------
+    def _sync(
+        self, step: int, *, states: bool, async_weights: bool, async_states: bool
+    ) -> SyncReport:
         if self.num_replicas == 1:
             return SyncReport(step=step, bytes=0, seconds=0.0)
         start = time.perf_counter()
-        with torch.no_grad():
-            payload = self.engine.payload(weights=True, states=include_optimizer_state)
-            average_(payload.buffers, self.replica_pg, self.hook)
-            payload.scatter(payload.buffers)
-        self.engine.synced(weights=True, states=include_optimizer_state)
-        return SyncReport(step=step, bytes=payload.bytes, seconds=time.perf_counter() - start)
+        waited = self.finish()
+        self._syncs += 1
+        divergence = None
+        every = self.options.divergence_every
+        if every and self._syncs % every == 0:
+            divergence = self.measure_divergence()
+        moved = 0
+        if states and async_weights == async_states:
+            # One payload for both kinds: one collective per dtype, as few copies as possible.
+            moved += self._transfer("all", weights=True, states=True, async_op=async_weights)
+            if not async_states and self.scaler is not None:
+                self.scaler.apply()
+        else:
+            moved += self._transfer("weights", weights=True, states=False, async_op=async_weights)
+            if states:
+                moved += self._transfer("states", weights=False, states=True, async_op=async_states)
+                if not async_states and self.scaler is not None:
+                    self.scaler.apply()
+        return SyncReport(
+            step=step,
+            bytes=moved,
+            seconds=time.perf_counter() - start,
+            divergence=divergence,
+            wait_seconds=waited,
+        )
 
-    def finish(self) -> None:
-        """Complete any sync still in flight (none in exact mode)."""
+    def _transfer(self, key: str, *, weights: bool, states: bool, async_op: bool) -> int:
+        """Average one payload; in the background when ``async_op``. Returns bytes sent."""
+        with torch.no_grad():
+            payload = self.engine.payload(weights=weights, states=states)
+            snapshot = [b.clone() for b in payload.buffers] if async_op else None
+            reduction = self._start(key, payload.buffers, async_op)
+            sent = (
+                self.compressor.wire_bytes(key, payload.buffers)
+                if self.compressor is not None
+                else payload.bytes
+            ) + _metadata_bytes(self.engine)
+            kind = "states" if states else "weights"
+            pending = Pending(payload, reduction, snapshot, kind)
+            if async_op:
+                # The engine's tracking restarts now: updates from here on are the next delta.
+                self.engine.synced(weights=weights, states=states)
+                self._pending.append(pending)
+                return sent
+            pending.complete()
+        self.engine.synced(weights=weights, states=states)
+        return sent
+
+    def _start(self, key: str, buffers: list[torch.Tensor], async_op: bool) -> Reduction:
+        if self.compressor is not None:
+            return self.compressor.start(key, buffers, self.replica_pg, self.hook, async_op)
+        return start_average(buffers, self.replica_pg, self.hook, async_op)

@@ -1,0 +1,218 @@
+"""Sync cost per call versus a raw ``allreduce_coalesced`` of the same bytes, in one run.
+
+World 4 gloo CPU ranks, groups of L=2 (2 replicas), table-wise tables with row-wise
+AdaGrad. Per repetition, interleaved so machine noise hits all alike:
+
+* ``raw``: ``replica_pg.allreduce_coalesced`` (AVG) of the live weight + state views;
+* ``dense fp32``: ``SyncPolicy.sync_now`` (dense engine: gather, all-reduce, scatter);
+* ``bf16``: the same with bf16 deltas (after a first exact sync sets the reference).
+
+Overlap: train ``N`` real steps between sync points with ``overlap=True`` and report the
+hidden fraction ``1 - wait / blocking`` where ``blocking`` is the fp32 sync time measured
+in the same run. Medians over repetitions; max over ranks. Writes the section between
+the sync-bench markers of ``bench/RESULTS.md``.
+Usage: ``.venv/bin/python bench/sync_bench.py [--rows 100000 --dim 64 --tables 4]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch.multiprocessing as mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BEGIN, END = "<!-- sync-bench:begin -->", "<!-- sync-bench:end -->"
+
+
+def _model(args: argparse.Namespace) -> Any:
+    import torch
+    from torch.distributed.optim import _apply_optimizer_in_backward
+    from torchrec import EmbeddingBagCollection
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.optim import RowWiseAdagrad
+
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(
+                name=f"t{i}", embedding_dim=args.dim, num_embeddings=args.rows,
+                feature_names=[f"f{i}"],
+            )
+            for i in range(args.tables)
+        ],
+        device=torch.device("meta"),
+    )  # fmt: skip
+    _apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.01})
+    return ebc
+
+
+def _batch(args: argparse.Namespace, step: int, rank: int) -> Any:
+    import torch
+    from torchrec import KeyedJaggedTensor
+
+    gen = torch.Generator().manual_seed(step * 101 + rank)
+    lengths = torch.randint(1, 4, (args.tables * args.batch,), generator=gen)
+    values = torch.randint(0, args.rows, (int(lengths.sum()),), generator=gen)
+    keys = [f"f{i}" for i in range(args.tables)]
+    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
+
+
+def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+        WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+    )  # fmt: skip
+    import torch
+    import torch.distributed as dist
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    from sparse2d import DMPCollection
+    from sparse2d.sync.dense import state_tensors, weight_tensors
+    from sparse2d.sync.policy import SyncOptions, SyncPolicy
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    constraints = {
+        f"t{i}": ParameterConstraints(sharding_types=["table_wise"]) for i in range(args.tables)
+    }
+    model = DMPCollection(_model(args), 2, device="cpu", constraints=constraints)
+    shards, pg, g = model.shard_states, model.replica_pg, model.num_replicas
+    live = weight_tensors(shards) + state_tensors(shards)
+    dense = SyncPolicy(shards, pg, g, SyncOptions())
+    bf16 = SyncPolicy(shards, pg, g, SyncOptions(compression="bf16"))
+    bf16.sync_now()  # first bf16 sync is exact and sets the shared reference
+
+    def raw() -> float:
+        opts = dist.AllreduceCoalescedOptions()
+        opts.reduceOp = dist.ReduceOp.AVG
+        start = time.perf_counter()
+        with torch.no_grad():
+            pg.allreduce_coalesced(live, opts).wait()
+        return time.perf_counter() - start
+
+    def flat() -> float:
+        buffer = torch.cat([t.reshape(-1) for t in live])
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=pg)
+        return time.perf_counter() - start
+
+    def timed(policy: SyncPolicy) -> tuple[float, int]:
+        dist.barrier()
+        report = policy.sync_now()
+        return report.seconds, report.bytes
+
+    times: dict[str, list[float]] = {"raw": [], "flat": [], "dense": [], "bf16": []}
+    moved: dict[str, int] = {}
+    for _ in range(args.repeats):
+        dist.barrier()
+        times["raw"].append(raw())
+        moved["raw"] = moved["flat"] = sum(t.numel() * t.element_size() for t in live)
+        times["flat"].append(flat())
+        for name, policy in (("dense", dense), ("bf16", bf16)):
+            seconds, nbytes = timed(policy)
+            times[name].append(seconds)
+            moved[name] = nbytes
+
+    # Overlap: N real training steps between sync points; wait time at each landing.
+    overlap = SyncPolicy(shards, pg, g, SyncOptions(overlap=True))
+    hidden: dict[int, tuple[float, float]] = {}
+    for every in args.overlap_every:
+        waits, computes = [], []
+        step = 0
+        for _ in range(args.repeats + 1):
+            begin = time.perf_counter()
+            for _ in range(every):
+                pooled = model(_batch(args, step, rank)).values()
+                pooled.square().mean().backward()
+                step += 1
+            computes.append(time.perf_counter() - begin)
+            report = overlap.step(every - 1)
+            waits.append(report.wait_seconds)
+        overlap.finish()
+        hidden[every] = (statistics.median(waits[1:]), statistics.median(computes[1:]))
+
+    local = {k: statistics.median(v) for k, v in times.items()}
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, {"t": local, "bytes": moved, "hidden": hidden})
+    if rank == 0:
+        out.put(gathered)
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--tables", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=256, help="ids per feature per rank")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--overlap-every", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, 4, port, args, out)) for r in range(4)]
+    for p in procs:
+        p.start()
+    ranks = out.get(timeout=1800)
+    for p in procs:
+        p.join(timeout=60)
+    worst = {k: max(r["t"][k] for r in ranks) for k in ranks[0]["t"]}
+    nbytes = ranks[0]["bytes"]
+    lines = [
+        "| sync | bytes/rank | s/call (max rank, median) | / raw coalesced | / raw flat |",
+        "|---|---|---|---|---|",
+    ]
+    for name, label in (("raw", "raw allreduce_coalesced (live views)"),
+                        ("flat", "raw all_reduce of one flat buffer (no copies timed)"),
+                        ("dense", "policy dense fp32 (gather + all-reduce + scatter)"),
+                        ("bf16", "policy bf16 deltas")):  # fmt: skip
+        ratio = worst[name] / worst["raw"]
+        flat_ratio = worst[name] / worst["flat"]
+        lines.append(
+            f"| {label} | {nbytes[name] / 1e6:.1f} MB | {worst[name]:.4f} | {ratio:.2f} "
+            f"| {flat_ratio:.2f} |"
+        )
+    lines += ["", "| overlap: steps between syncs | compute s | wait s | hidden fraction |",
+              "|---|---|---|---|"]  # fmt: skip
+    for every in args.overlap_every:
+        wait = max(r["hidden"][every][0] for r in ranks)
+        compute = max(r["hidden"][every][1] for r in ranks)
+        lines.append(f"| {every} | {compute:.4f} | {wait:.4f} | {1 - wait / worst['dense']:.2f} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.no_write:
+        return 0
+    header = (
+        "### Sync cost vs raw all-reduce, overlap hidden fraction (bench/sync_bench.py)\n\n"
+        f"World 4 gloo CPU ranks, L=2 (2 replicas), {args.tables} table-wise tables of "
+        f"{args.rows} x {args.dim} fp32 with row-wise AdaGrad; median of {args.repeats} "
+        "interleaved repetitions, max over ranks, all in one run on a shared, busy 2-core "
+        "machine (ratios are meaningful, absolute times are not). Hidden fraction = "
+        "1 - wait at the next sync point / blocking fp32 sync time.\n\n"
+    )
+    path = os.path.join(HERE, "RESULTS.md")
+    old = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
+    block = f"{BEGIN}\n{header}{text}\n{END}"
+    if BEGIN in old and END in old:
+        new = old[: old.index(BEGIN)] + block + old[old.index(END) + len(END) :]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

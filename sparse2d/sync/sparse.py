@@ -1,0 +1,296 @@
+"""Sparse replica sync: average only the rows some replica touched since the last sync.
+
+Rows nobody looked up since the last sync of a kind (weights or optimizer state)
+are bit-identical on every replica, so averaging them changes nothing; skipping
+them makes a sync's cost follow the rows touched instead of the table size.
+
+Per shard, at each ``payload``:
+
+1. local rows: touched after the kind's last completed sync (``TouchedRows``);
+2. one all-gather of the per-shard counts over the replica group, so every
+   replica makes the same choice per shard: *dense* (the whole shard) when
+   some replica alone touched more than ``crossover`` of its rows, else the
+   union, agreed by an all-gather of padded id lists when that is smaller
+   than a ``uint8`` bitmap of the shard (``4 * max_count * replicas < rows``),
+   else by a MAX all-reduce of bitmaps — both give the same sorted union;
+3. dense again when the union exceeds ``crossover`` of the rows;
+4. the union rows of the weight and of every optimizer state (row-wise
+   ``(rows,)`` or element-wise ``(rows, cols)``, full width) are copied into one
+   contiguous buffer per dtype; ``scatter`` writes averaged rows back.
+
+``crossover`` is the touched fraction above which a shard is synced densely
+(``DEFAULT_CROSSOVER``, measured by ``bench/sparse_sync_bench.py``; see
+``bench/RESULTS.md``). ``SyncOptions.engine="auto"`` means this engine with the
+default crossover, ``"sparse"`` means ``crossover=1.0`` (never dense).
+
+Delayed optimizer state and overlap: each kind keeps its own ``base``
+generation, advanced in ``synced()`` to the generation cut at its ``payload``;
+rows looked up after that cut (e.g. while an overlapped all-reduce runs) stay
+pending for the next sync.
+
+Exactness: with a power-of-two number of replicas, the average of identical
+values is exact, so sparse sync is bit-identical to dense sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from sparse2d.errors import ConfigError
+from sparse2d.sync.engine import Payload, SyncEngine
+from sparse2d.sync.tensors import ShardState, flush_caches
+from sparse2d.sync.touched import TouchedRows
+
+DEFAULT_CROSSOVER = 0.5
+"""Union fraction of a shard's rows above which it is synced densely. Measured with
+``bench/sparse_sync_bench.py`` (2 replicas, gloo, CPU): sparse time equals dense time at a
+union of about 0.6-0.85 (across runs) for 10^5- and 10^6-row tables; below ~0.3 sparse is
+>2x faster.
+Set a little below the crossover: near it the two cost the same and timings are noisy."""
+
+WEIGHTS, STATES = "weights", "states"
+
+
+@dataclass(slots=True)
+class SparseStats:
+    """What the last ``payload`` decided on this rank."""
+
+    rows_total: int = 0
+    """Rows of the selected shards (counted once per kind)."""
+    rows_synced: int = 0
+    """Rows in the payload (counted once per kind)."""
+    dense_shards: int = 0
+    """Shards synced in full because the union was dense enough."""
+    metadata_bytes: int = 0
+    """Bytes this rank sent for agreeing on the union (counts, ids, bitmaps)."""
+    unions_by_ids: int = 0
+    """(shard, kind-base) unions agreed by all-gathering id lists."""
+    unions_by_bitmap: int = 0
+    """(shard, kind-base) unions agreed by a MAX all-reduce of bitmaps."""
+
+
+class SparseEngine(SyncEngine):
+    """Touched-row replica sync with automatic per-shard dense fallback."""
+
+    def __init__(
+        self,
+        shards: list[ShardState],
+        replica_pg: dist.ProcessGroup,
+        *,
+        crossover: float = DEFAULT_CROSSOVER,
+    ) -> None:
+        if not 0.0 <= crossover <= 1.0:
+            raise ConfigError(
+                f"sparse sync crossover={crossover!r} must be a fraction in [0, 1] "
+                f"(default {DEFAULT_CROSSOVER}; 1.0 = never fall back to dense)."
+            )
+        super().__init__(shards, replica_pg)
+        self.crossover = crossover
+        self.tracker = TouchedRows(shards)
+        self.stats = SparseStats()
+        self._base = {WEIGHTS: 0, STATES: 0}
+        self._pending: dict[str, int] = {}
+        self._replicas = dist.get_world_size(replica_pg)
+        self._device = shards[0].weight.device if shards else torch.device("cpu")
+        """Where the metadata collectives run (the kernels' device: NCCL needs CUDA tensors)."""
+
+    # ---- cheap local estimates (no collective) ----------------------------------------
+    def touched_fraction(self, states: bool = False) -> float:
+        """Fraction of local rows touched since the last sync of weights (or states).
+
+        A lower bound of the replica union's fraction, which is at most ``replicas`` times it.
+        """
+        base = self._base[STATES if states else WEIGHTS]
+        total = sum(s.rows for s in self.shards)
+        touched = sum(self.tracker.count_since(i, base) for i in range(len(self.shards)))
+        return touched / total if total else 0.0
+
+    def estimate_bytes(self, weights: bool = True, states: bool = True) -> int:
+        """Payload bytes if the union equalled the local touched rows (a lower bound)."""
+        total = 0
+        for i, shard in enumerate(self.shards):
+            for kind, tensors in self._kinds(shard, weights, states):
+                rows = self.tracker.count_since(i, self._base[kind])
+                if shard.rows and rows > self.crossover * shard.rows:
+                    rows = shard.rows
+                total += sum(rows * _row_bytes(t) for t in tensors)
+        return total
+
+    # ---- SyncEngine ---------------------------------------------------------------------
+    def payload(self, weights: bool, states: bool) -> Payload:
+        flush_caches(self.shards)
+        cut = self.tracker.cut()
+        kinds = [k for k, on in ((WEIGHTS, weights), (STATES, states)) if on]
+        for kind in kinds:
+            self._pending[kind] = cut
+        bases = sorted({self._base[k] for k in kinds})
+        stats = SparseStats()
+        rows = self._agree(bases, stats)  # (shard, base) -> union rows, None = all rows
+        entries: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        for want in kinds:
+            for i, shard in enumerate(self.shards):
+                for kind, tensors in self._kinds(shard, want == WEIGHTS, want == STATES):
+                    selected = rows[(i, self._base[kind])]
+                    stats.rows_total += shard.rows
+                    stats.rows_synced += shard.rows if selected is None else selected.numel()
+                    stats.dense_shards += int(selected is None and shard.rows > 0)
+                    if selected is None or selected.numel() > 0:
+                        entries += [(t, selected) for t in tensors]
+        self.stats = stats
+        return _build_payload(entries)
+
+    def synced(self, weights: bool, states: bool) -> None:
+        for kind, on in ((WEIGHTS, weights), (STATES, states)):
+            if on:
+                cut = self._pending.pop(kind, None)
+                self._base[kind] = cut if cut is not None else self.tracker.cut()
+
+    def close(self) -> None:
+        """Stop tracking (removes the forward hooks)."""
+        self.tracker.close()
+
+    # ---- internals ----------------------------------------------------------------------
+    @staticmethod
+    def _kinds(
+        shard: ShardState, weights: bool, states: bool
+    ) -> list[tuple[str, list[torch.Tensor]]]:
+        out = []
+        if weights:
+            out.append((WEIGHTS, [shard.weight]))
+        if states and shard.optimizer_states:
+            out.append((STATES, list(shard.optimizer_states)))
+        return out
+
+    def _agree(
+        self, bases: list[int], stats: SparseStats
+    ) -> dict[tuple[int, int], torch.Tensor | None]:
+        """Union of touched rows per (shard, base) over the replica group (None = dense)."""
+        keys = [(i, b) for b in bases for i in range(len(self.shards))]
+        if not keys:
+            return {}
+        local = {key: self.tracker.rows_since(*key) for key in keys}
+        counts = torch.tensor(
+            [local[k].numel() for k in keys], dtype=torch.int64, device=self._device
+        )
+        every = [torch.empty_like(counts) for _ in range(self._replicas)]
+        dist.all_gather(every, counts, group=self.replica_pg)
+        max_counts = torch.stack(every).amax(0).tolist()
+        meta = counts.numel() * 8
+        result: dict[tuple[int, int], torch.Tensor | None] = {}
+        by_ids, by_bitmap = [], []
+        for key, most in zip(keys, max_counts, strict=True):
+            rows = self.shards[key[0]].rows
+            if most == 0:
+                result[key] = torch.empty(0, dtype=torch.int64, device=self._device)
+            elif most > self.crossover * rows:
+                result[key] = None
+            elif 4 * most * self._replicas < rows:
+                by_ids.append((key, most))
+            else:
+                by_bitmap.append(key)
+        if by_ids:
+            meta += self._union_by_ids(by_ids, local, result)
+        if by_bitmap:
+            meta += self._union_by_bitmap(by_bitmap, local, result)
+        for key, union in list(result.items()):
+            if union is not None and union.numel() > self.crossover * self.shards[key[0]].rows:
+                result[key] = None
+        stats.metadata_bytes = meta
+        stats.unions_by_ids, stats.unions_by_bitmap = len(by_ids), len(by_bitmap)
+        return result
+
+    def _union_by_ids(
+        self,
+        wanted: list[tuple[tuple[int, int], int]],
+        local: dict[tuple[int, int], torch.Tensor],
+        result: dict[tuple[int, int], torch.Tensor | None],
+    ) -> int:
+        dtype = (
+            torch.int32 if max(self.shards[k[0]].rows for k, _ in wanted) < 2**31 else torch.int64
+        )
+        padded = torch.cat(
+            [
+                torch.nn.functional.pad(local[k].to(dtype), (0, most - local[k].numel()), value=-1)
+                for k, most in wanted
+            ]
+        )
+        every = [torch.empty_like(padded) for _ in range(self._replicas)]
+        dist.all_gather(every, padded, group=self.replica_pg)
+        offset = 0
+        for key, most in wanted:
+            ids = torch.cat([chunk[offset : offset + most] for chunk in every])
+            result[key] = torch.unique(ids[ids >= 0]).to(torch.int64)
+            offset += most
+        return padded.numel() * padded.element_size()
+
+    def _union_by_bitmap(
+        self,
+        wanted: list[tuple[int, int]],
+        local: dict[tuple[int, int], torch.Tensor],
+        result: dict[tuple[int, int], torch.Tensor | None],
+    ) -> int:
+        sizes = [self.shards[k[0]].rows for k in wanted]
+        bitmap = torch.zeros(sum(sizes), dtype=torch.uint8, device=self._device)
+        offset = 0
+        for key, size in zip(wanted, sizes, strict=True):
+            bitmap[offset + local[key]] = 1
+            offset += size
+        dist.all_reduce(bitmap, op=dist.ReduceOp.MAX, group=self.replica_pg)
+        offset = 0
+        for key, size in zip(wanted, sizes, strict=True):
+            result[key] = torch.nonzero(bitmap[offset : offset + size]).squeeze(1)
+            offset += size
+        return bitmap.numel()
+
+
+def _row_bytes(tensor: torch.Tensor) -> int:
+    return _row_numel(tensor) * tensor.element_size()
+
+
+def _build_payload(entries: list[tuple[torch.Tensor, torch.Tensor | None]]) -> Payload:
+    """One contiguous buffer per dtype of the selected rows (all rows where ``None``).
+
+    Rows are gathered straight into the buffer (``index_select(out=...)``): one copy.
+    """
+    groups: dict[torch.dtype, list[tuple[torch.Tensor, torch.Tensor | None, int, int]]] = {}
+    sizes: dict[torch.dtype, int] = {}
+    for tensor, rows in entries:
+        count = tensor.shape[0] if rows is None else rows.numel()
+        n = count * _row_numel(tensor)
+        offset = sizes.get(tensor.dtype, 0)
+        groups.setdefault(tensor.dtype, []).append((tensor, rows, offset, count))
+        sizes[tensor.dtype] = offset + n
+
+    def gather() -> list[torch.Tensor]:
+        buffers = []
+        for dtype, group in groups.items():
+            flat = torch.empty(sizes[dtype], dtype=dtype, device=group[0][0].device)
+            for tensor, rows, offset, count in group:
+                chunk = flat[offset : offset + count * _row_numel(tensor)]
+                chunk = chunk.view(count, *tensor.shape[1:])
+                if rows is None:
+                    chunk.copy_(tensor)
+                else:
+                    torch.index_select(tensor, 0, rows, out=chunk)
+            buffers.append(flat)
+        return buffers
+
+    def scatter(values: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for group, flat in zip(groups.values(), values, strict=True):
+                for tensor, rows, offset, count in group:
+                    chunk = flat[offset : offset + count * _row_numel(tensor)]
+                    chunk = chunk.view(count, *tensor.shape[1:]).to(tensor.dtype)
+                    if rows is None:
+                        tensor.copy_(chunk)
+                    else:
+                        tensor.index_copy_(0, rows, chunk)
+
+    return Payload(buffers=gather(), scatter=scatter, gather=gather)
+
+
+def _row_numel(tensor: torch.Tensor) -> int:
+    return tensor.numel() // max(tensor.shape[0], 1)

@@ -1,0 +1,77 @@
+"""SyncOptions validation and engine construction (no process group needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparse2d.errors import ConfigError
+from sparse2d.sync.policy import SyncOptions
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"every": 0}, "every=0"),
+        ({"every": 2.5}, "every=2.5"),
+        ({"every": True}, "every=True"),
+        ({"divergence_every": -1}, "divergence_every=-1"),
+        ({"divergence_rows": 0}, "divergence_rows=0"),
+        ({"compression": "fp8"}, "compression='fp8'"),
+        ({"engine": "blocked"}, "engine='blocked'"),
+        ({"overlap": "yes"}, "overlap='yes'"),
+        ({"momentum_scaling": 1}, "momentum_scaling=1"),
+        ({"delayed_optimizer_state": True, "include_optimizer_state": False}, "delayed_optim"),
+        ({"momentum_scaling": True, "include_optimizer_state": False}, "momentum_scaling"),
+        ({"compression": "bf16", "engine": "sparse"}, "engine='sparse'"),
+    ],
+)
+def test_bad_options_name_the_field(kwargs: dict, names: str) -> None:
+    with pytest.raises(ConfigError, match=names.replace("(", r"\(")):
+        SyncOptions(**kwargs)
+
+
+def test_good_options_combine() -> None:
+    options = SyncOptions(
+        every=16,
+        delayed_optimizer_state=True,
+        momentum_scaling=True,
+        overlap=True,
+        compression="bf16",
+        engine="auto",
+        divergence_every=4,
+    )
+    assert options.every == 16 and options.compression == "bf16"
+
+
+def test_options_are_keyword_only_and_slotted() -> None:
+    with pytest.raises(TypeError):
+        SyncOptions(4)  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        SyncOptions().evry = 3  # type: ignore[attr-defined]
+
+
+def check_engine_kinds() -> list[tuple[str, float | None]]:
+    from sparse2d import DMPCollection
+    from sparse2d.sync.policy import make_engine
+    from tests.models import MIXED_TABLES, build_model, constraints_for
+
+    model = DMPCollection(
+        build_model(MIXED_TABLES), 2, device="cpu", constraints=constraints_for(MIXED_TABLES)
+    )
+    kinds = []
+    for kind in ("dense", "sparse", "auto"):
+        engine = make_engine(kind, model.shard_states, model.replica_pg)
+        kinds.append((type(engine).__name__, getattr(engine, "crossover", None)))
+        if hasattr(engine, "close"):
+            engine.close()
+    return kinds
+
+
+def test_engine_kinds(world4) -> None:
+    from sparse2d.sync.sparse import DEFAULT_CROSSOVER
+
+    assert world4.run(check_engine_kinds)[0] == [
+        ("DenseEngine", None),
+        ("SparseEngine", 1.0),  # "sparse" never falls back to dense
+        ("SparseEngine", DEFAULT_CROSSOVER),
+    ]
