@@ -1,0 +1,398 @@
+"""Checkpoints of a ``DMPCollection`` over ``torch.distributed.checkpoint`` (DCP).
+
+Layout under a root ``path``::
+
+    path/step_00000010/        complete checkpoint (DCP files + COMPLETE.json)
+    path/step_00000015.tmp-ab/ a save in progress or one killed midway (never read)
+    path/latest                name of the newest complete checkpoint (moved atomically)
+
+Why our own state dict instead of ``model.state_dict()``: each local shard
+(``model.shard_states``) is written with its global table offsets, so any
+(world size, group size, plan) can load it, DCP doing the resharding; only
+replica-rank 0 of each replica group contributes embedding shards (dedup); and
+loads land in scratch buffers first, so a bad checkpoint never half-overwrites a
+live model. Keys: ``emb.T.weight`` ``(rows, dim)``, ``emb.T.stateI`` for an
+element-wise optimizer state ``(rows, dim)``, ``emb.T.stateI.cC`` for a row-wise
+state ``(rows,)`` of the column block starting at ``C`` (column-wise shards keep
+one accumulator each), ``dense.NAME`` for every plain tensor of
+``model.state_dict()``, and pickled blobs ``extra``, ``dense_optimizer``,
+``rng.rankR``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata
+
+from sparse2d.checkpoint_layout import (
+    build_embedding_state,
+    build_load_state,
+    check_files,
+    check_tables,
+    dense_entries,
+    table_specs,
+)
+from sparse2d.errors import ConfigError
+from sparse2d.sync.tensors import flush_caches
+
+FORMAT_VERSION = 1
+MARKER = "COMPLETE.json"
+LATEST = "latest"
+_PREFIX = "step_"
+
+__all__ = [
+    "CheckpointError",
+    "build_save_state",
+    "latest",
+    "list_checkpoints",
+    "load",
+    "prune",
+    "save",
+]
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that is missing, incomplete, corrupt or does not match the model."""
+
+
+# ---- directory bookkeeping (pure filesystem, no collectives) -------------------------
+def _step_of(name: str) -> int | None:
+    if not name.startswith(_PREFIX) or ".tmp-" in name or ".trash-" in name:
+        return None
+    digits = name[len(_PREFIX) :]
+    return int(digits) if digits.isdigit() else None
+
+
+def list_checkpoints(path: str | os.PathLike[str]) -> list[str]:
+    """Complete checkpoints under ``path`` (those with a completion marker), oldest first."""
+    root = os.fspath(path)
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        step = _step_of(name)
+        if step is not None and os.path.isfile(os.path.join(root, name, MARKER)):
+            found.append((step, os.path.join(root, name)))
+    return [p for _, p in sorted(found)]
+
+
+def latest(path: str | os.PathLike[str]) -> str | None:
+    """The newest complete checkpoint under ``path``, or ``None``.
+
+    Follows the ``latest`` pointer; if it is missing or names an incomplete directory
+    (a crash between rename and pointer update), falls back to the newest complete one.
+    """
+    root = os.fspath(path)
+    pointer = os.path.join(root, LATEST)
+    if os.path.isfile(pointer):
+        with open(pointer) as f:
+            name = f.read().strip()
+        candidate = os.path.join(root, name)
+        if name and os.path.isfile(os.path.join(candidate, MARKER)):
+            return candidate
+    complete = list_checkpoints(root)
+    return complete[-1] if complete else None
+
+
+def prune(path: str | os.PathLike[str], keep: int) -> list[str]:
+    """Delete all but the newest ``keep`` complete checkpoints and any stale partial saves.
+
+    Never deletes the checkpoint ``latest`` points to. Call on one rank only (``save``
+    calls it on rank 0 after the new checkpoint is complete). Returns what was deleted.
+    """
+    if keep < 1:
+        raise CheckpointError(f"keep={keep} must be >= 1 (the number of checkpoints to retain)")
+    root = os.fspath(path)
+    newest = latest(root)
+    complete = list_checkpoints(root)
+    doomed = [p for p in complete[:-keep] if p != newest]
+    doomed += [os.path.join(root, n) for n in os.listdir(root) if ".tmp-" in n or ".trash-" in n]
+    for victim in doomed:
+        if os.path.isdir(victim):
+            shutil.rmtree(victim, ignore_errors=True)
+        else:  # a stale ``latest.tmp-*`` pointer file
+            with contextlib.suppress(OSError):
+                os.remove(victim)
+    return doomed
+
+
+def _write_atomic(target: str, text: str) -> None:
+    tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _resolve(path: str) -> str:
+    if os.path.isfile(os.path.join(path, MARKER)):
+        return path
+    found = latest(path)
+    if found is None:
+        raise CheckpointError(
+            f"no complete checkpoint at {path!r}: expected a directory with {MARKER} or a root "
+            f"holding step_* checkpoints; partial saves (*.tmp-*) are never loaded"
+        )
+    return found
+
+
+# ---- blobs -------------------------------------------------------------------------
+def _blob(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _unblob(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+
+
+def _fused_iter(model: nn.Module) -> int:
+    """The fused kernels' step counter (Adam-style bias correction); max over local kernels."""
+    kernels = {id(s.kernel): s.kernel for s in model.shard_states if s.kernel is not None}
+    return max((int(k.iter[0]) for k in kernels.values()), default=0)
+
+
+# ---- save --------------------------------------------------------------------------
+def build_save_state(
+    model: nn.Module,
+    dense_optimizer: torch.optim.Optimizer | None = None,
+    extra: dict[str, Any] | None = None,
+    *,
+    dedup: bool = True,
+) -> dict[str, Any]:
+    """The DCP state dict ``save`` writes (collective: gathers table specs).
+
+    ``dedup=False`` makes every replica write its own copy under ``replicaK.`` keys:
+    the naive baseline the benchmark measures; such a checkpoint is not loadable.
+    """
+    specs = table_specs(model)
+    rank = dist.get_rank()
+    state: dict[str, Any] = {}
+    replica_index = model.replica_group.index(rank)
+    if not dedup or replica_index == 0:
+        prefix = "" if dedup else f"replica{replica_index}."
+        flush_caches(model.shard_states)
+        for key, value in build_embedding_state(model, specs).items():
+            state[prefix + key] = value
+    for name, tensor in dense_entries(model).items():
+        state[f"dense.{name}"] = tensor
+    state["extra"] = _blob(dict(extra or {}))
+    if dense_optimizer is not None:
+        state["dense_optimizer"] = _blob(dense_optimizer.state_dict())
+    state[f"rng.rank{rank}"] = _blob(_rng_state())
+    return state
+
+
+def save(
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    dense_optimizer: torch.optim.Optimizer | None = None,
+    extra: dict[str, Any] | None = None,
+    *,
+    step: int | None = None,
+    keep: int | None = None,
+) -> str:
+    """Write a complete checkpoint under ``path`` and move ``path/latest`` to it (collective).
+
+    ``path`` is a root; ``root/step_N`` is accepted too (saves step ``N`` under root).
+    The step directory is named by ``step``, else ``extra["step"]``, else latest + 1.
+    Data land in ``step_N.tmp-ID/``; only after every rank finished and rank 0 wrote the
+    completion marker is it renamed to ``step_N/`` and ``latest`` replaced, so a save
+    killed midway leaves the previous checkpoint intact. ``keep=K`` then deletes all
+    but the newest ``K``. ``extra`` (step counter, data position, ...) must be the same
+    on every rank (one copy is written); RNG states are saved per rank. Under local
+    SGD (``sync_every > 1``) save right after a sync: replica-rank 0's copy is written.
+    Returns the checkpoint directory.
+    """
+    root = os.fspath(path)
+    named = _step_of(os.path.basename(os.path.normpath(root)))
+    if named is not None:  # given root/step_N: save as step N under root
+        if step is not None and step != named:
+            raise CheckpointError(f"save path {root!r} names step {named} but step={step}")
+        root, step = os.path.dirname(os.path.normpath(root)), named
+    if keep is not None and keep < 1:
+        raise CheckpointError(f"keep={keep} must be >= 1 (the number of checkpoints to retain)")
+    if step is None:
+        given = (extra or {}).get("step")
+        if isinstance(given, int):
+            step = given
+        else:
+            newest = latest(root)
+            step = 0 if newest is None else int(os.path.basename(newest)[len(_PREFIX) :]) + 1
+    if step < 0:
+        raise CheckpointError(f"step={step} must be >= 0")
+    rank = dist.get_rank()
+    token = [uuid.uuid4().hex[:8] if rank == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    name = f"{_PREFIX}{step:08d}"
+    tmp = os.path.join(root, f"{name}.tmp-{token[0]}")
+    state = build_save_state(model, dense_optimizer, extra)
+    specs = table_specs(model)
+    iters: list[int] = [0] * dist.get_world_size()
+    dist.all_gather_object(iters, _fused_iter(model))
+    start = time.perf_counter()
+    dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True))
+    outcome: list[Any] = [None]
+    if rank == 0:
+        try:
+            marker = {
+                "format": FORMAT_VERSION,
+                "step": step,
+                "world_size": dist.get_world_size(),
+                "sharding_group_size": model.sharding_group_size,
+                "num_replicas": model.num_replicas,
+                "fused_iter": max(iters),
+                "tables": {t: [s.rows, s.cols] for t, s in specs.items()},
+                "save_seconds": time.perf_counter() - start,
+            }
+            _write_atomic(os.path.join(tmp, MARKER), json.dumps(marker, indent=1))
+            final = os.path.join(root, name)
+            trash = None
+            if os.path.exists(final):
+                trash = os.path.join(root, f"{name}.trash-{token[0]}")
+                os.rename(final, trash)
+            os.rename(tmp, final)
+            _fsync_dir(root)
+            _write_atomic(os.path.join(root, LATEST), name)
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
+            if keep is not None:
+                prune(root, keep)
+        except OSError as error:
+            outcome[0] = f"{type(error).__name__}: {error}"
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[0] is not None:
+        raise CheckpointError(f"finalizing checkpoint {tmp!r} failed on rank 0: {outcome[0]}")
+    return os.path.join(root, name)
+
+
+# ---- load --------------------------------------------------------------------------
+def _read_metadata(ckpt: str) -> Metadata:
+    try:
+        return FileSystemReader(ckpt).read_metadata()
+    except Exception as error:  # any failure to parse means an unusable checkpoint
+        raise CheckpointError(
+            f"checkpoint {ckpt!r}: cannot read DCP metadata ({type(error).__name__}: {error}); "
+            f"the checkpoint is corrupt, pick an older one"
+        ) from error
+
+
+def _read_marker(ckpt: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(ckpt, MARKER)) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"checkpoint {ckpt!r}: unreadable {MARKER}: {error}") from error
+
+
+def load(
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    dense_optimizer: torch.optim.Optimizer | None = None,
+    *,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Load a checkpoint into ``model`` (any world/group size and plan) and return ``extra``.
+
+    ``path`` is a checkpoint directory or a root (its latest complete checkpoint is used).
+    Every check (completeness, truncated files, missing tables, shapes, optimizer
+    states) runs on every rank before anything is modified; reads go to scratch
+    buffers and are copied into the live shards only after every rank read everything.
+    RNG states are restored when the world size is unchanged (they are per rank).
+    """
+    ckpt = _resolve(os.fspath(path))
+    marker = _read_marker(ckpt)
+    metadata = _read_metadata(ckpt)
+    check_files(ckpt, metadata, CheckpointError)
+    specs = table_specs(model)  # collective, reached unconditionally by every rank
+    dense = dense_entries(model)
+    check_tables(ckpt, metadata, specs, dense, CheckpointError)
+    keys = metadata.state_dict_metadata
+    if dense_optimizer is not None and "dense_optimizer" not in keys:
+        raise CheckpointError(
+            f"checkpoint {ckpt!r} has no dense optimizer state; load without dense_optimizer"
+        )
+    state, commit = build_load_state(model, specs, metadata)
+    scratch_dense = {name: torch.empty_like(t) for name, t in dense.items()}
+    state.update({f"dense.{name}": t for name, t in scratch_dense.items()})
+    state["extra"] = b""
+    if dense_optimizer is not None:
+        state["dense_optimizer"] = b""
+    rank = dist.get_rank()
+    rng_key = f"rng.rank{rank}"
+    use_rng = restore_rng and marker.get("world_size") == dist.get_world_size()
+    if use_rng and rng_key in keys:
+        state[rng_key] = b""
+    failure = ""
+    try:
+        dcp.load(state, storage_reader=FileSystemReader(ckpt))
+    except Exception as error:  # DCP gathers read errors from every rank
+        failure = f"{type(error).__name__}: {error}"
+    ok = torch.tensor([0 if failure else 1])
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if not int(ok):
+        raise CheckpointError(
+            f"checkpoint {ckpt!r}: reading failed, the model was not modified: "
+            f"{failure or 'another rank failed'}"
+        )
+    with torch.no_grad():
+        commit()
+        for name, tensor in dense.items():
+            tensor.copy_(scratch_dense[name])
+        iteration = int(marker.get("fused_iter", 0))
+        for kernel in {id(s.kernel): s.kernel for s in model.shard_states}.values():
+            if kernel is not None:
+                kernel.iter.fill_(iteration)
+    if dense_optimizer is not None:
+        dense_optimizer.load_state_dict(_unblob(state["dense_optimizer"]))
+    if rng_key in state:
+        _set_rng_state(_unblob(state[rng_key]))
+    return _unblob(state["extra"])

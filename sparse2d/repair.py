@@ -1,0 +1,73 @@
+"""Refill restarted ranks from a healthy replica, over the replica group, without storage.
+
+At thousands of ranks a restarted process (elastic restart, node swap) comes back
+with freshly initialised shards. Its replicas hold the same shards, so copying
+them over the replica group is faster than reading a checkpoint and loses no steps.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from sparse2d.errors import ConfigError
+from sparse2d.mesh import replica_groups
+from sparse2d.sync.collectives import broadcast_
+from sparse2d.sync.dense import state_tensors, weight_tensors
+from sparse2d.sync.tensors import flush_caches
+
+
+def plan_repair(
+    world_size: int, sharding_group_size: int, replica_layout: str, ranks: list[int]
+) -> dict[int, int]:
+    """``{replica-group index: source rank}`` for each group with a rank to repair (pure).
+
+    The source is the lowest rank of the group not in ``ranks``. Raises ``ConfigError``
+    (identically on every rank) for an unknown rank or a group with no healthy member.
+    """
+    bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < world_size]
+    if bad:
+        raise ConfigError(f"ranks to repair {bad} are not ranks of a world of {world_size}")
+    broken = set(ranks)
+    plan: dict[int, int] = {}
+    for index, group in enumerate(replica_groups(world_size, sharding_group_size, replica_layout)):
+        if not broken.intersection(group):
+            continue
+        healthy = [r for r in group if r not in broken]
+        if not healthy:
+            raise ConfigError(
+                f"replica group {group} has no healthy member (all in ranks={sorted(broken)}); "
+                f"restore these shards from a checkpoint with sparse2d.checkpoint.load"
+            )
+        plan[index] = min(healthy)
+    return plan
+
+
+def repair_from_replicas(model: nn.Module, ranks: list[int], include_dense: bool = True) -> None:
+    """Overwrite the shards of ``ranks`` with a healthy replica's weights and optimizer state.
+
+    Collective: every rank calls it with the same ``ranks``. Replica groups without a
+    rank in ``ranks`` do nothing. With ``include_dense``, dense parameters and buffers
+    (replicated on every rank) are broadcast from the lowest healthy rank of the world.
+    """
+    world = dist.get_world_size()
+    plan = plan_repair(world, model.sharding_group_size, model.replica_layout, list(ranks))
+    group = model.replica_group
+    source = next((src for src in plan.values() if src in group), None)
+    with torch.no_grad():
+        if source is not None:
+            flush_caches(model.shard_states)
+            tensors = weight_tensors(model.shard_states) + state_tensors(model.shard_states)
+            kernels = {id(s.kernel): s.kernel for s in model.shard_states if s.kernel is not None}
+            tensors += [kernel.iter for kernel in kernels.values()]  # Adam-style step counter
+            broadcast_(tensors, model.replica_pg, src_group_rank=group.index(source))
+        if include_dense and plan:
+            healthy = min(r for r in range(world) if r not in set(ranks))
+            dense = [
+                t
+                for t in model.state_dict().values()
+                if type(t) is torch.Tensor and t.is_floating_point()
+            ]
+            if dense:
+                broadcast_(dense, dist.group.WORLD, src_group_rank=healthy)
