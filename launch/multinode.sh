@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Several hosts: run this on every host with the same rendezvous endpoint.
+#   NNODES       hosts in the job                 NODE_RANK  this host's index (0..NNODES-1)
+#   NPROC        processes (GPUs) per host        MASTER_ADDR, MASTER_PORT  rendezvous endpoint
+#   CONFIG       YAML file                        PYTHON     interpreter (default python3)
+#   RDZV_ID      job id shared by all hosts (default sparse2d)
+# Extra arguments are dotted config overrides. Example (host 3 of 16):
+#   NNODES=16 NODE_RANK=3 NPROC=8 MASTER_ADDR=node0 MASTER_PORT=29500 \
+#     CONFIG=configs/dlrm_criteo_1host_8gpu.yaml launch/multinode.sh parallel.sharding_group_size=32
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${NNODES:?set NNODES}" "${NODE_RANK:?set NODE_RANK}" "${MASTER_ADDR:?set MASTER_ADDR}"
+NPROC="${NPROC:-8}"
+MASTER_PORT="${MASTER_PORT:-29500}"
+CONFIG="${CONFIG:?set CONFIG}"
+PYTHON="${PYTHON:-python3}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# World-size checks only (data paths may exist only on the compute hosts' file systems).
+"$PYTHON" -m sparse2d.config --check "$CONFIG" --world-size $((NNODES * NPROC)) \
+  --local-world-size "$NPROC" --no-paths "$@"
+exec "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --node-rank "$NODE_RANK" \
+  --nproc-per-node "$NPROC" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
+  --rdzv-id "${RDZV_ID:-sparse2d}" -m sparse2d.train --config "$CONFIG" "$@"

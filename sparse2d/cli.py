@@ -1,0 +1,32 @@
+"""The ``sparse2d`` command: ``sparse2d config ...`` and ``sparse2d train ...``.
+
+``sparse2d train --config C [overrides]`` is ``python -m sparse2d.train`` (run it under
+torchrun for more than one process: see ``launch/``); ``sparse2d config --reference``
+prints the configuration reference, ``sparse2d config --check C [--world-size N]``
+validates a config. Other tools (e.g. a group-size advisor) add subcommands here.
+"""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {
+    "config": "sparse2d.config",
+    "train": "sparse2d.train",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] not in COMMANDS:
+        names = ", ".join(COMMANDS)
+        print(f"usage: sparse2d {{{names}}} [args...]  (sparse2d COMMAND --help)", file=sys.stderr)
+        return 0 if args[:1] in (["-h"], ["--help"]) else 2
+    import importlib
+
+    module = importlib.import_module(COMMANDS[args[0]])
+    return int(module.main(args[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Generic strict YAML <-> nested-dataclass machinery behind ``sparse2d.config``.
+
+Types come from the dataclass annotations (``int``, ``float``, ``bool``, ``str``,
+``Literal``, ``X | None``, ``list[X]``, nested dataclasses); each section validates its
+values in ``__post_init__`` by raising ``bad(key, value, why)``, and the loader prefixes
+the section path, so every error is one line naming the dotted key. Field docstrings
+(the string literal under a field) are read with ``ast`` to generate the reference.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import json
+import types
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from sparse2d.errors import ConfigError
+
+
+class KeyValueError(ConfigError):
+    """A bad value for one key; ``key`` is relative to the section that raised it."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        self.key, self.detail = key, detail
+        super().__init__(f"{key}{detail}")
+
+
+def _fmt(value: Any) -> str:
+    return "null" if value is None else repr(value) if isinstance(value, str) else str(value)
+
+
+def bad(key: str, value: Any, why: str) -> KeyValueError:
+    """``key=value why`` as a ``ConfigError`` the loader prefixes with the section path."""
+    return KeyValueError(key, f"={_fmt(value)} {why}")
+
+
+def positive(section: Any, *names: str, allow_zero: bool = False) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if value < 0 or (value == 0 and not allow_zero):
+            raise bad(name, value, "must be >= 0" if allow_zero else "must be > 0")
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else _type_name(a) for a in args)
+    if origin is list:
+        return f"list[{_type_name(args[0])}]"
+    if dataclasses.is_dataclass(tp):
+        return "section"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin, args = get_origin(tp), get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    if origin is Literal:
+        if value in args and type(value) in {type(a) for a in args}:
+            return value
+        raise ConfigError(f"{key}={_fmt(value)} must be one of {', '.join(map(repr, args))}.")
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as error:
+                errors.append(error)
+        if len(errors) == 1:
+            raise errors[0]
+        raise ConfigError(f"{key}={_fmt(value)} must be {_type_name(tp)}.")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}={_fmt(value)} must be a list ({_type_name(tp)}).")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is float:
+        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(value, tp):
+        return value
+    raise ConfigError(f"{key}={_fmt(value)} must be {_type_name(tp)}, not {type(value).__name__}.")
+
+
+def build(cls: type, data: Any, path: str) -> Any:
+    section = path or "<top level>"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{section} must be a mapping of keys, got {_fmt(data)}.")
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields), key=str)
+    if unknown:
+        raise ConfigError(
+            f"unknown key {unknown[0]!r} in section {section!r}; valid keys: {', '.join(fields)}."
+        )
+    kwargs = {}
+    for name, spec in fields.items():
+        key = f"{path}.{name}" if path else name
+        if name in data:
+            kwargs[name] = _coerce(data[name], hints[name], key)
+        elif spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"missing required key {key!r} in section {section!r}.")
+    try:
+        return cls(**kwargs)
+    except KeyValueError as error:
+        key = f"{path}.{error.key}" if path and error.key else (error.key or path)
+        raise KeyValueError(key, error.detail) from None
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply ``dotted.key=value`` (value parsed as YAML; list entries by index: ``tables.0.rows``)."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like dotted.key=value.")
+    key, raw = override.split("=", 1)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"override {key}={raw!r}: value is not valid YAML ({error}).") from None
+    parts = key.strip().split(".")
+    node: Any = data
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        where = ".".join(parts[: depth + 1])
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(
+                    f"override {key}: {where!r} needs an index below {len(node)} (a list)."
+                )
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+                if node is None:
+                    node = {}
+        else:
+            raise ConfigError(f"override {key}: {where!r} is not a section.")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The string literal under each field of ``cls`` (torchtitan style)."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                docs[node.target.id] = " ".join(str(after.value.value).split())
+    return docs
+
+
+def _default_text(spec: dataclasses.Field) -> str:  # type: ignore[type-arg]
+    if spec.default is not dataclasses.MISSING:
+        value = spec.default
+    elif dataclasses.is_dataclass(spec.default_factory):
+        return ""
+    elif spec.default_factory is not dataclasses.MISSING:
+        value = spec.default_factory()
+    else:
+        return "required"
+    return f"`{json.dumps(value)}`"
+
+
+def reference(root: type) -> str:
+    """Markdown reference of every section and key."""
+    out = [
+        "# Configuration reference",
+        "",
+        "Generated by `python -m sparse2d.config --reference` from the docstrings in",
+        "`sparse2d/config.py`; do not edit by hand. Override any key on the command line",
+        "as `dotted.key=value` (the value is parsed as YAML; list entries by index,",
+        "e.g. `model.tables.0.rows=5000`).",
+        "",
+    ]
+    queue: list[tuple[str, type]] = [("", root)]
+    while queue:
+        path, cls = queue.pop(0)
+        title = path or "top level"
+        out += [f"## `{title}`", "", (cls.__doc__ or "").strip(), ""]
+        out += ["| key | type | default | description |", "| --- | --- | --- | --- |"]
+        hints, docs = get_type_hints(cls), field_docs(cls)
+        nested = []
+        for spec in dataclasses.fields(cls):
+            tp = hints[spec.name]
+            sub = get_args(tp)[0] if get_origin(tp) is list else tp
+            key = f"{path}.{spec.name}" if path else spec.name
+            if dataclasses.is_dataclass(sub):
+                nested.append((f"{key}[]" if sub is not tp else key, sub))
+            type_text = _type_name(tp).replace("|", "\\|")
+            doc = docs.get(spec.name, "").replace("|", "\\|")
+            out.append(f"| `{spec.name}` | {type_text} | {_default_text(spec)} | {doc} |")
+        out.append("")
+        queue = nested + queue
+    return "\n".join(out).rstrip() + "\n"

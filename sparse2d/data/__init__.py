@@ -1,0 +1,59 @@
+"""Data sources: each rank reads its own contiguous slice of every global batch.
+
+Global batch ``G = world_size x batch_size_per_rank``. At step ``s`` the global batch
+is samples ``[s*G, (s+1)*G)`` of the stream, and rank ``r`` reads
+``[s*G + r*B, s*G + (r+1)*B)``. Which sharding group or replica a rank belongs to does
+not matter: the global batch (and so the data a 1D and a 2D run see) depends only on
+the step. Inside a sharding group the group's ``L`` slices are exchanged by the
+embedding all-to-all; across replicas the slices differ, and the replica sync
+averages what each replica learned from its part of the global batch.
+Evaluation reads a fixed held-out set: ``eval_batches`` global batches of a separate
+stream (synthetic) or of the eval files (Criteo), split the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchrec.datasets.utils import Batch
+
+from sparse2d.config import Config
+from sparse2d.data.synthetic import EVAL, TRAIN, SyntheticCTR
+
+__all__ = ["DataSource", "SyntheticCTR"]
+
+
+class DataSource:
+    """``train(step)`` / ``eval(i)`` give this rank's ``(batch, true_logits or None)``."""
+
+    def __init__(self, cfg: Config, rank: int, world_size: int, cache_dir: str = "") -> None:
+        self.batch_size = cfg.data.batch_size_per_rank
+        self.global_batch = self.batch_size * world_size
+        self.rank = rank
+        tables = cfg.model.specs()
+        self.synthetic: SyntheticCTR | None = None
+        if cfg.data.source == "synthetic":
+            self.synthetic = SyntheticCTR(
+                tables, cfg.model.dense_in_features, cfg.data.synthetic, cfg.data.seed
+            )
+        else:
+            from sparse2d.data.criteo import CriteoBatches, CriteoFiles
+
+            self._train = CriteoBatches(CriteoFiles(cfg.data.criteo.train_files, cache_dir), tables)
+            self._eval = CriteoBatches(CriteoFiles(cfg.data.criteo.eval_files, cache_dir), tables)
+
+    def start(self, step: int) -> int:
+        """Index of this rank's first sample at ``step``."""
+        return step * self.global_batch + self.rank * self.batch_size
+
+    def train(self, step: int) -> tuple[Batch, torch.Tensor | None]:
+        return self._get(TRAIN, step)
+
+    def eval(self, index: int) -> tuple[Batch, torch.Tensor | None]:
+        return self._get(EVAL, index)
+
+    def _get(self, stream: int, step: int) -> tuple[Batch, torch.Tensor | None]:
+        start = self.start(step)
+        if self.synthetic is not None:
+            return self.synthetic.samples(stream, start, self.batch_size)
+        source = self._train if stream == TRAIN else self._eval
+        return source.rows(start, self.batch_size), None

@@ -1,0 +1,136 @@
+"""Criteo 1TB / Kaggle TSV data through TorchRec's Criteo utilities.
+
+Each TSV file (label, 13 integers, 26 hex categoricals; empty fields allowed) is
+converted once to TorchRec's npy triplet with ``BinaryCriteoUtils.tsv_to_npys``
+(dense ``log(x - min + 2)`` float32, sparse int64, labels) and cached; files already
+in that form (``*_dense.npy`` with ``*_sparse.npy``/``*_labels.npy`` beside) are read
+as they are. Rows are then addressed by global sample index like the synthetic data:
+step ``s`` covers rows ``[s * G, (s + 1) * G)`` (``G`` = global batch, wrapping around
+at the end of the files) and rank ``r`` reads the ``r``-th contiguous slice of ``B``
+rows. Categorical ids are hashed into each table by ``id % rows``. (TorchRec's own
+``InMemoryBinaryCriteoIterDataPipe`` deals batches round-robin and cannot restart at
+a step, so the indexing here is ours.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import torch
+from torchrec.datasets.criteo import (
+    CAT_FEATURE_COUNT,
+    DEFAULT_CAT_NAMES,
+    INT_FEATURE_COUNT,
+    BinaryCriteoUtils,
+)
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from sparse2d.config import CriteoConfig, TableSpec, bad
+
+_KINDS = ("dense", "sparse", "labels")
+
+
+def check_features(feature_names: list[str], dense_in_features: int) -> None:
+    """Criteo models must read Criteo's columns: ``cat_0..cat_25`` and 13 dense features."""
+    unknown = [f for f in feature_names if f not in DEFAULT_CAT_NAMES]
+    if unknown:
+        raise bad(
+            "model.tables",
+            unknown,
+            f"are not Criteo features; data.source=criteo has {DEFAULT_CAT_NAMES[0]}.."
+            f"{DEFAULT_CAT_NAMES[-1]} (one entry with name: cat, count: {CAT_FEATURE_COUNT})",
+        )
+    if dense_in_features != INT_FEATURE_COUNT:
+        raise bad(
+            "model.dense_in_features",
+            dense_in_features,
+            f"must be {INT_FEATURE_COUNT} for data.source=criteo",
+        )
+
+
+def _triplet(path: str) -> list[str] | None:
+    if path.endswith("_dense.npy"):
+        stem = path[: -len("_dense.npy")]
+        return [f"{stem}_{kind}.npy" for kind in _KINDS]
+    return None
+
+
+def missing_files(path: str) -> list[str]:
+    """The files ``path`` needs that do not exist."""
+    return [p for p in (_triplet(path) or [path]) if not os.path.exists(p)]
+
+
+def cached_triplet(path: str, cache_dir: str) -> list[str]:
+    """Where the npy conversion of TSV ``path`` lives (keyed by path, size and mtime)."""
+    triplet = _triplet(path)
+    if triplet is not None:
+        return triplet
+    stat = os.stat(path)
+    key = f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    stem = os.path.join(cache_dir, f"{os.path.basename(path)}-{hashlib.sha1(key).hexdigest()[:12]}")
+    return [f"{stem}_{kind}.npy" for kind in _KINDS]
+
+
+def prepare(cfg: CriteoConfig, cache_dir: str) -> None:
+    """Convert every TSV not yet cached (call on one rank per host, then barrier)."""
+    os.makedirs(cache_dir, exist_ok=True)
+    for path in [*cfg.train_files, *cfg.eval_files]:
+        out = cached_triplet(path, cache_dir)
+        if all(os.path.exists(p) for p in out):
+            continue
+        tmp = [f"{p[:-4]}.tmp{os.getpid()}.npy" for p in out]
+        BinaryCriteoUtils.tsv_to_npys(path, *tmp, dataset_name="criteo_1tb")
+        for src, dst in zip(tmp, out):
+            os.replace(src, dst)
+
+
+class CriteoFiles:
+    """Memory-mapped npy triplets, addressed by one global row index (wrapping)."""
+
+    def __init__(self, paths: list[str], cache_dir: str) -> None:
+        self.parts = [
+            [np.load(p, mmap_mode="r") for p in cached_triplet(path, cache_dir)] for path in paths
+        ]
+        sizes = [len(dense) for dense, _, _ in self.parts]
+        self.starts = np.cumsum([0, *sizes])
+        self.rows = int(self.starts[-1])
+
+    def take(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        index = index % self.rows
+        part = np.searchsorted(self.starts, index, side="right") - 1
+        out = []
+        for kind in range(3):
+            first = self.parts[0][kind]
+            arr = np.empty((len(index), *first.shape[1:]), dtype=first.dtype)
+            for p in np.unique(part):
+                mask = part == p
+                arr[mask] = self.parts[p][kind][index[mask] - self.starts[p]]
+            out.append(arr)
+        return out[0], out[1], out[2]
+
+
+class CriteoBatches:
+    """Batches of Criteo rows for the model's features."""
+
+    def __init__(self, files: CriteoFiles, tables: list[TableSpec]) -> None:
+        self.files = files
+        self.keys = [f for t in tables for f in t.features]
+        self.columns = np.array([DEFAULT_CAT_NAMES.index(f) for f in self.keys])
+        self.hash_sizes = np.array([t.rows for t in tables for _ in t.features], dtype=np.int64)
+
+    def rows(self, start: int, count: int) -> Batch:
+        dense, sparse, labels = self.files.take(np.arange(start, start + count, dtype=np.int64))
+        ids = np.asarray(sparse[:, self.columns], dtype=np.int64) % self.hash_sizes
+        kjt = KeyedJaggedTensor(
+            keys=self.keys,
+            values=torch.from_numpy(np.ascontiguousarray(ids.T).reshape(-1)),
+            lengths=torch.ones(len(self.keys) * count, dtype=torch.int32),
+        )
+        return Batch(
+            dense_features=torch.from_numpy(np.asarray(dense, dtype=np.float32)),
+            sparse_features=kjt,
+            labels=torch.from_numpy(np.asarray(labels, dtype=np.float32).reshape(-1)),
+        )

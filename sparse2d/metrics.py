@@ -1,0 +1,109 @@
+"""Loss, AUC and normalized entropy (NE), identical on every rank.
+
+Evaluation gathers every rank's logits and labels (``all_gather``) and computes the exact
+AUC with torchmetrics and NE with TorchRec's ``compute_ne``, so all ranks report the same
+numbers. The training window is reduced instead of gathered (it runs every ``log_every``
+steps at any scale): sums for loss/NE and a 1024-bin score histogram for the AUC.
+NE = mean log loss / entropy of the base rate (1.0 = no better than predicting the CTR).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torchmetrics.functional.classification import binary_auroc
+from torchrec.metrics.ne import compute_ne
+
+BINS = 1024
+_ETA = 1e-12
+
+
+def ne_from_sums(ce_sum: float, count: float, positives: float) -> float:
+    """NE from the summed natural-log loss, sample count and positive count."""
+    t = torch.tensor
+    value = compute_ne(  # TorchRec sums log2 losses: convert from natural log
+        t(ce_sum / math.log(2.0), dtype=torch.float64),
+        t(count, dtype=torch.float64),
+        t(positives, dtype=torch.float64),
+        t(count - positives, dtype=torch.float64),
+        _ETA,
+    )
+    return float(value)
+
+
+def _all_gather(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts)
+
+
+def eval_metrics(
+    logits: torch.Tensor, labels: torch.Tensor, true_logits: torch.Tensor | None = None
+) -> dict[str, float]:
+    """Exact metrics over every rank's eval predictions (collective: call on all ranks)."""
+    logits, labels = _all_gather(logits.float().cpu()), _all_gather(labels.float().cpu())
+    ce = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+    out = {
+        "eval_loss": float(ce) / len(labels),
+        "eval_auc": float(binary_auroc(torch.sigmoid(logits), labels.long())),
+        "eval_ne": ne_from_sums(float(ce), len(labels), float(labels.sum())),
+        "eval_samples": len(labels),
+        "eval_ctr": float(labels.mean()),
+    }
+    if true_logits is not None:
+        true_logits = _all_gather(true_logits.float().cpu())
+        out["planted_auc"] = float(binary_auroc(torch.sigmoid(true_logits), labels.long()))
+        planted_ce = F.binary_cross_entropy_with_logits(true_logits, labels, reduction="sum")
+        out["planted_ne"] = ne_from_sums(float(planted_ce), len(labels), float(labels.sum()))
+    return out
+
+
+def auc_from_histograms(pos: torch.Tensor, neg: torch.Tensor) -> float:
+    """AUC of binned scores: P(score_pos > score_neg) + 0.5 P(same bin)."""
+    pos, neg = pos.double(), neg.double()
+    if pos.sum() == 0 or neg.sum() == 0:
+        return float("nan")
+    below = torch.cumsum(neg, 0) - neg
+    return float(((pos * (below + 0.5 * neg)).sum()) / (pos.sum() * neg.sum()))
+
+
+class TrainWindow:
+    """Accumulates train predictions between logs; ``reduce()`` is a collective."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums = torch.zeros(3, dtype=torch.float64)  # ce, count, positives
+        self.hist = torch.zeros(2, BINS, dtype=torch.float64)
+
+    @torch.no_grad()
+    def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        logits, labels = logits.detach().float().cpu(), labels.detach().float().cpu()
+        ce = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+        self.sums += torch.tensor(
+            [float(ce), len(labels), float(labels.sum())], dtype=torch.float64
+        )
+        bins = (torch.sigmoid(logits) * BINS).long().clamp_(0, BINS - 1)
+        self.hist[0] += torch.bincount(bins[labels > 0.5], minlength=BINS)
+        self.hist[1] += torch.bincount(bins[labels <= 0.5], minlength=BINS)
+
+    def reduce(self) -> dict[str, float]:
+        flat = torch.cat([self.sums, self.hist.reshape(-1)])
+        if dist.is_initialized():
+            dist.all_reduce(flat)
+        ce, count, positives = flat[:3].tolist()
+        hist = flat[3:].reshape(2, BINS)
+        self.reset()
+        if count == 0:
+            return {}
+        return {
+            "train_loss": ce / count,
+            "train_auc": auc_from_histograms(hist[0], hist[1]),
+            "train_ne": ne_from_sums(ce, count, positives),
+        }

@@ -1,0 +1,230 @@
+"""The training loop behind ``sparse2d.train`` (model build, steps, eval, logs, summary)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from sparse2d.config import Config, dump_yaml
+from sparse2d.data import DataSource
+from sparse2d.metrics import TrainWindow, eval_metrics
+
+
+class Loop:
+    """One training run on an initialized process group (every rank builds one)."""
+
+    def __init__(self, cfg: Config, device: torch.device) -> None:
+        from sparse2d.train import build_model, dense_optimizer, shard
+
+        self.cfg, self.device = cfg, device
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.is_main = self.rank == 0
+        if self.is_main:
+            os.makedirs(cfg.run_dir, exist_ok=True)
+            with open(os.path.join(cfg.run_dir, "config.yaml"), "w") as f:
+                f.write(dump_yaml(cfg))
+            self._metrics = open(os.path.join(cfg.run_dir, "metrics.jsonl"), "a")  # noqa: SIM115
+        cache_dir = cfg.data.criteo.cache_dir or os.path.join(cfg.run_dir, "criteo_cache")
+        if cfg.data.source == "criteo":
+            from sparse2d.data.criteo import prepare
+
+            if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+                prepare(cfg.data.criteo, cache_dir)
+            dist.barrier()
+        self.data = DataSource(cfg, self.rank, self.world, cache_dir)
+        self.model = shard(cfg, build_model(cfg, device), device, self.world)
+        self.optimizer = dense_optimizer(cfg, self.model)
+        self.start_step = 0
+        self.sync_s = self.sync_bytes = 0.0
+        self.train_s = 0.0
+        self.planted: dict[str, float] = {}
+        self._maybe_resume()
+
+    # ---- helpers ---------------------------------------------------------------------
+    def log(self, record: dict[str, Any], bar: tqdm | None = None) -> None:
+        if not self.is_main:
+            return
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        text = " ".join(f"{k}={_short(v)}" for k, v in record.items() if k != "kind")
+        line = f"[{record['kind']}] {text}"
+        if bar is not None and not bar.disable:
+            bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def _max(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.sync_policy.finish()
+        self.model.eval()
+        logits, labels, truth = [], [], []
+        for i in range(self.cfg.train.eval_batches):
+            batch, true_logits = self.data.eval(i)
+            _, (_, out, label) = self.model(batch.to(self.device))
+            logits.append(out.float().cpu())
+            labels.append(label.float().cpu())
+            if true_logits is not None:
+                truth.append(true_logits)
+        self.model.train()
+        metrics = eval_metrics(
+            torch.cat(logits), torch.cat(labels), torch.cat(truth) if truth else None
+        )
+        for key in ("planted_auc", "planted_ne"):
+            if key in metrics:
+                self.planted[key] = metrics.pop(key)
+        return metrics
+
+    # ---- checkpoints (sparse2d.checkpoint: DCP, atomic ``latest``, keep=K) ---------------
+    def _maybe_resume(self) -> None:
+        if self.cfg.train.resume != "auto":
+            return
+        from sparse2d import checkpoint
+
+        path = checkpoint.latest(self.cfg.checkpoint_dir)
+        if path is None:
+            if self.is_main:
+                print(f"[resume] no checkpoint in {self.cfg.checkpoint_dir}; from step 0")
+            return
+        extra = checkpoint.load(path, self.model, dense_optimizer=self.optimizer)
+        self.start_step = int(extra["step"])
+        if self.is_main:
+            print(f"[resume] {path}: step {self.start_step}", flush=True)
+
+    def _maybe_save(self, step: int, last: bool) -> None:
+        every = self.cfg.checkpoint.every
+        if every == 0 or ((step + 1) % every and not last):
+            return
+        from sparse2d import checkpoint
+
+        extra = {"step": step + 1, "global_sample": (step + 1) * self.data.global_batch}
+        path = checkpoint.save(
+            self.cfg.checkpoint_dir,
+            self.model,
+            dense_optimizer=self.optimizer,
+            extra=extra,
+            step=step + 1,
+            keep=self.cfg.checkpoint.keep,
+        )
+        self.log({"kind": "checkpoint", "step": step + 1, "path": path})
+
+    # ---- the loop --------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cfg, model = self.cfg, self.model
+        t = cfg.train
+        steps, every = t.steps, cfg.parallel.sync.every
+        header = {
+            "kind": "start",
+            "world_size": self.world,
+            "sharding_group_size": model.sharding_group_size,
+            "num_replicas": model.num_replicas,
+            "global_batch_size": self.data.global_batch,
+            "device": str(self.device),
+            "sync_every": every,
+        }
+        self.log(header)
+        bar = tqdm(
+            total=steps, initial=self.start_step, disable=not (self.is_main and t.progress_bar),
+            dynamic_ncols=True, mininterval=2.0, desc="train",
+        )  # fmt: skip
+        window = TrainWindow()
+        last_train: dict[str, float] = {}
+        last_eval: dict[str, float] = {}
+        win_s, win_steps, win_sync_s, win_bytes = 0.0, 0, 0.0, 0.0
+        divergence: float | None = None
+        for step in range(self.start_step, steps):
+            last = step == steps - 1
+            start = time.perf_counter()
+            batch, _ = self.data.train(step)
+            loss, (_, logits, labels) = model(batch.to(self.device))
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            report = model.maybe_sync(step)
+            if last and (step + 1) % every:  # end on averaged replicas
+                model.sync_policy.finish()
+                report = model.sync_policy.sync_now(step)
+            if report is not None:
+                win_sync_s += report.seconds
+                win_bytes += report.bytes
+                if report.divergence is not None:
+                    divergence = report.divergence
+            win_s += time.perf_counter() - start
+            window.update(logits, labels)
+            win_steps += 1
+            bar.update(1)
+            if (step + 1) % t.log_every == 0 or last:
+                elapsed = self._max([win_s])[0]
+                self.train_s += elapsed
+                sync_s, nbytes = self._max([win_sync_s, win_bytes])
+                self.sync_s += sync_s
+                self.sync_bytes += nbytes
+                last_train = window.reduce()
+                record = {"kind": "train", "step": step + 1, **last_train}
+                record["samples_per_s"] = self.data.global_batch * win_steps / elapsed
+                record["sync_s_per_step"] = sync_s / win_steps
+                record["sync_bytes_per_step"] = nbytes / win_steps
+                if divergence is not None:  # replica distance before the latest measured sync
+                    record["replica_divergence"] = divergence
+                    divergence = None
+                self.log(record, bar)
+                bar.set_postfix(loss=f"{last_train.get('train_loss', float('nan')):.4f}")
+                win_s, win_steps, win_sync_s, win_bytes = 0.0, 0, 0.0, 0.0
+            if last or (t.eval_every and (step + 1) % t.eval_every == 0):
+                last_eval = self.evaluate()
+                self.log({"kind": "eval", "step": step + 1, **last_eval, **self.planted}, bar)
+            self._maybe_save(step, last)
+        bar.close()
+        model.sync_policy.finish()
+        done = max(1, steps - self.start_step)
+        summary = {
+            "steps": steps,
+            "global_batch_size": self.data.global_batch,
+            "batch_size_per_rank": cfg.data.batch_size_per_rank,
+            "world_size": self.world,
+            "sharding_group_size": model.sharding_group_size,
+            "num_replicas": model.num_replicas,
+            "replica_layout": cfg.parallel.replica_layout,
+            "sync_every": every,
+            "data_source": cfg.data.source,
+            "device": str(self.device),
+            "train_loss": last_train.get("train_loss"),
+            "train_auc": last_train.get("train_auc"),
+            "train_ne": last_train.get("train_ne"),
+            **{k: v for k, v in last_eval.items()},
+            **self.planted,
+            "samples_per_s": self.data.global_batch * done / max(self.train_s, 1e-9),
+            "sync_s_per_step": self.sync_s / done,
+            "sync_bytes_per_step": self.sync_bytes / done,
+            "train_s": self.train_s,
+        }
+        if self.is_main:
+            with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=2)
+            self._metrics.close()
+            print(
+                f"final step={steps} train_loss={_short(summary['train_loss'])} "
+                f"eval_loss={_short(summary.get('eval_loss'))} "
+                f"eval_auc={_short(summary.get('eval_auc'))} ne={_short(summary.get('eval_ne'))} "
+                + (f"planted_auc={_short(self.planted['planted_auc'])} " if self.planted else "")
+                + f"samples/s={summary['samples_per_s']:.1f} "
+                f"sync_s/step={summary['sync_s_per_step']:.5f} -> {cfg.run_dir}/summary.json",
+                flush=True,
+            )
+        return summary
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.3e}"
+    return str(value)
