@@ -253,6 +253,9 @@ def save(
     Returns the checkpoint directory.
     """
     root = os.fspath(path)
+    policy = getattr(model, "sync_policy", None)
+    if policy is not None:  # land any overlapped/delayed transfer before reading the shards
+        policy.finish()
     named = _step_of(os.path.basename(os.path.normpath(root)))
     if named is not None:  # given root/step_N: save as step N under root
         if step is not None and step != named:
@@ -391,6 +394,9 @@ def load(
         for kernel in {id(s.kernel): s.kernel for s in model.shard_states}.values():
             if kernel is not None:
                 kernel.iter.fill_(iteration)
+    policy = getattr(model, "sync_policy", None)
+    if policy is not None:  # bf16/AdaGrad references describe the old values: drop them
+        policy.reset()
     if dense_optimizer is not None:
         dense_optimizer.load_state_dict(_unblob(state["dense_optimizer"]))
     if rng_key in state:

@@ -53,6 +53,7 @@ def repair_from_replicas(model: nn.Module, ranks: list[int], include_dense: bool
     """
     world = dist.get_world_size()
     plan = plan_repair(world, model.sharding_group_size, model.replica_layout, list(ranks))
+    model.sync_policy.finish()  # no transfer may land on top of the repaired values
     group = model.replica_group
     source = next((src for src in plan.values() if src in group), None)
     with torch.no_grad():
@@ -71,3 +72,4 @@ def repair_from_replicas(model: nn.Module, ranks: list[int], include_dense: bool
             ]
             if dense:
                 broadcast_(dense, dist.group.WORLD, src_group_rank=healthy)
+    model.sync_policy.reset()  # references taken before the repair are stale on repaired ranks
