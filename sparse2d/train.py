@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import logging
 import os
 import socket
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="YAML file (configs/*.yaml)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
     args = parser.parse_args(argv)
+    faulthandler.enable()  # a native abort (SIGABRT/SIGSEGV) prints every thread's stack
     _single_process_env()
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
@@ -180,11 +182,15 @@ def main(argv: list[str] | None = None) -> int:
         _report(rank, error, with_traceback=True)
     finally:
         if dist.is_initialized():
-            if code != 0:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)  # do not wait in destroy for ranks that are still working
-            dist.destroy_process_group()
+            if code == 0:
+                dist.barrier()  # every rank finished its collectives and file writes
+            # Skip native teardown: on failure, do not wait in destroy for ranks still
+            # working; on success nothing is left to do, and process-group/thread-pool
+            # destructors at exit were seen (rarely, under load) to abort with
+            # "terminate called without an active exception" after a clean run.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
     return code
 
 
