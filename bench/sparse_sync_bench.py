@@ -241,9 +241,8 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: flo
         BEGIN,
         "## Sparse replica sync (touched rows only) vs dense sync",
         "",
-        f"`bench/sparse_sync_bench.py` — 4 gloo CPU processes on a **2-core machine that other "
-        f"engineers were using at the same time** (absolute times are noisy; ratios are measured "
-        f"within one run), L=2 (2 replicas per shard), {TABLES} TW tables x {DIM} fp32, row-wise "
+        f"`bench/sparse_sync_bench.py` — 4 gloo CPU processes on a 2-core machine (ratios are "
+        f"measured within one run; absolute times vary with other load), L=2 (2 replicas per shard), {TABLES} TW tables x {DIM} fp32, row-wise "
         f"Adagrad (weights + row state synced), batch {BATCH}/rank, 1 id/sample/table, median of "
         f"{args.reps} syncs per cell, slowest rank; sparse bytes include the union metadata "
         f"(counts, id lists or bitmaps). *Synced rows* = fraction of rows in the sparse payload "
