@@ -51,8 +51,10 @@ class SyncOptions:
     """``"none"`` (fp32 average) or ``"bf16"`` (bf16 deltas since the last sync, fp32 master
     values and error feedback); bf16 needs the dense engine."""
     engine: str = "dense"
-    """Which values a sync covers: ``"dense"`` (every row), ``"sparse"`` (rows touched since the
-    last sync, ``sparse2d.sync.sparse``) or ``"auto"`` (sparse when available, dense with bf16)."""
+    """Which values a sync covers: ``"dense"`` (every row), ``"sparse"`` (only rows some replica
+    looked up since the last sync; never dense) or ``"auto"`` (sparse, with a per-shard dense
+    fallback above ``sparse.DEFAULT_CROSSOVER`` of rows touched; dense with bf16). The trainer
+    defaults to ``"auto"``; the sparse engines cost 4 bytes of tracking per embedding row."""
     divergence_every: int = 0
     """Measure replica divergence before every k-th sync (0 = off); reported in ``SyncReport``."""
     divergence_rows: int = 32
