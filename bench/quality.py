@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(rows, os.path.join(HERE, png), args.variant)
     planted = rows[0].get("planted_auc")
     header = (
-        f"### Quality: 1D vs 2D sync strategies, {args.variant} data (bench/quality.py)\n\n"
+        f"## Quality: 1D vs 2D sync strategies, {args.variant} data (bench/quality.py)\n\n"
         f"World 4 gloo CPU ranks, {VARIANTS[args.variant][0]} (DLRM, 8 tables, row-wise "
         f"AdaGrad, batch 128/rank), {args.steps} steps (same {args.steps * 512} samples for every run), "
         f"eval on {args.eval_batches * 512} held-out samples"

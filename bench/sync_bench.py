@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_write:
         return 0
     header = (
-        "### Sync cost vs raw all-reduce, overlap hidden fraction (bench/sync_bench.py)\n\n"
+        "## Sync cost vs raw all-reduce, overlap hidden fraction (bench/sync_bench.py)\n\n"
         f"World 4 gloo CPU ranks, L=2 (2 replicas), {args.tables} table-wise tables of "
         f"{args.rows} x {args.dim} fp32 with row-wise AdaGrad; median of {args.repeats} "
         "interleaved repetitions, max over ranks, all in one run on a shared, busy 2-core "
