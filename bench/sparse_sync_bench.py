@@ -296,6 +296,12 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
             left.plot(
                 everys, [r["sparse_ms"] for r in cells], marker=marker, label=f"sparse {label}"
             )
+            bytes_ax.plot(
+                everys, [r["sparse_mb"] for r in cells], marker=marker, label=f"sparse {label}"
+            )
+        dense_mb = [r["dense_mb"] for r in summaries if r["rows"] == rows]
+        bytes_ax.axhline(dense_mb[0], linestyle="--", color="gray")
+        bytes_ax.text(1, dense_mb[0] * 1.15, f"dense {rows:.0e}", color="gray")
         dense = [r["dense_ms"] for r in summaries if r["rows"] == rows]
         left.axhline(sorted(dense)[len(dense) // 2], linestyle="--", color="gray")
         left.text(1, sorted(dense)[len(dense) // 2] * 1.1, f"dense {rows:.0e}", color="gray")
@@ -334,7 +340,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="measured syncs per cell")
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
+    parser.add_argument(
+        "--replot", action="store_true", help="redraw the PNG from OUT/sparse_sync.json; no run"
+    )
     args = parser.parse_args()
+    if args.replot:
+        _plot(json.loads((args.out / "sparse_sync.json").read_text()), args.out / "sparse_sync.png")
+        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
