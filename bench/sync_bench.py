@@ -74,8 +74,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Any
     from torchrec.distributed.planner.types import ParameterConstraints
 
     from sparse2d import DMPCollection
-    from sparse2d.sync.dense import state_tensors, weight_tensors
     from sparse2d.sync.policy import SyncOptions, SyncPolicy
+    from sparse2d.sync.tensors import live_tensors
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
@@ -84,7 +84,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Any
     }
     model = DMPCollection(_model(args), 2, device="cpu", constraints=constraints)
     shards, pg, g = model.shard_states, model.replica_pg, model.num_replicas
-    live = weight_tensors(shards) + state_tensors(shards)
+    live = live_tensors(shards, weights=True, states=True)
     dense = SyncPolicy(shards, pg, g, SyncOptions())
     bf16 = SyncPolicy(shards, pg, g, SyncOptions(compression="bf16"))
     bf16.sync_now()  # first bf16 sync is exact and sets the shared reference

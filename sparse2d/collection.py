@@ -28,8 +28,8 @@ from sparse2d.sync import (
     broadcast_,
     collect_shard_states,
 )
-from sparse2d.sync.dense import state_tensors, weight_tensors
 from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
+from sparse2d.sync.tensors import live_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -81,12 +81,6 @@ class DMPCollection(DistributedModelParallel):
         if plan is not None:
             validate_plan(plan, sharding_group_size)
         validation.check_optimizers(module, sharders, resolved)
-        if not any(validation.embedding_optimizer_types(module, sharders).values()):
-            logger.warning(
-                "[sparse2d] no fused embedding optimizer given: FBGEMM's default applies. Call "
-                "apply_optimizer_in_backward(...) on the embedding parameters before wrapping "
-                "(note: copy.deepcopy drops that setting)."
-            )
         num_groups = world_size // sharding_group_size
         node_size = validation.resolve_node_group_size(
             node_group_size, sharding_group_size, num_groups, replica_layout
@@ -198,9 +192,7 @@ class DMPCollection(DistributedModelParallel):
         """Overwrite every replica's shards with replica-rank 0's copy."""
         if self.num_replicas == 1:
             return
-        tensors = weight_tensors(self._shards)
-        if include_optimizer_state:
-            tensors += state_tensors(self._shards)
+        tensors = live_tensors(self._shards, weights=True, states=include_optimizer_state)
         with torch.no_grad():
             broadcast_(tensors, self.replica_pg, src_group_rank=0)
         self.sync_policy.reset()

@@ -14,8 +14,7 @@ import torch.nn as nn
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import replica_groups
 from sparse2d.sync.collectives import broadcast_
-from sparse2d.sync.dense import state_tensors, weight_tensors
-from sparse2d.sync.tensors import flush_caches
+from sparse2d.sync.tensors import flush_caches, live_tensors
 
 
 def plan_repair(
@@ -59,7 +58,7 @@ def repair_from_replicas(model: nn.Module, ranks: list[int], include_dense: bool
     with torch.no_grad():
         if source is not None:
             flush_caches(model.shard_states)
-            tensors = weight_tensors(model.shard_states) + state_tensors(model.shard_states)
+            tensors = live_tensors(model.shard_states, weights=True, states=True)
             kernels = {id(s.kernel): s.kernel for s in model.shard_states if s.kernel is not None}
             tensors += [kernel.iter for kernel in kernels.values()]  # Adam-style step counter
             broadcast_(tensors, model.replica_pg, src_group_rank=group.index(source))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync.tensors import ShardState, by_dtype, flush_caches
+from sparse2d.sync.tensors import ShardState, by_dtype, flush_caches, live_tensors
 
 
 @dataclass(slots=True)
@@ -33,16 +33,6 @@ class Payload:
     @property
     def bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers)
-
-
-def select(shards: list[ShardState], weights: bool, states: bool) -> list[torch.Tensor]:
-    """The live views of ``shards`` that a sync of (weights, states) covers."""
-    tensors: list[torch.Tensor] = []
-    if weights:
-        tensors += [s.weight for s in shards]
-    if states:
-        tensors += [t for s in shards for t in s.optimizer_states]
-    return tensors
 
 
 class SyncEngine(ABC):
@@ -65,7 +55,7 @@ class DenseEngine(SyncEngine):
 
     def payload(self, weights: bool, states: bool) -> Payload:
         flush_caches(self.shards)
-        groups = list(by_dtype(select(self.shards, weights, states)).values())
+        groups = list(by_dtype(live_tensors(self.shards, weights, states)).values())
 
         def gather() -> list[torch.Tensor]:
             return [torch.cat([t.reshape(-1) for t in group]) for group in groups]

@@ -99,6 +99,16 @@ def _has_states(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> bool:
     return tbe.optimizer not in (EmbOptimType.EXACT_SGD, EmbOptimType.NONE)
 
 
+def live_tensors(shards: list[ShardState], weights: bool, states: bool) -> list[torch.Tensor]:
+    """The live views of ``shards`` that a sync, broadcast or repair of (weights, states) covers."""
+    tensors: list[torch.Tensor] = []
+    if weights:
+        tensors += [s.weight for s in shards]
+    if states:
+        tensors += [t for s in shards for t in s.optimizer_states]
+    return tensors
+
+
 def by_dtype(tensors: list[torch.Tensor]) -> dict[torch.dtype, list[torch.Tensor]]:
     """Group tensors by dtype: coalesced collectives take one dtype per call."""
     groups: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
