@@ -7,6 +7,7 @@ waiting in a collective that the others never join.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -18,6 +19,8 @@ from torchrec.distributed.types import ModuleSharder
 from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 
 from sparse2d.errors import ConfigError, UnsupportedOptimizerError
+
+logger = logging.getLogger(__name__)
 
 CPU_OPTIMIZERS: tuple[EmbOptimType, ...] = (
     EmbOptimType.EXACT_SGD,
@@ -118,10 +121,18 @@ def embedding_optimizer_types(
 def check_optimizers(
     module: nn.Module, sharders: list[ModuleSharder[nn.Module]], device: torch.device
 ) -> None:
-    """Reject fused optimizers the CPU kernels lack, naming the supported ones."""
+    """Reject fused optimizers the CPU kernels lack, naming the supported ones; warn when no
+    embedding optimizer is configured at all (FBGEMM's default would silently apply)."""
+    optimizers = embedding_optimizer_types(module, sharders)
+    if not any(optimizers.values()):
+        logger.warning(
+            "[sparse2d] no fused embedding optimizer given: FBGEMM's default applies. Call "
+            "apply_optimizer_in_backward(...) on the embedding parameters before wrapping "
+            "(note: copy.deepcopy drops that setting)."
+        )
     if device.type != "cpu":
         return
-    for name, optim in embedding_optimizer_types(module, sharders).items():
+    for name, optim in optimizers.items():
         if optim is not None and optim not in CPU_OPTIMIZERS:
             raise UnsupportedOptimizerError(
                 f"{name} uses fused optimizer {optim.name}, which FBGEMM's CPU kernels do not "
