@@ -30,6 +30,7 @@ from sparse2d.config_io import (
 from sparse2d.config_io import reference as _reference
 from sparse2d.config_model import SHARDING_TYPES, ModelConfig, TableConfig, TableSpec
 from sparse2d.errors import ConfigError
+from sparse2d.mesh import divisors
 
 __all__ = [
     "SHARDING_TYPES",
@@ -302,10 +303,10 @@ class Config:
         factors = f"world_size={world_size} ({nodes} node(s) x {local} process(es) per node)"
         size = self.parallel.sharding_group_size
         if size is not None and (size > world_size or world_size % size):
-            choices = [d for d in range(1, world_size + 1) if world_size % d == 0]
             raise ConfigError(
                 f"parallel.sharding_group_size={size} does not divide {factors}: "
-                f"{world_size} % {size} = {world_size % size}; choose one of {choices}."
+                f"{world_size} % {size} = {world_size % size}; choose one of "
+                f"{divisors(world_size)}."
             )
         group = self.group_size(world_size)
         ngs = self.parallel.node_group_size
