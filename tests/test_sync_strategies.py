@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -25,7 +23,6 @@ from tests.models import (
 )
 
 STEPS = 4
-HAS_SPARSE = importlib.util.find_spec("sparse2d.sync.sparse") is not None
 OPTIMIZERS = {"sgd": torch.optim.SGD, "rowwise": RowWiseAdagrad, "adagrad": torch.optim.Adagrad}
 LR = {"sgd": 0.5, "rowwise": 0.05, "adagrad": 0.05}
 EXACT = [
@@ -34,7 +31,7 @@ EXACT = [
     {"momentum_scaling": True},
     {"divergence_every": 1},
     {"include_optimizer_state": False},
-    *([{"engine": "sparse"}] if HAS_SPARSE else []),
+    {"engine": "sparse"},
 ]
 OVERLAP_BOUND = 1e-3
 """Overlap at N=1: each step runs on weights one average behind (measured 2.2e-4 here)."""
@@ -226,7 +223,7 @@ def test_overlap_and_bf16_within_stated_bounds_at_n1(world4) -> None:
         ("rowwise", {"momentum_scaling": True}),
         ("adagrad", {"compression": "bf16"}),
         ("rowwise", {"compression": "bf16", "momentum_scaling": True}),
-        *([("rowwise", {"engine": "sparse"})] if HAS_SPARSE else []),
+        ("rowwise", {"engine": "sparse"}),
     ],
 )
 def test_replicas_identical_after_sync_and_differ_before(world4, optimizer, options) -> None:
