@@ -11,7 +11,7 @@ then times (max over ranks, median of ``--repeat``):
   dedups the identical replicated chunks itself);
 * ``load`` into the same layout and into a different group size (resharding).
 
-Usage: ``python bench/checkpoint_bench.py [--append bench/RESULTS.md]``.
+Usage: ``python bench/checkpoint_bench.py [--write]`` (``--write`` updates bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -29,13 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
+from bench_util import free_port, write_section
 from torch.distributed.checkpoint import FileSystemWriter
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _dir_bytes(path: str) -> int:
@@ -111,14 +105,14 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    parser.add_argument("--append", default=None, help="append a markdown section here")
+    parser.add_argument("--write", action="store_true", help="update its bench/RESULTS.md section")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="ckpt_bench_", dir=args.dir)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
+    port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, args, _free_port_once(), root, out))
-        for r in range(args.world)
+        ctx.Process(target=_worker, args=(r, args, port, root, out)) for r in range(args.world)
     ]
     for p in procs:
         p.start()
@@ -134,8 +128,8 @@ def main() -> None:
         f"{args.tables} table-wise tables x {args.rows} x {args.dim} fp32 ({table_mb:.0f} MB "
         f"of weights, plus row-wise Adagrad state), world {args.world} gloo CPU ranks, "
         f"L={args.group} ({args.world // args.group} replicas), local disk, median of "
-        f"{args.repeat}, max over ranks. Machine: 2 CPU cores shared with 3 other "
-        f"engineers' test runs at the time, so seconds are noisy; bytes are exact.",
+        f"{args.repeat}, max over ranks, 2 CPU cores: seconds vary with other load on the "
+        f"machine; bytes are exact.",
         "",
         "| what | bytes written | seconds |",
         "|---|---:|---:|",
@@ -151,21 +145,13 @@ def main() -> None:
         f"Dedup writes {dedup / naive:.2f}x the naive bytes (naive: every replica writes "
         "its copy under its own keys; the torchrec row is `dcp.save(model.state_dict())`, "
         "weights only, where DCP's planner already drops identical replicated chunks).",
+        "",
+        "Reproduce: `PYTHONPATH=. .venv/bin/python bench/checkpoint_bench.py --write` (about 2 min).",
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.append:
-        with open(args.append, "a") as f:
-            f.write(text)
-
-
-_PORT: list[int] = []
-
-
-def _free_port_once() -> int:
-    if not _PORT:
-        _PORT.append(_free_port())
-    return _PORT[0]
+    if args.write:
+        write_section(text, "checkpoint")
 
 
 if __name__ == "__main__":

@@ -22,13 +22,13 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
 from typing import Any
 
 import torch.multiprocessing as mp
+from bench_util import free_port, write_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -114,9 +114,7 @@ def _worker(rank: int, world: int, port: int, plan: list, results: Any) -> None:
 def study(
     steps: int, eval_batches: int, variant: str, only: list[str] | None = None
 ) -> list[dict[str, Any]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory() as work:
         plan = runs(steps, eval_batches, work, variant)
         if only:
@@ -183,19 +181,6 @@ def plot(rows: list[dict[str, Any]], path: str, variant: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def write_section(text: str, path: str, marker: str) -> None:
-    """Replace (or append) the ``marker`` section of ``path`` (between its HTML comments)."""
-    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
-    old = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in old and end in old:
-        new = old[: old.index(begin)] + block + old[old.index(end) + len(end) :]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(new)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=800, help="optimizer steps per run")
@@ -233,9 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         f"machine. Plot: `bench/{png}`. Reproduce: `.venv/bin/python bench/quality.py "
         f"--variant {args.variant} --steps {args.steps}`.\n\n"
     )
-    write_section(
-        header + text + "\n\n" + summary, os.path.join(HERE, "RESULTS.md"), f"quality{suffix}"
-    )
+    write_section(header + text + "\n\n" + summary, f"quality{suffix}")
     return 0
 
 

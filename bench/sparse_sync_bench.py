@@ -20,7 +20,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+from bench_util import free_port, write_section
 
 from sparse2d.sync.sparse import DEFAULT_CROSSOVER
 
@@ -38,7 +38,6 @@ EVERY = (1, 4, 16, 64)
 DISTS = ("uniform", "zipf")
 FRACTIONS = (0.001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 ZIPF_S = 1.05
-BEGIN, END = "<!-- sparse-sync:begin -->", "<!-- sparse-sync:end -->"
 
 
 class Model(nn.Module):
@@ -238,7 +237,6 @@ def _summaries(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: float) -> str:
     lines = [
-        BEGIN,
         "## Sparse replica sync (touched rows only) vs dense sync",
         "",
         f"`bench/sparse_sync_bench.py` — 4 gloo CPU processes on a 2-core machine (ratios are "
@@ -274,8 +272,6 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: flo
         f"`DEFAULT_CROSSOVER` = {DEFAULT_CROSSOVER} (a shard whose replica union exceeds it is "
         f"synced densely) was used for the first table; it is set a little below the measured "
         f"crossovers because the curve is flat and noisy near it.",
-        "",
-        END,
     ]
     return "\n".join(lines)
 
@@ -323,16 +319,6 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def _write_results(markdown: str, path: Path) -> None:
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + markdown + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + markdown + "\n"
-    path.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
@@ -347,9 +333,7 @@ def main() -> None:
     if args.replot:
         _plot(json.loads((args.out / "sparse_sync.json").read_text()), args.out / "sparse_sync.png")
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     start = time.perf_counter()
@@ -366,7 +350,7 @@ def main() -> None:
     markdown = _markdown(results, args, wall)
     print(markdown)
     if not args.no_results_md:
-        _write_results(markdown, args.out / "RESULTS.md")
+        write_section(markdown, "sparse-sync", args.out / "RESULTS.md")
 
 
 if __name__ == "__main__":

@@ -19,16 +19,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import socket
 import statistics
 import sys
 import time
 from typing import Any
 
 import torch.multiprocessing as mp
+from bench_util import free_port, write_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BEGIN, END = "<!-- sync-bench:begin -->", "<!-- sync-bench:end -->"
 
 
 def _model(args: argparse.Namespace) -> Any:
@@ -157,9 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlap-every", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, 4, port, args, out)) for r in range(4)]
@@ -198,19 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         "## Sync cost vs raw all-reduce, overlap hidden fraction (bench/sync_bench.py)\n\n"
         f"World 4 gloo CPU ranks, L=2 (2 replicas), {args.tables} table-wise tables of "
         f"{args.rows} x {args.dim} fp32 with row-wise AdaGrad; median of {args.repeats} "
-        "interleaved repetitions, max over ranks, all in one run on a shared, busy 2-core "
-        "machine (ratios are meaningful, absolute times are not). Hidden fraction = "
+        "interleaved repetitions, max over ranks, all in one run on the 2-core machine (ratios "
+        "are the meaningful output). Hidden fraction = "
         "1 - wait at the next sync point / blocking fp32 sync time.\n\n"
     )
-    path = os.path.join(HERE, "RESULTS.md")
-    old = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    block = f"{BEGIN}\n{header}{text}\n{END}"
-    if BEGIN in old and END in old:
-        new = old[: old.index(BEGIN)] + block + old[old.index(END) + len(END) :]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(new)
+    write_section(header + text, "sync-bench")
     return 0
 
 
