@@ -49,12 +49,10 @@ def _single_process_env() -> None:
 
 
 def resolve_device(cfg: Config) -> torch.device:
-    want_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if want_cuda and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but CUDA is not available; use device=auto or cpu.")
-    if want_cuda:
-        return torch.device("cuda", _env_int("LOCAL_RANK", 0))
-    return torch.device("cpu")
+    """The config's ``device`` (``auto``: this rank's GPU when CUDA is available, else cpu)."""
+    from sparse2d.validation import resolve_device as resolve
+
+    return resolve(None if cfg.device == "auto" else cfg.device)
 
 
 def build_model(cfg: Config, device: torch.device) -> torch.nn.Module:

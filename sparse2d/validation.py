@@ -38,20 +38,20 @@ CPU_OPTIMIZER_HINT = (
 
 
 def resolve_device(device: torch.device | str | None) -> torch.device:
-    """``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``; reject unusable devices."""
+    """``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``; a bare ``"cuda"`` also means
+    this process's local GPU. Rejects devices that cannot be used here."""
+    local_gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if device is None:
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        return torch.device("cpu")
+        return local_gpu if torch.cuda.is_available() else torch.device("cpu")
     resolved = torch.device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
-            f"device={str(device)!r} but CUDA is not available on this machine; "
-            "pass device='cpu' or device=None to pick automatically."
+            f"device={str(device)!r} but CUDA is not available on this machine; use 'cpu', "
+            "or leave the device unset (auto) to pick automatically."
         )
     if resolved.type not in ("cpu", "cuda"):
         raise ConfigError(f"device={str(device)!r} is not supported; use 'cpu' or 'cuda'.")
-    return resolved
+    return local_gpu if resolved.type == "cuda" and resolved.index is None else resolved
 
 
 def check_process_group(global_pg: dist.ProcessGroup | None) -> tuple[int, int]:
