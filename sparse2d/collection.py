@@ -133,7 +133,6 @@ class DMPCollection(DistributedModelParallel):
         self._group_plan_for_l: ShardingPlan = plan
         self._sharding_group_size = sharding_group_size
         self._replica_layout = replica_layout
-        self._all_reduce_hook = custom_all_reduce
         self._shards: list[ShardState] = collect_shard_states(self)
         self.sync_policy = SyncPolicy(
             self._shards, mesh.replica_pg, len(mesh.replica_group), sync_options, custom_all_reduce
@@ -221,7 +220,6 @@ class DMPCollection(DistributedModelParallel):
 
     def set_all_reduce_hook(self, hook: AllReduceHook | None) -> None:
         """Replace the averaging all-reduce (``hook(tensors, replica_pg)`` averages in place)."""
-        self._all_reduce_hook = hook
         self.sync_policy.hook = hook
 
     def extra_repr(self) -> str:
