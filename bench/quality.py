@@ -10,7 +10,7 @@ replicas) synced every N in {1, 4, 16, 64} steps with each strategy:
 * ``momentum``: AdaGrad accumulator growth divided by the number of replica groups;
 * ``bf16``: bf16 deltas since the last sync with error feedback.
 
-Every run goes through the real trainer loop (``sparse2d.trainer_loop.Loop``) in one pool of 4
+Every run goes through the real trainer loop (``sparse2d.train.loop.Loop``) in one pool of 4
 spawned ranks (no per-run start-up). Writes ``bench/quality_results.json``,
 ``bench/quality_auc_vs_n.png`` and the section between the quality markers of
 ``bench/RESULTS.md``. Usage: ``.venv/bin/python bench/quality.py [--steps 800]``.
@@ -94,9 +94,9 @@ def _worker(rank: int, world: int, port: int, plan: list, results: Any) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-    from sparse2d.config import load_config
-    from sparse2d.train import resolve_device
-    from sparse2d.trainer_loop import Loop
+    from sparse2d.train.config import load_config
+    from sparse2d.train.loop import Loop
+    from sparse2d.train.model import resolve_device
 
     for strategy, n, overrides in plan:
         start = time.perf_counter()

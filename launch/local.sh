@@ -11,6 +11,6 @@ PYTHON="${PYTHON:-python3}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # Validate the config (and the world size) once, before starting any process: a bad key
 # or value is one line here instead of an error from every rank.
-"$PYTHON" -m sparse2d.config --check "$CONFIG" --world-size "$NPROC" --local-world-size "$NPROC" "$@"
+"$PYTHON" -m sparse2d.train.config --check "$CONFIG" --world-size "$NPROC" --local-world-size "$NPROC" "$@"
 exec "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
   -m sparse2d.train --config "$CONFIG" "$@"

@@ -16,7 +16,7 @@ CONFIG="${CONFIG:?set CONFIG}"
 PYTHON="${PYTHON:-python3}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # World-size checks only (data paths may exist only on the compute hosts' file systems).
-"$PYTHON" -m sparse2d.config --check "$CONFIG" --world-size $((NNODES * NPROC)) \
+"$PYTHON" -m sparse2d.train.config --check "$CONFIG" --world-size $((NNODES * NPROC)) \
   --local-world-size "$NPROC" --no-paths "$@"
 exec "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --node-rank "$NODE_RANK" \
   --nproc-per-node "$NPROC" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \

@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {
-    "config": "sparse2d.config",
-    "train": "sparse2d.train",
+    "config": "sparse2d.train.config",
+    "train": "sparse2d.train.main",
 }
 
 

@@ -208,9 +208,9 @@ class DMPCollection(DistributedModelParallel):
         """Refill ``ranks`` (e.g. restarted with fresh weights) from a healthy replica.
 
         Collective over the world: every rank calls it with the same ``ranks``. No storage is
-        read; see ``sparse2d.repair``.
+        read; see ``sparse2d.checkpoint.repair``.
         """
-        from sparse2d.repair import repair_from_replicas
+        from sparse2d.checkpoint.repair import repair_from_replicas
 
         repair_from_replicas(self, ranks, include_dense)
 

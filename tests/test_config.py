@@ -7,7 +7,8 @@ from typing import get_args, get_origin, get_type_hints
 
 import pytest
 
-from sparse2d.config import (
+from sparse2d.errors import ConfigError
+from sparse2d.train.config import (
     Config,
     SyncConfig,
     apply_override,
@@ -15,7 +16,6 @@ from sparse2d.config import (
     load_config,
     reference,
 )
-from sparse2d.errors import ConfigError
 
 TINY = "configs/tiny_cpu.yaml"
 
@@ -150,7 +150,7 @@ def test_every_field_is_documented_and_docs_are_current() -> None:
     assert seen > 50
     with open("docs/CONFIG.md") as f:
         assert f.read() == reference(), (
-            "regenerate: python -m sparse2d.config --reference > docs/CONFIG.md"
+            "regenerate: python -m sparse2d.train.config --reference > docs/CONFIG.md"
         )
 
 

@@ -6,7 +6,7 @@ import glob
 
 import pytest
 
-from sparse2d.config import load_config
+from sparse2d.train.config import load_config
 
 CONFIGS = sorted(glob.glob("configs/*.yaml"))
 WORLDS = {"tiny_cpu": (4, 4), "dlrm_criteo_1host_8gpu": (8, 8), "dlrm_large_1024gpu": (1024, 8)}

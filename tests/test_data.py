@@ -9,9 +9,9 @@ import pytest
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
-from sparse2d.config import load_config
-from sparse2d.data import DataSource
-from sparse2d.data.criteo import CriteoBatches, CriteoFiles, prepare
+from sparse2d.train.config import load_config
+from sparse2d.train.data import DataSource
+from sparse2d.train.data.criteo import CriteoBatches, CriteoFiles, prepare
 
 TINY = "configs/tiny_cpu.yaml"
 

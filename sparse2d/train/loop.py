@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -11,16 +12,16 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from sparse2d.config import Config, dump_yaml
-from sparse2d.data import DataSource
-from sparse2d.metrics import TrainWindow, eval_metrics
+from sparse2d.train.config import Config, dump_yaml
+from sparse2d.train.data import DataSource
+from sparse2d.train.metrics import TrainWindow, eval_metrics
 
 
 class Loop:
     """One training run on an initialized process group (every rank builds one)."""
 
     def __init__(self, cfg: Config, device: torch.device) -> None:
-        from sparse2d.train import build_model, dense_optimizer, shard
+        from sparse2d.train.model import build_model, dense_optimizer, shard
 
         self.cfg, self.device = cfg, device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -32,7 +33,7 @@ class Loop:
             self._metrics = open(os.path.join(cfg.run_dir, "metrics.jsonl"), "a")  # noqa: SIM115
         cache_dir = cfg.data.criteo.cache_dir or os.path.join(cfg.run_dir, "criteo_cache")
         if cfg.data.source == "criteo":
-            from sparse2d.data.criteo import prepare
+            from sparse2d.train.data.criteo import prepare
 
             if int(os.environ.get("LOCAL_RANK", "0")) == 0:
                 prepare(cfg.data.criteo, cache_dir)
@@ -47,6 +48,10 @@ class Loop:
         self._maybe_resume()
 
     # ---- helpers ---------------------------------------------------------------------
+    def _show_bar(self) -> bool:
+        """A bar only on rank 0 and only on a terminal: a log file gets log lines, not frames."""
+        return self.is_main and self.cfg.train.progress_bar and sys.stderr.isatty()
+
     def log(self, record: dict[str, Any], bar: tqdm | None = None) -> None:
         if not self.is_main:
             return
@@ -134,7 +139,7 @@ class Loop:
         }
         self.log(header)
         bar = tqdm(
-            total=steps, initial=self.start_step, disable=not (self.is_main and t.progress_bar),
+            total=steps, initial=self.start_step, disable=not self._show_bar(),
             dynamic_ncols=True, mininterval=2.0, desc="train",
         )  # fmt: skip
         window = TrainWindow()

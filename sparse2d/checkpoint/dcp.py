@@ -38,7 +38,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 
-from sparse2d.checkpoint_layout import (
+from sparse2d.checkpoint.layout import (
     build_embedding_state,
     build_load_state,
     check_files,

@@ -20,58 +20,26 @@ import os
 import numpy as np
 import torch
 from torchrec.datasets.criteo import (
-    CAT_FEATURE_COUNT,
     DEFAULT_CAT_NAMES,
-    INT_FEATURE_COUNT,
     BinaryCriteoUtils,
 )
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from sparse2d.config import CriteoConfig, TableSpec, bad
-
-_KINDS = ("dense", "sparse", "labels")
-
-
-def check_features(feature_names: list[str], dense_in_features: int) -> None:
-    """Criteo models must read Criteo's columns: ``cat_0..cat_25`` and 13 dense features."""
-    unknown = [f for f in feature_names if f not in DEFAULT_CAT_NAMES]
-    if unknown:
-        raise bad(
-            "model.tables",
-            unknown,
-            f"are not Criteo features; data.source=criteo has {DEFAULT_CAT_NAMES[0]}.."
-            f"{DEFAULT_CAT_NAMES[-1]} (one entry with name: cat, count: {CAT_FEATURE_COUNT})",
-        )
-    if dense_in_features != INT_FEATURE_COUNT:
-        raise bad(
-            "model.dense_in_features",
-            dense_in_features,
-            f"must be {INT_FEATURE_COUNT} for data.source=criteo",
-        )
-
-
-def _triplet(path: str) -> list[str] | None:
-    if path.endswith("_dense.npy"):
-        stem = path[: -len("_dense.npy")]
-        return [f"{stem}_{kind}.npy" for kind in _KINDS]
-    return None
-
-
-def missing_files(path: str) -> list[str]:
-    """The files ``path`` needs that do not exist."""
-    return [p for p in (_triplet(path) or [path]) if not os.path.exists(p)]
+from sparse2d.train.config import CriteoConfig
+from sparse2d.train.config_criteo import KINDS, triplet
+from sparse2d.train.config_model import TableSpec
 
 
 def cached_triplet(path: str, cache_dir: str) -> list[str]:
     """Where the npy conversion of TSV ``path`` lives (keyed by path, size and mtime)."""
-    triplet = _triplet(path)
-    if triplet is not None:
-        return triplet
+    existing = triplet(path)
+    if existing is not None:
+        return existing
     stat = os.stat(path)
     key = f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}".encode()
     stem = os.path.join(cache_dir, f"{os.path.basename(path)}-{hashlib.sha1(key).hexdigest()[:12]}")
-    return [f"{stem}_{kind}.npy" for kind in _KINDS]
+    return [f"{stem}_{kind}.npy" for kind in KINDS]
 
 
 def prepare(cfg: CriteoConfig, cache_dir: str) -> None:

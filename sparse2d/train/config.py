@@ -1,6 +1,6 @@
 """Trainer configuration: nested dataclasses loaded from YAML, with dotted CLI overrides.
 
-Every field carries a docstring (the string literal under it); ``python -m sparse2d.config
+Every field carries a docstring (the string literal under it); ``python -m sparse2d.train.config
 --reference`` turns them into ``docs/CONFIG.md``. Loading is strict: unknown keys are
 rejected with the list of valid ones, types are checked, and every error is one line
 naming the dotted key, e.g. ``optimizer.sparse.lr=-0.1 must be > 0``. Checks that need
@@ -19,7 +19,10 @@ from typing import Any, Literal
 
 import yaml
 
-from sparse2d.config_io import (
+from sparse2d.errors import ConfigError
+from sparse2d.mesh import divisors
+from sparse2d.train.config_criteo import check_features, missing_files
+from sparse2d.train.config_io import (
     KeyValueError,
     apply_override,
     bad,
@@ -27,10 +30,8 @@ from sparse2d.config_io import (
     field_docs,
     positive,
 )
-from sparse2d.config_io import reference as _reference
-from sparse2d.config_model import SHARDING_TYPES, ModelConfig, TableConfig, TableSpec
-from sparse2d.errors import ConfigError
-from sparse2d.mesh import divisors
+from sparse2d.train.config_io import reference as _reference
+from sparse2d.train.config_model import SHARDING_TYPES, ModelConfig, TableConfig, TableSpec
 
 __all__ = [
     "SHARDING_TYPES",
@@ -225,7 +226,7 @@ class TrainConfig:
     resume: Literal["none", "auto"] = "none"
     """``auto``: continue from the latest checkpoint in ``checkpoint.dir`` when there is one."""
     progress_bar: bool = True
-    """Show a tqdm progress bar (rank 0 only)."""
+    """Show a tqdm progress bar (rank 0 only, and only when stderr is a terminal: logs get lines)."""
 
     def __post_init__(self) -> None:
         positive(self, "steps", "eval_batches", "log_every")
@@ -279,8 +280,6 @@ class Config:
                 "when the replicas agree)",
             )
         if self.data.source == "criteo":
-            from sparse2d.data.criteo import check_features
-
             check_features(self.model.feature_names, self.model.dense_in_features)
 
     # ---- derived ------------------------------------------------------------------
@@ -316,8 +315,6 @@ class Config:
                 f"{group} (parallel.sharding_group_size={size}, {factors})."
             )
         if check_paths and self.data.source == "criteo":
-            from sparse2d.data.criteo import missing_files
-
             for key in ("train_files", "eval_files"):
                 for i, path in enumerate(getattr(self.data.criteo, key)):
                     missing = missing_files(path)
@@ -353,7 +350,7 @@ def reference() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparse2d.config", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m sparse2d.train.config", description=__doc__)
     parser.add_argument("--reference", action="store_true", help="print docs/CONFIG.md")
     parser.add_argument("--check", metavar="CONFIG", help="load and validate CONFIG")
     parser.add_argument("--print", dest="show", action="store_true", help="print resolved YAML")

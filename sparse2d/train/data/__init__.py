@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torchrec.datasets.utils import Batch
 
-from sparse2d.config import Config
-from sparse2d.data.synthetic import EVAL, TRAIN, SyntheticCTR
+from sparse2d.train.config import Config
+from sparse2d.train.data.synthetic import EVAL, TRAIN, SyntheticCTR
 
 __all__ = ["DataSource", "SyntheticCTR"]
 
@@ -36,7 +36,7 @@ class DataSource:
                 tables, cfg.model.dense_in_features, cfg.data.synthetic, cfg.data.seed
             )
         else:
-            from sparse2d.data.criteo import CriteoBatches, CriteoFiles
+            from sparse2d.train.data.criteo import CriteoBatches, CriteoFiles
 
             self._train = CriteoBatches(CriteoFiles(cfg.data.criteo.train_files, cache_dir), tables)
             self._eval = CriteoBatches(CriteoFiles(cfg.data.criteo.eval_files, cache_dir), tables)

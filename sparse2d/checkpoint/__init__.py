@@ -1,0 +1,30 @@
+"""Checkpoints and replica repair for a ``DMPCollection``.
+
+``dcp``: save/load over ``torch.distributed.checkpoint`` with replica dedup, resharding
+to any (world size, group size, plan), an atomic ``latest`` pointer and checks before
+any weight changes; ``layout``: the keys and global offsets of each local shard;
+``repair``: restore a diverged replica from a healthy one, without a checkpoint.
+"""
+
+from sparse2d.checkpoint.dcp import (
+    CheckpointError,
+    build_save_state,
+    latest,
+    list_checkpoints,
+    load,
+    prune,
+    save,
+)
+from sparse2d.checkpoint.repair import plan_repair, repair_from_replicas
+
+__all__ = [
+    "CheckpointError",
+    "build_save_state",
+    "latest",
+    "list_checkpoints",
+    "load",
+    "plan_repair",
+    "prune",
+    "repair_from_replicas",
+    "save",
+]

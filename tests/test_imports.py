@@ -1,0 +1,197 @@
+"""Package structure: no import circles, and the library never imports the application.
+
+Every ``import``/``from ... import`` in ``sparse2d/`` counts, at module level or inside a
+function (a lazy import is still a dependency), except those under ``if TYPE_CHECKING:``.
+Importing ``a.b.c`` also runs ``a/__init__`` and ``a/b/__init__``, so those count too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "sparse2d"
+# The application: the trainer package and the command-line front end that launches it.
+APPLICATION = ("sparse2d.train", "sparse2d.cli")
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imported(tree: ast.AST, name: str, is_package: bool) -> set[str]:
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """``module -> {sparse2d modules it imports, with their parent packages}``."""
+    files = {module_name(p, root): p for p in (root / PACKAGE).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        edges: set[str] = set()
+        for target in _imported(tree, name, path.name == "__init__.py"):
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):  # the module and every parent package
+                candidate = ".".join(parts[:i])
+                if candidate in files and candidate != name:
+                    edges.add(candidate)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as ``[a, b, ..., a]``, or None. Package ``__init__`` edges to the
+    package's own children are not circles (a package may re-export its modules)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def own_child(parent: str, child: str) -> bool:
+        return child.startswith(parent + ".")
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if own_child(nxt, node):  # a child importing its parent package: always runs first
+                continue
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def is_application(name: str) -> bool:
+    return any(name == app or name.startswith(app + ".") for app in APPLICATION)
+
+
+def library_to_application(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted(
+        (src, dst)
+        for src, dsts in graph.items()
+        if not is_application(src)
+        for dst in dsts
+        if is_application(dst)
+    )
+
+
+def test_no_import_cycles() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_library_never_imports_the_application() -> None:
+    pairs = library_to_application(import_graph())
+    assert not pairs, "library modules import the application: " + ", ".join(
+        f"{a} -> {b}" for a, b in pairs
+    )
+
+
+def test_layout_has_the_documented_packages() -> None:
+    graph = import_graph()
+    for name in ("sparse2d.collection", "sparse2d.mesh", "sparse2d.planner", "sparse2d.sync",
+                 "sparse2d.checkpoint", "sparse2d.train", "sparse2d.train.loop"):  # fmt: skip
+        assert name in graph, f"{name} is missing from the package layout"
+
+
+@pytest.mark.parametrize(
+    ("files", "expect_cycle", "expect_pair"),
+    [
+        ({"a.py": "import sparse2d.b\n", "b.py": "from sparse2d import a\n"}, True, None),
+        (
+            {"a.py": "def f():\n    from sparse2d.b import x\n", "b.py": "import sparse2d.a\n"},
+            True,
+            None,
+        ),
+        (
+            {
+                "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import sparse2d.b\n",
+                "b.py": "import sparse2d.a\n",
+            },
+            False,
+            None,
+        ),  # fmt: skip
+        (
+            {
+                "lib.py": "from sparse2d.train.loop import Loop\n",
+                "train/__init__.py": "",
+                "train/loop.py": "import sparse2d.lib\n",
+            },
+            True,
+            ("sparse2d.lib", "sparse2d.train"),
+        ),  # fmt: skip
+        (
+            {
+                "lib.py": "import os\n",
+                "train/__init__.py": "",
+                "train/loop.py": "import sparse2d.lib\n",
+            },
+            False,
+            None,
+        ),  # fmt: skip
+    ],
+)
+def test_the_checks_catch_what_they_claim(
+    tmp_path: Path, files: dict[str, str], expect_cycle: bool, expect_pair: tuple | None
+) -> None:
+    """The two checks fail on planted circles and library->application imports."""
+    pkg = tmp_path / PACKAGE
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for rel, text in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    graph = import_graph(tmp_path)
+    assert (find_cycle(graph) is not None) == expect_cycle
+    pairs = library_to_application(graph)
+    if expect_pair:
+        assert expect_pair in pairs
+    else:
+        assert not pairs
