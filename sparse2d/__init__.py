@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sparse2d.errors import ConfigError, PlanError, UnsupportedOptimizerError
+from sparse2d.errors import ConfigError, PlanError, SyncError, UnsupportedOptimizerError
 from sparse2d.mesh import rank_layout, replica_groups
 
 if TYPE_CHECKING:
@@ -18,6 +18,7 @@ __all__ = [
     "ConfigError",
     "DMPCollection",
     "PlanError",
+    "SyncError",
     "UnsupportedOptimizerError",
     "rank_layout",
     "replica_groups",

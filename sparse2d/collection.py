@@ -135,7 +135,12 @@ class DMPCollection(DistributedModelParallel):
         self._replica_layout = replica_layout
         self._shards: list[ShardState] = collect_shard_states(self)
         self.sync_policy = SyncPolicy(
-            self._shards, mesh.replica_pg, len(mesh.replica_group), sync_options, custom_all_reduce
+            self._shards,
+            mesh.replica_pg,
+            len(mesh.replica_group),
+            sync_options,
+            custom_all_reduce,
+            global_pg=pg,
         )
         # 5. Align replicas: TorchRec seeds each group's shards independently.
         self.align_replicas()

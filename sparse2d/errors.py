@@ -1,4 +1,5 @@
-"""Typed errors. All derive from ``ValueError`` so callers can catch one type."""
+"""Typed errors. Bad input derives from ``ValueError`` (``ConfigError``) so callers can catch
+one type; a failure at run time (``SyncError``) is a ``RuntimeError``."""
 
 
 class ConfigError(ValueError):
@@ -11,3 +12,10 @@ class PlanError(ConfigError):
 
 class UnsupportedOptimizerError(ConfigError):
     """A fused embedding optimizer the selected device's kernels cannot run."""
+
+
+class SyncError(RuntimeError):
+    """A replica sync refused to average non-finite values; raised on every rank of the job.
+
+    The message names the tables and the global ranks holding NaN/inf; no replica changed.
+    """

@@ -137,3 +137,16 @@ def test_checkpoint_and_auto_resume(tmp_path) -> None:
     train_steps = [r["step"] for r in records if r["kind"] == "train"]
     assert train_steps == [10, 20, 30]  # the resumed run continued at step 21
     assert _summary(tmp_path)["steps"] == 30
+
+
+def test_non_finite_sync_stops_the_trainer_in_one_line(tmp_path) -> None:
+    """A sparse lr of 1e38 overflows the embeddings within a step or two: the sync guard
+    stops every rank before averaging, and the trainer says so in one line and exits 1."""
+    run = _torchrun(2, "parallel.sharding_group_size=1", "optimizer.sparse.kind=sgd",
+                    "optimizer.sparse.lr=1e38", "train.steps=6", f"run_dir={tmp_path}")  # fmt: skip
+    assert run.returncode != 0
+    lines = [line for line in run.stderr.splitlines() if line.startswith("sparse2d.train:")]
+    assert len(lines) == 1, run.stderr[-3000:]
+    assert "SyncError: sync at step" in lines[0] and "t_0 (weight)" in lines[0], lines[0]
+    assert "sparse2d/sync/finite.py" not in run.stderr  # one line, no traceback of ours
+    assert not os.path.exists(tmp_path / "summary.json")

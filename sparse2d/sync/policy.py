@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from sparse2d.errors import ConfigError
+from sparse2d.errors import ConfigError, SyncError
 from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.compression import Bf16DeltaCompressor
 from sparse2d.sync.divergence import DivergenceSampler
-from sparse2d.sync.engine import DenseEngine, SyncEngine
+from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine
+from sparse2d.sync.finite import FiniteGuard
 from sparse2d.sync.overlap import Pending, Reduction, start_average
 from sparse2d.sync.scaling import AccumulatorScaler
 from sparse2d.sync.tensors import ShardState
@@ -59,12 +60,21 @@ class SyncOptions:
     """Measure replica divergence before every k-th sync (0 = off); reported in ``SyncReport``."""
     divergence_rows: int = 32
     """Rows sampled per local shard for the divergence metric."""
+    check_finite: bool = True
+    """Before averaging, check every value a sync would send for NaN/inf; if any rank finds
+    one, every rank raises ``sparse2d.SyncError`` and no replica changes (see
+    ``sparse2d.sync.finite``; one sum per payload buffer and one tiny world all-reduce)."""
 
     def __post_init__(self) -> None:
         _check_int("every", self.every, 1, "1 = every step")
         _check_int("divergence_every", self.divergence_every, 0, "0 = off")
         _check_int("divergence_rows", self.divergence_rows, 1, "rows sampled per shard")
-        for name in ("include_optimizer_state", "delayed_optimizer_state", "momentum_scaling"):
+        for name in (
+            "include_optimizer_state",
+            "delayed_optimizer_state",
+            "momentum_scaling",
+            "check_finite",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"sync {name}={getattr(self, name)!r} must be True or False.")
         if not isinstance(self.overlap, bool):
@@ -137,6 +147,7 @@ class SyncPolicy:
         options: SyncOptions | None = None,
         hook: AllReduceHook | None = None,
         engine: SyncEngine | None = None,
+        global_pg: dist.ProcessGroup | None = None,
     ) -> None:
         self.options = options or SyncOptions()
         self.shards = shards
@@ -154,6 +165,9 @@ class SyncPolicy:
         self.compressor = Bf16DeltaCompressor() if opts.compression == "bf16" else None
         self.scaler = AccumulatorScaler(shards, num_replicas) if opts.momentum_scaling else None
         self._sampler: DivergenceSampler | None = None
+        self.guard = (
+            FiniteGuard(shards, global_pg or dist.group.WORLD) if opts.check_finite else None
+        )
         self._pending: list[Pending] = []
         self._syncs = 0
 
@@ -213,18 +227,39 @@ class SyncPolicy:
         every = self.options.divergence_every
         if every and self._syncs % every == 0:
             divergence = self.measure_divergence()
-        moved = 0
         if states and async_weights == async_states:
             # One payload for both kinds: one collective per dtype, as few copies as possible.
-            moved += self._transfer("all", weights=True, states=True, async_op=async_weights)
-            if not async_states and self.scaler is not None:
-                self.scaler.apply()
+            parts = [("all", True, True, async_weights)]
         else:
-            moved += self._transfer("weights", weights=True, states=False, async_op=async_weights)
-            if states:
-                moved += self._transfer("states", weights=False, states=True, async_op=async_states)
-                if not async_states and self.scaler is not None:
-                    self.scaler.apply()
+            parts = [("weights", True, False, async_weights)]
+            parts += [("states", False, True, async_states)] if states else []
+        with torch.no_grad():  # every payload before any transfer: the guard sees them all
+            payloads = [self.engine.payload(weights=w, states=s) for _, w, s, _ in parts]
+        verdict = None
+        if self.guard is not None:
+            buffers = [b for p in payloads for b in p.buffers]
+            verdict = self.guard.start(step, buffers, weights=True, states=states)
+        started = [
+            self._begin(key, payload, states=s, async_op=async_op)
+            for (key, _, s, async_op), payload in zip(parts, payloads, strict=True)
+        ]
+        if verdict is not None:  # the averages landed in copies only; write back if all finite
+            try:
+                verdict.wait()
+            except SyncError:
+                self._abandon([pending for pending, _ in started])
+                raise
+        moved = 0
+        for (_, w, s, async_op), (pending, sent) in zip(parts, started, strict=True):
+            moved += sent
+            if async_op:  # tracking restarts now: updates from here on are the next delta
+                self.engine.synced(weights=w, states=s)
+                self._pending.append(pending)
+                continue
+            pending.complete()
+            self.engine.synced(weights=w, states=s)
+            if s and self.scaler is not None:
+                self.scaler.apply()
         return SyncReport(
             step=step,
             bytes=moved,
@@ -233,27 +268,27 @@ class SyncPolicy:
             wait_seconds=waited,
         )
 
-    def _transfer(self, key: str, *, weights: bool, states: bool, async_op: bool) -> int:
-        """Average one payload; in the background when ``async_op``. Returns bytes sent."""
+    def _begin(
+        self, key: str, payload: Payload, *, states: bool, async_op: bool
+    ) -> tuple[Pending, int]:
+        """Start averaging one payload into its copy buffers; nothing is written back until
+        ``Pending.complete``. Returns the transfer and the bytes it sends."""
         with torch.no_grad():
-            payload = self.engine.payload(weights=weights, states=states)
             snapshot = [b.clone() for b in payload.buffers] if async_op else None
-            reduction = self._start(key, payload.buffers, async_op)
             sent = (
                 self.compressor.wire_bytes(key, payload.buffers)
                 if self.compressor is not None
                 else payload.bytes
             ) + _metadata_bytes(self.engine)
-            kind = "states" if states else "weights"
-            pending = Pending(payload, reduction, snapshot, kind)
-            if async_op:
-                # The engine's tracking restarts now: updates from here on are the next delta.
-                self.engine.synced(weights=weights, states=states)
-                self._pending.append(pending)
-                return sent
-            pending.complete()
-        self.engine.synced(weights=weights, states=states)
-        return sent
+            reduction = self._start(key, payload.buffers, async_op=True)
+        return Pending(payload, reduction, snapshot, "states" if states else "weights"), sent
+
+    def _abandon(self, started: list[Pending]) -> None:
+        """Drain refused transfers without writing back (the process groups stay usable)."""
+        for pending in started:
+            pending.reduction.wait()
+        if self.compressor is not None:  # its references took the refused averages
+            self.compressor.reset()
 
     def _start(self, key: str, buffers: list[torch.Tensor], async_op: bool) -> Reduction:
         if self.compressor is not None:

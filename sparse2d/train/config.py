@@ -132,6 +132,8 @@ class SyncConfig:
     """Measure replica divergence before every k-th sync (0 = off)."""
     divergence_rows: int = 32
     """Rows sampled per local shard for the divergence metric."""
+    check_finite: bool = True
+    """Refuse to average NaN/inf: every rank stops with ``SyncError`` naming the table and rank."""
 
     def __post_init__(self) -> None:
         positive(self, "every", "divergence_rows")

@@ -24,7 +24,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from sparse2d.errors import ConfigError
+from sparse2d.errors import ConfigError, SyncError
 from sparse2d.train.config import load_config
 from sparse2d.train.model import resolve_device
 
@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         code = 0
     except ConfigError as error:
         if local_rank == 0:  # the same on every rank: once per host
+            _report(rank, error, with_traceback=False)
+    except SyncError as error:  # raised on every rank with the same text: once per job
+        if rank == 0:
             _report(rank, error, with_traceback=False)
     except Exception as error:
         _report(rank, error, with_traceback=True)
