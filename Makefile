@@ -1,18 +1,35 @@
 # sparse2d: `make test` and `make train` install everything they need into .venv.
 #
+# Version set (TORCHREC=...), each in its own venv so the lean default stays untouched:
+#   TORCHREC=1.8 (default) -> .venv:     torch 2.13.0, fbgemm-gpu(-cpu) 1.8.0, torchrec 1.8.0
+#   TORCHREC=1.9           -> .venv-1.9: torch 2.14.1, fbgemm-gpu(-cpu) 1.9.0, torchrec 1.9.2
+#   e.g. `make test TORCHREC=1.9` (see the README's compatibility table).
 # Backend choice (which FBGEMM build is installed):
 #   BACKEND=auto (default): cuda when `nvidia-smi -L` lists a GPU, else cpu.
-#   BACKEND=cpu  -> fbgemm-gpu-cpu==1.8.0      BACKEND=cuda -> fbgemm-gpu==1.8.0
-# TORCH_INDEX_URL=<url> installs torch 2.13.0 from that index (e.g. a CPU-only index).
+#   BACKEND=cpu  -> fbgemm-gpu-cpu             BACKEND=cuda -> fbgemm-gpu (same version)
+# TORCH_INDEX_URL=<url> installs torch from that index (e.g. a CPU-only index).
 PYTHON ?= python3
-VENV := .venv
+TORCHREC ?= 1.8
+ifeq ($(TORCHREC),1.8)
+  VENV := .venv
+  TORCH_VERSION := 2.13.0
+  FBGEMM_VERSION := 1.8.0
+  TORCHREC_VERSION := 1.8.0
+else ifeq ($(TORCHREC),1.9)
+  VENV := .venv-1.9
+  TORCH_VERSION := 2.14.1
+  FBGEMM_VERSION := 1.9.0
+  TORCHREC_VERSION := 1.9.2
+else
+  $(error TORCHREC=$(TORCHREC) is not a known set; use TORCHREC=1.8 or TORCHREC=1.9)
+endif
 PY := $(VENV)/bin/python
 BACKEND ?= auto
 ifeq ($(BACKEND),auto)
   BACKEND := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 endif
-FBGEMM_cpu := fbgemm-gpu-cpu==1.8.0
-FBGEMM_cuda := fbgemm-gpu==1.8.0
+FBGEMM_cpu := fbgemm-gpu-cpu==$(FBGEMM_VERSION)
+FBGEMM_cuda := fbgemm-gpu==$(FBGEMM_VERSION)
 TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 STAMP := $(VENV)/.installed-$(BACKEND)
 NPROC ?= 4
@@ -26,9 +43,9 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0 $(TORCH_INDEX)
+	$(PY) -m pip install -q torch==$(TORCH_VERSION) $(TORCH_INDEX)
 	$(PY) -m pip install -q $(FBGEMM_$(BACKEND))
-	$(PY) -m pip install -q --no-deps torchrec==1.8.0
+	$(PY) -m pip install -q --no-deps torchrec==$(TORCHREC_VERSION)
 	$(PY) -m pip install -q -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -51,4 +68,4 @@ bench: $(STAMP)
 	$(PY) bench/sync_bench.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf .venv .venv-1.9 runs

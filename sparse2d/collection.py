@@ -2,40 +2,76 @@
 
 Construction order (each step logged): validate (pure, every rank) -> mesh ->
 plan for ``L`` ranks -> remap to this rank's group -> shard with
-``ShardingEnv2D`` -> align replicas (broadcast from replica-rank 0).
+``ShardingEnv2D`` -> align replicas (broadcast from replica-rank 0). With
+TorchRec's ``submodule_configs`` every configured module type gets its own
+context (group size, mesh, plan, replica sync; see ``sparse2d.contexts``).
+
+Why a subclass of TorchRec's own ``DMPCollection``: TorchRec's train pipelines
+(``TrainPipelineSparseDist``, ``TrainPipelineSemiSync``, ...) sync replicas in
+``TrainPipeline.sync_embeddings``, which calls ``model.sync()`` every
+``dmp_collection_sync_interval_batches`` batches only if ``isinstance(model,
+torchrec.distributed.model_parallel.DMPCollection)``. Being an instance is the one
+hook-up that needs no change to a user's loop, and it routes the pipeline through
+*our* ``sync()`` (policy, engines, hook, compression). TorchRec's constructor is never
+run: it asserts a CUDA/MTIA device and builds TorchRec's own groups and sync caches.
+``__init__`` calls ``DistributedModelParallel.__init__`` itself, and every method of
+TorchRec's class reachable after construction is overridden here (``sync``,
+``set_all_reduce_hook``, ``ensure_reduce_scatter_complete``, ``device_mesh``,
+``_shard_modules_impl``); TorchRec's private sync helpers (``_sync``,
+``_allreduce_tensors``, ...) are only called by those and stay unreached.
+``tests/test_torchrec_compat.py`` checks that public surface for the installed TorchRec.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.model_parallel import DMPCollection as TorchRecDMPCollection
 from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.distributed.types import ModuleSharder, ShardingEnv2D, ShardingPlan
+from torchrec.distributed.types import (
+    DMPCollectionConfig,
+    ModuleSharder,
+    ShardedModule,
+    ShardingPlan,
+    ShardingStrategy,
+)
 
 from sparse2d import validation
-from sparse2d.mesh import build_mesh, validate_group_size, validate_layout
-from sparse2d.planner import default_sharders, plan_for_group, remap_plan, validate_plan
-from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes
-from sparse2d.sync import (
-    AllReduceHook,
-    ShardState,
-    broadcast_,
-    collect_shard_states,
+from sparse2d.compat import (
+    adapt_all_reduce,
+    check_world_size,
+    note_ignored,
+    parse_call,
+    resolve_layout,
+    resolve_strategy,
 )
+from sparse2d.contexts import ShardingContext, describe_contexts, plan_context, sharding_env
+from sparse2d.errors import ConfigError
+from sparse2d.mesh import build_mesh, validate_group_size, validate_layout
+from sparse2d.planner import default_sharders, remap_plan
+from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes
+from sparse2d.sync import AllReduceHook, ShardState, broadcast_, collect_shard_states
+from sparse2d.sync.multi import PolicySet
 from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
 from sparse2d.sync.tensors import live_tensors
 
 logger = logging.getLogger(__name__)
 
 
-class DMPCollection(DistributedModelParallel):
+class DMPCollection(TorchRecDMPCollection):
     """Shard embedding tables over groups of ``sharding_group_size`` ranks; replicate the groups.
+
+    Two call forms (``sparse2d.compat``): ``DMPCollection(module, L, *, device=..., ...)``
+    and TorchRec's unchanged ``DMPCollection(module, device, plan, world_size,
+    sharding_group_size, global_pg, sharding_strategy, node_group_size, sharders,
+    init_data_parallel, init_parameters, data_parallel_wrapper, use_inter_host_allreduce,
+    custom_all_reduce, submodule_configs, rs_awaitable_hook_module, use_sharded_relay)``.
 
     Args:
         module: model holding TorchRec ``EmbeddingBagCollection``/``EmbeddingCollection``
@@ -44,16 +80,24 @@ class DMPCollection(DistributedModelParallel):
         sharding_group_size: ranks per sharding group ``L``; must divide the world size.
         device: default ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``.
         plan: a TorchRec ``ShardingPlan`` made for ``L`` ranks (ranks ``0..L-1``).
+        world_size: optional; must equal the process group's size.
         constraints: ``{table: ParameterConstraints}`` for the built-in planner.
         sharders: default: sharders allowing every model-parallel type, on CPU too.
-        replica_layout: ``"intra_host"`` (replicas on adjacent ranks) or ``"inter_host"``.
+        replica_layout: ``"intra_host"`` (replicas on adjacent ranks) or ``"inter_host"``;
+            TorchRec's ``use_inter_host_allreduce=True`` means ``"inter_host"``.
         global_pg: the job's process group (must span the world); default the default group.
+        sharding_strategy: TorchRec's ``ShardingStrategy``: ``DEFAULT`` and ``PER_MODULE``.
         node_group_size: ranks of one group sharing a host, for TWRW/grid (divides ``L``).
-        custom_all_reduce: ``hook(tensors, replica_pg)`` replacing the averaging all-reduce.
+        custom_all_reduce: ``hook(tensors, replica_pg)`` or TorchRec's ``hook(tensors)``,
+            replacing the averaging all-reduce (see ``compat.adapt_all_reduce``).
+        submodule_configs: TorchRec ``DMPCollectionConfig`` per module type with its own
+            group size, layout and plan (``plan=None``: planned here).
+        init_data_parallel, init_parameters, data_parallel_wrapper: as in TorchRec's DMP.
         planner_batch_size: per-rank batch size the planner assumes.
         sync_options: cadence and strategy of ``maybe_sync`` (default: every step, dense).
     """
 
+    @overload
     def __init__(
         self,
         module: nn.Module,
@@ -63,149 +107,240 @@ class DMPCollection(DistributedModelParallel):
         plan: ShardingPlan | None = None,
         constraints: dict[str, ParameterConstraints] | None = None,
         sharders: list[ModuleSharder[nn.Module]] | None = None,
-        replica_layout: str = "intra_host",
+        replica_layout: str | None = None,
         global_pg: dist.ProcessGroup | None = None,
         node_group_size: int | None = None,
         custom_all_reduce: AllReduceHook | None = None,
         planner_batch_size: int | None = None,
         sync_options: SyncOptions | None = None,
         init_data_parallel: bool = True,
-    ) -> None:
-        # 1. Validate: pure and identical on every rank, before any collective.
-        resolved = validation.resolve_device(device)
-        world_size, rank = validation.check_process_group(global_pg)
-        validate_group_size(world_size, sharding_group_size)
-        validate_layout(replica_layout)
-        sharders = list(sharders) if sharders is not None else default_sharders()
-        validation.check_shardable(module, sharders)
-        if plan is not None:
-            validate_plan(plan, sharding_group_size)
-        validation.check_optimizers(module, sharders, resolved)
-        num_groups = world_size // sharding_group_size
-        node_size = validation.resolve_node_group_size(
-            node_group_size, sharding_group_size, num_groups, replica_layout
-        )
-        pg = global_pg if global_pg is not None else dist.group.WORLD
+        submodule_configs: list[DMPCollectionConfig] | None = None,
+        sharding_strategy: ShardingStrategy = ShardingStrategy.DEFAULT,
+    ) -> None: ...
 
-        # 2. Mesh: the ("replicate", "shard") DeviceMesh and its two subgroups.
-        mesh = build_mesh(world_size, sharding_group_size, replica_layout, resolved.type, rank)
-        logger.info(
-            "[sparse2d] mesh: %d groups x %d ranks (%s)",
-            num_groups,
-            sharding_group_size,
-            replica_layout,
-        )
-        # 3. Plan once for L ranks (rank 0 plans, all receive), then remap to this group.
-        if plan is None:
-            plan = plan_for_group(
-                module,
-                sharding_group_size,
-                resolved.type,
-                sharders,
-                constraints,
-                node_size,
-                pg,
-                planner_batch_size,
+    @overload
+    def __init__(
+        self,
+        module: nn.Module,
+        device: torch.device | str | None,
+        plan: ShardingPlan | None,
+        world_size: int | None,
+        sharding_group_size: int,
+        global_pg: dist.ProcessGroup | None,
+        sharding_strategy: ShardingStrategy = ShardingStrategy.DEFAULT,
+        node_group_size: int | None = None,
+        sharders: list[ModuleSharder[nn.Module]] | None = None,
+        init_data_parallel: bool = True,
+        init_parameters: bool = True,
+        data_parallel_wrapper: Any = None,
+        use_inter_host_allreduce: bool = False,
+        custom_all_reduce: Any = None,
+        submodule_configs: list[DMPCollectionConfig] | None = None,
+        rs_awaitable_hook_module: str | None = None,
+        use_sharded_relay: bool = False,
+    ) -> None: ...
+
+    def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
+        # 1. Validate: pure and identical on every rank, before any collective.
+        call = parse_call(args, kwargs)
+        resolved = validation.resolve_device(call.device)
+        world_size, rank = validation.check_process_group(call.global_pg)
+        check_world_size(call.world_size, world_size)
+        group_size = call.sharding_group_size
+        if group_size is None:
+            raise ConfigError(
+                "sharding_group_size is required: the ranks per sharding group, a divisor of "
+                f"the world size {world_size}."
             )
-        group_plan = remap_plan(plan, mesh.sharding_group, resolved)
-        logger.info(
-            "[sparse2d] plan for %d ranks remapped to %s", sharding_group_size, mesh.sharding_group
+        validate_group_size(world_size, group_size)  # type: ignore[arg-type]
+        layout = resolve_layout(call.replica_layout, call.use_inter_host_allreduce)
+        validate_layout(layout)
+        strategy = resolve_strategy(call.sharding_strategy)
+        hook = adapt_all_reduce(call.custom_all_reduce)
+        note_ignored(call)
+        sharders = list(call.sharders) if call.sharders is not None else default_sharders()
+        validation.check_shardable(module, sharders)
+        validation.check_optimizers(module, sharders, resolved)
+        default = ShardingContext(
+            module_type=None,
+            paths=[],
+            sharding_group_size=group_size,  # type: ignore[arg-type]
+            replica_layout=layout,
+            node_group_size=validation.resolve_node_group_size(
+                call.node_group_size,
+                group_size,
+                world_size // group_size,
+                layout,  # type: ignore[operator]
+            ),
+            strategy=strategy,
+            plan=call.plan,
         )
-        # 4. Shard: TorchRec's DMP over the sharding group via ShardingEnv2D.
+        contexts = describe_contexts(module, world_size, default, call.submodule_configs, sharders)
+        pg = call.global_pg if call.global_pg is not None else dist.group.WORLD
+
+        # 2. Mesh per context: the ("replicate", "shard") DeviceMesh and its two subgroups.
+        # 3. Plan once per context for its L ranks (rank 0 plans, all receive), then remap.
+        plan = ShardingPlan(plan={})
+        for ctx in contexts:
+            ctx.mesh = build_mesh(
+                world_size, ctx.sharding_group_size, ctx.replica_layout, resolved.type, rank
+            )
+            logger.info(
+                "[sparse2d] %s mesh: %d groups x %d ranks (%s)",
+                ctx.name,
+                world_size // ctx.sharding_group_size,
+                ctx.sharding_group_size,
+                ctx.replica_layout,
+            )
+            if ctx.plan is None:
+                ctx.plan = plan_context(
+                    ctx, contexts, module, sharders, resolved.type, pg, call.constraints,
+                    call.planner_batch_size,
+                )  # fmt: skip
+            plan.plan.update(remap_plan(ctx.plan, ctx.sharding_group, resolved).plan)
+        # 4. Shard: TorchRec's DMP, each module type with its context's ShardingEnv2D.
         apply_torchrec_fixes()
-        env = ShardingEnv2D(
-            sharding_pg=mesh.sharding_pg,
-            replica_pg=mesh.replica_pg,
-            global_pg=pg,
-            device_mesh=mesh.device_mesh,
-            node_group_size=node_size,
-            use_inter_host_allreduce=replica_layout == "inter_host",
-        )
-        super().__init__(
+        self._envs_by_type = {c.module_type: sharding_env(c, pg) for c in contexts}
+        DistributedModelParallel.__init__(
+            self,
             module,
-            env=env,
+            env=self._envs_by_type[None],
             device=resolved,
-            plan=group_plan,
+            plan=plan,
             sharders=sharders,
-            init_data_parallel=init_data_parallel,
+            init_data_parallel=call.init_data_parallel,
+            init_parameters=call.init_parameters,
+            data_parallel_wrapper=call.data_parallel_wrapper,
         )
-        self._mesh = mesh
-        self._group_plan_for_l: ShardingPlan = plan
-        self._sharding_group_size = sharding_group_size
-        self._replica_layout = replica_layout
-        self._shards: list[ShardState] = collect_shard_states(self)
-        self.sync_policy = SyncPolicy(
-            self._shards,
-            mesh.replica_pg,
-            len(mesh.replica_group),
-            sync_options,
-            custom_all_reduce,
-            global_pg=pg,
+        self._contexts = contexts
+        self._assign_shards()
+        for ctx in contexts:
+            ctx.policy = SyncPolicy(
+                ctx.shards,
+                ctx.replica_pg,
+                ctx.num_replicas,
+                call.sync_options,
+                hook,
+                global_pg=pg,
+            )
+        policies = [c.policy for c in contexts if c.policy is not None]
+        self.sync_policy: SyncPolicy | PolicySet = (
+            policies[0] if len(policies) == 1 else PolicySet(policies)
         )
         # 5. Align replicas: TorchRec seeds each group's shards independently.
         self.align_replicas()
-        logger.info("[sparse2d] replicas aligned over %s", mesh.replica_group)
+        logger.info("[sparse2d] replicas aligned over %s", default.replica_group)
 
-    # ---- the 2D geometry -------------------------------------------------------------
+    def _shard_modules_impl(
+        self,
+        module: nn.Module,
+        path: str = "",
+        module_id_cache: dict[int, ShardedModule] | None = None,
+    ) -> nn.Module:
+        """TorchRec DMP's sharding walk, with a configured module type's own environment."""
+        env = self._envs_by_type.get(type(module))
+        if env is None:
+            return DistributedModelParallel._shard_modules_impl(self, module, path, module_id_cache)
+        default, self._env = self._env, env
+        try:
+            return DistributedModelParallel._shard_modules_impl(self, module, path, module_id_cache)
+        finally:
+            self._env = default
+
+    def _assign_shards(self) -> None:
+        """Give every context the local shards of its modules; the default gets the rest."""
+        taken: set[int] = set()
+        for ctx in self._contexts[1:]:
+            ctx.shards = [
+                s
+                for path in ctx.paths
+                for s in collect_shard_states(self.module.get_submodule(path))
+            ]
+            taken.update(id(s.kernel) for s in ctx.shards)
+        self._contexts[0].shards = [
+            s for s in collect_shard_states(self) if id(s.kernel) not in taken
+        ]
+        self._shards: list[ShardState] = [s for c in self._contexts for s in c.shards]
+
+    # ---- the 2D geometry (of the default context) -------------------------------------
+    @property
+    def _default(self) -> ShardingContext:
+        return self._contexts[0]
+
+    @property
+    def contexts(self) -> list[ShardingContext]:
+        """The default context, then one per ``submodule_configs`` entry."""
+        return list(self._contexts)
+
     @property
     def sharding_pg(self) -> dist.ProcessGroup:
-        return self._mesh.sharding_pg
+        return self._default.sharding_pg
 
     @property
     def replica_pg(self) -> dist.ProcessGroup:
-        return self._mesh.replica_pg
+        return self._default.replica_pg
 
     @property
     def device_mesh(self) -> DeviceMesh:
-        return self._mesh.device_mesh
+        return self._default.device_mesh
 
     @property
     def sharding_group_size(self) -> int:
-        return self._sharding_group_size
+        return self._default.sharding_group_size
 
     @property
     def num_replicas(self) -> int:
-        return len(self._mesh.replica_group)
+        return self._default.num_replicas
 
     @property
     def replica_layout(self) -> str:
-        return self._replica_layout
+        return self._default.replica_layout
+
+    @property
+    def sharding_strategy(self) -> ShardingStrategy:
+        return self._default.strategy
 
     @property
     def sharding_group(self) -> list[int]:
         """Global ranks of this rank's sharding group."""
-        return list(self._mesh.sharding_group)
+        return self._default.sharding_group
 
     @property
     def replica_group(self) -> list[int]:
         """Global ranks holding the same shards as this rank."""
-        return list(self._mesh.replica_group)
+        return self._default.replica_group
 
     @property
     def group_plan(self) -> ShardingPlan:
-        """The plan as made for ranks ``0..L-1`` (before remapping to this group)."""
-        return self._group_plan_for_l
+        """The default context's plan as made for ranks ``0..L-1`` (before remapping)."""
+        plan = self._default.plan
+        if plan is None:
+            raise RuntimeError("the default context was never planned")
+        return plan
 
     @property
     def shard_states(self) -> list[ShardState]:
-        """Live views of this rank's embedding shards and their fused optimizer state."""
+        """Live views of this rank's embedding shards (every context) and their fused state."""
         return self._shards
 
     # ---- replica consistency ---------------------------------------------------------
     def align_replicas(self, include_optimizer_state: bool = True) -> None:
-        """Overwrite every replica's shards with replica-rank 0's copy."""
-        if self.num_replicas == 1:
-            return
-        tensors = live_tensors(self._shards, weights=True, states=include_optimizer_state)
-        with torch.no_grad():
-            broadcast_(tensors, self.replica_pg, src_group_rank=0)
+        """Overwrite every replica's shards with replica-rank 0's copy (every context)."""
+        for ctx in self._contexts:
+            if ctx.num_replicas == 1:
+                continue
+            tensors = live_tensors(ctx.shards, weights=True, states=include_optimizer_state)
+            with torch.no_grad():
+                broadcast_(tensors, ctx.replica_pg, src_group_rank=0)
         self.sync_policy.reset()
 
     def sync(self, include_optimizer_state: bool = True) -> SyncReport:
         """Average embedding weights and all fused optimizer state over the replica group.
 
-        Routed through the sync policy so its engine, hook and compression apply; blocking,
-        and it first lands any transfer still in flight from ``maybe_sync``.
+        Covers every context. Routed through the sync policy so its engine, hook and
+        compression apply; blocking, and it first lands any transfer still in flight from
+        ``maybe_sync``. TorchRec's train pipelines call this every
+        ``dmp_collection_sync_interval_batches`` batches.
         """
         return self.sync_policy.sync_now(include_optimizer_state=include_optimizer_state)
 
@@ -223,14 +358,19 @@ class DMPCollection(DistributedModelParallel):
         """Sync if the policy's cadence says step ``step`` (0-based) ends an interval."""
         return self.sync_policy.step(step)
 
-    def set_all_reduce_hook(self, hook: AllReduceHook | None) -> None:
-        """Replace the averaging all-reduce (``hook(tensors, replica_pg)`` averages in place)."""
-        self.sync_policy.hook = hook
+    def set_all_reduce_hook(self, reduce_hook: Any) -> None:  # type: ignore[override]
+        """Replace the averaging all-reduce: ``hook(tensors, replica_pg)``, or TorchRec's
+        ``hook(tensors)`` (1.8) / ``hook(pg, tensors)`` (1.9); ``None`` restores the default."""
+        self.sync_policy.hook = adapt_all_reduce(reduce_hook)
+
+    def ensure_reduce_scatter_complete(self) -> None:
+        """TorchRec's FULLY_SHARDED wait; nothing is in flight with DEFAULT/PER_MODULE."""
 
     def extra_repr(self) -> str:
+        sizes = ", ".join(f"{c.name}: L={c.sharding_group_size}" for c in self._contexts[1:])
         return (
-            f"sharding_group_size={self._sharding_group_size}, num_replicas={self.num_replicas}, "
-            f"replica_layout={self._replica_layout!r}"
+            f"sharding_group_size={self.sharding_group_size}, num_replicas={self.num_replicas}, "
+            f"replica_layout={self.replica_layout!r}" + (f", submodules=({sizes})" if sizes else "")
         )
 
     def __getstate__(self) -> dict[str, Any]:

@@ -201,6 +201,18 @@ def _fused_iter(model: nn.Module) -> int:
 
 
 # ---- save --------------------------------------------------------------------------
+def _shards_by_replica_index(model: nn.Module, rank: int) -> list[tuple[int, list]]:
+    """This rank's shards grouped by its position in their replica group.
+
+    One group per sharding context (per-module group sizes give a rank a different
+    replica position per context); a model without contexts is one group.
+    """
+    contexts = getattr(model, "contexts", None)
+    if not contexts:
+        return [(model.replica_group.index(rank), list(model.shard_states))]
+    return [(c.replica_group.index(rank), list(c.shards)) for c in contexts if c.shards]
+
+
 def build_save_state(
     model: nn.Module,
     dense_optimizer: torch.optim.Optimizer | None = None,
@@ -216,11 +228,12 @@ def build_save_state(
     specs = table_specs(model)
     rank = dist.get_rank()
     state: dict[str, Any] = {}
-    replica_index = model.replica_group.index(rank)
-    if not dedup or replica_index == 0:
+    flush_caches(model.shard_states)
+    for replica_index, shards in _shards_by_replica_index(model, rank):
+        if dedup and replica_index != 0:
+            continue
         prefix = "" if dedup else f"replica{replica_index}."
-        flush_caches(model.shard_states)
-        for key, value in build_embedding_state(model, specs).items():
+        for key, value in build_embedding_state(model, specs, shards).items():
             state[prefix + key] = value
     for name, tensor in dense_entries(model).items():
         state[f"dense.{name}"] = tensor

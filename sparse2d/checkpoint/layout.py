@@ -102,10 +102,13 @@ class _Collector:
         }
 
 
-def build_embedding_state(model: nn.Module, specs: dict[str, TableSpec]) -> dict[str, DTensor]:
-    """This rank's shards (weights and optimizer states) as DTensors of the global tables."""
+def build_embedding_state(
+    model: nn.Module, specs: dict[str, TableSpec], shards: list | None = None
+) -> dict[str, DTensor]:
+    """This rank's shards (default: all of them; weights and optimizer states) as
+    DTensors of the global tables."""
     out = _Collector()
-    for s in model.shard_states:
+    for s in model.shard_states if shards is None else shards:
         spec = specs[s.table]
         full = (spec.rows, spec.cols)
         out.add(weight_key(s.table), s.weight.detach(), (s.row_offset, s.col_offset), full)

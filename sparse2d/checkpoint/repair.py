@@ -47,22 +47,29 @@ def repair_from_replicas(model: nn.Module, ranks: list[int], include_dense: bool
     """Overwrite the shards of ``ranks`` with a healthy replica's weights and optimizer state.
 
     Collective: every rank calls it with the same ``ranks``. Replica groups without a
-    rank in ``ranks`` do nothing. With ``include_dense``, dense parameters and buffers
-    (replicated on every rank) are broadcast from the lowest healthy rank of the world.
+    rank in ``ranks`` do nothing. Each sharding context (per-module group sizes) is
+    repaired over its own replica groups. With ``include_dense``, dense parameters and
+    buffers (replicated on every rank) are broadcast from the lowest healthy rank.
     """
     world = dist.get_world_size()
-    plan = plan_repair(world, model.sharding_group_size, model.replica_layout, list(ranks))
+    contexts = getattr(model, "contexts", None) or [model]
+    plans = [
+        plan_repair(world, c.sharding_group_size, c.replica_layout, list(ranks)) for c in contexts
+    ]  # every context checked before anything moves
     model.sync_policy.finish()  # no transfer may land on top of the repaired values
-    group = model.replica_group
-    source = next((src for src in plan.values() if src in group), None)
     with torch.no_grad():
-        if source is not None:
-            flush_caches(model.shard_states)
-            tensors = live_tensors(model.shard_states, weights=True, states=True)
-            kernels = {id(s.kernel): s.kernel for s in model.shard_states if s.kernel is not None}
+        for ctx, plan in zip(contexts, plans, strict=True):
+            shards = ctx.shards if ctx is not model else model.shard_states
+            group = ctx.replica_group
+            source = next((src for src in plan.values() if src in group), None)
+            if source is None:
+                continue
+            flush_caches(shards)
+            tensors = live_tensors(shards, weights=True, states=True)
+            kernels = {id(s.kernel): s.kernel for s in shards if s.kernel is not None}
             tensors += [kernel.iter for kernel in kernels.values()]  # Adam-style step counter
-            broadcast_(tensors, model.replica_pg, src_group_rank=group.index(source))
-        if include_dense and plan:
+            broadcast_(tensors, ctx.replica_pg, src_group_rank=group.index(source))
+        if include_dense and any(plans):
             healthy = min(r for r in range(world) if r not in set(ranks))
             dense = [
                 t

@@ -1,7 +1,9 @@
-"""Narrow workarounds for TorchRec 1.8.0 behaviour that breaks 2D sharding.
+"""Narrow workarounds for TorchRec behaviour that breaks 2D sharding or CPU pipelines.
 
 Each fix names the TorchRec file it works around, is applied idempotently by
-``DMPCollection`` and delegates to TorchRec for every case it does not fix.
+``DMPCollection`` (or by calling ``apply_torchrec_fixes``) and delegates to TorchRec
+for every case it does not fix. Each was re-checked against TorchRec 1.8.0 and 1.9.2;
+``tests/test_planner.py`` / ``tests/test_torchrec_compat.py`` keep a regression test.
 """
 
 from __future__ import annotations
@@ -38,6 +40,54 @@ def _global_shape_with_table_column_wise(original: Callable[..., Any]) -> Callab
     return shape_and_stride
 
 
+def _without_cpu_stream(original: Callable[..., Any], position: int) -> Callable[..., Any]:
+    """``torchrec/distributed/train_pipeline/train_pipelines.py``: ``TrainPipelineSemiSync``
+    passes ``torch.get_device_module(device).current_stream()`` to ``_wait_for_events`` and
+    ``_start_embedding_lookup``, which call ``record_stream`` with it; on CPU that is a
+    ``torch.cpu.Stream``, which tensors reject ("unknown parameter type"), so the pipeline
+    cannot run on CPU at all. A CPU stream orders nothing: pass ``None`` (no stream), as
+    the CUDA-less branches of the same file do."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > position and isinstance(args[position], torch.cpu.Stream):
+            args = (*args[:position], None, *args[position + 1 :])
+        for key in ("stream", "target_stream"):
+            if isinstance(kwargs.get(key), torch.cpu.Stream):
+                kwargs[key] = None
+        return original(*args, **kwargs)
+
+    setattr(call, _ORIGINAL, original)
+    return call
+
+
+def _forward_device_on_cpu(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torchrec/distributed/train_pipeline/runtime_forwards.py``: ``BaseForward`` takes its
+    device from the data-dist stream and assumes ``cuda`` without one, so the semi-sync
+    ``EmbeddingPipelinedForward`` calls ``torch.cuda.current_stream()`` on a CPU-only build.
+    Without a stream and without CUDA, the device is the CPU."""
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if self._stream is None and not torch.cuda.is_available():
+            self._device = torch.device("cpu")
+
+    setattr(init, _ORIGINAL, original)
+    return init
+
+
+def _record_stream_skipping_cpu(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``runtime_forwards.py``: ``EmbeddingPipelinedForward.detach_embeddings`` records the
+    pooled ``KeyedTensor`` on the current stream; a CPU stream orders nothing, and tensors
+    reject it, so recording on it is skipped."""
+
+    def record_stream(self: Any, stream: Any) -> None:
+        if not isinstance(stream, torch.cpu.Stream):
+            original(self, stream)
+
+    setattr(record_stream, _ORIGINAL, original)
+    return record_stream
+
+
 def apply_torchrec_fixes() -> None:
     """Install the workarounds (safe to call many times)."""
     for module in (trec_embeddingbag, trec_embedding):
@@ -46,3 +96,18 @@ def apply_torchrec_fixes() -> None:
             module.create_global_tensor_shape_stride_from_metadata = (
                 _global_shape_with_table_column_wise(current)
             )
+    from torchrec.distributed.train_pipeline import runtime_forwards, train_pipelines
+    from torchrec.sparse.jagged_tensor import KeyedTensor
+
+    for name, position in (("_wait_for_events", 2), ("_start_embedding_lookup", 3)):
+        current = getattr(train_pipelines, name)
+        if not hasattr(current, _ORIGINAL):
+            setattr(train_pipelines, name, _without_cpu_stream(current, position))
+    patches = (
+        (runtime_forwards.BaseForward, "__init__", _forward_device_on_cpu),
+        (KeyedTensor, "record_stream", _record_stream_skipping_cpu),
+    )
+    for owner, name, fix in patches:
+        current = getattr(owner, name)
+        if not hasattr(current, _ORIGINAL):
+            setattr(owner, name, fix(current))

@@ -5,6 +5,12 @@ modules: they hang under each sharded module's ``_lookups``. This module walks
 there once and returns one ``ShardState`` per local table shard, holding views
 into the flat host/device buffers (no copies), so sync, repair and checkpoint
 code read and write the live weights and optimizer state in place.
+
+The views are taken with ``.data``: they share the kernel's storage but not its
+autograd version counter. The fused kernel updates its weights outside autograd, and
+so must a sync: TorchRec's semi-sync pipeline looks up batch ``i+1`` before batch
+``i``'s backward and sync, and a version bump from a sync's in-place write would make
+batch ``i+1``'s backward fail ("modified by an inplace operation").
 """
 
 from __future__ import annotations
@@ -84,8 +90,8 @@ def collect_shard_states(module: nn.Module) -> list[ShardState]:
                     table=table.name,
                     row_offset=int(row_offset),
                     col_offset=int(col_offset),
-                    weight=weight,
-                    optimizer_states=list(table_states),
+                    weight=weight.data,
+                    optimizer_states=[t.data for t in table_states],
                     kernel=tbe,
                     index_in_kernel=index,
                 )

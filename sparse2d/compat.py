@@ -1,0 +1,244 @@
+"""TorchRec's ``DMPCollection`` call, accepted unchanged next to sparse2d's short form.
+
+Two call forms share one constructor, told apart by the second positional argument:
+
+* sparse2d: ``DMPCollection(module, L, *, device=..., constraints=..., ...)``: an ``int``
+  (or ``"auto"``) second argument is the sharding group size;
+* TorchRec: ``DMPCollection(module, device, plan, world_size, sharding_group_size,
+  global_pg, sharding_strategy, ...)``: a ``torch.device``/``str`` (or ``None``) second
+  argument is the device and the rest follows TorchRec's order (1.8.0 and 1.9.2 agree).
+
+Keywords are the union of both; TorchRec's names keep TorchRec's meaning
+(``use_inter_host_allreduce=True`` is ``replica_layout="inter_host"``, a one-argument
+``custom_all_reduce(tensors)`` is adapted to sparse2d's ``hook(tensors, replica_pg)``).
+Everything here is pure, so a bad call raises the same ``ConfigError`` on every rank
+before any collective.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torchrec.distributed.types import (
+    DMPCollectionConfig,
+    ModuleSharder,
+    ShardingPlan,
+    ShardingStrategy,
+)
+
+from sparse2d.errors import ConfigError
+from sparse2d.sync.collectives import AllReduceHook
+
+logger = logging.getLogger(__name__)
+
+TORCHREC_POSITIONAL: tuple[str, ...] = (
+    "device",
+    "plan",
+    "world_size",
+    "sharding_group_size",
+    "global_pg",
+    "sharding_strategy",
+    "node_group_size",
+    "sharders",
+    "init_data_parallel",
+    "init_parameters",
+    "data_parallel_wrapper",
+    "use_inter_host_allreduce",
+    "custom_all_reduce",
+    "submodule_configs",
+    "rs_awaitable_hook_module",
+    "use_sharded_relay",
+)
+"""TorchRec's ``DMPCollection.__init__`` parameters after ``module``, in order."""
+
+FULLY_SHARDED_HINT = (
+    "sharding_strategy=FULLY_SHARDED is not supported by sparse2d yet (issue 14: "
+    "reduce-scatter/all-gather of the embedding weights over the replica group); use "
+    "ShardingStrategy.DEFAULT or PER_MODULE."
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class CollectionArgs:
+    """Every ``DMPCollection`` argument after parsing either call form (see the class doc)."""
+
+    sharding_group_size: int | str | None = None
+    device: torch.device | str | None = None
+    plan: ShardingPlan | None = None
+    world_size: int | None = None
+    global_pg: dist.ProcessGroup | None = None
+    sharding_strategy: ShardingStrategy | str = ShardingStrategy.DEFAULT
+    node_group_size: int | None = None
+    sharders: list[ModuleSharder[nn.Module]] | None = None
+    init_data_parallel: bool = True
+    init_parameters: bool = True
+    data_parallel_wrapper: Any = None
+    use_inter_host_allreduce: bool | None = None
+    custom_all_reduce: Callable[..., None] | None = None
+    submodule_configs: list[DMPCollectionConfig] | None = None
+    rs_awaitable_hook_module: str | None = None
+    use_sharded_relay: bool = False
+    constraints: dict[str, Any] | None = None
+    replica_layout: str | None = None
+    planner_batch_size: int | None = None
+    sync_options: Any = None
+
+
+_NAMES = frozenset(CollectionArgs.__dataclass_fields__)
+
+
+def _is_group_size(value: object) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or value == "auto"
+
+
+def parse_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CollectionArgs:
+    """Map the positional and keyword arguments after ``module`` onto ``CollectionArgs``."""
+    unknown = sorted(set(kwargs) - _NAMES)
+    if unknown:
+        raise TypeError(
+            f"DMPCollection got unexpected keyword argument(s) {unknown}; accepted: "
+            f"{sorted(_NAMES)}"
+        )
+    if args and _is_group_size(args[0]):
+        names: tuple[str, ...] = ("sharding_group_size",)
+        form = "sparse2d (module, sharding_group_size, *, ...)"
+    else:
+        names = TORCHREC_POSITIONAL
+        form = "TorchRec (module, device, plan, world_size, sharding_group_size, global_pg, ...)"
+    if len(args) > len(names):
+        raise TypeError(
+            f"DMPCollection takes at most {len(names)} positional arguments after module in "
+            f"the {form} form; got {len(args)}. Pass the rest by keyword."
+        )
+    bound = dict(zip(names, args, strict=False))
+    twice = sorted(set(bound) & set(kwargs))
+    if twice:
+        raise TypeError(f"DMPCollection got multiple values for argument(s) {twice} ({form})")
+    return CollectionArgs(**bound, **kwargs)
+
+
+def resolve_strategy(value: ShardingStrategy | str) -> ShardingStrategy:
+    """TorchRec's ``ShardingStrategy`` (or its value string); FULLY_SHARDED is refused."""
+    try:
+        strategy = ShardingStrategy(value)
+    except ValueError:
+        choices = [s.value for s in ShardingStrategy]
+        raise ConfigError(
+            f"sharding_strategy={value!r} is unknown; use a torchrec ShardingStrategy ({choices})."
+        ) from None
+    if strategy == ShardingStrategy.FULLY_SHARDED:
+        raise ConfigError(FULLY_SHARDED_HINT)
+    return strategy
+
+
+def resolve_layout(replica_layout: str | None, use_inter_host_allreduce: bool | None) -> str:
+    """``replica_layout`` from either name; both given must agree."""
+    if use_inter_host_allreduce is not None and not isinstance(use_inter_host_allreduce, bool):
+        raise ConfigError(
+            f"use_inter_host_allreduce={use_inter_host_allreduce!r} must be True or False."
+        )
+    implied = (
+        None
+        if use_inter_host_allreduce is None
+        else ("inter_host" if use_inter_host_allreduce else "intra_host")
+    )
+    if replica_layout is None:
+        return implied or "intra_host"
+    if implied is not None and implied != replica_layout:
+        raise ConfigError(
+            f"replica_layout={replica_layout!r} contradicts use_inter_host_allreduce="
+            f"{use_inter_host_allreduce} (which means {implied!r}); pass only one of them."
+        )
+    return replica_layout
+
+
+def check_world_size(world_size: int | None, actual: int) -> None:
+    """TorchRec's explicit ``world_size`` must match the process group's."""
+    if world_size is None:
+        return
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size != actual:
+        raise ConfigError(
+            f"world_size={world_size!r} but the process group has {actual} ranks; pass "
+            f"world_size={actual} (or leave it out: sparse2d reads it from the group)."
+        )
+
+
+def adapt_all_reduce(hook: Callable[..., None] | None) -> AllReduceHook | None:
+    """Accept sparse2d's ``hook(tensors, replica_pg)`` and TorchRec's hooks.
+
+    TorchRec 1.8's ``custom_all_reduce``/``set_all_reduce_hook`` take ``hook(tensors)``
+    (the hook owns its group); TorchRec 1.9's ``set_all_reduce_hook`` takes
+    ``hook(pg, tensors)``. Told apart by signature: a callable binding only one positional
+    argument gets the tensors alone; a two-argument one whose first parameter is named
+    ``pg``/``group``/``process_group``/``replica_pg`` or annotated ``ProcessGroup`` gets
+    ``(replica_pg, tensors)``; any other gets sparse2d's ``(tensors, replica_pg)``. Every
+    hook must average the tensors in place.
+    """
+    if hook is None:
+        return None
+    if not callable(hook):
+        raise ConfigError(f"custom_all_reduce={hook!r} is not callable.")
+    try:
+        signature = inspect.signature(hook)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"custom_all_reduce={hook!r}: its signature cannot be inspected; wrap it in a "
+            "def taking (tensors) or (tensors, replica_pg)."
+        ) from None
+    if _binds(signature, 2):
+        if _group_first(signature):
+
+            def group_first(tensors: list[torch.Tensor], pg: dist.ProcessGroup) -> None:
+                hook(pg, tensors)
+
+            return group_first
+        return hook
+    if _binds(signature, 1):
+
+        def one_argument(tensors: list[torch.Tensor], _pg: dist.ProcessGroup) -> None:
+            hook(tensors)
+
+        return one_argument
+    raise ConfigError(
+        f"custom_all_reduce{signature} must take (tensors) like TorchRec's hook or "
+        "(tensors, replica_pg) like sparse2d's."
+    )
+
+
+_GROUP_NAMES = ("pg", "group", "process_group", "replica_pg", "pg_group")
+
+
+def _group_first(signature: inspect.Signature) -> bool:
+    first = next(iter(signature.parameters.values()))
+    annotation = first.annotation
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return first.name in _GROUP_NAMES or "ProcessGroup" in str(text)
+
+
+def _binds(signature: inspect.Signature, count: int) -> bool:
+    try:
+        signature.bind(*([None] * count))
+    except TypeError:
+        return False
+    return True
+
+
+def note_ignored(args: CollectionArgs) -> None:
+    """Log TorchRec options that have no effect here, so a ported script is not surprised."""
+    if args.use_sharded_relay:
+        logger.warning(
+            "[sparse2d] use_sharded_relay=True is an NCCL/RCCLX transport option; sparse2d "
+            "syncs with its own all-reduce (TorchRec falls back the same way without RCCLX)."
+        )
+    if args.rs_awaitable_hook_module is not None:
+        logger.warning(
+            "[sparse2d] rs_awaitable_hook_module=%r only matters for FULLY_SHARDED; ignored.",
+            args.rs_awaitable_hook_module,
+        )

@@ -1,0 +1,223 @@
+"""Sharding contexts: one 2D layout per group of embedding modules.
+
+A ``DMPCollection`` holds a default context (every shardable module) and, with
+TorchRec's ``submodule_configs=[DMPCollectionConfig(module=EmbeddingCollection, ...)]``,
+one more context per configured module *type* (matched exactly, as TorchRec does).
+Each context has its own sharding group size, replica layout, mesh, plan, shards and
+sync policy; ``DMPCollection.sync()`` syncs every context over its own replica group.
+
+``describe_contexts`` is pure (every rank gets the same answer or the same error);
+building meshes and plans is collective and happens in ``DMPCollection``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+import torch.nn as nn
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.types import (
+    DMPCollectionConfig,
+    ModuleSharder,
+    ShardingEnv2D,
+    ShardingPlan,
+    ShardingStrategy,
+)
+
+from sparse2d.compat import resolve_strategy
+from sparse2d.errors import ConfigError
+from sparse2d.mesh import validate_group_size, validate_layout
+from sparse2d.planner import plan_for_group, validate_plan
+from sparse2d.validation import resolve_node_group_size
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from sparse2d.mesh import Mesh2D
+    from sparse2d.sync.policy import SyncPolicy
+    from sparse2d.sync.tensors import ShardState
+
+
+@dataclass(slots=True)
+class ShardingContext:
+    """One 2D layout: the modules it covers, its geometry, and (once built) its state."""
+
+    module_type: type[nn.Module] | None
+    """The configured module class; ``None`` for the default context."""
+    paths: list[str]
+    """Module paths (in the unsharded model) this context shards."""
+    sharding_group_size: int
+    replica_layout: str
+    node_group_size: int
+    strategy: ShardingStrategy
+    plan: ShardingPlan | None
+    """The plan for ranks ``0..L-1`` (``None`` until planned)."""
+    mesh: Mesh2D | None = None
+    shards: list[ShardState] = field(default_factory=list)
+    policy: SyncPolicy | None = None
+
+    @property
+    def name(self) -> str:
+        return "default" if self.module_type is None else self.module_type.__name__
+
+    def _built(self) -> Mesh2D:
+        if self.mesh is None:
+            raise RuntimeError(f"sharding context {self.name} has no mesh yet")
+        return self.mesh
+
+    @property
+    def sharding_pg(self) -> dist.ProcessGroup:
+        return self._built().sharding_pg
+
+    @property
+    def replica_pg(self) -> dist.ProcessGroup:
+        return self._built().replica_pg
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        return self._built().device_mesh
+
+    @property
+    def sharding_group(self) -> list[int]:
+        return list(self._built().sharding_group)
+
+    @property
+    def replica_group(self) -> list[int]:
+        return list(self._built().replica_group)
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self._built().replica_group)
+
+
+def describe_contexts(
+    module: nn.Module,
+    world_size: int,
+    default: ShardingContext,
+    configs: list[DMPCollectionConfig] | None,
+    sharders: list[ModuleSharder[nn.Module]],
+) -> list[ShardingContext]:
+    """The default context plus one per submodule config, validated (pure).
+
+    Fills ``paths`` of every context; the default keeps the shardable modules no config
+    claims. A default plan may still hold entries of claimed modules (TorchRec's own
+    tests plan the whole model first); those entries are replaced by the config's plan.
+    """
+    sharder_types = {s.module_type for s in sharders}
+    contexts = [default]
+    claimed: set[str] = set()
+    for index, config in enumerate(configs or []):
+        where = f"submodule_configs[{index}]"
+        if not isinstance(config, DMPCollectionConfig):
+            raise ConfigError(
+                f"{where}={config!r} is not a torchrec DMPCollectionConfig; build it with "
+                "torchrec.distributed.types.DMPCollectionConfig(module=..., plan=..., "
+                "sharding_group_size=...)."
+            )
+        kind = config.module
+        if not isinstance(kind, type) or kind not in sharder_types:
+            names = sorted(t.__name__ for t in sharder_types)
+            raise ConfigError(
+                f"{where}.module={kind!r} has no sharder; use one of {names} (a class, "
+                "not an instance) or pass a sharder for it in sharders=."
+            )
+        if any(c.module_type is kind for c in contexts):
+            raise ConfigError(f"{where}: module type {kind.__name__} is configured twice.")
+        paths = [name for name, sub in module.named_modules() if type(sub) is kind]
+        if not paths:
+            raise ConfigError(
+                f"{where}.module={kind.__name__} does not occur in the model; drop the config "
+                "or fix the module type."
+            )
+        validate_group_size(world_size, config.sharding_group_size)
+        layout = "inter_host" if config.use_inter_host_allreduce else "intra_host"
+        validate_layout(layout)
+        size = config.sharding_group_size
+        context = ShardingContext(
+            module_type=kind,
+            paths=paths,
+            sharding_group_size=size,
+            replica_layout=layout,
+            node_group_size=resolve_node_group_size(
+                config.node_group_size, size, world_size // size, layout
+            ),
+            strategy=resolve_strategy(config.sharding_strategy),
+            plan=config.plan,
+        )
+        if context.plan is not None:
+            validate_plan(context.plan, size)
+        claimed.update(paths)
+        contexts.append(context)
+    types = tuple(sharder_types)
+    default.paths = [
+        name
+        for name, sub in module.named_modules()
+        if isinstance(sub, types) and name not in claimed and not _inside(name, claimed)
+    ]
+    if default.plan is not None:
+        default.plan = unclaimed_plan(default.plan, claimed)
+        validate_plan(default.plan, default.sharding_group_size)
+    return contexts
+
+
+def _inside(path: str, parents: set[str]) -> bool:
+    return any(path.startswith(parent + ".") for parent in parents)
+
+
+def unclaimed_plan(plan: ShardingPlan, claimed: set[str]) -> ShardingPlan:
+    """``plan`` without the module entries some submodule config replaces."""
+    return ShardingPlan(
+        plan={p: s for p, s in plan.plan.items() if p not in claimed and not _inside(p, claimed)}
+    )
+
+
+def sharders_for(
+    context: ShardingContext,
+    contexts: list[ShardingContext],
+    sharders: list[ModuleSharder[nn.Module]],
+) -> list[ModuleSharder[nn.Module]]:
+    """The sharders a context plans with: its own type, or (default) every unclaimed type."""
+    if context.module_type is not None:
+        return [s for s in sharders if s.module_type is context.module_type]
+    claimed = {c.module_type for c in contexts if c.module_type is not None}
+    return [s for s in sharders if s.module_type not in claimed]
+
+
+def plan_context(
+    ctx: ShardingContext,
+    contexts: list[ShardingContext],
+    module: nn.Module,
+    sharders: list[ModuleSharder[nn.Module]],
+    device_type: str,
+    pg: dist.ProcessGroup,
+    constraints: dict[str, ParameterConstraints] | None,
+    batch_size: int | None,
+) -> ShardingPlan:
+    """The built-in planner for one context's modules and ``L`` (collective over ``pg``)."""
+    if not ctx.paths:
+        return ShardingPlan(plan={})
+    return plan_for_group(
+        module,
+        ctx.sharding_group_size,
+        device_type,
+        sharders_for(ctx, contexts, sharders),
+        constraints,
+        ctx.node_group_size,
+        pg,
+        batch_size,
+    )
+
+
+def sharding_env(ctx: ShardingContext, pg: dist.ProcessGroup) -> ShardingEnv2D:
+    """TorchRec's 2D environment for the modules of one context."""
+    return ShardingEnv2D(
+        sharding_pg=ctx.sharding_pg,
+        replica_pg=ctx.replica_pg,
+        global_pg=pg,
+        device_mesh=ctx.device_mesh,
+        node_group_size=ctx.node_group_size,
+        use_inter_host_allreduce=ctx.replica_layout == "inter_host",
+        sharding_strategy=ctx.strategy,
+    )
