@@ -12,6 +12,7 @@ import sys
 
 COMMANDS = {
     "config": "sparse2d.train.config",
+    "plan": "sparse2d.train.plan",
     "train": "sparse2d.train.main",
 }
 

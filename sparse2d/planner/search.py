@@ -1,0 +1,145 @@
+"""Pick the sharding group size: the fastest estimated step among the ``L`` that fit memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from sparse2d.errors import PlanError
+from sparse2d.mesh import divisors
+from sparse2d.planner.cost_model import AnalyticCostModel, Candidate, CostModel
+from sparse2d.planner.group_layout import GroupLayoutPlanner, TorchRecGroupPlanner
+from sparse2d.planner.topology import ClusterTopology, GiB
+from sparse2d.planner.workload import Workload
+
+_DEFAULT_PLANNER: GroupLayoutPlanner | None = None
+
+
+def default_planner() -> GroupLayoutPlanner:
+    """One process-wide planner, so layouts per ``L`` are computed once (they do not depend on G)."""
+    global _DEFAULT_PLANNER
+    if _DEFAULT_PLANNER is None:
+        _DEFAULT_PLANNER = TorchRecGroupPlanner()
+    return _DEFAULT_PLANNER
+
+
+class NoFitError(PlanError):
+    """No sharding group size fits device memory; the message lists numbered fixes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    world_size: int
+    topology: str
+    candidates: tuple[Candidate, ...]
+    recommended: int | None
+    reason: str
+
+    def candidate(self, group_size: int) -> Candidate:
+        return next(c for c in self.candidates if c.sharding_group_size == group_size)
+
+
+def advise(
+    workload: Workload,
+    topology: ClusterTopology,
+    planner: GroupLayoutPlanner | None = None,
+    model: CostModel | None = None,
+) -> Advice:
+    """Estimate every divisor ``L`` of the world size and recommend one (None: nothing fits)."""
+    model = model or AnalyticCostModel(workload, topology, planner or default_planner())
+    candidates = tuple(model.estimate(L) for L in divisors(topology.world_size))
+    fitting = [c for c in candidates if c.fits]
+    if not fitting:
+        return Advice(topology.world_size, topology.name, candidates, None, "no L fits memory")
+    best = min(fitting, key=lambda c: (c.step_s, -c.sharding_group_size))
+    return Advice(
+        topology.world_size, topology.name, candidates, best.sharding_group_size,
+        _reason(best, candidates, topology),
+    )  # fmt: skip
+
+
+def _reason(best: Candidate, candidates: tuple[Candidate, ...], topology: ClusterTopology) -> str:
+    smaller = [c for c in candidates if c.sharding_group_size < best.sharding_group_size]
+    larger = [c for c in candidates if c.sharding_group_size > best.sharding_group_size]
+    parts = [f"L={best.sharding_group_size} has the least estimated step ({_ms(best.step_s)})"]
+    tight = [c for c in smaller if not c.fits]
+    if tight:
+        c = max(tight, key=lambda c: c.sharding_group_size)
+        parts.append(
+            f"L={c.sharding_group_size} needs {_gib(c.memory_per_rank_bytes)} per rank "
+            f"> {_gib(topology.usable_memory_bytes)} usable"
+        )
+    elif smaller:
+        c = max(smaller, key=lambda c: c.sharding_group_size)
+        parts.append(f"L={c.sharding_group_size} syncs {_ms(c.sync_s)}/step")
+    if larger:
+        c = min(larger, key=lambda c: c.sharding_group_size)
+        parts.append(
+            f"L={c.sharding_group_size} spends {_ms(c.a2a_s)} in all-to-all (vs {_ms(best.a2a_s)})"
+        )
+    return "; ".join(parts) + "."
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GiB:.1f} GiB"
+
+
+def no_fit_message(advice: Advice, workload: Workload, topology: ClusterTopology) -> str:
+    """Why nothing fits and what would, each fix with its numbers."""
+    least = min(advice.candidates, key=lambda c: c.memory_per_rank_bytes)
+    usable = topology.usable_memory_bytes
+    state_total = sum(
+        t.rows * (t.dim + workload.row_state_values(t.dim)) * workload.element_bytes
+        for t in workload.tables
+    )
+    ranks_needed = math.ceil(state_total / usable)
+    per_host = topology.ranks_per_host
+    world_needed = max(ranks_needed, topology.world_size + 1)
+    if world_needed > per_host:
+        world_needed = math.ceil(world_needed / per_host) * per_host
+    need_memory = least.memory_per_rank_bytes / (1 - topology.reserved_fraction)
+    weights_only = workload.weight_bytes
+    fixes = [
+        f"use at least {world_needed} ranks (weights + optimizer state are "
+        f"{_gib(state_total)}; {_gib(usable)} usable per rank needs >= {ranks_needed} ranks in "
+        f"a group): --world-size {world_needed}",
+        f"use devices with >= {_gib(need_memory)} each (the best candidate, L="
+        f"{least.sharding_group_size}, needs {_gib(least.memory_per_rank_bytes)} per rank): "
+        f"--topology h200_8x or topology device_memory_bytes={int(math.ceil(need_memory))}",
+    ]
+    if workload.optimizer != "sgd":
+        sgd_state = dataclasses.replace(workload, optimizer="sgd")
+        saved = state_total - sum(
+            t.rows * (t.dim + sgd_state.row_state_values(t.dim)) * workload.element_bytes
+            for t in workload.tables
+        )
+        fixes.append(
+            f"use optimizer.sparse.kind=sgd (saves {_gib(saved)} of optimizer state in total, "
+            f"{_gib(saved / max(1, topology.world_size))} per rank at L={topology.world_size})"
+        )
+    fixes.append(
+        f"shrink the tables: their weights alone are {_gib(weights_only)} "
+        f"({_gib(weights_only / topology.world_size)} per rank even at L={topology.world_size})"
+    )
+    lines = [
+        f"No sharding group size fits {_gib(usable)} usable per rank "
+        f"({topology.name}, world {topology.world_size}); the smallest need is "
+        f"{_gib(least.memory_per_rank_bytes)} per rank at L={least.sharding_group_size}. Fixes:"
+    ]
+    lines += [f"  {i}. {fix}" for i, fix in enumerate(fixes, 1)]
+    return "\n".join(lines)
+
+
+def recommend_group_size(
+    workload: Workload, topology: ClusterTopology, planner: GroupLayoutPlanner | None = None
+) -> int:
+    """The advisor's ``L`` for ``sharding_group_size="auto"``; ``NoFitError`` when none fits."""
+    advice = advise(workload, topology, planner)
+    if advice.recommended is None:
+        raise NoFitError(no_fit_message(advice, workload, topology))
+    return advice.recommended

@@ -1,0 +1,114 @@
+"""``sparse2d plan``: the group-size advisor for a trainer config (no process group, no GPU).
+
+``sparse2d plan --config C [--world-size N] [--topology NAME|FILE.yaml] [--set key=value]
+[--json] [dotted.key=value ...]`` prints the cost table over every divisor ``L`` of the
+world size and the recommended ``parallel.sharding_group_size``; ``--json`` prints one
+object instead. Exit status 1 (with numbered fixes) when no ``L`` fits device memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sparse2d.errors import ConfigError
+from sparse2d.planner.topology import ClusterTopology, load_topology
+from sparse2d.planner.workload import TableLoad, Workload
+from sparse2d.train.config import Config, load_config
+
+
+def dense_params(cfg: Config) -> int:
+    """Parameters of the DLRM MLPs (and DCN cross layers): the data-parallel part."""
+    m = cfg.model
+    features = len(m.feature_names)
+    dim = m.dense_arch[-1]
+
+    def mlp(inputs: int, sizes: list[int]) -> int:
+        total = 0
+        for size in sizes:
+            total += inputs * size + size
+            inputs = size
+        return total
+
+    if m.arch == "dlrm_dcn":
+        over_in = (features + 1) * dim
+        cross = m.dcn_num_layers * (2 * over_in * m.dcn_low_rank_dim + over_in)
+    else:
+        over_in = dim + features * (features + 1) // 2
+        cross = 0
+    return mlp(m.dense_in_features, list(m.dense_arch)) + cross + mlp(over_in, list(m.over_arch))
+
+
+def workload_from_config(cfg: Config) -> Workload:
+    """The advisor's plain view of a trainer config."""
+    synthetic = cfg.data.source == "synthetic"
+    pooling = (cfg.data.synthetic.ids_per_feature + 1) / 2 if synthetic else 1.0
+    sync = cfg.parallel.sync
+    return Workload(
+        tables=tuple(
+            TableLoad(t.name, t.rows, t.dim, len(t.features), pooling, t.sharding)
+            for t in cfg.model.specs()
+        ),
+        batch_size_per_rank=cfg.data.batch_size_per_rank,
+        optimizer=cfg.optimizer.sparse.kind,
+        sync_every=sync.every,
+        include_optimizer_state=sync.include_optimizer_state,
+        engine=sync.engine if sync.compression == "none" else "dense",
+        zipf_exponent=cfg.data.synthetic.zipf_exponent if synthetic else 1.1,
+        replica_layout=cfg.parallel.replica_layout,
+        dense_params=dense_params(cfg),
+    )
+
+
+def default_topology_name(cfg: Config) -> str:
+    return "cpu_gloo" if cfg.device == "cpu" else "h100_8x"
+
+
+def topology_for(
+    cfg: Config, world_size: int, name: str | None = None, overrides: list[str] | None = None
+) -> ClusterTopology:
+    return load_topology(name or default_topology_name(cfg), world_size, overrides or [])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sparse2d plan", description=__doc__)
+    parser.add_argument("--config", required=True, help="trainer YAML config")
+    parser.add_argument("--world-size", type=int, default=8, help="ranks in the job (default 8)")
+    parser.add_argument(
+        "--topology", help="preset (h100_8x, h200_8x, cpu_gloo) or YAML file; default by device"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="topology field override"
+    )
+    parser.add_argument(
+        "--sharding-strategy", choices=("default", "fully_sharded"), default="default"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
+    args = parser.parse_args(argv)
+    from sparse2d.planner.report import format_table, to_json
+    from sparse2d.planner.search import advise, no_fit_message
+
+    try:
+        if args.world_size < 1:
+            raise ConfigError(f"--world-size {args.world_size} must be >= 1.")
+        cfg = load_config(args.config, args.overrides)
+        topology = topology_for(cfg, args.world_size, args.topology, args.set)
+        workload = workload_from_config(cfg)
+        if args.sharding_strategy != "default":
+            import dataclasses
+
+            workload = dataclasses.replace(workload, sharding_strategy=args.sharding_strategy)
+        advice = advise(workload, topology)
+    except ConfigError as error:
+        print(f"sparse2d plan: {error}", file=sys.stderr)
+        return 1
+    print(to_json(advice) if args.json else format_table(advice))
+    if advice.recommended is None:
+        print(f"sparse2d plan: {no_fit_message(advice, workload, topology)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""``sparse2d plan`` on every shipped config: the table, the recommendation, JSON, no-fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparse2d.cli import main as cli
+from sparse2d.planner.search import advise
+from sparse2d.train.config import load_config
+from sparse2d.train.plan import topology_for, workload_from_config
+
+CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml"))
+WORLD = {"dlrm_large_1024gpu": 256}  # the large config: fewer divisors keep the test short
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_plan_prints_the_table_and_a_recommendation(path: Path, capsys) -> None:
+    world = WORLD.get(path.stem, 8)
+    assert cli(["plan", "--config", str(path), "--world-size", str(world)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"sharding group size advisor: world {world}")
+    assert "recommended: sharding_group_size=" in out
+    cfg = load_config(str(path))
+    workload = workload_from_config(cfg)
+    topology = topology_for(cfg, world)
+    for c in advise(workload, topology).candidates:
+        assert c.memory_per_rank_bytes >= workload.weight_bytes / c.sharding_group_size
+        if workload.weight_bytes / c.sharding_group_size > topology.device_memory_bytes:
+            assert not c.fits
+
+
+def test_plan_json_is_one_object(capsys) -> None:
+    assert cli(["plan", "--config", "configs/tiny_cpu.yaml", "--world-size", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["world_size"] == 4 and data["recommended"] in (1, 2, 4)
+    assert [c["sharding_group_size"] for c in data["candidates"]] == [1, 2, 4]
+
+
+def test_plan_without_a_fit_exits_1_with_fixes(capsys) -> None:
+    args = ["plan", "--config", "configs/tiny_cpu.yaml", "--set", "device_memory_bytes=1000"]
+    assert cli(args) == 1
+    captured = capsys.readouterr()
+    assert "recommended:" not in captured.out and " NO" in captured.out
+    assert "No sharding group size fits" in captured.err and "1. use at least" in captured.err
+
+
+def test_plan_rejects_bad_input(capsys) -> None:
+    assert cli(["plan", "--config", "configs/tiny_cpu.yaml", "--topology", "tpu"]) == 1
+    assert "neither a preset" in capsys.readouterr().err

@@ -1,0 +1,130 @@
+"""The cost model on real TorchRec layouts (meta model, no process group): hand-computed answers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sparse2d.planner.cost_model import AnalyticCostModel, zipf_unique
+from sparse2d.planner.group_layout import TorchRecGroupPlanner
+from sparse2d.planner.topology import ClusterTopology
+from sparse2d.planner.workload import TableLoad, Workload
+
+ROWS, DIM, B = 1000, 16, 32
+PLANNER = TorchRecGroupPlanner()
+
+
+def topology(world: int, **kw: object) -> ClusterTopology:
+    base = dict(
+        world_size=world, ranks_per_host=world, compute_device="cpu", device_memory_bytes=2**30,
+        intra_host_bw=1e9, intra_host_latency_s=1e-5, inter_host_bw=1e8,
+        inter_host_latency_s=1e-4, lookup_bw=1e9, dense_flops=1e9,
+    )  # fmt: skip
+    base.update(kw)
+    return ClusterTopology(**base)  # type: ignore[arg-type]
+
+
+def workload(tables: tuple[TableLoad, ...], **kw: object) -> Workload:
+    return Workload(tables=tables, batch_size_per_rank=B, **kw)  # type: ignore[arg-type]
+
+
+TW2 = tuple(TableLoad(name, ROWS, DIM, sharding="table_wise") for name in "ab")
+RW1 = (TableLoad("r", ROWS, DIM, pooling_factor=2.0, sharding="row_wise"),)
+
+
+def test_table_wise_memory_a2a_and_sync_bytes_by_hand() -> None:
+    # 2 table-wise tables on a group of 2: one per rank. World 4 -> 2 replicas.
+    w = workload(TW2, optimizer="rowwise_adagrad")
+    c = AnalyticCostModel(w, topology(4), PLANNER).estimate(2)
+    state = ROWS * DIM * 4 + ROWS * 4  # weights + one row-wise accumulator per row
+    assert c.state_per_rank_bytes == state
+    assert c.memory_per_rank_bytes >= state  # plus TorchRec's I/O buffer estimate
+    assert c.imbalance == pytest.approx(1.0)
+    # pooled output for the other rank's B samples, forward and backward, plus B ids sent
+    assert c.a2a_bytes == 2 * B * DIM * 4 + B * 8
+    assert c.sync_bytes == state  # dense engine, optimizer state included
+    # ring all-reduce over 2 replicas on one host: 2 (G-1)/G * bytes / bw + 2 log2(G) alpha
+    assert c.sync_s == pytest.approx(state / 1e9 + 2 * 1e-5)
+    # lookup: the group's 2B ids of its table, DIM floats each, read fwd + twice in bwd
+    assert c.compute_s == pytest.approx(3 * 2 * B * DIM * 4 / 1e9)
+
+
+def test_row_wise_shards_by_hand() -> None:
+    w = workload(RW1, optimizer="adagrad", sync_every=4)
+    c = AnalyticCostModel(w, topology(8), PLANNER).estimate(4)
+    rows = ROWS // 4
+    assert c.state_per_rank_bytes == rows * DIM * 4 * 2  # Adagrad: one state per element
+    # reduce-scatter of partial sums: (L-1) B DIM floats each way; ids: 3/4 of B*2 ids
+    assert c.a2a_bytes == pytest.approx(2 * 3 * B * DIM * 4 + 3 / 4 * B * 2 * 8)
+    assert c.sync_bytes == rows * DIM * 4 * 2
+    assert c.sync_s == pytest.approx((c.sync_bytes / 1e9 + 2 * 1e-5) / 4)  # every 4 steps
+
+
+def test_one_group_never_syncs_and_one_rank_never_exchanges() -> None:
+    w = workload(TW2)
+    full = AnalyticCostModel(w, topology(2), PLANNER).estimate(2)
+    assert full.num_replicas == 1 and full.sync_bytes == 0 and full.sync_s == 0
+    single = AnalyticCostModel(w, topology(2), PLANNER).estimate(1)
+    assert single.a2a_s == 0
+    assert single.state_per_rank_bytes == 2 * (ROWS * DIM * 4 + ROWS * 4)
+
+
+def test_optimizer_state_is_counted_per_kind() -> None:
+    per_kind = {
+        kind: AnalyticCostModel(workload(TW2, optimizer=kind), topology(2), PLANNER)
+        .estimate(2)
+        .state_per_rank_bytes
+        for kind in ("sgd", "adagrad", "rowwise_adagrad", "adam")
+    }
+    weights = ROWS * DIM * 4
+    assert per_kind == {
+        "sgd": weights,
+        "adagrad": 2 * weights,
+        "rowwise_adagrad": weights + ROWS * 4,
+        "adam": 3 * weights,
+    }
+
+
+def test_fully_sharded_splits_weights_over_replicas() -> None:
+    w = workload(TW2, optimizer="rowwise_adagrad", sharding_strategy="fully_sharded")
+    c = AnalyticCostModel(w, topology(8), PLANNER).estimate(2)
+    assert c.state_per_rank_bytes == ROWS * DIM * 4 // 4 + ROWS * 4  # G = 4
+
+
+def test_sync_without_optimizer_state_and_across_hosts() -> None:
+    w = workload(TW2, include_optimizer_state=False)
+    # 2 ranks per host, intra_host layout, world 8, L=2: replicas of rank 0 are 0,1,2,3
+    c = AnalyticCostModel(w, topology(8, ranks_per_host=2), PLANNER).estimate(2)
+    assert c.sync_bytes == ROWS * DIM * 4
+    assert c.sync_s == pytest.approx(2 * 3 / 4 * c.sync_bytes / 1e8 + 2 * 2 * 1e-4)
+
+
+def test_sparse_engine_syncs_expected_touched_rows() -> None:
+    big = (TableLoad("z", 10**6, DIM, sharding="table_wise"),)
+    dense = AnalyticCostModel(workload(big), topology(4), PLANNER).estimate(2)
+    sparse = AnalyticCostModel(workload(big, engine="sparse"), topology(4), PLANNER).estimate(2)
+    touched = zipf_unique(10**6, 4 * B, 1.1)
+    assert sparse.sync_bytes == pytest.approx(touched * ((DIM + 1) * 4 + 8), abs=1)
+    assert sparse.sync_bytes < dense.sync_bytes / 100
+
+
+def test_zipf_unique_matches_the_exact_sum() -> None:
+    rows, draws, s = 200_000, 50_000.0, 1.05
+    i = np.arange(1, rows + 1, dtype=np.float64)
+    p = i**-s / (i**-s).sum()
+    exact = float((-np.expm1(-draws * p)).sum())
+    assert zipf_unique(rows, draws, s) == pytest.approx(exact, rel=0.02)
+    assert zipf_unique(100, 1e9, 1.1) == pytest.approx(100)
+    assert zipf_unique(10**7, 10.0, 1.1) <= 10.0
+
+
+def test_memory_per_rank_is_never_below_the_even_split() -> None:
+    tables = tuple(TableLoad(f"t{i}", 500 * (i + 1), DIM) for i in range(6))
+    w = workload(tables)
+    model = AnalyticCostModel(w, topology(8), PLANNER)
+    for L in (1, 2, 4, 8):
+        c = model.estimate(L)
+        assert c.memory_per_rank_bytes >= math.ceil(w.weight_bytes / L)
+        assert c.imbalance >= 1.0 and c.memory_imbalance >= 1.0
