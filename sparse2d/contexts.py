@@ -131,23 +131,10 @@ def describe_contexts(
                 f"{where}.module={kind.__name__} does not occur in the model; drop the config "
                 "or fix the module type."
             )
-        validate_group_size(world_size, config.sharding_group_size)
-        layout = "inter_host" if config.use_inter_host_allreduce else "intra_host"
-        validate_layout(layout)
-        size = config.sharding_group_size
-        context = ShardingContext(
-            module_type=kind,
-            paths=paths,
-            sharding_group_size=size,
-            replica_layout=layout,
-            node_group_size=resolve_node_group_size(
-                config.node_group_size, size, world_size // size, layout
-            ),
-            strategy=resolve_strategy(config.sharding_strategy),
-            plan=config.plan,
-        )
-        if context.plan is not None:
-            validate_plan(context.plan, size)
+        try:
+            context = _context_of(config, kind, paths, world_size)
+        except ConfigError as error:  # name the entry; PlanError stays a PlanError
+            raise type(error)(f"{where} ({kind.__name__}): {error}") from None
         claimed.update(paths)
         contexts.append(context)
     types = tuple(sharder_types)
@@ -160,6 +147,29 @@ def describe_contexts(
         default.plan = unclaimed_plan(default.plan, claimed)
         validate_plan(default.plan, default.sharding_group_size)
     return contexts
+
+
+def _context_of(
+    config: DMPCollectionConfig, kind: type[nn.Module], paths: list[str], world_size: int
+) -> ShardingContext:
+    size = config.sharding_group_size
+    validate_group_size(world_size, size)
+    layout = "inter_host" if config.use_inter_host_allreduce else "intra_host"
+    validate_layout(layout)
+    context = ShardingContext(
+        module_type=kind,
+        paths=paths,
+        sharding_group_size=size,
+        replica_layout=layout,
+        node_group_size=resolve_node_group_size(
+            config.node_group_size, size, world_size // size, layout
+        ),
+        strategy=resolve_strategy(config.sharding_strategy),
+        plan=config.plan,
+    )
+    if context.plan is not None:
+        validate_plan(context.plan, size)
+    return context
 
 
 def _inside(path: str, parents: set[str]) -> bool:
