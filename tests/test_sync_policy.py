@@ -68,10 +68,10 @@ def check_engine_kinds() -> list[tuple[str, float | None]]:
 
 
 def test_engine_kinds(world4) -> None:
-    from sparse2d.sync.sparse import DEFAULT_CROSSOVER
-
-    assert world4.run(check_engine_kinds)[0] == [
+    kinds = world4.run(check_engine_kinds)[0]
+    assert kinds[:2] == [
         ("DenseEngine", None),
         ("SparseEngine", 1.0),  # "sparse" never falls back to dense
-        ("SparseEngine", DEFAULT_CROSSOVER),
     ]
+    name, crossover = kinds[2]  # "auto": crossover derived from the measured copy costs
+    assert name == "AutoEngine" and 0.05 <= crossover <= 1.0

@@ -53,9 +53,10 @@ class SyncOptions:
     values and error feedback); bf16 needs the dense engine."""
     engine: str = "dense"
     """Which values a sync covers: ``"dense"`` (every row), ``"sparse"`` (only rows some replica
-    looked up since the last sync; never dense) or ``"auto"`` (sparse, with a per-shard dense
-    fallback above ``sparse.DEFAULT_CROSSOVER`` of rows touched; dense with bf16). The trainer
-    defaults to ``"auto"``; the sparse engines cost 4 bytes of tracking per embedding row."""
+    looked up since the last sync; never dense) or ``"auto"`` (per sync, whichever of the two
+    a cost model measured over the replica group at start-up and refined from timed syncs
+    predicts cheaper; dense with bf16). The trainer defaults to ``"auto"``; the sparse engines
+    cost 4 bytes of tracking per embedding row."""
     divergence_every: int = 0
     """Measure replica divergence before every k-th sync (0 = off); reported in ``SyncReport``."""
     divergence_rows: int = 32
@@ -121,13 +122,17 @@ class SyncReport:
 
 
 def make_engine(kind: str, shards: list[ShardState], replica_pg: dist.ProcessGroup) -> SyncEngine:
-    """``dense``: every row. ``sparse``: touched rows only, never dense. ``auto``: touched rows,
-    falling back to dense per shard above the measured crossover (``sparse.DEFAULT_CROSSOVER``)."""
+    """``dense``: every row. ``sparse``: touched rows only, never dense. ``auto``: per sync the
+    cheaper of the two by a cost model measured over the replica group (``sync.auto``)."""
     if kind == "dense":
         return DenseEngine(shards, replica_pg)
-    from sparse2d.sync.sparse import DEFAULT_CROSSOVER, SparseEngine
+    if kind == "auto":
+        from sparse2d.sync.auto import AutoEngine
 
-    return SparseEngine(shards, replica_pg, crossover=DEFAULT_CROSSOVER if kind == "auto" else 1.0)
+        return AutoEngine(shards, replica_pg)
+    from sparse2d.sync.sparse import SparseEngine
+
+    return SparseEngine(shards, replica_pg, crossover=1.0)
 
 
 def _metadata_bytes(engine: SyncEngine) -> int:

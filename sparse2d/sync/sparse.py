@@ -20,8 +20,9 @@ Per shard, at each ``payload``:
 
 ``crossover`` is the touched fraction above which a shard is synced densely
 (``DEFAULT_CROSSOVER``, measured by ``bench/sparse_sync_bench.py``; see
-``bench/RESULTS.md``). ``SyncOptions.engine="auto"`` means this engine with the
-default crossover, ``"sparse"`` means ``crossover=1.0`` (never dense).
+``bench/RESULTS.md``). ``SyncOptions.engine="sparse"`` means ``crossover=1.0``
+(never dense); ``"auto"`` is ``sync.auto.AutoEngine``, which derives the crossover
+from measured costs and also picks a plain dense sync when that is cheaper.
 
 Delayed optimizer state and overlap: each kind keeps its own ``base``
 generation, advanced in ``synced()`` to the generation cut at its ``payload``;
@@ -34,6 +35,7 @@ values is exact, so sparse sync is bit-identical to dense sync.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +98,12 @@ class SparseEngine(SyncEngine):
         self._replicas = dist.get_world_size(replica_pg)
         self._device = shards[0].weight.device if shards else torch.device("cpu")
         """Where the metadata collectives run (the kernels' device: NCCL needs CUDA tensors)."""
+        self.unions: dict[tuple[int, int], torch.Tensor | None] = {}
+        """The last ``payload``'s agreed union per (shard, base); ``None`` = synced densely."""
+        self.gathered_extra: list[list[int]] = []
+        """Every replica's ``piggyback()`` values from the last union agreement."""
+        self.count_sums: dict[tuple[int, int], int] = {}
+        """Touched rows per (shard, base) summed over replicas, from the last agreement."""
 
     # ---- cheap local estimates (no collective) ----------------------------------------
     def touched_fraction(self, states: bool = False) -> float:
@@ -129,6 +137,7 @@ class SparseEngine(SyncEngine):
         bases = sorted({self._base[k] for k in kinds})
         stats = SparseStats()
         rows = self._agree(bases, stats)  # (shard, base) -> union rows, None = all rows
+        self.unions = rows
         entries: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         for want in kinds:
             for i, shard in enumerate(self.shards):
@@ -147,6 +156,10 @@ class SparseEngine(SyncEngine):
             if on:
                 cut = self._pending.pop(kind, None)
                 self._base[kind] = cut if cut is not None else self.tracker.cut()
+
+    def piggyback(self) -> list[int]:
+        """Integers sent along with the touched-row counts (none here; see ``AutoEngine``)."""
+        return []
 
     def close(self) -> None:
         """Stop tracking (removes the forward hooks)."""
@@ -167,17 +180,26 @@ class SparseEngine(SyncEngine):
     def _agree(
         self, bases: list[int], stats: SparseStats
     ) -> dict[tuple[int, int], torch.Tensor | None]:
-        """Union of touched rows per (shard, base) over the replica group (None = dense)."""
+        """Union of touched rows per (shard, base) over the replica group (None = dense).
+
+        ``piggyback()`` values ride along with the counts; every replica's copy lands in
+        ``self.gathered_extra`` (identical on all replicas, so usable for agreed decisions).
+        """
         keys = [(i, b) for b in bases for i in range(len(self.shards))]
         if not keys:
             return {}
         local = {key: self.tracker.rows_since(*key) for key in keys}
+        extra = self.piggyback()
         counts = torch.tensor(
-            [local[k].numel() for k in keys], dtype=torch.int64, device=self._device
+            [local[k].numel() for k in keys] + extra, dtype=torch.int64, device=self._device
         )
         every = [torch.empty_like(counts) for _ in range(self._replicas)]
         dist.all_gather(every, counts, group=self.replica_pg)
-        max_counts = torch.stack(every).amax(0).tolist()
+        stacked = torch.stack(every)
+        self.gathered_extra = stacked[:, len(keys) :].tolist()
+        summed = stacked[:, : len(keys)].sum(0).tolist()
+        self.count_sums = dict(zip(keys, summed, strict=True))
+        max_counts = stacked[:, : len(keys)].amax(0).tolist()
         meta = counts.numel() * 8
         result: dict[tuple[int, int], torch.Tensor | None] = {}
         by_ids, by_bitmap = [], []
@@ -250,10 +272,17 @@ def _row_bytes(tensor: torch.Tensor) -> int:
     return _row_numel(tensor) * tensor.element_size()
 
 
-def _build_payload(entries: list[tuple[torch.Tensor, torch.Tensor | None]]) -> Payload:
+def _build_payload(
+    entries: list[tuple[torch.Tensor, torch.Tensor | None]],
+    tail: torch.Tensor | None = None,
+    on_tail: Callable[[torch.Tensor], None] | None = None,
+) -> Payload:
     """One contiguous buffer per dtype of the selected rows (all rows where ``None``).
 
     Rows are gathered straight into the buffer (``index_select(out=...)``): one copy.
+    ``tail`` (fp32, needs an fp32 entry) rides at the end of the fp32 buffer: it is averaged
+    with the rows at no extra collective, never written to a shard, and ``scatter`` hands its
+    averaged value to ``on_tail``.
     """
     groups: dict[torch.dtype, list[tuple[torch.Tensor, torch.Tensor | None, int, int]]] = {}
     sizes: dict[torch.dtype, int] = {}
@@ -263,11 +292,16 @@ def _build_payload(entries: list[tuple[torch.Tensor, torch.Tensor | None]]) -> P
         offset = sizes.get(tensor.dtype, 0)
         groups.setdefault(tensor.dtype, []).append((tensor, rows, offset, count))
         sizes[tensor.dtype] = offset + n
+    if tail is not None and torch.float32 not in sizes:
+        raise ValueError("a payload tail rides on the fp32 buffer; this payload has none")
+    extra = {torch.float32: tail.numel()} if tail is not None else {}
 
     def gather() -> list[torch.Tensor]:
         buffers = []
         for dtype, group in groups.items():
-            flat = torch.empty(sizes[dtype], dtype=dtype, device=group[0][0].device)
+            flat = torch.empty(
+                sizes[dtype] + extra.get(dtype, 0), dtype=dtype, device=group[0][0].device
+            )
             for tensor, rows, offset, count in group:
                 chunk = flat[offset : offset + count * _row_numel(tensor)]
                 chunk = chunk.view(count, *tensor.shape[1:])
@@ -275,12 +309,14 @@ def _build_payload(entries: list[tuple[torch.Tensor, torch.Tensor | None]]) -> P
                     chunk.copy_(tensor)
                 else:
                     torch.index_select(tensor, 0, rows, out=chunk)
+            if dtype in extra and tail is not None:
+                flat[sizes[dtype] :].copy_(tail)
             buffers.append(flat)
         return buffers
 
     def scatter(values: list[torch.Tensor]) -> None:
         with torch.no_grad():
-            for group, flat in zip(groups.values(), values, strict=True):
+            for (dtype, group), flat in zip(groups.items(), values, strict=True):
                 for tensor, rows, offset, count in group:
                     chunk = flat[offset : offset + count * _row_numel(tensor)]
                     chunk = chunk.view(count, *tensor.shape[1:]).to(tensor.dtype)
@@ -288,6 +324,8 @@ def _build_payload(entries: list[tuple[torch.Tensor, torch.Tensor | None]]) -> P
                         tensor.copy_(chunk)
                     else:
                         tensor.index_copy_(0, rows, chunk)
+                if dtype in extra and on_tail is not None:
+                    on_tail(flat[sizes[dtype] :].clone())
 
     return Payload(buffers=gather(), scatter=scatter, gather=gather)
 
