@@ -1,9 +1,11 @@
-"""What every benchmark script shares: a rendezvous port and the RESULTS.md section writer."""
+"""What every benchmark script shares: rendezvous, spawning ranks, stats, RESULTS.md sections."""
 
 from __future__ import annotations
 
 import os
 import socket
+from queue import Empty
+from typing import Any
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
 
@@ -29,3 +31,64 @@ def write_section(text: str, marker: str, path: str | os.PathLike[str] = RESULTS
         new = old.rstrip("\n") + "\n\n" + block + "\n"
     with open(path, "w") as f:
         f.write(new)
+
+
+def _spawned(rank: int, world: int, port: int, fn: Any, args: tuple, queue: Any) -> None:
+    import datetime
+    import logging
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+        WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+    )  # fmt: skip
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)  # TorchRec logs every plan at WARNING
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
+    result = fn(*args)
+    if rank == 0:
+        queue.put(result)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def spawn(world: int, fn: Any, *args: Any) -> Any:
+    """Run ``fn(*args)`` on ``world`` fresh gloo ranks (loopback); return rank 0's result.
+
+    ``fn`` must be importable (a module-level function) and run the same collectives on
+    every rank. Used by benchmarks that need a clean process per measurement (peak RSS).
+    """
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_spawned, args=(r, world, port, fn, args, queue)) for r in range(world)
+    ]
+    for proc in procs:
+        proc.start()
+    while True:  # a rank that dies must not leave the parent waiting forever
+        try:
+            result = queue.get(timeout=5)
+            break
+        except Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                raise RuntimeError("a benchmark rank failed (see its traceback above)") from None
+    for proc in procs:
+        proc.join()
+        if proc.exitcode:
+            raise RuntimeError(f"benchmark rank exited with code {proc.exitcode}")
+    return result
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    """min / median / max of repeated measurements."""
+    ordered = sorted(values)
+    return {"min": ordered[0], "median": ordered[len(ordered) // 2], "max": ordered[-1]}

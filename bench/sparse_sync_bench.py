@@ -38,6 +38,11 @@ EVERY = (1, 4, 16, 64)
 DISTS = ("uniform", "zipf")
 FRACTIONS = (0.001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 ZIPF_S = 1.05
+ENGINE_ORDERS = (
+    ("sparse", "dense", "auto"),
+    ("auto", "sparse", "dense"),
+    ("dense", "auto", "sparse"),
+)
 
 
 class Model(nn.Module):
@@ -113,6 +118,7 @@ def _run_size(rows: int, rank: int, reps: int, everys: tuple[int, ...]) -> dict[
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from sparse2d.collection import DMPCollection
+    from sparse2d.sync.auto import AutoEngine
     from sparse2d.sync.engine import DenseEngine
     from sparse2d.sync.sparse import SparseEngine
 
@@ -127,13 +133,15 @@ def _run_size(rows: int, rank: int, reps: int, everys: tuple[int, ...]) -> dict[
     )
     shards, pg = model.shard_states, model.replica_pg
     sparse, dense = SparseEngine(shards, pg), DenseEngine(shards, pg)
+    auto = AutoEngine(shards, pg)  # probes the replica group once, like the trainer
     out: dict[str, Any] = {"rows": rows, "runs": [], "sweep": []}
     step = 0
     for dist_name in DISTS:
         ids = Ids(rows, dist_name)
         for every in everys:
-            _timed_sync(sparse, pg)  # start the interval from synced replicas
-            for _ in range(reps):
+            for engine in (sparse, auto):  # start the interval from synced replicas
+                _timed_sync(engine, pg)
+            for rep in range(reps):
                 began = time.perf_counter()
                 for _ in range(every):
                     loss = model(_batch(ids, step, rank)).square().mean()
@@ -142,13 +150,19 @@ def _run_size(rows: int, rank: int, reps: int, everys: tuple[int, ...]) -> dict[
                     dense_opt.zero_grad()
                     step += 1
                 step_s = (time.perf_counter() - began) / every
-                s_sec, s_bytes, s_meta = _timed_sync(sparse, pg)
-                fraction = sparse.stats.rows_synced / max(sparse.stats.rows_total, 1)
-                d_sec, d_bytes, _ = _timed_sync(dense, pg)
+                timed = {}  # the three engines take turns going first (cache and load effects)
+                for name in ENGINE_ORDERS[rep % len(ENGINE_ORDERS)]:
+                    engine = {"sparse": sparse, "dense": dense, "auto": auto}[name]
+                    timed[name] = _timed_sync(engine, pg)
+                    if name == "sparse":
+                        fraction = sparse.stats.rows_synced / max(sparse.stats.rows_total, 1)
+                (s_sec, s_bytes, s_meta), (d_sec, d_bytes, _) = timed["sparse"], timed["dense"]
+                a_sec = timed["auto"][0]
                 out["runs"].append(
                     dict(dist=dist_name, every=every, sparse_s=s_sec, dense_s=d_sec,
                          sparse_bytes=s_bytes, meta_bytes=s_meta, dense_bytes=d_bytes,
-                         union_fraction=fraction, step_s=step_s)
+                         union_fraction=fraction, step_s=step_s, auto_s=a_sec,
+                         auto_dense=float(auto.mode == "dense"))
                 )  # fmt: skip
     sparse.crossover = 1.0  # the sweep times the sparse path even where dense is cheaper
     for fraction in FRACTIONS:
@@ -167,6 +181,7 @@ def _run_size(rows: int, rank: int, reps: int, everys: tuple[int, ...]) -> dict[
                  dense_bytes=d_bytes)
         )  # fmt: skip
     sparse.close()
+    auto.close()
     return out
 
 
@@ -196,7 +211,7 @@ def _slowest_rank(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         for key in ("runs", "sweep"):
             for j, entry in enumerate(size[key]):
                 for field in entry:
-                    if field.endswith("_s") or field.endswith("_bytes"):
+                    if field.endswith("_s") or field.endswith("_bytes") or field == "auto_dense":
                         entry[field] = max(r[size_index][key][j][field] for r in per_rank)
     return merged
 
@@ -230,7 +245,9 @@ def _summaries(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      sparse_mb=sparse_bytes / 1e6, dense_mb=med["dense_bytes"] / 1e6,
                      bytes_x=med["dense_bytes"] / max(sparse_bytes, 1),
                      sparse_ms=med["sparse_s"] * 1e3, dense_ms=med["dense_s"] * 1e3,
-                     time_x=med["dense_s"] / med["sparse_s"])
+                     time_x=med["dense_s"] / med["sparse_s"], auto_ms=med["auto_s"] * 1e3,
+                     auto_dense=sum(r["auto_dense"] for r in runs) / len(runs),
+                     auto_x=med["auto_s"] / min(med["sparse_s"], med["dense_s"]))
             )  # fmt: skip
     return rows_out
 
@@ -248,14 +265,15 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: flo
         f"Wall time {wall:.0f} s.",
         "",
         "| rows/table | ids | sync_every | synced rows | sparse MB | dense MB | bytes x | step ms "
-        "| sparse ms | dense ms | time x |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| sparse ms | dense ms | time x | auto ms | auto dense | auto / best |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in _summaries(results):
         lines.append(
             f"| {r['rows']:.0e} | {r['dist']} | {r['every']} | {r['union']:.4f} | "
             f"{r['sparse_mb']:.2f} | {r['dense_mb']:.1f} | {r['bytes_x']:.1f} | {r['step_ms']:.1f} | "
-            f"{r['sparse_ms']:.1f} | {r['dense_ms']:.1f} | {r['time_x']:.1f} |"
+            f"{r['sparse_ms']:.1f} | {r['dense_ms']:.1f} | {r['time_x']:.1f} | "
+            f"{r['auto_ms']:.1f} | {r['auto_dense']:.2f} | {r['auto_x']:.2f} |"
         )
     lines += ["", "Crossover sweep (never-dense sparse sync vs dense, union = fraction):", ""]
     lines += ["| rows/table | fraction | sparse ms | dense ms | sparse/dense |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
@@ -270,8 +288,11 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: flo
         "",
         f"Measured crossover (sparse time = dense time): {crossovers}. The engine's default "
         f"`DEFAULT_CROSSOVER` = {DEFAULT_CROSSOVER} (a shard whose replica union exceeds it is "
-        f"synced densely) was used for the first table; it is set a little below the measured "
-        f"crossovers because the curve is flat and noisy near it.",
+        f"synced densely) was used for the *sparse* columns of the first table. *auto* = "
+        f'`engine="auto"` (`sparse2d/sync/auto.py`): per sync the cheaper of dense and '
+        f"touched rows by the cost model probed at start-up and refined from timed syncs; "
+        f"*auto dense* = fraction of its measured syncs that ran dense; *auto / best* = its "
+        f"median time over the better of the sparse and dense medians (goal <= 1.05).",
     ]
     return "\n".join(lines)
 

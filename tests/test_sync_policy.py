@@ -1,4 +1,4 @@
-"""SyncOptions validation and engine construction (no process group needed)."""
+"""SyncOptions validation, engine construction, and the exact hidden sync (``hide``)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from sparse2d.sync.policy import SyncOptions
         ({"compression": "fp8"}, "compression='fp8'"),
         ({"engine": "blocked"}, "engine='blocked'"),
         ({"overlap": "yes"}, "overlap='yes'"),
+        ({"hide": 1}, "hide=1"),
         ({"momentum_scaling": 1}, "momentum_scaling=1"),
         ({"delayed_optimizer_state": True, "include_optimizer_state": False}, "delayed_optim"),
         ({"momentum_scaling": True, "include_optimizer_state": False}, "momentum_scaling"),
@@ -75,3 +76,43 @@ def test_engine_kinds(world4) -> None:
     ]
     name, crossover = kinds[2]  # "auto": crossover derived from the measured copy costs
     assert name == "AutoEngine" and 0.05 <= crossover <= 1.0
+
+
+def check_hidden_sync_is_exact(engine: str, every: int, momentum: bool) -> list[bool]:
+    """``hide=True`` lands before the next lookup and equals the blocking sync bit for bit."""
+    from sparse2d.sync.policy import SyncPolicy
+    from tests.models import SPARSE_SYNC_TABLES, train
+    from tests.test_sync_sparse import _assert_replicas_equal, _assert_same, _model
+
+    models = [_model(SPARSE_SYNC_TABLES, "rowwise_adagrad") for _ in range(2)]
+    policies = [
+        SyncPolicy(
+            m.shard_states,
+            m.replica_pg,
+            m.num_replicas,
+            SyncOptions(every=every, engine=engine, hide=hide, momentum_scaling=momentum),
+        )
+        for m, hide in zip(models, (False, True), strict=True)
+    ]
+    in_flight: list[bool] = []
+
+    def hidden_step(step: int) -> None:
+        policies[1].step(step)
+        in_flight.append(policies[1].in_flight)
+
+    train(models[0], SPARSE_SYNC_TABLES, 6, after_step=policies[0].step)
+    train(models[1], SPARSE_SYNC_TABLES, 6, after_step=hidden_step)
+    assert policies[1].in_flight  # the last sync is still in flight ...
+    policies[1].land()  # ... and lands exactly
+    _assert_same(models[0], models[1])
+    _assert_replicas_equal(models[1])
+    for policy in policies:
+        policy.close()
+    return in_flight
+
+
+@pytest.mark.parametrize(("engine", "every", "momentum"), [("dense", 1, False), ("auto", 2, True)])
+def test_hidden_sync_bit_identical_to_blocking(world4, engine: str, every: int, momentum: bool):
+    for in_flight in world4.run(check_hidden_sync_is_exact, engine, every, momentum):
+        # in flight exactly after sync steps; the next step's lookup landed it
+        assert in_flight == [(s + 1) % every == 0 for s in range(6)], in_flight

@@ -22,7 +22,7 @@ from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.compression import Bf16DeltaCompressor
 from sparse2d.sync.divergence import DivergenceSampler
 from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine
-from sparse2d.sync.finite import FiniteGuard
+from sparse2d.sync.finite import FiniteGuard, Verdict
 from sparse2d.sync.overlap import Pending, Reduction, start_average
 from sparse2d.sync.scaling import AccumulatorScaler
 from sparse2d.sync.tensors import ShardState
@@ -48,6 +48,11 @@ class SyncOptions:
     overlap: bool = False
     """Start the weight (and state) all-reduce at a sync point, finish it at the next one;
     updates made meanwhile are kept by delta correction. Not bit-exact versus 1D."""
+    hide: bool = False
+    """Start each cadence sync's all-reduce in the background and land it just before the next
+    embedding lookup (a forward pre-hook on the fused kernels), hiding it behind the dense
+    optimizer step, the next batch's data and its input all-to-all. Exact: nothing updates the
+    embeddings in between, so the landed values equal the blocking sync's bit for bit."""
     compression: str = "none"
     """``"none"`` (fp32 average) or ``"bf16"`` (bf16 deltas since the last sync, fp32 master
     values and error feedback); bf16 needs the dense engine."""
@@ -78,8 +83,9 @@ class SyncOptions:
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"sync {name}={getattr(self, name)!r} must be True or False.")
-        if not isinstance(self.overlap, bool):
-            raise ConfigError(f"sync overlap={self.overlap!r} must be True or False.")
+        for name in ("overlap", "hide"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"sync {name}={getattr(self, name)!r} must be True or False.")
         if self.compression not in COMPRESSIONS:
             raise ConfigError(
                 f"sync compression={self.compression!r} is not one of {COMPRESSIONS}."
@@ -118,7 +124,7 @@ class SyncReport:
     divergence: float | None = None
     """Relative L2 distance to the replica mean just before this sync, when measured."""
     wait_seconds: float = 0.0
-    """Time spent waiting for transfers started at the previous sync (overlap/delay)."""
+    """Time spent waiting for transfers started at the previous sync (overlap/delay/hide)."""
 
 
 def make_engine(kind: str, shards: list[ShardState], replica_pg: dist.ProcessGroup) -> SyncEngine:
@@ -174,7 +180,12 @@ class SyncPolicy:
             FiniteGuard(shards, global_pg or dist.group.WORLD) if opts.check_finite else None
         )
         self._pending: list[Pending] = []
+        self._hidden: list[Pending] = []
+        self._verdict: Verdict | None = None  # the NaN/inf vote of the hidden sync, waited in ``land``
+        self._hidden_wait = 0.0
         self._syncs = 0
+        kernels = {id(s.kernel): s.kernel for s in shards if s.kernel is not None}
+        self._land_hooks = [k.register_forward_pre_hook(self._land_hook) for k in kernels.values()]
 
     # ---- public ----------------------------------------------------------------------
     def step(self, step: int) -> SyncReport | None:
@@ -187,6 +198,7 @@ class SyncPolicy:
             states=opts.include_optimizer_state,
             async_weights=opts.overlap,
             async_states=opts.overlap or opts.delayed_optimizer_state,
+            hide=opts.hide,
         )
 
     def sync_now(self, step: int = -1, include_optimizer_state: bool = True) -> SyncReport:
@@ -195,9 +207,50 @@ class SyncPolicy:
             step, states=include_optimizer_state, async_weights=False, async_states=False
         )
 
-    def finish(self) -> float:
-        """Land transfers still in flight (overlap/delay); return seconds spent waiting."""
+    @property
+    def in_flight(self) -> bool:
+        """A hidden sync has started and not landed yet (the next lookup will land it)."""
+        return bool(self._hidden)
+
+    def land(self) -> float:
+        """Land hidden syncs: wait for their all-reduce and write the average back (exact).
+
+        Runs before every fused-kernel forward; call it before reading the embeddings.
+        """
+        if not self._hidden:
+            return 0.0
         waited = 0.0
+        hidden, self._hidden = self._hidden, []
+        verdict, self._verdict = self._verdict, None
+        if verdict is not None:
+            try:
+                verdict.wait()
+            except SyncError:
+                self._abandon(hidden)
+                raise
+        for transfer in hidden:
+            waited += transfer.complete()
+            if transfer.kind == "states" and self.scaler is not None:
+                self.scaler.apply()
+        self._hidden_wait += waited
+        return waited
+
+    def _land_hook(self, module: torch.nn.Module, args: object) -> None:
+        self.land()
+
+    def close(self) -> None:
+        """Land what is in flight and remove this policy's hooks (and the engine's tracking)."""
+        self.finish()
+        for handle in self._land_hooks:
+            handle.remove()
+        self._land_hooks.clear()
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
+    def finish(self) -> float:
+        """Land transfers still in flight (hide/overlap/delay); return seconds spent waiting."""
+        waited = self.land()
         pending, self._pending = self._pending, []
         for transfer in pending:
             waited += transfer.complete()
@@ -221,12 +274,19 @@ class SyncPolicy:
 
     # ---- internals -------------------------------------------------------------------
     def _sync(
-        self, step: int, *, states: bool, async_weights: bool, async_states: bool
+        self,
+        step: int,
+        *,
+        states: bool,
+        async_weights: bool,
+        async_states: bool,
+        hide: bool = False,
     ) -> SyncReport:
         if self.num_replicas == 1:
             return SyncReport(step=step, bytes=0, seconds=0.0)
         start = time.perf_counter()
         waited = self.finish()
+        landed, self._hidden_wait = self._hidden_wait, 0.0  # the last hidden sync's wait
         self._syncs += 1
         divergence = None
         every = self.options.divergence_every
@@ -248,7 +308,10 @@ class SyncPolicy:
             self._begin(key, payload, states=s, async_op=async_op)
             for (key, _, s, async_op), payload in zip(parts, payloads, strict=True)
         ]
-        if verdict is not None:  # the averages landed in copies only; write back if all finite
+        hide = hide and not any(async_op for *_, async_op in parts)
+        if verdict is not None and hide:  # voted on in the background too; ``land`` waits
+            self._verdict = verdict
+        elif verdict is not None:  # the averages landed in copies only; write back if finite
             try:
                 verdict.wait()
             except SyncError:
@@ -261,6 +324,10 @@ class SyncPolicy:
                 self.engine.synced(weights=w, states=s)
                 self._pending.append(pending)
                 continue
+            if hide:  # lands as is before the next lookup (``land``): exact
+                self.engine.synced(weights=w, states=s)
+                self._hidden.append(pending)
+                continue
             pending.complete()
             self.engine.synced(weights=w, states=s)
             if s and self.scaler is not None:
@@ -268,9 +335,9 @@ class SyncPolicy:
         return SyncReport(
             step=step,
             bytes=moved,
-            seconds=time.perf_counter() - start,
+            seconds=time.perf_counter() - start + landed,
             divergence=divergence,
-            wait_seconds=waited,
+            wait_seconds=waited + landed,
         )
 
     def _begin(

@@ -122,12 +122,15 @@ class SyncConfig:
     """Scale the averaged AdaGrad accumulator growth by the number of replica groups (1D-like growth)."""
     overlap: bool = False
     """Overlap the sync all-reduce with the next interval, with delta correction (not bit-exact)."""
+    hide: bool = True
+    """Run each sync's all-reduce in the background and land it just before the next embedding
+    lookup (behind the dense optimizer step and the next batch); exact, same values as blocking."""
     compression: Literal["none", "bf16"] = "none"
     """``none`` (fp32 average) or ``bf16`` (bf16 deltas since the last sync, fp32 master values)."""
     engine: Literal["dense", "sparse", "auto"] = "auto"
     """Values a sync covers: ``dense`` (every row), ``sparse`` (only rows some replica looked up
-    since the last sync), ``auto`` (sparse, falling back to dense per shard when over half its
-    rows were touched: the measured crossover; dense with bf16)."""
+    since the last sync), ``auto`` (per sync the cheaper of the two by a cost model measured over
+    the replica group at start-up and refined from timed syncs; dense with bf16)."""
     divergence_every: int = 0
     """Measure replica divergence before every k-th sync (0 = off)."""
     divergence_rows: int = 32

@@ -1,0 +1,119 @@
+"""The main job, 2D vs 1D: samples/s of ``configs/tiny_cpu.yaml`` through the real trainer.
+
+Each run is the trainer as users launch it (``torch.distributed.run``, 4 gloo
+processes, same global batch and data), ``--steps`` steps, no periodic eval.
+Runs alternate between the settings, ``--rounds`` times, so machine load hits
+them alike; the table reports the best and every round. Goal: 2D (L=2, sync
+every step, default engine) >= 1D (L=4).
+
+Run: ``.venv/bin/python bench/main_job_bench.py`` (about 6 minutes on 2 cores).
+Writes the ``main-job`` section of ``bench/RESULTS.md`` and ``bench/main_job.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_util import write_section
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SETTINGS = {
+    "1D (L=4)": ["parallel.sharding_group_size=4"],
+    "2D (L=2, default engine)": [],
+    "2D (L=2, engine dense, blocking)": ["parallel.sync.engine=dense", "parallel.sync.hide=false"],
+}
+
+
+def run_trainer(overrides: list[str], steps: int, run_dir: str, nproc: int = 4) -> dict[str, Any]:
+    """One trainer run; returns its ``summary.json``."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={nproc}", "-m", "sparse2d.train",
+        "--config", str(ROOT / "configs" / "tiny_cpu.yaml"),
+        f"train.steps={steps}", "train.eval_every=0", "train.eval_batches=1",
+        "train.progress_bar=false", f"run_dir={run_dir}", *overrides,
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"trainer failed ({done.returncode}): {done.stderr[-3000:]}")
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def measure(settings: dict[str, list[str]], steps: int, rounds: int) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {name: [] for name in settings}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            names = list(settings) if r % 2 == 0 else list(reversed(settings))
+            for i, name in enumerate(names):
+                summary = run_trainer(settings[name], steps, os.path.join(tmp, f"{r}_{i}"))
+                out[name].append(
+                    {
+                        k: summary[k]
+                        for k in ("samples_per_s", "sync_s_per_step", "sync_bytes_per_step")
+                    }
+                )
+    return out
+
+
+def _markdown(results: dict[str, list[dict]], args: argparse.Namespace, wall: float) -> str:
+    lines = [
+        "## Main job: 2D vs 1D samples/s (bench/main_job_bench.py)",
+        "",
+        f"`configs/tiny_cpu.yaml` through the trainer (`torch.distributed.run`, 4 gloo CPU "
+        f"processes, global batch 512), {args.steps} steps per run, {args.rounds} rounds "
+        f"alternating the settings' order, on the 2-core machine shared with other helpers' "
+        f"jobs (absolute samples/s move with their load; compare within a round). Wall "
+        f"{wall:.0f} s.",
+        "",
+        "| setting | best samples/s | every round | sync ms/step (best run) | sync KB/step |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for name, runs in results.items():
+        best = max(runs, key=lambda x: x["samples_per_s"])
+        rounds = ", ".join(f"{x['samples_per_s']:.0f}" for x in runs)
+        lines.append(
+            f"| {name} | {best['samples_per_s']:.0f} | {rounds} | "
+            f"{1e3 * best['sync_s_per_step']:.2f} | {best['sync_bytes_per_step'] / 1e3:.1f} |"
+        )
+    names = list(results)
+    best = {n: max(x["samples_per_s"] for x in results[n]) for n in names}
+    lines += [
+        "",
+        f"2D (default) / 1D, best of {args.rounds}: **{best[names[1]] / best[names[0]]:.3f}** "
+        f"(goal >= 1.0).",
+        "",
+        f"Reproduce: `PYTHONPATH=. .venv/bin/python bench/main_job_bench.py --steps {args.steps} "
+        f"--rounds {args.rounds}`.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    results = measure(SETTINGS, args.steps, args.rounds)
+    wall = time.perf_counter() - start
+    (args.out / "main_job.json").write_text(json.dumps(results, indent=1))
+    markdown = _markdown(results, args, wall)
+    print(markdown)
+    if not args.no_results_md:
+        write_section(markdown, "main-job", args.out / "RESULTS.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""One-iteration smoke test of bench/overhead_bench.py (no timing asserted)."""
+
+from __future__ import annotations
+
+import argparse
+
+import tests.bench_path  # noqa: F401  (bench/ on sys.path)
+
+# isort: split
+from overhead_bench import _markdown, overhead_rank
+
+
+def test_overhead_one_block(world4) -> None:
+    results = world4.run(overhead_rank, 1, 1)
+    r = results[0]
+    assert r["ratio"] > 0 and len(r["per_block_ratio"]) == 1, r
+    assert "Ratio ours / torchrec" in _markdown(r, argparse.Namespace(blocks=1, steps=1), 1.0)
