@@ -80,6 +80,7 @@ CASES = {
     "overlap": {"engine": "auto", "overlap": True},
     "delayed_state": {"engine": "sparse", "delayed_optimizer_state": True},
     "every2_scaled": {"every": 2, "momentum_scaling": True},
+    "hidden": {"engine": "auto", "hide": True},  # the vote is waited when the sync lands
 }
 
 

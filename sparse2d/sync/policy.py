@@ -181,7 +181,9 @@ class SyncPolicy:
         )
         self._pending: list[Pending] = []
         self._hidden: list[Pending] = []
-        self._verdict: Verdict | None = None  # the NaN/inf vote of the hidden sync, waited in ``land``
+        self._verdict: Verdict | None = (
+            None  # the NaN/inf vote of the hidden sync, waited in ``land``
+        )
         self._hidden_wait = 0.0
         self._syncs = 0
         kernels = {id(s.kernel): s.kernel for s in shards if s.kernel is not None}
