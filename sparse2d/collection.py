@@ -55,6 +55,7 @@ from sparse2d.contexts import ShardingContext, describe_contexts, plan_context, 
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import build_mesh, validate_group_size, validate_layout
 from sparse2d.planner import default_sharders, remap_plan
+from sparse2d.planner.auto import AUTO, auto_group_size
 from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes
 from sparse2d.sync import AllReduceHook, ShardState, broadcast_, collect_shard_states
 from sparse2d.sync.multi import PolicySet
@@ -77,7 +78,8 @@ class DMPCollection(TorchRecDMPCollection):
         module: model holding TorchRec ``EmbeddingBagCollection``/``EmbeddingCollection``
             modules; may live on ``meta``. Give the embedding optimizer the TorchRec way
             (``apply_optimizer_in_backward``) or through sharder ``fused_params``.
-        sharding_group_size: ranks per sharding group ``L``; must divide the world size.
+        sharding_group_size: ranks per sharding group ``L``; must divide the world size;
+            ``"auto"`` asks the group-size advisor (``sparse2d plan`` shows its table).
         device: default ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``.
         plan: a TorchRec ``ShardingPlan`` made for ``L`` ranks (ranks ``0..L-1``).
         world_size: optional; must equal the process group's size.
@@ -101,7 +103,7 @@ class DMPCollection(TorchRecDMPCollection):
     def __init__(
         self,
         module: nn.Module,
-        sharding_group_size: int,
+        sharding_group_size: int | str,
         *,
         device: torch.device | str | None = None,
         plan: ShardingPlan | None = None,
@@ -152,6 +154,14 @@ class DMPCollection(TorchRecDMPCollection):
                 "sharding_group_size is required: the ranks per sharding group, a divisor of "
                 f"the world size {world_size}."
             )
+        if group_size == AUTO:  # the advisor decides on rank 0 and broadcasts (same L everywhere)
+            group_size = auto_group_size(
+                module, world_size, resolved,
+                call.global_pg if call.global_pg is not None else dist.group.WORLD,
+                call.planner_batch_size, call.sync_options,
+                resolve_layout(call.replica_layout, call.use_inter_host_allreduce),
+                call.constraints,
+            )  # fmt: skip
         validate_group_size(world_size, group_size)  # type: ignore[arg-type]
         layout = resolve_layout(call.replica_layout, call.use_inter_host_allreduce)
         validate_layout(layout)

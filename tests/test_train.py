@@ -50,7 +50,7 @@ def test_four_gloo_ranks_train_and_write_summary(tmp_path) -> None:
     assert len(final) == 1 and "eval_auc=" in final[0]
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     kinds = [(r["kind"], r.get("step")) for r in records]
-    assert kinds == [("start", None), ("train", 10), ("train", 20), ("eval", 20),
+    assert kinds == [("start", None), ("balance", None), ("train", 10), ("train", 20), ("eval", 20),
                      ("train", 30), ("eval", 30)]  # fmt: skip
 
 
@@ -150,3 +150,27 @@ def test_non_finite_sync_stops_the_trainer_in_one_line(tmp_path) -> None:
     assert "SyncError: sync at step" in lines[0] and "t_0 (weight)" in lines[0], lines[0]
     assert "sparse2d/sync/finite.py" not in run.stderr  # one line, no traceback of ours
     assert not os.path.exists(tmp_path / "summary.json")
+
+
+def test_auto_group_size_and_balance_at_start_up(tmp_path) -> None:
+    import torch
+
+    from sparse2d.planner.auto import topology_for_device
+    from sparse2d.planner.search import recommend_group_size
+    from sparse2d.train.config import load_config
+    from sparse2d.train.plan import workload_from_config
+
+    run = _torchrun(4, "parallel.sharding_group_size=auto", "train.steps=4", "train.eval_batches=1",
+                    "checkpoint.every=0", f"run_dir={tmp_path}")  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    cfg = load_config("configs/tiny_cpu.yaml")
+    expected = recommend_group_size(
+        workload_from_config(cfg), topology_for_device(torch.device("cpu"), 4)
+    )
+    assert _summary(tmp_path)["sharding_group_size"] == expected
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    balance = next(r for r in records if r["kind"] == "balance")
+    assert balance["lookup_max_over_mean"] >= 1.0 and balance["memory_max_over_mean"] >= 1.0
+    # tiny_cpu: 8 tables of 16 floats + 1 row-wise state; the fullest rank holds at least 1/L
+    total = sum(t.rows * (16 + 1) * 4 for t in workload_from_config(cfg).tables)
+    assert balance["memory_max_bytes"] >= total / expected

@@ -157,8 +157,9 @@ class SyncConfig:
 class ParallelConfig:
     """The 2D layout: sharding groups of ``L`` ranks, replicated ``world / L`` times."""
 
-    sharding_group_size: int | None = None
-    """Ranks per sharding group ``L``; must divide the world size. null: the whole world (1D)."""
+    sharding_group_size: int | Literal["auto"] | None = None
+    """Ranks per sharding group ``L``; must divide the world size. null: the whole world (1D);
+    ``auto``: the group-size advisor's pick at start-up (``sparse2d plan`` shows why)."""
     replica_layout: Literal["intra_host", "inter_host"] = "intra_host"
     """``intra_host``: replicas of a shard on adjacent ranks; ``inter_host``: contiguous groups."""
     node_group_size: int | None = None
@@ -169,7 +170,7 @@ class ParallelConfig:
     """Process-group timeout: a rank stuck this long in a collective fails instead of hanging."""
 
     def __post_init__(self) -> None:
-        if self.sharding_group_size is not None:
+        if self.sharding_group_size not in (None, "auto"):
             positive(self, "sharding_group_size")
         if self.node_group_size is not None:
             positive(self, "node_group_size")
@@ -292,7 +293,8 @@ class Config:
     def checkpoint_dir(self) -> str:
         return self.checkpoint.dir or os.path.join(self.run_dir, "checkpoints")
 
-    def group_size(self, world_size: int) -> int:
+    def group_size(self, world_size: int) -> int | str:
+        """``L`` for ``world_size`` ranks, or ``"auto"`` (resolved by the advisor at start-up)."""
         return self.parallel.sharding_group_size or world_size
 
     def to_dict(self) -> dict[str, Any]:
@@ -306,19 +308,8 @@ class Config:
         nodes = max(1, world_size // local)
         factors = f"world_size={world_size} ({nodes} node(s) x {local} process(es) per node)"
         size = self.parallel.sharding_group_size
-        if size is not None and (size > world_size or world_size % size):
-            raise ConfigError(
-                f"parallel.sharding_group_size={size} does not divide {factors}: "
-                f"{world_size} % {size} = {world_size % size}; choose one of "
-                f"{divisors(world_size)}."
-            )
-        group = self.group_size(world_size)
-        ngs = self.parallel.node_group_size
-        if ngs is not None and group % ngs:
-            raise ConfigError(
-                f"parallel.node_group_size={ngs} does not divide the sharding group size "
-                f"{group} (parallel.sharding_group_size={size}, {factors})."
-            )
+        if size != "auto":  # "auto" is resolved at start-up and always divides the world
+            self._check_group(size, world_size, factors)
         if check_paths and self.data.source == "criteo":
             for key in ("train_files", "eval_files"):
                 for i, path in enumerate(getattr(self.data.criteo, key)):
@@ -327,6 +318,21 @@ class Config:
                         raise ConfigError(
                             f"data.criteo.{key}[{i}]={path!r}: file not found: {missing[0]!r}."
                         )
+
+    def _check_group(self, size: int | None, world_size: int, factors: str) -> None:
+        if size is not None and (size > world_size or world_size % size):
+            raise ConfigError(
+                f"parallel.sharding_group_size={size} does not divide {factors}: "
+                f"{world_size} % {size} = {world_size % size}; choose one of "
+                f"{divisors(world_size)}."
+            )
+        group = size or world_size
+        ngs = self.parallel.node_group_size
+        if ngs is not None and group % ngs:
+            raise ConfigError(
+                f"parallel.node_group_size={ngs} does not divide the sharding group size "
+                f"{group} (parallel.sharding_group_size={size}, {factors})."
+            )
 
 
 def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

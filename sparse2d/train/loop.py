@@ -123,6 +123,20 @@ class Loop:
         )
         self.log({"kind": "checkpoint", "step": step + 1, "path": path})
 
+    def _log_balance(self) -> None:
+        """Per-rank balance of the built plan: max/mean lookup load and shard memory."""
+        from sparse2d.planner.balance import local_load, max_over_mean
+        from sparse2d.train.plan import workload_from_config
+
+        tables = workload_from_config(self.cfg).tables
+        mine = local_load(self.model.shard_states, tables, self.model.sharding_group_size,
+                          self.cfg.data.batch_size_per_rank)  # fmt: skip
+        loads: list[Any] = [None] * self.world
+        dist.all_gather_object(loads, mine)
+        lookup, memory = [x for x, _ in loads], [m for _, m in loads]
+        self.log({"kind": "balance", "lookup_max_over_mean": max_over_mean(lookup),
+                  "memory_max_over_mean": max_over_mean(memory), "memory_max_bytes": max(memory)})  # fmt: skip
+
     # ---- the loop --------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         cfg, model = self.cfg, self.model
@@ -138,6 +152,7 @@ class Loop:
             "sync_every": every,
         }
         self.log(header)
+        self._log_balance()
         bar = tqdm(
             total=steps, initial=self.start_step, disable=not self._show_bar(),
             dynamic_ncols=True, mininterval=2.0, desc="train",

@@ -74,6 +74,23 @@ def dense_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimize
     return torch.optim.Adagrad(params, lr=d.lr, eps=d.eps)
 
 
+def group_size(cfg: Config, device: torch.device, world: int) -> int:
+    """``L``; for ``auto`` the advisor's pick from the config's own workload (rank 0 decides)."""
+    size = cfg.group_size(world)
+    if size != "auto":
+        return int(size)
+    import torch.distributed as dist
+
+    from sparse2d.planner.auto import decide_on_rank0, topology_for_device
+    from sparse2d.planner.search import recommend_group_size
+    from sparse2d.train.plan import workload_from_config
+
+    topology = topology_for_device(device, world)
+    return decide_on_rank0(
+        lambda: recommend_group_size(workload_from_config(cfg), topology), dist.group.WORLD
+    )
+
+
 def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int) -> Any:
     from torchrec.distributed.planner.types import ParameterConstraints
 
@@ -86,7 +103,7 @@ def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int
     }
     return DMPCollection(
         module,
-        cfg.group_size(world),
+        group_size(cfg, device, world),
         device=device,
         constraints=constraints or None,
         replica_layout=cfg.parallel.replica_layout,

@@ -1,0 +1,141 @@
+"""``sharding_group_size="auto"``: ask the advisor for ``L`` from a live model and process group.
+
+The workload is read off the module (every ``EmbeddingBagCollection``/``EmbeddingCollection``
+table, the fused optimizer set by ``apply_optimizer_in_backward``, the dense parameters) and
+the topology from the device and ``LOCAL_WORLD_SIZE``. Rank 0 decides and broadcasts the
+answer (or the advisor's error) so every rank builds the same mesh, as ``plan_for_group`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sparse2d.planner.topology import ClusterTopology, load_topology
+from sparse2d.planner.workload import TableLoad, Workload
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+logger = logging.getLogger(__name__)
+
+AUTO = "auto"
+DEFAULT_BATCH_SIZE = 512
+"""Per-rank batch assumed when the caller gives no ``planner_batch_size`` (TorchRec's default)."""
+
+
+def _optimizer_kind(module: nn.Module) -> str:
+    import torch
+    from torchrec.optim import RowWiseAdagrad
+
+    kinds = {
+        torch.optim.SGD: "sgd",
+        torch.optim.Adagrad: "adagrad",
+        RowWiseAdagrad: "rowwise_adagrad",
+        torch.optim.Adam: "adam",
+    }
+    for parameter in module.parameters():
+        for cls in getattr(parameter, "_optimizer_classes", []):
+            if cls in kinds:
+                return kinds[cls]
+    return "rowwise_adagrad"  # unknown: assume one state value per row
+
+
+def workload_from_module(
+    module: nn.Module,
+    batch_size_per_rank: int | None = None,
+    sync_options: Any = None,
+    replica_layout: str = "intra_host",
+    constraints: dict[str, Any] | None = None,
+) -> Workload:
+    """The advisor's view of ``module`` (works on ``meta``); a constraint naming exactly one
+    sharding type forces it, as it forces TorchRec's planner."""
+    from torchrec import EmbeddingBagCollection, EmbeddingCollection
+
+    tables, embedding_params = [], set()
+    for sub in module.modules():
+        if isinstance(sub, EmbeddingBagCollection):
+            configs = sub.embedding_bag_configs()
+        elif isinstance(sub, EmbeddingCollection):
+            configs = sub.embedding_configs()
+        else:
+            continue
+        embedding_params.update(id(p) for p in sub.parameters())
+        for c in configs:
+            types = getattr((constraints or {}).get(c.name), "sharding_types", None) or []
+            forced = types[0] if len(types) == 1 else None
+            tables.append(
+                TableLoad(
+                    c.name, c.num_embeddings, c.embedding_dim, len(c.feature_names), 1.0, forced
+                )
+            )
+    dense = sum(p.numel() for p in module.parameters() if id(p) not in embedding_params)
+    engine = getattr(sync_options, "engine", "dense")
+    if getattr(sync_options, "compression", "none") != "none":
+        engine = "dense"
+    return Workload(
+        tables=tuple(tables),
+        batch_size_per_rank=batch_size_per_rank or DEFAULT_BATCH_SIZE,
+        optimizer=_optimizer_kind(module),  # type: ignore[arg-type]
+        sync_every=getattr(sync_options, "every", 1),
+        include_optimizer_state=getattr(sync_options, "include_optimizer_state", True),
+        engine=engine,
+        replica_layout=replica_layout,  # type: ignore[arg-type]
+        dense_params=dense,
+    )
+
+
+def topology_for_device(device: torch.device, world_size: int) -> ClusterTopology:
+    """``h100_8x`` sized to this GPU's memory on CUDA, the fitted ``cpu_gloo`` on CPU."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None
+    if device.type == "cuda":
+        import torch
+
+        memory = torch.cuda.get_device_properties(device).total_memory
+        per_host = local or max(1, torch.cuda.device_count())
+        overrides = [f"device_memory_bytes={memory}", f"ranks_per_host={per_host}"]
+        return load_topology("h100_8x", world_size, overrides)
+    return load_topology("cpu_gloo", world_size, [f"ranks_per_host={local or world_size}"])
+
+
+def auto_group_size(
+    module: nn.Module,
+    world_size: int,
+    device: torch.device,
+    pg: dist.ProcessGroup,
+    batch_size_per_rank: int | None = None,
+    sync_options: Any = None,
+    replica_layout: str = "intra_host",
+    constraints: dict[str, Any] | None = None,
+) -> int:
+    """The advisor's ``L`` for this job, decided on rank 0 of ``pg`` and broadcast to all."""
+    from sparse2d.planner.search import recommend_group_size
+
+    def decide() -> int:
+        workload = workload_from_module(
+            module, batch_size_per_rank, sync_options, replica_layout, constraints
+        )
+        return recommend_group_size(workload, topology_for_device(device, world_size))
+
+    return decide_on_rank0(decide, pg)
+
+
+def decide_on_rank0(decide: Callable[[], int], pg: dist.ProcessGroup) -> int:
+    """Run ``decide`` on rank 0 of ``pg``; every rank returns its answer or raises its error."""
+    import torch.distributed as dist
+
+    result: list[Any] = [None]
+    if dist.get_rank(pg) == 0:
+        try:
+            result[0] = decide()
+            logger.info("[sparse2d] auto sharding_group_size=%d", result[0])
+        except Exception as error:  # forwarded to every rank below
+            result[0] = error
+    dist.broadcast_object_list(result, src=dist.get_global_rank(pg, 0), group=pg)
+    if isinstance(result[0], Exception):
+        raise result[0]
+    return int(result[0])
