@@ -3,14 +3,23 @@
 # config overrides, e.g.  launch/local.sh train.steps=100 parallel.sharding_group_size=4
 #   NPROC   processes (default 4)          CONFIG  YAML file (default configs/tiny_cpu.yaml)
 #   PYTHON  interpreter (default python3)  OMP_NUM_THREADS  threads per process (default 1)
+#   MAX_RESTARTS  restarts of the whole worker group after a worker fails (default 3); the
+#           restarted job resumes from the latest complete checkpoint (train.resume=auto)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NPROC="${NPROC:-4}"
 CONFIG="${CONFIG:-configs/tiny_cpu.yaml}"
 PYTHON="${PYTHON:-python3}"
+MAX_RESTARTS="${MAX_RESTARTS:-3}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# A fresh rendezvous store per restart. By default torchrun's agent keeps ONE TCPStore for
+# all restart rounds and its workers use it without a per-round prefix, so restarted workers
+# read the dead workers' gloo/NCCL addresses left in it ("Connection refused" in gloo's
+# connectFullMesh). With this set, rank 0 hosts a new store on a new port every round.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 # Validate the config (and the world size) once, before starting any process: a bad key
 # or value is one line here instead of an error from every rank.
 "$PYTHON" -m sparse2d.train.config --check "$CONFIG" --world-size "$NPROC" --local-world-size "$NPROC" "$@"
 exec "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
+  --max-restarts "$MAX_RESTARTS" \
   -m sparse2d.train --config "$CONFIG" "$@"

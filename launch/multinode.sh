@@ -4,6 +4,8 @@
 #   NPROC        processes (GPUs) per host        MASTER_ADDR, MASTER_PORT  rendezvous endpoint
 #   CONFIG       YAML file                        PYTHON     interpreter (default python3)
 #   RDZV_ID      job id shared by all hosts (default sparse2d)
+#   MAX_RESTARTS restarts of the worker group after a failure (default 3; resumes from the
+#                latest complete checkpoint with train.resume=auto)
 # Extra arguments are dotted config overrides. Example (host 3 of 16):
 #   NNODES=16 NODE_RANK=3 NPROC=8 MASTER_ADDR=node0 MASTER_PORT=29500 \
 #     CONFIG=configs/dlrm_criteo_1host_8gpu.yaml launch/multinode.sh parallel.sharding_group_size=32
@@ -14,10 +16,15 @@ NPROC="${NPROC:-8}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 CONFIG="${CONFIG:?set CONFIG}"
 PYTHON="${PYTHON:-python3}"
+MAX_RESTARTS="${MAX_RESTARTS:-3}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# A fresh rendezvous store per restart round (see launch/local.sh): without it, restarted
+# workers read the dead workers' addresses from the agent's reused store and cannot connect.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 # World-size checks only (data paths may exist only on the compute hosts' file systems).
 "$PYTHON" -m sparse2d.train.config --check "$CONFIG" --world-size $((NNODES * NPROC)) \
   --local-world-size "$NPROC" --no-paths "$@"
 exec "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --node-rank "$NODE_RANK" \
-  --nproc-per-node "$NPROC" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
+  --nproc-per-node "$NPROC" --max-restarts "$MAX_RESTARTS" \
+  --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
   --rdzv-id "${RDZV_ID:-sparse2d}" -m sparse2d.train --config "$CONFIG" "$@"

@@ -38,6 +38,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 
+from sparse2d.checkpoint.integrity import MARKER_KEY, agree_on_failure, digest_files, verify_files
 from sparse2d.checkpoint.layout import (
     build_embedding_state,
     build_load_state,
@@ -295,7 +296,22 @@ def save(
     iters: list[int] = [0] * dist.get_world_size()
     dist.all_gather_object(iters, _fused_iter(model))
     start = time.perf_counter()
-    dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True))
+    try:
+        dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True))
+        failure = ""
+    except Exception as error:  # disk full, quota, permissions: every rank must hear of it
+        failure = f"{type(error).__name__}: {error}".replace("\n", " ")[:300]
+    failed = agree_on_failure(failure)
+    if failed:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"saving checkpoint step {step} under {root!r} failed on rank(s) "
+            f"{[r for r, _ in failed]} ({failed[0][1]}); the previous checkpoint "
+            f"{latest(root)!r} is untouched and loadable. Free disk space (or raise the "
+            "file-size/quota limit) and save again."
+        )
+    files = digest_files(tmp)
     outcome: list[Any] = [None]
     if rank == 0:
         try:
@@ -308,6 +324,7 @@ def save(
                 "fused_iter": max(iters),
                 "tables": {t: [s.rows, s.cols] for t, s in specs.items()},
                 "save_seconds": time.perf_counter() - start,
+                MARKER_KEY: files,
             }
             _write_atomic(os.path.join(tmp, MARKER), json.dumps(marker, indent=1))
             final = os.path.join(root, name)
@@ -359,15 +376,20 @@ def load(
     """Load a checkpoint into ``model`` (any world/group size and plan) and return ``extra``.
 
     ``path`` is a checkpoint directory or a root (its latest complete checkpoint is used).
-    Every check (completeness, truncated files, missing tables, shapes, optimizer
-    states) runs on every rank before anything is modified; reads go to scratch
+    Every check (completeness, truncated files, per-file sha256 checksums, missing
+    tables, shapes, optimizer states) runs on every rank before anything is modified; reads go to scratch
     buffers and are copied into the live shards only after every rank read everything.
     RNG states are restored when the world size is unchanged (they are per rank).
     """
     ckpt = _resolve(os.fspath(path))
     marker = _read_marker(ckpt)
-    metadata = _read_metadata(ckpt)
-    check_files(ckpt, metadata, CheckpointError)
+    try:  # truncation first: its message names the tables that lost data
+        metadata = _read_metadata(ckpt)
+        check_files(ckpt, metadata, CheckpointError)
+    except CheckpointError:
+        verify_files(ckpt, marker, CheckpointError)  # names the damaged file when it can
+        raise
+    verify_files(ckpt, marker, CheckpointError)  # flipped bytes DCP would load silently
     specs = table_specs(model)  # collective, reached unconditionally by every rank
     dense = dense_entries(model)
     check_tables(ckpt, metadata, specs, dense, CheckpointError)

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from sparse2d.train.config import Config, dump_yaml
 from sparse2d.train.data import DataSource
+from sparse2d.train.failure import gather_peers
 from sparse2d.train.metrics import TrainWindow, eval_metrics
 
 
@@ -26,6 +27,9 @@ class Loop:
         self.cfg, self.device = cfg, device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.is_main = self.rank == 0
+        self.step: int | None = None
+        """The step being run (named when a peer is lost)."""
+        self.peers = gather_peers()
         if self.is_main:
             os.makedirs(cfg.run_dir, exist_ok=True)
             with open(os.path.join(cfg.run_dir, "config.yaml"), "w") as f:
@@ -163,6 +167,7 @@ class Loop:
         win_s, win_steps, win_sync_s, win_bytes = 0.0, 0, 0.0, 0.0
         divergence: float | None = None
         for step in range(self.start_step, steps):
+            self.step = step
             last = step == steps - 1
             start = time.perf_counter()
             batch, _ = self.data.train(step)

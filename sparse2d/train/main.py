@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from sparse2d.errors import ConfigError, SyncError
 from sparse2d.train.config import load_config
+from sparse2d.train.failure import describe, is_peer_failure
 from sparse2d.train.model import resolve_device
 
 SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
@@ -65,8 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable()  # a native abort (SIGABRT/SIGSEGV) prints every thread's stack
     _single_process_env()
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    if rank == 0 and _env_int("TORCHELASTIC_MAX_RESTARTS", 0) > 0:
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # see launch/local.sh
+            print(
+                "sparse2d.train: warning: torchrun restarts are on but its agent store is shared "
+                "across restart rounds; restarted workers will fail to connect (gloo "
+                "connectFullMesh). Export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 or use launch/*.sh.",
+                file=sys.stderr,
+                flush=True,
+            )
     world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
     code = 1
+    loop = None
     try:
         # Deterministic checks on every rank, before any collective: all ranks agree.
         cfg = load_config(args.config, args.overrides)
@@ -84,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         from sparse2d.train.loop import Loop
 
-        Loop(cfg, device).run()
+        loop = Loop(cfg, device)
+        loop.run()
         code = 0
     except ConfigError as error:
         if local_rank == 0:  # the same on every rank: once per host
@@ -93,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             _report(rank, error, with_traceback=False)
     except Exception as error:
-        _report(rank, error, with_traceback=True)
+        if dist.is_initialized() and is_peer_failure(error):  # one line per survivor
+            line = describe(error, getattr(loop, "step", None), getattr(loop, "peers", None))
+            print(f"sparse2d.train: rank {rank}: {line}", file=sys.stderr, flush=True)
+        else:
+            _report(rank, error, with_traceback=True)
     finally:
         if dist.is_initialized():
             if code == 0:

@@ -1,0 +1,94 @@
+"""A lost rank becomes one line on every survivor, never a hang or a wall of tracebacks.
+
+When a worker dies (SIGKILL, OOM, a host going away), its peers learn it in their next
+collective: gloo/NCCL report a closed connection at once, or the process-group timeout
+(``parallel.timeout_s``) fires for ranks that only wait. ``describe`` turns that error
+into one line naming the step and, where it can be known, the lost rank: every rank
+records each peer's (host, pid) at start, so a survivor on the same host can tell which
+peer process is gone, telling a peer killed by a signal from one that already stopped
+by itself after the loss. Peers on other hosts cannot be probed; the line says so.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import torch.distributed as dist
+
+_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "connection refused",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "gloo",
+    "nccl",
+)
+
+
+def gather_peers() -> list[tuple[str, int]]:
+    """Every rank's (hostname, pid), indexed by rank (collective over the world)."""
+    peers: list[tuple[str, int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(peers, (socket.gethostname(), os.getpid()))
+    return [p for p in peers if p is not None]
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """True for errors that mean a peer (or the network to it) is gone."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(m in text for m in _MARKERS)
+
+
+def _fate(pid: int) -> str:
+    """``alive``, ``killed`` (ended by a signal), ``exited`` (ended by itself, e.g. a survivor
+    that already stopped) or ``gone`` (reaped: how it ended is unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return "gone"
+    if fields[0] not in ("Z", "X"):
+        return "alive"
+    status = int(fields[49]) if len(fields) > 49 else 0  # exit_code of a zombie (Linux >= 3.5)
+    return "killed" if status & 0x7F else "exited"
+
+
+def lost_ranks(peers: list[tuple[str, int]], settle_s: float = 3.0) -> list[int] | None:
+    """Peers on this host that died by a signal or vanished (not those that stopped by
+    themselves after the loss); ``None`` when none is found here (unknown from here).
+
+    A connection reset can arrive while the killed process is still being torn down, so
+    this looks again for up to ``settle_s`` seconds before giving up.
+    """
+    host = socket.gethostname()
+    local = [(rank, pid) for rank, (h, pid) in enumerate(peers) if h == host]
+    deadline = time.monotonic() + settle_s
+    while True:
+        lost = [
+            rank for rank, pid in local if pid != os.getpid() and _fate(pid) in ("killed", "gone")
+        ]
+        if lost or time.monotonic() >= deadline:
+            return lost or None
+        time.sleep(0.1)
+
+
+def describe(error: BaseException, step: int | None, peers: list[tuple[str, int]] | None) -> str:
+    """One line: where training stopped, which rank was lost (if known) and what to do."""
+    lost = lost_ranks(peers) if peers else None
+    who = (
+        f"lost rank(s) {lost}"
+        if lost
+        else "lost rank unknown (a peer on another host, or the network)"
+    )
+    where = f"at step {step}" if step is not None else "before training started"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"lost contact with the job {where}: {who}; stopping ({type(error).__name__}: "
+        f"{first[:200]}). Restart with launch/*.sh (MAX_RESTARTS) to resume from the latest "
+        "checkpoint (train.resume=auto)."
+    )
