@@ -85,6 +85,7 @@ def test_sigkill_of_a_worker_restarts_and_resumes_exactly(tmp_path) -> None:
     assert abs(_eval_loss(tmp_path / "killed") - _eval_loss(tmp_path / "clean")) <= 1e-6
 
 
+@pytest.mark.slow
 def test_lost_rank_never_hangs_the_others(tmp_path) -> None:
     """Acceptance: without restarts (no torchrun agent to stop them: as on other hosts), the
     survivors of a SIGKILLed rank stop by themselves within parallel.timeout_s + 30 s, each

@@ -5,14 +5,17 @@ collective: gloo/NCCL report a closed connection at once, or the process-group t
 (``parallel.timeout_s``) fires for ranks that only wait. ``describe`` turns that error
 into one line naming the step and, where it can be known, the lost rank: every rank
 records each peer's (host, pid) at start, so a survivor on the same host can tell which
-peer process is gone, telling a peer killed by a signal from one that already stopped
-by itself after the loss. Peers on other hosts cannot be probed; the line says so.
+peer process is gone. Survivors stop too, so each first leaves a mark (a file named by
+its pid, ``stopped_mark``) before it looks: a peer that ended without a mark is the lost
+one. Peers on other hosts cannot be probed; the line says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import tempfile
 import time
 
 import torch.distributed as dist
@@ -45,8 +48,8 @@ def is_peer_failure(error: BaseException) -> bool:
 
 
 def _fate(pid: int) -> str:
-    """``alive``, ``killed`` (ended by a signal), ``exited`` (ended by itself, e.g. a survivor
-    that already stopped) or ``gone`` (reaped: how it ended is unknown)."""
+    """``alive``, ``killed`` (ended by a signal), ``exited`` (ended by itself) or ``gone``
+    (already reaped: how it ended is unknown)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -58,9 +61,22 @@ def _fate(pid: int) -> str:
     return "killed" if status & 0x7F else "exited"
 
 
+def stopped_mark(pid: int) -> str:
+    """The file a survivor with ``pid`` creates before it stops (so peers do not blame it)."""
+    return os.path.join(tempfile.gettempdir(), "sparse2d-stopped", f"{socket.gethostname()}-{pid}")
+
+
+def mark_stopped() -> None:
+    """Tell the peers on this host "I stop because a peer was lost" (best effort)."""
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(stopped_mark(os.getpid())), exist_ok=True)
+        with open(stopped_mark(os.getpid()), "w"):
+            pass
+
+
 def lost_ranks(peers: list[tuple[str, int]], settle_s: float = 3.0) -> list[int] | None:
-    """Peers on this host that died by a signal or vanished (not those that stopped by
-    themselves after the loss); ``None`` when none is found here (unknown from here).
+    """Peers on this host that ended without a stop mark (killed, crashed); ``None`` when
+    none is found here (the lost rank is unknown from here).
 
     A connection reset can arrive while the killed process is still being torn down, so
     this looks again for up to ``settle_s`` seconds before giving up.
@@ -70,7 +86,11 @@ def lost_ranks(peers: list[tuple[str, int]], settle_s: float = 3.0) -> list[int]
     deadline = time.monotonic() + settle_s
     while True:
         lost = [
-            rank for rank, pid in local if pid != os.getpid() and _fate(pid) in ("killed", "gone")
+            rank
+            for rank, pid in local
+            if pid != os.getpid()
+            and _fate(pid) != "alive"
+            and not os.path.exists(stopped_mark(pid))
         ]
         if lost or time.monotonic() >= deadline:
             return lost or None
@@ -79,6 +99,7 @@ def lost_ranks(peers: list[tuple[str, int]], settle_s: float = 3.0) -> list[int]
 
 def describe(error: BaseException, step: int | None, peers: list[tuple[str, int]] | None) -> str:
     """One line: where training stopped, which rank was lost (if known) and what to do."""
+    mark_stopped()
     lost = lost_ranks(peers) if peers else None
     who = (
         f"lost rank(s) {lost}"
