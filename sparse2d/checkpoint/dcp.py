@@ -386,8 +386,11 @@ def load(
     try:  # truncation first: its message names the tables that lost data
         metadata = _read_metadata(ckpt)
         check_files(ckpt, metadata, CheckpointError)
-    except CheckpointError:
-        verify_files(ckpt, marker, CheckpointError)  # names the damaged file when it can
+    except CheckpointError as damaged:
+        try:  # add which file failed its checksum, when one did
+            verify_files(ckpt, marker, CheckpointError)
+        except CheckpointError as corrupt:
+            raise CheckpointError(f"{damaged} [{corrupt}]") from None
         raise
     verify_files(ckpt, marker, CheckpointError)  # flipped bytes DCP would load silently
     specs = table_specs(model)  # collective, reached unconditionally by every rank
