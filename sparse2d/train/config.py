@@ -233,6 +233,12 @@ class TrainConfig:
     """``auto``: continue from the latest checkpoint in ``checkpoint.dir`` when there is one."""
     progress_bar: bool = True
     """Show a tqdm progress bar (rank 0 only, and only when stderr is a terminal: logs get lines)."""
+    pipeline: Literal["sparse_dist", "semi_sync", "none"] = "none"
+    """TorchRec train pipeline driving the steps: ``sparse_dist`` (``TrainPipelineSparseDist``:
+    the next batches' input all-to-all overlaps this step), ``semi_sync``
+    (``TrainPipelineSemiSync``: the next batch's embedding lookup too, on weights one step
+    older), ``none`` (plain forward, backward, step; measured fastest on CPU, bench/RESULTS.md).
+    Replicas sync on the ``parallel.sync`` cadence either way."""
 
     def __post_init__(self) -> None:
         positive(self, "steps", "eval_batches", "log_every")

@@ -16,6 +16,7 @@ from sparse2d.train.config import Config, dump_yaml
 from sparse2d.train.data import DataSource
 from sparse2d.train.failure import gather_peers
 from sparse2d.train.metrics import TrainWindow, eval_metrics
+from sparse2d.train.pipeline import make_steps
 
 
 class Loop:
@@ -50,6 +51,15 @@ class Loop:
         self.train_s = 0.0
         self.planted: dict[str, float] = {}
         self._maybe_resume()
+        self.steps = make_steps(
+            cfg.train.pipeline,
+            self.model,
+            self.optimizer,
+            self.data,
+            device,
+            self.start_step,
+            cfg.train.steps,
+        )
 
     # ---- helpers ---------------------------------------------------------------------
     def _show_bar(self) -> bool:
@@ -76,16 +86,17 @@ class Loop:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         self.model.sync_policy.finish()
-        self.model.eval()
         logits, labels, truth = [], [], []
-        for i in range(self.cfg.train.eval_batches):
-            batch, true_logits = self.data.eval(i)
-            _, (_, out, label) = self.model(batch.to(self.device))
-            logits.append(out.float().cpu())
-            labels.append(label.float().cpu())
-            if true_logits is not None:
-                truth.append(true_logits)
-        self.model.train()
+        with self.steps.paused():
+            self.model.eval()
+            for i in range(self.cfg.train.eval_batches):
+                batch, true_logits = self.data.eval(i)
+                _, (_, out, label) = self.model(batch.to(self.device))
+                logits.append(out.float().cpu())
+                labels.append(label.float().cpu())
+                if true_logits is not None:
+                    truth.append(true_logits)
+            self.model.train()
         metrics = eval_metrics(
             torch.cat(logits), torch.cat(labels), torch.cat(truth) if truth else None
         )
@@ -154,6 +165,7 @@ class Loop:
             "global_batch_size": self.data.global_batch,
             "device": str(self.device),
             "sync_every": every,
+            "pipeline": t.pipeline,
         }
         self.log(header)
         self._log_balance()
@@ -170,11 +182,7 @@ class Loop:
             self.step = step
             last = step == steps - 1
             start = time.perf_counter()
-            batch, _ = self.data.train(step)
-            loss, (_, logits, labels) = model(batch.to(self.device))
-            loss.backward()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            logits, labels = self.steps.run(step, self.device)
             report = model.maybe_sync(step)
             if last and (step + 1) % every:  # end on averaged replicas
                 model.sync_policy.finish()
@@ -221,6 +229,7 @@ class Loop:
             "num_replicas": model.num_replicas,
             "replica_layout": cfg.parallel.replica_layout,
             "sync_every": every,
+            "pipeline": t.pipeline,
             "data_source": cfg.data.source,
             "device": str(self.device),
             "train_loss": last_train.get("train_loss"),
