@@ -1,9 +1,12 @@
 """Narrow workarounds for TorchRec behaviour that breaks 2D sharding or CPU pipelines.
 
 Each fix names the TorchRec file it works around, is applied idempotently by
-``DMPCollection`` (or by calling ``apply_torchrec_fixes``) and delegates to TorchRec
-for every case it does not fix. Each was re-checked against TorchRec 1.8.0 and 1.9.2;
-``tests/test_planner.py`` / ``tests/test_torchrec_compat.py`` keep a regression test.
+``DMPCollection`` (or by calling ``apply_torchrec_fixes``), delegates to TorchRec for
+every case it does not fix, and is installed only while the installed TorchRec still
+shows the problem (feature detection, no version numbers), so an upstream fix wins.
+Re-checked against TorchRec 1.8.0 and 1.9.2: all are still needed on both. Regression
+tests: ``tests/test_collection.py`` (TWCW with empty ranks), ``tests/test_torchrec_compat.py``
+(``TrainPipelineSemiSync`` on CPU).
 """
 
 from __future__ import annotations
@@ -88,26 +91,62 @@ def _record_stream_skipping_cpu(original: Callable[..., Any]) -> Callable[..., A
     return record_stream
 
 
+def twcw_shape_missing(original: Callable[..., Any]) -> bool:
+    """Whether ``original`` still returns no global shape for a table-column-wise table."""
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
+
+    blocks = [ShardMetadata([0, c], [4, 2], f"rank:{r}/cpu") for r, c in ((0, 0), (1, 2))]
+    sharding = ParameterSharding(
+        sharding_type=ShardingType.TABLE_COLUMN_WISE.value,
+        compute_kernel="fused",
+        ranks=[0, 1],
+        sharding_spec=EnumerableShardingSpec(blocks),
+    )
+    try:
+        shape, _ = original(sharding, None)
+    except Exception:  # any failure on TWCW is the bug being worked around
+        return True
+    return shape is None
+
+
+def cpu_streams_rejected() -> bool:
+    """Whether tensors still refuse ``record_stream`` with a CPU stream (TorchRec's
+    pipelines call it with ``torch.cpu.current_stream()`` on CPU)."""
+    try:
+        torch.empty(1).record_stream(torch.cpu.current_stream())  # type: ignore[arg-type]
+    except (RuntimeError, TypeError):
+        return True
+    return False
+
+
+def forward_device_defaults_to_cuda(runtime_forwards: Any) -> bool:
+    """Whether a pipelined forward without a stream still assumes CUDA on a CPU-only host."""
+    if torch.cuda.is_available():
+        return False
+    probe = runtime_forwards.BaseForward("probe", None, None, None, None)
+    return probe._device.type == "cuda"
+
+
 def apply_torchrec_fixes() -> None:
-    """Install the workarounds (safe to call many times)."""
+    """Install the workarounds still needed (safe to call many times)."""
     for module in (trec_embeddingbag, trec_embedding):
         current = module.create_global_tensor_shape_stride_from_metadata
-        if not hasattr(current, _ORIGINAL):
+        if not hasattr(current, _ORIGINAL) and twcw_shape_missing(current):
             module.create_global_tensor_shape_stride_from_metadata = (
                 _global_shape_with_table_column_wise(current)
             )
     from torchrec.distributed.train_pipeline import runtime_forwards, train_pipelines
     from torchrec.sparse.jagged_tensor import KeyedTensor
 
+    init = runtime_forwards.BaseForward.__init__
+    if not hasattr(init, _ORIGINAL) and forward_device_defaults_to_cuda(runtime_forwards):
+        runtime_forwards.BaseForward.__init__ = _forward_device_on_cpu(init)  # type: ignore[method-assign]
+    if not cpu_streams_rejected():
+        return
     for name, position in (("_wait_for_events", 2), ("_start_embedding_lookup", 3)):
         current = getattr(train_pipelines, name)
         if not hasattr(current, _ORIGINAL):
             setattr(train_pipelines, name, _without_cpu_stream(current, position))
-    patches = (
-        (runtime_forwards.BaseForward, "__init__", _forward_device_on_cpu),
-        (KeyedTensor, "record_stream", _record_stream_skipping_cpu),
-    )
-    for owner, name, fix in patches:
-        current = getattr(owner, name)
-        if not hasattr(current, _ORIGINAL):
-            setattr(owner, name, fix(current))
+    if not hasattr(KeyedTensor.record_stream, _ORIGINAL):
+        KeyedTensor.record_stream = _record_stream_skipping_cpu(KeyedTensor.record_stream)  # type: ignore[method-assign]
