@@ -64,8 +64,17 @@ test: lint
 train: $(STAMP)
 	NPROC=$(NPROC) CONFIG=$(CONFIG) PYTHON=$(PY) launch/local.sh
 
+# Performance benchmarks (about 25 min on 2 cores); each rewrites its section of
+# bench/RESULTS.md. The quality and checkpoint benches are longer: run them by hand.
+BENCH_ENV := PYTHONPATH=$(CURDIR) OMP_NUM_THREADS=1
 bench: $(STAMP)
-	$(PY) bench/sync_bench.py
+	$(BENCH_ENV) $(PY) bench/sync_bench.py
+	$(BENCH_ENV) $(PY) bench/sync_vs_raw_bench.py
+	$(BENCH_ENV) $(PY) bench/sparse_sync_bench.py
+	$(BENCH_ENV) $(PY) bench/overhead_bench.py
+	$(BENCH_ENV) $(PY) bench/memory_bench.py
+	$(BENCH_ENV) $(PY) bench/step_breakdown.py
+	$(BENCH_ENV) $(PY) bench/main_job_bench.py
 
 clean:
 	rm -rf .venv .venv-1.9 runs

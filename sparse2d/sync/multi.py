@@ -70,3 +70,14 @@ class PolicySet:
     def reset(self) -> None:
         for policy in self.policies:
             policy.reset()
+
+    @property
+    def in_flight(self) -> bool:
+        return any(p.in_flight for p in self.policies)
+
+    def land(self) -> float:
+        return sum(p.land() for p in self.policies)
+
+    def close(self) -> None:
+        for policy in self.policies:
+            policy.close()

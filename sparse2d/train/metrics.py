@@ -73,28 +73,41 @@ def auc_from_histograms(pos: torch.Tensor, neg: torch.Tensor) -> float:
 
 
 class TrainWindow:
-    """Accumulates train predictions between logs; ``reduce()`` is a collective."""
+    """Accumulates train predictions between logs; ``reduce()`` is a collective.
+
+    ``update`` runs every step, so it stays on the predictions' device with static shapes
+    and never reads a value back to the host (no per-step device synchronization); the
+    host sees the sums once per window, in ``reduce``.
+    """
 
     def __init__(self) -> None:
-        self.reset()
+        self.sums: torch.Tensor | None = None  # ce, count, positives
+        self.hist: torch.Tensor | None = None  # [positives' bins, negatives' bins]
 
     def reset(self) -> None:
-        self.sums = torch.zeros(3, dtype=torch.float64)  # ce, count, positives
-        self.hist = torch.zeros(2, BINS, dtype=torch.float64)
+        self.sums = self.hist = None
 
     @torch.no_grad()
     def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        logits, labels = logits.detach().float().cpu(), labels.detach().float().cpu()
+        logits, labels = logits.detach().float(), labels.detach().float()
         ce = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
-        self.sums += torch.tensor(
-            [float(ce), len(labels), float(labels.sum())], dtype=torch.float64
+        sums = torch.stack(
+            [ce, torch.tensor(float(labels.numel()), device=ce.device), labels.sum()]
         )
         bins = (torch.sigmoid(logits) * BINS).long().clamp_(0, BINS - 1)
-        self.hist[0] += torch.bincount(bins[labels > 0.5], minlength=BINS)
-        self.hist[1] += torch.bincount(bins[labels <= 0.5], minlength=BINS)
+        bins += (labels <= 0.5).long() * BINS  # negatives in the second half: one bincount
+        hist = torch.bincount(bins, minlength=2 * BINS)
+        if self.sums is None or self.hist is None:
+            self.sums, self.hist = sums.double(), hist.double()
+        else:
+            self.sums += sums
+            self.hist += hist
 
     def reduce(self) -> dict[str, float]:
-        flat = torch.cat([self.sums, self.hist.reshape(-1)])
+        if self.sums is None or self.hist is None:
+            flat = torch.zeros(3 + 2 * BINS, dtype=torch.float64)
+        else:
+            flat = torch.cat([self.sums, self.hist]).cpu()
         if dist.is_initialized():
             dist.all_reduce(flat)
         ce, count, positives = flat[:3].tolist()
