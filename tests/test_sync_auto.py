@@ -102,11 +102,11 @@ def check_probe_and_decisions_agree() -> None:
     )
     engine = policy.engine
     assert isinstance(engine, AutoEngine)
-    modes: list[tuple[str, float]] = []
+    modes: list[tuple[str, float, float]] = []
 
     def after(step: int) -> None:
         policy.step(step)
-        modes.append((engine.mode, engine.latency_s))
+        modes.append((engine.mode, engine.latency_s, engine.scale))
 
     train(model, TABLES, 6, after_step=after)
     gathered = _modes(pg, modes)  # type: ignore[arg-type]

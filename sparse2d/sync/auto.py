@@ -20,9 +20,10 @@ branch (no mismatched collectives):
   sync (int microseconds along with the sparse counts; seconds and squared
   seconds in the dense tail, whose averages give the fastest replica's time).
   The fastest replica arrived last and did not wait for the others, so its time
-  is the sync's own cost; what the model does not explain of it is charged to
-  the collectives (``latency_s``, an EMA), which on a busy host cost far more
-  than the idle-loop probe says.
+  is the sync's own cost. The touched-rows mode also sends the time of its
+  metadata all-gather alone, which refines the per-collective latency (on a
+  busy host far above the idle-loop probe); the rest of the difference refines
+  one scale on the byte, copy and scan terms (both EMAs).
 
 A switch needs the other mode to be predicted ``HYSTERESIS`` cheaper (noise near
 the break-even point would otherwise flip it every sync). Values are the same as
@@ -52,7 +53,9 @@ DENSE, SPARSE = "dense", "sparse"
 HYSTERESIS = 0.9
 """Switch modes only when the other one is predicted below this fraction of the current."""
 EMA = 0.3
-"""Weight of the newest observation in the refined per-collective latency."""
+"""Weight of the newest observation in the refined latency and scale."""
+SCALE_RANGE = (0.2, 20.0)
+"""Bounds of one observation of the scale (a stall must not swamp the model)."""
 
 
 class AutoEngine(SparseEngine):
@@ -79,15 +82,15 @@ class AutoEngine(SparseEngine):
         self.counts = {DENSE: 0, SPARSE: 0}
         """Payloads built per mode."""
         self.latency_s = costs.latency_s
-        """Per-collective latency, refined online from the agreed times of past syncs."""
+        """Per-collective latency, refined online from timed metadata all-gathers."""
+        self.scale = 1.0
+        """Measured / modelled time of everything but the latency, refined online."""
+        self._gather_s = -1.0  # this rank's time of the last metadata all-gather
         self._union: dict[tuple[int, str], float] = {}
         self._overlap = 1.0  # union / sum of replicas' counts, from the last sparse sync
         self._modelled: dict[str, tuple[int, float] | None] = {DENSE: None, SPARSE: None}
         self._measured = {DENSE: -1.0, SPARSE: -1.0}  # this rank's time of that sync
         self._began: float | None = None
-        self._fp32 = any(
-            t.dtype == torch.float32 for s in shards for t in [s.weight, *s.optimizer_states]
-        )
 
     # ---- the model ----------------------------------------------------------------------
     def _entries(self, kinds: list[str]) -> list[tuple[int, str, int, int]]:
@@ -97,6 +100,15 @@ class AutoEngine(SparseEngine):
             for kind, tensors in self._kinds(shard, WEIGHTS in kinds, STATES in kinds):
                 out.append((i, kind, shard.rows, sum(_row_bytes(t) for t in tensors)))
         return out
+
+    def _has_fp32(self, kinds: list[str]) -> bool:
+        """Whether the payload of ``kinds`` has an fp32 buffer to carry the dense-mode tail."""
+        return any(
+            t.dtype == torch.float32
+            for shard in self.shards
+            for _, tensors in self._kinds(shard, WEIGHTS in kinds, STATES in kinds)
+            for t in tensors
+        )
 
     def _buffers(self, kinds: list[str]) -> int:
         dtypes = set()
@@ -127,33 +139,40 @@ class AutoEngine(SparseEngine):
     def predict(self, kinds: list[str]) -> dict[str, float | None]:
         """Predicted seconds of each mode for a sync of ``kinds`` (None = union unknown)."""
         return {
-            mode: None if m is None else m[0] * self.latency_s + m[1]
+            mode: None if m is None else m[0] * self.latency_s + self.scale * m[1]
             for mode, m in self.model(kinds).items()
         }
 
     def _choose(self, kinds: list[str]) -> str:
         modelled = self.model(kinds)
-        if modelled[SPARSE] is None or not self._fp32:
+        if modelled[SPARSE] is None or not self._has_fp32(kinds):
             mode = SPARSE  # learn the unions first (or no fp32 buffer to carry dense counts)
         else:
-            cost = {m: v[0] * self.latency_s + v[1] for m, v in modelled.items() if v}
+            cost = {m: v[0] * self.latency_s + self.scale * v[1] for m, v in modelled.items() if v}
             other = DENSE if self.mode == SPARSE else SPARSE
             mode = other if cost[other] < HYSTERESIS * cost[self.mode] else self.mode
         self._modelled[mode] = modelled[mode]
         return mode
 
-    def _refine(self, mode: str, measured_s: float) -> None:
-        """Fold an agreed time of the last ``mode`` sync into the per-collective latency.
+    def _refine(self, mode: str, measured_s: float, latency_s: float | None = None) -> None:
+        """Fold agreed measurements of the last ``mode`` sync into the model.
 
-        What the model does not explain is charged to the collectives: on a busy host the
-        scheduling delay of each collective dwarfs the idle-loop latency the probe sees.
+        ``latency_s`` (a tiny all-gather alone, timed in touched-rows mode) refines the
+        per-collective latency directly: on a busy host scheduling delays make it far larger
+        than the idle-loop probe says. What the latency does not explain of the whole sync
+        refines one scale on everything else (bytes, copies, scans). Keeping the two apart
+        matters: charging a slow dense sync's bytes to its one collective would make the
+        three collectives of a touched-rows sync look costly forever.
         """
+        if latency_s is not None and latency_s > 0:
+            observed = max(latency_s, 0.5 * self.costs.latency_s)
+            self.latency_s = (1 - EMA) * self.latency_s + EMA * observed
         modelled = self._modelled[mode]
-        if measured_s <= 0 or modelled is None:
+        if measured_s <= 0 or modelled is None or modelled[1] <= 0:
             return
         collectives, rest = modelled
-        observed = max(0.0, measured_s - rest) / collectives
-        self.latency_s = (1 - EMA) * self.latency_s + EMA * observed
+        ratio = max(0.0, measured_s - collectives * self.latency_s) / rest
+        self.scale = (1 - EMA) * self.scale + EMA * min(SCALE_RANGE[1], max(SCALE_RANGE[0], ratio))
 
     # ---- SyncEngine ---------------------------------------------------------------------
     def payload(self, weights: bool, states: bool) -> Payload:
@@ -172,14 +191,20 @@ class AutoEngine(SparseEngine):
             self._began = None
 
     def piggyback(self) -> list[int]:
-        return [round(self._measured[SPARSE] * 1e6)]
+        return [round(self._measured[SPARSE] * 1e6), round(self._gather_s * 1e6)]
+
+    def _gather(self, every: list[torch.Tensor], counts: torch.Tensor) -> None:
+        begin = time.perf_counter()
+        super()._gather(every, counts)
+        self._gather_s = time.perf_counter() - begin
 
     # ---- the two modes ------------------------------------------------------------------
     def _sparse_payload(self, kinds: list[str], weights: bool, states: bool) -> Payload:
         payload = super().payload(weights, states)
         times = [row[0] for row in self.gathered_extra]
+        gathers = [row[1] for row in self.gathered_extra]
         if times and min(times) > 0:  # the last replica to arrive waited least: no skew
-            self._refine(SPARSE, min(times) / 1e6)
+            self._refine(SPARSE, min(times) / 1e6, min(gathers) / 1e6 if min(gathers) > 0 else None)
         summed = 0
         union_rows = 0
         for i, kind, rows, _ in self._entries(kinds):

@@ -157,6 +157,10 @@ class SparseEngine(SyncEngine):
                 cut = self._pending.pop(kind, None)
                 self._base[kind] = cut if cut is not None else self.tracker.cut()
 
+    def _gather(self, every: list[torch.Tensor], counts: torch.Tensor) -> None:
+        """The counts all-gather (a seam: ``AutoEngine`` times it)."""
+        dist.all_gather(every, counts, group=self.replica_pg)
+
     def piggyback(self) -> list[int]:
         """Integers sent along with the touched-row counts (none here; see ``AutoEngine``)."""
         return []
@@ -194,7 +198,7 @@ class SparseEngine(SyncEngine):
             [local[k].numel() for k in keys] + extra, dtype=torch.int64, device=self._device
         )
         every = [torch.empty_like(counts) for _ in range(self._replicas)]
-        dist.all_gather(every, counts, group=self.replica_pg)
+        self._gather(every, counts)
         stacked = torch.stack(every)
         self.gathered_extra = stacked[:, len(keys) :].tolist()
         summed = stacked[:, : len(keys)].sum(0).tolist()
