@@ -111,7 +111,24 @@ def _timed_sync(engine: Any, pg: dist.ProcessGroup) -> tuple[float, int, int]:
     return seconds, payload.bytes, meta
 
 
-def _run_size(rows: int, rank: int, reps: int, everys: tuple[int, ...]) -> dict[str, Any]:
+def _alternate(
+    model: Any, opt: Any, engines: dict[str, Any], ids: Ids, rank: int, reps: int, step: int
+) -> dict[str, list[float]]:
+    """Zipf ids, sync every step: ``reps`` steps, each timing all engines in rotating order."""
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for rep in range(reps):
+        loss = model(_batch(ids, step + rep, rank)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        for name in ENGINE_ORDERS[rep % len(ENGINE_ORDERS)]:
+            times[name].append(_timed_sync(engines[name], pg=engines[name].replica_pg)[0])
+    return times
+
+
+def _run_size(
+    rows: int, rank: int, reps: int, everys: tuple[int, ...], ab_reps: int = 0
+) -> dict[str, Any]:
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.optim import RowWiseAdagrad
@@ -164,6 +181,8 @@ def _run_size(rows: int, rank: int, reps: int, everys: tuple[int, ...]) -> dict[
                          union_fraction=fraction, step_s=step_s, auto_s=a_sec,
                          auto_dense=float(auto.mode == "dense"))
                 )  # fmt: skip
+    out["ab"] = _alternate(model, dense_opt, {"sparse": sparse, "dense": dense, "auto": auto},
+                           Ids(rows, "zipf"), rank, ab_reps, step)  # fmt: skip
     sparse.crossover = 1.0  # the sweep times the sparse path even where dense is cheaper
     for fraction in FRACTIONS:
         points = []
@@ -196,7 +215,9 @@ def _worker(rank: int, port: int, args: argparse.Namespace, queue: Any) -> None:
         "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=600)
     )
     torch.manual_seed(0)
-    results = [_run_size(rows, rank, args.reps, tuple(args.every)) for rows in args.rows]
+    results = [
+        _run_size(rows, rank, args.reps, tuple(args.every), args.ab_reps) for rows in args.rows
+    ]
     gathered: list[Any] = [None] * WORLD
     dist.all_gather_object(gathered, results)
     if rank == 0:
@@ -208,6 +229,9 @@ def _slowest_rank(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per measurement, the max time and bytes over ranks (a sync ends when the last does)."""
     merged = per_rank[0]
     for size_index, size in enumerate(merged):
+        for name, values in size.get("ab", {}).items():
+            for j in range(len(values)):
+                values[j] = max(r[size_index]["ab"][name][j] for r in per_rank)
         for key in ("runs", "sweep"):
             for j, entry in enumerate(size[key]):
                 for field in entry:
@@ -283,6 +307,20 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: flo
                 f"| {size['rows']:.0e} | {p['fraction']} | {p['sparse_s'] * 1e3:.1f} | "
                 f"{p['dense_s'] * 1e3:.1f} | {p['sparse_s'] / p['dense_s']:.2f} |"
             )
+    lines += ["", f"Auto vs the fixed engines, alternating: Zipf ids, sync every step, "
+              f"{args.ab_reps} steps, each timing all three engines in rotating order "
+              f"(slowest rank per sync; medians):", "",
+              "| rows/table | sparse ms | dense ms | auto ms | auto / best |",
+              "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for size in results:
+        ab = size.get("ab")
+        if ab and ab["auto"]:
+            med = {k: sorted(v)[len(v) // 2] for k, v in ab.items()}
+            best = min(med["sparse"], med["dense"])
+            lines.append(
+                f"| {size['rows']:.0e} | {med['sparse'] * 1e3:.1f} | {med['dense'] * 1e3:.1f} | "
+                f"{med['auto'] * 1e3:.1f} | {med['auto'] / best:.2f} |"
+            )
     crossovers = ", ".join(f"{s['rows']:.0e} rows: {_crossover(s['sweep']):.2f}" for s in results)
     lines += [
         "",
@@ -345,6 +383,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--every", type=int, nargs="+", default=list(EVERY))
     parser.add_argument("--reps", type=int, default=3, help="measured syncs per cell")
+    parser.add_argument(
+        "--ab-reps", type=int, default=21, help="alternating syncs for the auto-vs-fixed check"
+    )
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     parser.add_argument(
