@@ -37,8 +37,12 @@ def _summary(run_dir) -> dict:
 
 def test_four_gloo_ranks_train_and_write_summary(tmp_path) -> None:
     run = _torchrun(4, "train.steps=30", "train.log_every=10", "train.eval_every=20",
-                    "train.eval_batches=2", f"run_dir={tmp_path}")  # fmt: skip
+                    "train.eval_batches=2", f"run_dir={tmp_path}", "--profile")  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
+    trace = json.loads((tmp_path / "profile" / "trace_rank0.json").read_text())  # --profile
+    names = {event.get("name") for event in trace["traceEvents"]}
+    assert {"sparse2d.data", "sparse2d.sync"} <= names, sorted(n for n in names if n)[:20]
+    assert "aten::" in (tmp_path / "profile" / "top_ops.txt").read_text()
     summary = _summary(tmp_path)
     assert SUMMARY_KEYS <= set(summary)
     assert summary["steps"] == 30 and summary["world_size"] == 4

@@ -17,15 +17,16 @@ from sparse2d.train.data import DataSource
 from sparse2d.train.failure import gather_peers
 from sparse2d.train.metrics import TrainWindow, eval_metrics
 from sparse2d.train.pipeline import make_steps
+from sparse2d.train.profiling import StepProfiler
 
 
 class Loop:
     """One training run on an initialized process group (every rank builds one)."""
 
-    def __init__(self, cfg: Config, device: torch.device) -> None:
+    def __init__(self, cfg: Config, device: torch.device, profile: bool = False) -> None:
         from sparse2d.train.model import build_model, dense_optimizer, shard
 
-        self.cfg, self.device = cfg, device
+        self.cfg, self.device, self.profile = cfg, device, profile
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.is_main = self.rank == 0
         self.step: int | None = None
@@ -178,12 +179,12 @@ class Loop:
         last_eval: dict[str, float] = {}
         win_s, win_steps, win_sync_s, win_bytes = 0.0, 0, 0.0, 0.0
         divergence: float | None = None
+        profiler = StepProfiler(self.profile and self.is_main, cfg.run_dir, steps - self.start_step)
         for step in range(self.start_step, steps):
             self.step = step
             last = step == steps - 1
             start = time.perf_counter()
-            logits, labels = self.steps.run(step, self.device)
-            report = model.maybe_sync(step)
+            logits, labels, report = self.steps.run(step, self.device, model.maybe_sync)
             if last and (step + 1) % every:  # end on averaged replicas
                 model.sync_policy.finish()
                 report = model.sync_policy.sync_now(step)
@@ -193,6 +194,7 @@ class Loop:
                 if report.divergence is not None:
                     divergence = report.divergence
             win_s += time.perf_counter() - start
+            profiler.step()
             window.update(logits, labels)
             win_steps += 1
             bar.update(1)
@@ -218,6 +220,7 @@ class Loop:
                 self.log({"kind": "eval", "step": step + 1, **last_eval, **self.planted}, bar)
             self._maybe_save(step, last)
         bar.close()
+        profiler.close()
         model.sync_policy.finish()
         done = max(1, steps - self.start_step)
         summary = {

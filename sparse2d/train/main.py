@@ -62,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sparse2d.train", description=__doc__)
     parser.add_argument("--config", required=True, help="YAML file (configs/*.yaml)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="torch.profiler trace of a few steps on rank 0 into RUN_DIR/profile/",
+    )
     args = parser.parse_args(argv)
     faulthandler.enable()  # a native abort (SIGABRT/SIGSEGV) prints every thread's stack
     _single_process_env()
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         from sparse2d.train.loop import Loop
 
-        loop = Loop(cfg, device)
+        loop = Loop(cfg, device, profile=args.profile)
         loop.run()
         code = 0
     except ConfigError as error:

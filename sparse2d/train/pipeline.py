@@ -13,12 +13,18 @@ off the policy's ``N-1, 2N-1, ...`` that checkpoints align to.)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from sparse2d.train.data import DataSource
+
+Sync = Callable[[int], Any]
+"""``model.maybe_sync``: the replica sync for step ``step`` (a ``SyncReport`` or None)."""
+StepOut = tuple[torch.Tensor, torch.Tensor, Any]
+"""(logits, labels, the step's sync report or None)."""
 
 
 class PlainSteps:
@@ -27,13 +33,19 @@ class PlainSteps:
     def __init__(self, model: Any, optimizer: torch.optim.Optimizer, data: DataSource) -> None:
         self.model, self.optimizer, self.data = model, optimizer, data
 
-    def run(self, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        batch, _ = self.data.train(step)
-        loss, (_, logits, labels) = self.model(batch.to(device))
+    def run(self, step: int, device: torch.device, sync: Sync) -> StepOut:
+        """One step; ``sync(step)`` runs right after the backward (the fused embedding
+        update), so a hidden sync (``parallel.sync.hide``) overlaps the dense optimizer step
+        and the next batch's data and input all-to-all before its next lookup lands it."""
+        with record_function("sparse2d.data"):
+            batch = self.data.train(step)[0].to(device)
+        loss, (_, logits, labels) = self.model(batch)
         loss.backward()
+        with record_function("sparse2d.sync"):
+            report = sync(step)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return logits, labels
+        return logits, labels, report
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -68,9 +80,14 @@ class PipelineSteps:
             self.pipeline = TrainPipelineSparseDist(model, optimizer, device, **common)
         self._batches = (data.train(step)[0] for step in range(start, steps))
 
-    def run(self, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, step: int, device: torch.device, sync: Sync) -> StepOut:
+        """One ``progress()``, then ``sync(step)``: the pipeline owns the backward-to-optimizer
+        span, and the next ``progress()`` starts with the next batches' input all-to-all,
+        which a hidden sync overlaps."""
         _, logits, labels = self.pipeline.progress(self._batches)
-        return logits, labels
+        with record_function("sparse2d.sync"):
+            report = sync(step)
+        return logits, labels, report
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
