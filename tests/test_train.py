@@ -207,3 +207,24 @@ def test_torchrec_pipelines_drive_the_trainer(tmp_path) -> None:
     assert summaries["sparse_dist"]["pipeline"] == "sparse_dist"
     assert summaries["sparse_dist"]["sync_bytes_per_step"] > 0  # sync reports under the pipeline
     assert curves["semi_sync"] != curves["none"] and summaries["semi_sync"]["eval_auc"] > 0.6
+
+
+@pytest.mark.slow
+def test_resume_skips_a_damaged_newest_checkpoint(tmp_path) -> None:
+    """A flipped byte in the newest checkpoint: resume=auto names it and takes the older one."""
+    common = ("parallel.sharding_group_size=1", "train.log_every=5", "checkpoint.every=5",
+              "checkpoint.keep=2", "train.eval_batches=2", "train.resume=auto",
+              f"run_dir={tmp_path}")  # fmt: skip
+    first = _torchrun(2, "train.steps=10", *common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    newest = tmp_path / "checkpoints" / "step_00000010"
+    victim = max(newest.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    second = _torchrun(2, "train.steps=15", *common)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"[resume] skipping damaged {newest}" in second.stdout
+    assert f"{victim.name} does not match its sha256" in second.stdout
+    assert "step_00000005: step 5" in second.stdout
+    assert _summary(tmp_path)["steps"] == 15

@@ -8,6 +8,7 @@ any weight changes; ``layout``: the keys and global offsets of each local shard;
 
 from sparse2d.checkpoint.dcp import (
     CheckpointError,
+    CorruptCheckpointError,
     build_save_state,
     latest,
     list_checkpoints,
@@ -19,6 +20,7 @@ from sparse2d.checkpoint.repair import plan_repair, repair_from_replicas
 
 __all__ = [
     "CheckpointError",
+    "CorruptCheckpointError",
     "build_save_state",
     "latest",
     "list_checkpoints",

@@ -36,6 +36,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 
 from sparse2d.checkpoint.integrity import MARKER_KEY, agree_on_failure, digest_files, verify_files
@@ -57,6 +58,7 @@ _PREFIX = "step_"
 
 __all__ = [
     "CheckpointError",
+    "CorruptCheckpointError",
     "build_save_state",
     "latest",
     "list_checkpoints",
@@ -68,6 +70,11 @@ __all__ = [
 
 class CheckpointError(ConfigError):
     """A checkpoint that is missing, incomplete, corrupt or does not match the model."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A complete checkpoint whose files are damaged (truncated, missing, bytes changed):
+    an older checkpoint may still be good, unlike a mismatch with the model."""
 
 
 # ---- directory bookkeeping (pure filesystem, no collectives) -------------------------
@@ -158,6 +165,10 @@ def _resolve(path: str) -> str:
             f"holding step_* checkpoints; partial saves (*.tmp-*) are never loaded"
         )
     return found
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".replace("\n", " ")[:300]
 
 
 # ---- blobs -------------------------------------------------------------------------
@@ -296,18 +307,20 @@ def save(
     iters: list[int] = [0] * dist.get_world_size()
     dist.all_gather_object(iters, _fused_iter(model))
     start = time.perf_counter()
+    failure: dict[int, str] = {}
     try:
         dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True))
-        failure = ""
+    except CheckpointException as error:  # DCP gathered every rank's write error
+        failure = {r: _one_line(pair[0]) for r, pair in error.failures.items()}
     except Exception as error:  # disk full, quota, permissions: every rank must hear of it
-        failure = f"{type(error).__name__}: {error}".replace("\n", " ")[:300]
+        failure = {rank: _one_line(error)}
     failed = agree_on_failure(failure)
     if failed:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(
             f"saving checkpoint step {step} under {root!r} failed on rank(s) "
-            f"{[r for r, _ in failed]} ({failed[0][1]}); the previous checkpoint "
+            f"{sorted(failed)} ({next(iter(failed.values()))}); the previous checkpoint "
             f"{latest(root)!r} is untouched and loadable. Free disk space (or raise the "
             "file-size/quota limit) and save again."
         )
@@ -352,7 +365,7 @@ def _read_metadata(ckpt: str) -> Metadata:
     try:
         return FileSystemReader(ckpt).read_metadata()
     except Exception as error:  # any failure to parse means an unusable checkpoint
-        raise CheckpointError(
+        raise CorruptCheckpointError(
             f"checkpoint {ckpt!r}: cannot read DCP metadata ({type(error).__name__}: {error}); "
             f"the checkpoint is corrupt, pick an older one"
         ) from error
@@ -385,14 +398,14 @@ def load(
     marker = _read_marker(ckpt)
     try:  # truncation first: its message names the tables that lost data
         metadata = _read_metadata(ckpt)
-        check_files(ckpt, metadata, CheckpointError)
-    except CheckpointError as damaged:
+        check_files(ckpt, metadata, CorruptCheckpointError)
+    except CorruptCheckpointError as damaged:
         try:  # add which file failed its checksum, when one did
-            verify_files(ckpt, marker, CheckpointError)
-        except CheckpointError as corrupt:
-            raise CheckpointError(f"{damaged} [{corrupt}]") from None
+            verify_files(ckpt, marker, CorruptCheckpointError)
+        except CorruptCheckpointError as corrupt:
+            raise CorruptCheckpointError(f"{damaged} [{corrupt}]") from None
         raise
-    verify_files(ckpt, marker, CheckpointError)  # flipped bytes DCP would load silently
+    verify_files(ckpt, marker, CorruptCheckpointError)  # flipped bytes DCP would load silently
     specs = table_specs(model)  # collective, reached unconditionally by every rank
     dense = dense_entries(model)
     check_tables(ckpt, metadata, specs, dense, CheckpointError)
@@ -415,8 +428,10 @@ def load(
     failure = ""
     try:
         dcp.load(state, storage_reader=FileSystemReader(ckpt))
-    except Exception as error:  # DCP gathers read errors from every rank
-        failure = f"{type(error).__name__}: {error}"
+    except CheckpointException as error:  # DCP gathers read errors from every rank
+        failure = "; ".join(f"rank {r}: {_one_line(p[0])}" for r, p in error.failures.items())
+    except Exception as error:
+        failure = _one_line(error)
     ok = torch.tensor([0 if failure else 1])
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     if not int(ok):

@@ -85,8 +85,11 @@ def verify_files(ckpt: str, marker: dict[str, Any], error: type[Exception]) -> N
     )
 
 
-def agree_on_failure(failure: str) -> list[tuple[int, str]]:
+def agree_on_failure(failure: dict[int, str]) -> dict[int, str]:
     """Every rank learns which ranks failed a collective step, and why (collective)."""
-    every: list[str | None] = [None] * dist.get_world_size()
+    every: list[dict[int, str] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(every, failure)
-    return [(rank, text) for rank, text in enumerate(every) if text]
+    merged: dict[int, str] = {}
+    for part in every:
+        merged.update(part or {})
+    return dict(sorted(merged.items()))

@@ -117,7 +117,21 @@ class Loop:
             if self.is_main:
                 print(f"[resume] no checkpoint in {self.cfg.checkpoint_dir}; from step 0")
             return
-        extra = checkpoint.load(path, self.model, dense_optimizer=self.optimizer)
+        older = list(reversed(checkpoint.list_checkpoints(self.cfg.checkpoint_dir)))
+        for candidate in [path, *(p for p in older if p != path)]:
+            try:  # verified before anything changes: a damaged one leaves the model as it was
+                extra = checkpoint.load(candidate, self.model, dense_optimizer=self.optimizer)
+            except checkpoint.CorruptCheckpointError as error:
+                if self.is_main:
+                    print(f"[resume] skipping damaged {candidate}: {error}", flush=True)
+                continue
+            path = candidate
+            break
+        else:
+            raise checkpoint.CheckpointError(
+                f"every checkpoint in {self.cfg.checkpoint_dir!r} is damaged (see the [resume] "
+                "lines); delete them or set train.resume=none to start from step 0"
+            )
         self.start_step = int(extra["step"])
         if self.is_main:
             print(f"[resume] {path}: step {self.start_step}", flush=True)
