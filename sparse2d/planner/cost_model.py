@@ -9,8 +9,8 @@ layout (``group_layout``) and the cluster (``topology``):
 * lookup all-to-all per rank per step: every shard's holder sends its pooled output for
   the ``L - 1`` other ranks' samples (``(L-1) * B * features * cols`` values, exact for
   table-, column- and row-wise), the same again for the gradients, plus the ids.
-* replica sync per step: ring all-reduce of the synced shard bytes,
-  ``2 (G-1)/G * bytes / bandwidth / sync_every``; the sparse engine syncs only the
+* replica sync per step: all-reduce of the synced shard bytes plus a fixed per-sync cost,
+  ``(2 (G-1)/G * bytes / bandwidth + latency steps * alpha + overhead) / sync_every``; the sparse engine syncs only the
   expected rows touched by any replica in the interval (Zipf ids spread by hashing).
 * lookup compute per rank (bytes streamed / lookup bandwidth) and its max/mean.
 * dense: MLP FLOPs and the data-parallel all-reduce of dense gradients (same for all L).
@@ -124,7 +124,8 @@ def _allreduce_s(nbytes: float, members: list[int], topology: ClusterTopology) -
     _, remote = _peers(topology, members)
     bw = topology.inter_host_bw if remote else topology.intra_host_bw
     alpha = topology.inter_host_latency_s if remote else topology.intra_host_latency_s
-    return 2 * (n - 1) / n * nbytes / bw + 2 * math.ceil(math.log2(n)) * alpha
+    steps = 2 * (n - 1) if topology.allreduce_latency == "ring" else 2 * math.ceil(math.log2(n))
+    return 2 * (n - 1) / n * nbytes / bw + steps * alpha
 
 
 class AnalyticCostModel(CostModel):
@@ -181,7 +182,8 @@ class AnalyticCostModel(CostModel):
         a2a_s = self._a2a_s(a2a_bytes, group)
         replica_ranks = replica_groups(topo.world_size, L, w.replica_layout)[0]
         sync_bytes = max(synced)
-        sync_s = _allreduce_s(sync_bytes, replica_ranks, topo) / w.sync_every
+        sync_s = _allreduce_s(sync_bytes, replica_ranks, topo)
+        sync_s = (sync_s + (topo.sync_overhead_s if replicas > 1 else 0.0)) / w.sync_every
         if w.sharding_strategy == "fully_sharded" and replicas > 1:
             # FULLY_SHARDED all-gathers the weights before the lookup and reduce-scatters them
             # after, every step: 2 (G-1)/G of a rank's full shard bytes (not 1/G).

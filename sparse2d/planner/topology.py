@@ -50,6 +50,11 @@ class ClusterTopology:
     """Effective FLOP/s of the dense (MLP) part on one rank."""
     step_overhead_s: float = 0.0
     """Fixed per-step time not modelled elsewhere (framework, launches)."""
+    sync_overhead_s: float = 0.0
+    """Fixed cost of one replica sync besides its all-reduce (finite-value vote, copies)."""
+    allreduce_latency: Literal["tree", "ring"] = "tree"
+    """Latency steps of an all-reduce over n ranks: ``tree`` 2 log2(n) (NCCL at scale),
+    ``ring`` 2 (n - 1) (gloo)."""
 
     def __post_init__(self) -> None:
         for key in ("world_size", "ranks_per_host", "device_memory_bytes"):
@@ -58,12 +63,21 @@ class ClusterTopology:
         for key in ("intra_host_bw", "inter_host_bw", "lookup_bw", "dense_flops"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"topology.{key}={getattr(self, key)} must be > 0.")
-        for key in ("intra_host_latency_s", "inter_host_latency_s", "step_overhead_s"):
+        for key in (
+            "intra_host_latency_s",
+            "inter_host_latency_s",
+            "step_overhead_s",
+            "sync_overhead_s",
+        ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"topology.{key}={getattr(self, key)} must be >= 0.")
         if not 0 <= self.reserved_fraction < 1:
             raise ConfigError(
                 f"topology.reserved_fraction={self.reserved_fraction} must be in [0, 1)."
+            )
+        if self.allreduce_latency not in ("tree", "ring"):
+            raise ConfigError(
+                f"topology.allreduce_latency={self.allreduce_latency!r} must be 'tree' or 'ring'."
             )
         if self.compute_device not in ("cuda", "cpu"):
             raise ConfigError(
@@ -102,13 +116,15 @@ PRESETS: dict[str, ClusterTopology] = {
         compute_device="cpu",
         device_memory_bytes=4 * GiB,
         reserved_fraction=0.25,
-        intra_host_bw=0.55e9,
-        intra_host_latency_s=1.2e-4,
-        inter_host_bw=0.55e9,
-        inter_host_latency_s=1.2e-4,
-        lookup_bw=0.9e9,
+        intra_host_bw=0.208e9,
+        intra_host_latency_s=640e-6,
+        inter_host_bw=0.208e9,
+        inter_host_latency_s=640e-6,
+        lookup_bw=0.633e9,
         dense_flops=2.0e9,
-        step_overhead_s=4e-3,
+        step_overhead_s=40.3e-3,
+        sync_overhead_s=20.2e-3,
+        allreduce_latency="ring",
     ),
 }
 
@@ -121,7 +137,7 @@ def _coerce(key: str, value: Any) -> Any:
     field = _fields().get(key)
     if field is None:
         raise ConfigError(f"topology key {key!r} is unknown; valid keys: {sorted(_fields())}.")
-    if isinstance(value, str) and key not in ("name", "compute_device"):
+    if isinstance(value, str) and key not in ("name", "compute_device", "allreduce_latency"):
         try:
             value = float(value)
         except ValueError:
