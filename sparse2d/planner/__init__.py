@@ -1,12 +1,24 @@
-"""Planning for one sharding group: sharders, plan-for-L and remapping to a group."""
+"""Planning: sharders, plan-for-L and remapping to a group; the group-size advisor."""
 
 from sparse2d.planner.group_plan import plan_for_group, remap_plan, validate_plan
+from sparse2d.planner.search import Advice, NoFitError, advise, recommend_group_size
 from sparse2d.planner.sharders import MODEL_PARALLEL_TYPES, default_sharders
+from sparse2d.planner.topology import PRESETS, ClusterTopology, load_topology
+from sparse2d.planner.workload import TableLoad, Workload
 
 __all__ = [
     "MODEL_PARALLEL_TYPES",
+    "PRESETS",
+    "Advice",
+    "ClusterTopology",
+    "NoFitError",
+    "TableLoad",
+    "Workload",
+    "advise",
     "default_sharders",
+    "load_topology",
     "plan_for_group",
+    "recommend_group_size",
     "remap_plan",
     "validate_plan",
 ]
