@@ -58,11 +58,17 @@ from sparse2d.planner import default_sharders, remap_plan
 from sparse2d.planner.auto import AUTO, auto_group_size
 from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes
 from sparse2d.sync import AllReduceHook, ShardState, broadcast_, collect_shard_states
-from sparse2d.sync.multi import PolicySet
+from sparse2d.sync.fully_sharded import FullyShardedEmbeddings, materialized
+from sparse2d.sync.fully_sharded_checks import (
+    check_fully_sharded_options,
+    check_fully_sharded_plan,
+)
+from sparse2d.sync.multi import PolicySet, merge_reports
 from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
 from sparse2d.sync.tensors import live_tensors
 
 logger = logging.getLogger(__name__)
+FS = ShardingStrategy.FULLY_SHARDED
 
 
 class DMPCollection(TorchRecDMPCollection):
@@ -88,7 +94,10 @@ class DMPCollection(TorchRecDMPCollection):
         replica_layout: ``"intra_host"`` (replicas on adjacent ranks) or ``"inter_host"``;
             TorchRec's ``use_inter_host_allreduce=True`` means ``"inter_host"``.
         global_pg: the job's process group (must span the world); default the default group.
-        sharding_strategy: TorchRec's ``ShardingStrategy``: ``DEFAULT`` and ``PER_MODULE``.
+        sharding_strategy: TorchRec's ``ShardingStrategy``: ``DEFAULT``, ``PER_MODULE`` or
+            ``FULLY_SHARDED`` (between steps each replica holds 1/G of the fused embedding
+            buffers, weights and optimizer state averaged every step by reduce-scatter; see
+            ``sparse2d.sync.fully_sharded``). Also per ``submodule_configs`` entry.
         node_group_size: ranks of one group sharing a host, for TWRW/grid (divides ``L``).
         custom_all_reduce: ``hook(tensors, replica_pg)`` or TorchRec's ``hook(tensors)``,
             replacing the averaging all-reduce (see ``compat.adapt_all_reduce``).
@@ -186,6 +195,8 @@ class DMPCollection(TorchRecDMPCollection):
             plan=call.plan,
         )
         contexts = describe_contexts(module, world_size, default, call.submodule_configs, sharders)
+        for ctx in contexts:
+            check_fully_sharded_options(ctx.strategy, call.sync_options, hook)
         pg = call.global_pg if call.global_pg is not None else dist.group.WORLD
 
         # 2. Mesh per context: the ("replicate", "shard") DeviceMesh and its two subgroups.
@@ -207,6 +218,7 @@ class DMPCollection(TorchRecDMPCollection):
                     ctx, contexts, module, sharders, resolved.type, pg, call.constraints,
                     call.planner_batch_size,
                 )  # fmt: skip
+            check_fully_sharded_plan(ctx.strategy, ctx.plan)  # the same plan on every rank
             plan.plan.update(remap_plan(ctx.plan, ctx.sharding_group, resolved).plan)
         # 4. Shard: TorchRec's DMP, each module type with its context's ShardingEnv2D.
         apply_torchrec_fixes()
@@ -224,9 +236,10 @@ class DMPCollection(TorchRecDMPCollection):
         )
         self._contexts = contexts
         self._assign_shards()
+        sliced = [c for c in contexts if c.strategy == FS and c.num_replicas > 1]
         for ctx in contexts:
             ctx.policy = SyncPolicy(
-                ctx.shards,
+                [] if ctx in sliced else ctx.shards,  # FULLY_SHARDED averages every step
                 ctx.replica_pg,
                 ctx.num_replicas,
                 call.sync_options,
@@ -238,8 +251,19 @@ class DMPCollection(TorchRecDMPCollection):
             policies[0] if len(policies) == 1 else PolicySet(policies)
         )
         # 5. Align replicas: TorchRec seeds each group's shards independently.
+        self._fully_sharded: FullyShardedEmbeddings | None = None
         self.align_replicas()
         logger.info("[sparse2d] replicas aligned over %s", default.replica_group)
+        # 6. FULLY_SHARDED contexts: keep this replica's 1/G slice, free the rest.
+        if sliced:
+            groups = [(c.shards, c.replica_pg) for c in sliced]
+            self._fully_sharded = FullyShardedEmbeddings(groups, pg)
+            logger.info("[sparse2d] FULLY_SHARDED: %s", [(c.name, c.num_replicas) for c in sliced])
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._fully_sharded is not None:  # start the weight all-gathers before input dist
+            self._fully_sharded.prefetch()
+        return super().forward(*args, **kwargs)
 
     def _shard_modules_impl(
         self,
@@ -330,8 +354,17 @@ class DMPCollection(TorchRecDMPCollection):
 
     @property
     def shard_states(self) -> list[ShardState]:
-        """Live views of this rank's embedding shards (every context) and their fused state."""
+        """Live views of this rank's embedding shards (every context) and their fused state.
+
+        Under FULLY_SHARDED the views hold no storage between steps: read or write them only
+        inside ``sparse2d.sync.fully_sharded.materialized(model)``.
+        """
         return self._shards
+
+    @property
+    def fully_sharded(self) -> FullyShardedEmbeddings | None:
+        """The FULLY_SHARDED machinery (``None`` without a FULLY_SHARDED context with replicas)."""
+        return self._fully_sharded
 
     # ---- replica consistency ---------------------------------------------------------
     def align_replicas(self, include_optimizer_state: bool = True) -> None:
@@ -340,7 +373,7 @@ class DMPCollection(TorchRecDMPCollection):
             if ctx.num_replicas == 1:
                 continue
             tensors = live_tensors(ctx.shards, weights=True, states=include_optimizer_state)
-            with torch.no_grad():
+            with materialized(self), torch.no_grad():
                 broadcast_(tensors, ctx.replica_pg, src_group_rank=0)
         self.sync_policy.reset()
 
@@ -350,9 +383,13 @@ class DMPCollection(TorchRecDMPCollection):
         Covers every context. Routed through the sync policy so its engine, hook and
         compression apply; blocking, and it first lands any transfer still in flight from
         ``maybe_sync``. TorchRec's train pipelines call this every
-        ``dmp_collection_sync_interval_batches`` batches.
+        ``dmp_collection_sync_interval_batches`` batches. FULLY_SHARDED contexts were averaged
+        by every step's reduce-scatter: for them only the NaN/inf check runs here.
         """
-        return self.sync_policy.sync_now(include_optimizer_state=include_optimizer_state)
+        report = self.sync_policy.sync_now(include_optimizer_state=include_optimizer_state)
+        if self._fully_sharded is None:
+            return report
+        return merge_reports([report, self._fully_sharded.report(-1)])
 
     def repair_from_replicas(self, ranks: list[int], include_dense: bool = True) -> None:
         """Refill ``ranks`` (e.g. restarted with fresh weights) from a healthy replica.
@@ -365,8 +402,15 @@ class DMPCollection(TorchRecDMPCollection):
         repair_from_replicas(self, ranks, include_dense)
 
     def maybe_sync(self, step: int) -> SyncReport | None:
-        """Sync if the policy's cadence says step ``step`` (0-based) ends an interval."""
-        return self.sync_policy.step(step)
+        """Sync if the policy's cadence says step ``step`` (0-based) ends an interval.
+
+        FULLY_SHARDED contexts report their step's reduce-scatters (and run the job-wide
+        NaN/inf check) at every step.
+        """
+        report = self.sync_policy.step(step)
+        if self._fully_sharded is None:
+            return report
+        return merge_reports([r for r in (report, self._fully_sharded.report(step)) if r])
 
     def set_all_reduce_hook(self, reduce_hook: Any) -> None:  # type: ignore[override]
         """Replace the averaging all-reduce: ``hook(tensors, replica_pg)``, or TorchRec's
@@ -374,7 +418,8 @@ class DMPCollection(TorchRecDMPCollection):
         self.sync_policy.hook = adapt_all_reduce(reduce_hook)
 
     def ensure_reduce_scatter_complete(self) -> None:
-        """TorchRec's FULLY_SHARDED wait; nothing is in flight with DEFAULT/PER_MODULE."""
+        """TorchRec's FULLY_SHARDED wait. Nothing to wait for: our FULLY_SHARDED lands its
+        reduce-scatters at the end of each backward (see ``sparse2d.sync.fully_sharded``)."""
 
     def extra_repr(self) -> str:
         sizes = ", ".join(f"{c.name}: L={c.sharding_group_size}" for c in self._contexts[1:])

@@ -58,12 +58,6 @@ TORCHREC_POSITIONAL: tuple[str, ...] = (
 )
 """TorchRec's ``DMPCollection.__init__`` parameters after ``module``, in order."""
 
-FULLY_SHARDED_HINT = (
-    "sharding_strategy=FULLY_SHARDED is not supported by sparse2d yet (issue 14: "
-    "reduce-scatter/all-gather of the embedding weights over the replica group); use "
-    "ShardingStrategy.DEFAULT or PER_MODULE."
-)
-
 
 @dataclass(kw_only=True, slots=True)
 class CollectionArgs:
@@ -125,7 +119,7 @@ def parse_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CollectionArgs:
 
 
 def resolve_strategy(value: ShardingStrategy | str) -> ShardingStrategy:
-    """TorchRec's ``ShardingStrategy`` (or its value string); FULLY_SHARDED is refused."""
+    """TorchRec's ``ShardingStrategy`` (or its value string)."""
     try:
         strategy = ShardingStrategy(value)
     except ValueError:
@@ -133,8 +127,6 @@ def resolve_strategy(value: ShardingStrategy | str) -> ShardingStrategy:
         raise ConfigError(
             f"sharding_strategy={value!r} is unknown; use a torchrec ShardingStrategy ({choices})."
         ) from None
-    if strategy == ShardingStrategy.FULLY_SHARDED:
-        raise ConfigError(FULLY_SHARDED_HINT)
     return strategy
 
 

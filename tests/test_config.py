@@ -160,3 +160,16 @@ def test_cli_config_subcommand(capsys) -> None:
     assert main(["config", "--check", TINY, "--world-size", "4"]) == 0
     assert main(["config", "--check", TINY, "--world-size", "3"]) == 1
     assert "does not divide world_size=3" in capsys.readouterr().err
+
+
+def test_fully_sharded_strategy_and_the_sync_options_it_replaces() -> None:
+    from torchrec.distributed.types import ShardingStrategy
+
+    cfg = load_config(TINY, ["parallel.sharding_strategy=fully_sharded"])
+    assert cfg.parallel.strategy() == ShardingStrategy.FULLY_SHARDED
+    assert load_config(TINY).parallel.strategy() == ShardingStrategy.DEFAULT
+    message = _error(["parallel.sharding_strategy=fully_sharded", "parallel.sync.every=4"])
+    assert "parallel.sharding_strategy" in message and "sync.every=4" in message
+    message = _error(["parallel.sharding_strategy=fully_sharded", "parallel.sync.overlap=true"])
+    assert "sync.overlap=True" in message
+    assert "fully_sharded" in _error(["parallel.sharding_strategy=full"])

@@ -209,15 +209,6 @@ def test_repair_refuses_a_context_without_replicas(world4) -> None:
             DMPCollectionConfig(module=EmbeddingBagCollection, plan=None, sharding_group_size=3),
             "submodule_configs[0] (EmbeddingBagCollection): sharding_group_size=3 is outside",
         ),
-        (
-            DMPCollectionConfig(
-                module=EmbeddingCollection,
-                plan=None,
-                sharding_group_size=2,
-                sharding_strategy=ShardingStrategy.FULLY_SHARDED,
-            ),
-            "issue 14",
-        ),
     ],
 )
 def test_bad_submodule_config_fails_on_every_rank(world2, config: object, needle: str) -> None:

@@ -28,6 +28,7 @@ from sparse2d import DMPCollection
 from sparse2d.compat import TORCHREC_POSITIONAL, adapt_all_reduce, parse_call, resolve_layout
 from sparse2d.errors import ConfigError
 from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes
+from sparse2d.sync.policy import SyncOptions
 from tests.models import (
     MIXED_TABLES,
     PooledModel,
@@ -262,8 +263,12 @@ def test_torchrec_positional_call(world4) -> None:
     [
         ({"sharding_group_size": 2, "world_size": 8}, "world_size=8 but the process group has 2"),
         (
-            {"sharding_group_size": 2, "sharding_strategy": ShardingStrategy.FULLY_SHARDED},
-            "issue 14",
+            {
+                "sharding_group_size": 2,
+                "sharding_strategy": ShardingStrategy.FULLY_SHARDED,
+                "sync_options": SyncOptions(every=4),
+            },
+            "sync_options every=4 do not apply with sharding_strategy=FULLY_SHARDED",
         ),
         (
             {

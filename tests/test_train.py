@@ -228,3 +228,19 @@ def test_resume_skips_a_damaged_newest_checkpoint(tmp_path) -> None:
     assert f"{victim.name} does not match its sha256" in second.stdout
     assert "step_00000005: step 5" in second.stdout
     assert _summary(tmp_path)["steps"] == 15
+
+
+@pytest.mark.slow
+def test_fully_sharded_trains_and_resumes_as_default(tmp_path) -> None:
+    """parallel.sharding_strategy=fully_sharded end to end; its checkpoint resumes in DEFAULT."""
+    common = ("train.log_every=10", "checkpoint.every=10", "train.eval_batches=2",
+              f"run_dir={tmp_path}")  # fmt: skip
+    first = _torchrun(4, "train.steps=20", "parallel.sharding_strategy=fully_sharded", *common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = _summary(tmp_path)
+    assert summary["steps"] == 20 and summary["sync_bytes_per_step"] > 0
+    assert summary["eval_auc"] > 0.6
+    second = _torchrun(4, "train.steps=30", "train.resume=auto", *common)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "[resume]" in second.stdout and "step 20" in second.stdout
+    assert _summary(tmp_path)["steps"] == 30

@@ -49,6 +49,7 @@ from sparse2d.checkpoint.layout import (
     table_specs,
 )
 from sparse2d.errors import ConfigError
+from sparse2d.sync.fully_sharded import materialized
 from sparse2d.sync.tensors import flush_caches
 
 FORMAT_VERSION = 1
@@ -302,18 +303,19 @@ def save(
     dist.broadcast_object_list(token, src=0)
     name = f"{_PREFIX}{step:08d}"
     tmp = os.path.join(root, f"{name}.tmp-{token[0]}")
-    state = build_save_state(model, dense_optimizer, extra)
-    specs = table_specs(model)
-    iters: list[int] = [0] * dist.get_world_size()
-    dist.all_gather_object(iters, _fused_iter(model))
     start = time.perf_counter()
-    failure: dict[int, str] = {}
-    try:
-        dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True))
-    except CheckpointException as error:  # DCP gathered every rank's write error
-        failure = {r: _one_line(pair[0]) for r, pair in error.failures.items()}
-    except Exception as error:  # disk full, quota, permissions: every rank must hear of it
-        failure = {rank: _one_line(error)}
+    with materialized(model):  # FULLY_SHARDED: the full buffers while DCP reads them
+        state = build_save_state(model, dense_optimizer, extra)
+        specs = table_specs(model)
+        iters: list[int] = [0] * dist.get_world_size()
+        dist.all_gather_object(iters, _fused_iter(model))
+        failure: dict[int, str] = {}
+        try:
+            dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True))
+        except CheckpointException as error:  # DCP gathered every rank's write error
+            failure = {r: _one_line(pair[0]) for r, pair in error.failures.items()}
+        except Exception as error:  # disk full, quota, permissions: every rank must hear of it
+            failure = {rank: _one_line(error)}
     failed = agree_on_failure(failure)
     if failed:
         if rank == 0:
@@ -439,7 +441,7 @@ def load(
             f"checkpoint {ckpt!r}: reading failed, the model was not modified: "
             f"{failure or 'another rank failed'}"
         )
-    with torch.no_grad():
+    with materialized(model), torch.no_grad():  # identical values land on every replica
         commit()
         for name, tensor in dense.items():
             tensor.copy_(scratch_dense[name])

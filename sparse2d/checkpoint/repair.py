@@ -51,6 +51,13 @@ def repair_from_replicas(model: nn.Module, ranks: list[int], include_dense: bool
     repaired over its own replica groups. With ``include_dense``, dense parameters and
     buffers (replicated on every rank) are broadcast from the lowest healthy rank.
     """
+    if getattr(model, "fully_sharded", None) is not None:  # same answer on every rank
+        raise ConfigError(
+            f"repair_from_replicas({sorted(ranks)}) is not possible with "
+            "sharding_strategy=FULLY_SHARDED: each replica holds the only copy of its 1/G slice "
+            "of the embedding buffers, so a lost rank cannot be refilled from its replicas. "
+            "Restore with sparse2d.checkpoint.load (or train with sharding_strategy=DEFAULT)."
+        )
     world = dist.get_world_size()
     contexts = getattr(model, "contexts", None) or [model]
     plans = [

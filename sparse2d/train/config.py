@@ -166,6 +166,11 @@ class ParallelConfig:
     """Ranks of one group sharing a host (table-row-wise/grid); null: from ``LOCAL_WORLD_SIZE``."""
     sync: SyncConfig = field(default_factory=SyncConfig)
     """Replica sync cadence and options (``parallel.sync.every`` is the sync interval)."""
+    sharding_strategy: Literal["default", "fully_sharded"] = "default"
+    """``default``: each replica holds its group's embedding shards; ``fully_sharded``: between
+    steps each replica holds 1/G of them and every step averages weights and optimizer state
+    by reduce-scatter (exact; ``parallel.sync`` must stay at every=1 without overlap,
+    compression, delay or scaling; its engine and divergence metric are ignored)."""
     timeout_s: float = 300.0
     """Process-group timeout: a rank stuck this long in a collective fails instead of hanging."""
 
@@ -175,6 +180,27 @@ class ParallelConfig:
         if self.node_group_size is not None:
             positive(self, "node_group_size")
         positive(self, "timeout_s")
+        if self.sharding_strategy == "fully_sharded":
+            default = SyncConfig()
+            changed = [
+                f"sync.{k}={v!r}"
+                for k, v in dataclasses.asdict(self.sync).items()
+                if k not in ("engine", "divergence_every", "divergence_rows")
+                and v != getattr(default, k)
+            ] + (["sync.engine='sparse'"] if self.sync.engine == "sparse" else [])
+            if changed:
+                raise bad(
+                    "sharding_strategy",
+                    self.sharding_strategy,
+                    f"averages every step by a dense reduce-scatter; {', '.join(changed)} "
+                    "does not apply: drop it or use sharding_strategy=default",
+                )
+
+    def strategy(self) -> Any:
+        """TorchRec's ``ShardingStrategy`` for ``sharding_strategy``."""
+        from torchrec.distributed.types import ShardingStrategy
+
+        return ShardingStrategy[self.sharding_strategy.upper()]
 
 
 @dataclass(kw_only=True, slots=True)

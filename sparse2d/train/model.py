@@ -101,6 +101,7 @@ def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int
         for t in cfg.model.specs()
         if t.sharding is not None
     }
+    fully_sharded = cfg.parallel.sharding_strategy == "fully_sharded"
     return DMPCollection(
         module,
         group_size(cfg, device, world),
@@ -109,5 +110,6 @@ def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int
         replica_layout=cfg.parallel.replica_layout,
         node_group_size=cfg.parallel.node_group_size,
         planner_batch_size=cfg.data.batch_size_per_rank,
-        sync_options=cfg.parallel.sync.options(),
+        sync_options=None if fully_sharded else cfg.parallel.sync.options(),
+        sharding_strategy=cfg.parallel.strategy(),
     )
