@@ -221,7 +221,15 @@ def plan_context(
 
 
 def sharding_env(ctx: ShardingContext, pg: dist.ProcessGroup) -> ShardingEnv2D:
-    """TorchRec's 2D environment for the modules of one context."""
+    """TorchRec's 2D environment for the modules of one context.
+
+    FULLY_SHARDED is sparse2d's own (``sparse2d.sync.fully_sharded``, installed after
+    sharding): TorchRec must build its plain fused kernels, not its CUDA-only
+    ``ShardedBatchedFusedEmbedding*`` with the inexact reduce-scatter-after-lookup order.
+    """
+    strategy = ctx.strategy
+    if strategy == ShardingStrategy.FULLY_SHARDED:
+        strategy = ShardingStrategy.DEFAULT
     return ShardingEnv2D(
         sharding_pg=ctx.sharding_pg,
         replica_pg=ctx.replica_pg,
@@ -229,5 +237,5 @@ def sharding_env(ctx: ShardingContext, pg: dist.ProcessGroup) -> ShardingEnv2D:
         device_mesh=ctx.device_mesh,
         node_group_size=ctx.node_group_size,
         use_inter_host_allreduce=ctx.replica_layout == "inter_host",
-        sharding_strategy=ctx.strategy,
+        sharding_strategy=strategy,
     )

@@ -56,6 +56,7 @@ def workload_from_config(cfg: Config) -> Workload:
         engine=sync.engine if sync.compression == "none" else "dense",
         zipf_exponent=cfg.data.synthetic.zipf_exponent if synthetic else 1.1,
         replica_layout=cfg.parallel.replica_layout,
+        sharding_strategy=cfg.parallel.sharding_strategy,
         dense_params=dense_params(cfg),
     )
 
