@@ -50,3 +50,17 @@ def test_plan_without_a_fit_exits_1_with_fixes(capsys) -> None:
 def test_plan_rejects_bad_input(capsys) -> None:
     assert cli(["plan", "--config", "configs/tiny_cpu.yaml", "--topology", "tpu"]) == 1
     assert "neither a preset" in capsys.readouterr().err
+
+
+def test_plan_fully_sharded_needs_cuda_and_splits_weights(capsys) -> None:
+    tiny = ["plan", "--config", "configs/tiny_cpu.yaml", "--sharding-strategy", "fully_sharded"]
+    assert cli(tiny) == 1
+    assert "needs CUDA" in capsys.readouterr().err
+    base = ["plan", "--config", "configs/dlrm_criteo_1host_8gpu.yaml", "--json"]
+    assert cli(base) == 0
+    default = json.loads(capsys.readouterr().out)["candidates"]
+    assert cli([*base, "--sharding-strategy", "fully_sharded"]) == 0
+    split = json.loads(capsys.readouterr().out)["candidates"]
+    # L=1: every rank holds all weights; FULLY_SHARDED keeps 1/8 of them (G=8)
+    assert split[0]["memory_per_rank_bytes"] < default[0]["memory_per_rank_bytes"] / 4
+    assert split[-1]["memory_per_rank_bytes"] == default[-1]["memory_per_rank_bytes"]  # G=1
