@@ -17,6 +17,10 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # read the dead workers' gloo/NCCL addresses left in it ("Connection refused" in gloo's
 # connectFullMesh). With this set, rank 0 hosts a new store on a new port every round.
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+for var in NPROC MAX_RESTARTS; do  # numbers only: torchrun's own message would be a traceback
+  [[ "${!var}" =~ ^[0-9]+$ ]] || { echo "sparse2d: launch: $var=${!var} must be a whole number (e.g. $var=4)" >&2; exit 1; }
+done
+[[ "$NPROC" -ge 1 ]] || { echo "sparse2d: launch: NPROC=$NPROC must be >= 1 (processes on this host)" >&2; exit 1; }
 # Validate the config (and the world size) once, before starting any process: a bad key
 # or value is one line here instead of an error from every rank.
 "$PYTHON" -m sparse2d.train.config --check "$CONFIG" --world-size "$NPROC" --local-world-size "$NPROC" "$@"

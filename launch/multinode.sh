@@ -21,6 +21,13 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # A fresh rendezvous store per restart round (see launch/local.sh): without it, restarted
 # workers read the dead workers' addresses from the agent's reused store and cannot connect.
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+for var in NNODES NODE_RANK NPROC MAX_RESTARTS MASTER_PORT; do
+  [[ "${!var}" =~ ^[0-9]+$ ]] || { echo "sparse2d: launch: $var=${!var} must be a whole number" >&2; exit 1; }
+done
+if (( NNODES < 1 || NPROC < 1 || NODE_RANK >= NNODES )); then
+  echo "sparse2d: launch: need NNODES >= 1, NPROC >= 1 and NODE_RANK < NNODES (got NNODES=$NNODES NPROC=$NPROC NODE_RANK=$NODE_RANK); NODE_RANK counts hosts from 0" >&2
+  exit 1
+fi
 # World-size checks only (data paths may exist only on the compute hosts' file systems).
 "$PYTHON" -m sparse2d.train.config --check "$CONFIG" --world-size $((NNODES * NPROC)) \
   --local-world-size "$NPROC" --no-paths "$@"

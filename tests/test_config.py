@@ -80,6 +80,14 @@ def test_table_count_expands_names_and_features() -> None:
         (["data.source=criteo"], "data.criteo.train_files=[] is empty"),
         (["model.tables.3.rows=1"], "'model.tables.3' needs an index below 1"),
         (["train.steps"], "override 'train.steps' must look like dotted.key=value"),
+        (["parallel.timeout_s=0"], "parallel.timeout_s=0.0 must be > 0"),
+        (
+            ["checkpoint.every=7", "parallel.sync.every=2"],
+            "checkpoint.every=7 must be a multiple of parallel.sync.every=2",
+        ),
+        (["train.resume=always"], "train.resume='always' must be one of 'none', 'auto'"),
+        (["checkpoint.keep=0"], "checkpoint.keep=0 must be > 0"),
+        (["parallel.sync.check_finite=maybe"], "parallel.sync.check_finite='maybe' must be bool"),
     ],
 )
 def test_bad_values_name_the_key(overrides: list[str], expected: str) -> None:
@@ -103,7 +111,7 @@ def test_world_size_check_names_every_factor() -> None:
 
 def test_missing_data_path(tmp_path) -> None:
     present = tmp_path / "day_0.tsv"
-    present.write_text("")
+    present.write_text("0" + "\t" * 39 + "\n")  # one row (an empty file is its own error)
     cfg = load_config(
         TINY,
         [

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
+from sparse2d.errors import ConfigError
 from sparse2d.train.config import load_config
 from sparse2d.train.data import DataSource
 from sparse2d.train.data.criteo import CriteoBatches, CriteoFiles, prepare
@@ -110,3 +111,77 @@ def test_criteo_tsv_rows_hashing_and_wrap(tmp_path) -> None:
     raw0 = np.array([[int(v or "0") for v in line[1:14]] for line in lines[:30]])
     want = np.log(raw0 - raw0.min() + 2).astype(np.float32)
     torch.testing.assert_close(batch.dense_features[5:], torch.from_numpy(want[:5]))
+
+
+# ---- bad Criteo input: bad rows are skipped and counted, unusable files are errors -------
+def _criteo_cfg(tmp_path, path) -> object:
+    return load_config(
+        TINY,
+        [
+            "data.source=criteo",
+            "model.tables=[{name: cat, count: 26, rows: 97, dim: 16}]",
+            f"data.criteo.train_files=[{path}]",
+            f"data.criteo.eval_files=[{path}]",
+        ],
+    )
+
+
+BAD_ROWS = {
+    "column count": (lambda row: row[:-1], "39 columns instead of 40"),
+    "categorical": (
+        lambda row: [*row[:20], "zz9", *row[21:]],
+        "column 20 value 'zz9' is not hexadecimal",
+    ),
+    "integer": (lambda row: [row[0], "1.5", *row[2:]], "column 1 value '1.5' is not an integer"),
+    "label": (lambda row: ["2", *row[1:]], "label '2' is not 0 or 1"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_ROWS))
+def test_criteo_bad_rows_are_skipped_counted_and_named(tmp_path, kind: str) -> None:
+    path = tmp_path / "day_0.tsv"
+    lines = _write_tsv(path, 12, 3)
+    breaks, detail = BAD_ROWS[kind]
+    lines[4] = breaks(lines[4])
+    path.write_text("".join("\t".join(line) + "\n" for line in lines))
+    cfg = _criteo_cfg(tmp_path, path)
+    cfg.check_runtime(world_size=2)  # a file with a few bad rows passes the config check
+    cache = str(tmp_path / "cache")
+    report = prepare(cfg.data.criteo, cache)
+    assert report == [f"{path}: skipped 1 of 12 rows: 1 {kind} (line 5: {detail})"]
+    assert prepare(cfg.data.criteo, cache) == report  # cached, still reported
+    files = CriteoFiles(cfg.data.criteo.train_files, cache)
+    assert files.rows == 11
+    good = [lines[i] for i in range(12) if i != 4]
+    labels = CriteoBatches(files, cfg.model.specs()).rows(0, 11).labels
+    torch.testing.assert_close(labels, torch.tensor([float(line[0]) for line in good]))
+
+
+def test_criteo_file_without_usable_rows_is_an_error(tmp_path) -> None:
+    path = tmp_path / "day_0.tsv"
+    path.write_text("not\ta\tcriteo\trow\n" * 3)
+    with pytest.raises(ConfigError, match=r"has no usable rows .*3 column count \(line 1: 4 col"):
+        prepare(_criteo_cfg(tmp_path, path).data.criteo, str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p.write_text(""), "is empty; give a Criteo TSV"),
+        (lambda p: p.mkdir(), "is a directory; list the data files themselves"),
+    ],
+)
+def test_criteo_unusable_path_fails_the_config_check(tmp_path, make, message: str) -> None:
+    path = tmp_path / "day_0.tsv"
+    make(path)
+    with pytest.raises(ConfigError, match=r"data\.criteo\.train_files\[0\]=.*" + message):
+        _criteo_cfg(tmp_path, path).check_runtime(world_size=2)
+
+
+def test_criteo_empty_npy_triplet_is_an_error(tmp_path) -> None:
+    stem = tmp_path / "day_0"
+    np.save(f"{stem}_dense.npy", np.zeros((0, 13), dtype=np.float32))
+    np.save(f"{stem}_sparse.npy", np.zeros((0, 26), dtype=np.int64))
+    np.save(f"{stem}_labels.npy", np.zeros((0, 1), dtype=np.int32))
+    with pytest.raises(ConfigError, match="holds no rows; give a non-empty file"):
+        CriteoFiles([f"{stem}_dense.npy"], str(tmp_path))

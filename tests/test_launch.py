@@ -142,3 +142,29 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+LAUNCH_ERRORS = {
+    "nproc_word": ("local.sh", {"NPROC": "four"}, "NPROC=four must be a whole number"),
+    "nproc_zero": ("local.sh", {"NPROC": "0"}, "NPROC=0 must be >= 1"),
+    "restarts": ("local.sh", {"MAX_RESTARTS": "-1"}, "MAX_RESTARTS=-1 must be a whole number"),
+    "config": ("local.sh", {"CONFIG": "configs/nope.yaml"}, "'configs/nope.yaml': file not found"),
+    "nnodes": ("multinode.sh", {"NODE_RANK": "0", "MASTER_ADDR": "h"}, "NNODES: set NNODES"),
+    "node_rank": (
+        "multinode.sh",
+        {"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "h", "CONFIG": "configs/tiny_cpu.yaml"},
+        "NODE_RANK < NNODES (got NNODES=2 NPROC=8 NODE_RANK=2)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAUNCH_ERRORS))
+def test_launcher_rejects_bad_environment_before_starting(case: str) -> None:
+    script, env, message = LAUNCH_ERRORS[case]
+    clean = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NODE_RANK", "NPROC")}
+    run = subprocess.run(
+        [f"launch/{script}"], cwd=ROOT, env={**clean, "PYTHON": sys.executable, **env},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr

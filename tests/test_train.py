@@ -244,3 +244,18 @@ def test_fully_sharded_trains_and_resumes_as_default(tmp_path) -> None:
     assert second.returncode == 0, second.stderr[-3000:]
     assert "[resume]" in second.stdout and "step 20" in second.stdout
     assert _summary(tmp_path)["steps"] == 30
+
+
+def test_unusable_criteo_file_stops_every_rank_in_one_line(tmp_path) -> None:
+    """The file passes the config check (it exists, it is not empty) but no row is Criteo:
+    the preparing rank's error reaches every rank (no rank is left waiting in a barrier)."""
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("a\tb\n" * 5)
+    run = _torchrun(2, "data.source=criteo", "model.tables=[{name: cat, count: 26, rows: 64, dim: 16}]",
+                    f"data.criteo.train_files=[{bad}]", f"data.criteo.eval_files=[{bad}]",
+                    "parallel.sharding_group_size=1", "parallel.timeout_s=60",
+                    f"run_dir={tmp_path / 'run'}", timeout=300)  # fmt: skip
+    assert run.returncode != 0
+    lines = [line for line in run.stderr.splitlines() if line.startswith("sparse2d.train:")]
+    assert len(lines) == 1, run.stderr[-3000:]
+    assert "has no usable rows" in lines[0] and "5 column count (line 1: 2 columns" in lines[0]

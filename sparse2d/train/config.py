@@ -21,7 +21,7 @@ import yaml
 
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import divisors
-from sparse2d.train.config_criteo import check_features, missing_files
+from sparse2d.train.config_criteo import check_features, missing_files, unreadable
 from sparse2d.train.config_io import (
     KeyValueError,
     apply_override,
@@ -350,6 +350,9 @@ class Config:
                         raise ConfigError(
                             f"data.criteo.{key}[{i}]={path!r}: file not found: {missing[0]!r}."
                         )
+                    problem = unreadable(path)
+                    if problem:
+                        raise ConfigError(f"data.criteo.{key}[{i}]={path!r}: {problem}.")
 
     def _check_group(self, size: int | None, world_size: int, factors: str) -> None:
         if size is not None and (size > world_size or world_size % size):

@@ -43,3 +43,15 @@ def triplet(path: str) -> list[str] | None:
 def missing_files(path: str) -> list[str]:
     """The files ``path`` needs that do not exist."""
     return [p for p in (triplet(path) or [path]) if not os.path.exists(p)]
+
+
+def unreadable(path: str) -> str | None:
+    """Why ``path`` (or its npy triplet) cannot be read as data, or ``None``."""
+    for p in triplet(path) or [path]:
+        if os.path.isdir(p):
+            return f"{p!r} is a directory; list the data files themselves"
+        if not os.access(p, os.R_OK):
+            return f"{p!r} is not readable (permissions); chmod it or run as its owner"
+        if os.path.getsize(p) == 0:
+            return f"{p!r} is empty; give a Criteo TSV (or npy triplet) with rows"
+    return None

@@ -39,11 +39,12 @@ class Loop:
             self._metrics = open(os.path.join(cfg.run_dir, "metrics.jsonl"), "a")  # noqa: SIM115
         cache_dir = cfg.data.criteo.cache_dir or os.path.join(cfg.run_dir, "criteo_cache")
         if cfg.data.source == "criteo":
-            from sparse2d.train.data.criteo import prepare
+            from sparse2d.train.data.criteo import prepare_everywhere
 
-            if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-                prepare(cfg.data.criteo, cache_dir)
-            dist.barrier()
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+            for line in prepare_everywhere(cfg.data.criteo, cache_dir, local_rank):
+                if self.is_main:  # bad rows are skipped, counted and named once per file
+                    print(f"[data] {line}", flush=True)
         self.data = DataSource(cfg, self.rank, self.world, cache_dir)
         self.model = shard(cfg, build_model(cfg, device), device, self.world)
         self.optimizer = dense_optimizer(cfg, self.model)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,9 +27,11 @@ from torchrec.datasets.criteo import (
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from sparse2d.errors import ConfigError
 from sparse2d.train.config import CriteoConfig
 from sparse2d.train.config_criteo import KINDS, triplet
 from sparse2d.train.config_model import TableSpec
+from sparse2d.train.data.criteo_rows import check_rows
 
 
 def cached_triplet(path: str, cache_dir: str) -> list[str]:
@@ -42,17 +45,50 @@ def cached_triplet(path: str, cache_dir: str) -> list[str]:
     return [f"{stem}_{kind}.npy" for kind in KINDS]
 
 
-def prepare(cfg: CriteoConfig, cache_dir: str) -> None:
-    """Convert every TSV not yet cached (call on one rank per host, then barrier)."""
+def prepare(cfg: CriteoConfig, cache_dir: str) -> list[str]:
+    """Convert every TSV not yet cached (one rank per host: see ``prepare_everywhere``).
+
+    Bad rows are skipped (``criteo_rows``); returns one line per file that had some.
+    """
     os.makedirs(cache_dir, exist_ok=True)
-    for path in [*cfg.train_files, *cfg.eval_files]:
+    skipped = []
+    for path in dict.fromkeys([*cfg.train_files, *cfg.eval_files]):
         out = cached_triplet(path, cache_dir)
-        if all(os.path.exists(p) for p in out):
-            continue
-        tmp = [f"{p[:-4]}.tmp{os.getpid()}.npy" for p in out]
-        BinaryCriteoUtils.tsv_to_npys(path, *tmp, dataset_name="criteo_1tb")
-        for src, dst in zip(tmp, out):
-            os.replace(src, dst)
+        report = f"{out[0][: -len('_dense.npy')]}_skipped.txt"
+        if not all(os.path.exists(p) for p in out):
+            source, rows = check_rows(path, f"{report[:-4]}.tsv")
+            tmp = [f"{p[:-4]}.tmp{os.getpid()}.npy" for p in out]
+            BinaryCriteoUtils.tsv_to_npys(source, *tmp, dataset_name="criteo_1tb")
+            if source != path:
+                os.remove(source)
+            if rows.skipped:  # kept beside the cache: later runs report it too
+                with open(report, "w") as f:
+                    f.write(rows.describe())
+            for src, dst in zip(tmp, out):
+                os.replace(src, dst)
+        if os.path.exists(report):
+            with open(report) as f:
+                skipped += [line for line in f.read().splitlines() if line]
+    return skipped
+
+
+def prepare_everywhere(cfg: CriteoConfig, cache_dir: str, local_rank: int) -> list[str]:
+    """``prepare`` on local rank 0 of each host; every rank learns any failure (collective),
+    so a bad file stops all ranks with the same error instead of leaving them in a barrier."""
+    import torch.distributed as dist
+
+    outcome: dict[str, Any] = {"skipped": [], "error": ""}
+    if local_rank == 0:
+        try:
+            outcome["skipped"] = prepare(cfg, cache_dir)
+        except (ConfigError, OSError, ValueError) as error:
+            outcome["error"] = f"{type(error).__name__}: {error}"
+    every: list[dict[str, Any] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, outcome)
+    errors = [o["error"] for o in every if o and o["error"]]
+    if errors:
+        raise ConfigError(f"preparing the Criteo data failed: {errors[0]}")
+    return sorted({line for o in every if o for line in o["skipped"]})
 
 
 class CriteoFiles:
@@ -63,6 +99,11 @@ class CriteoFiles:
             [np.load(p, mmap_mode="r") for p in cached_triplet(path, cache_dir)] for path in paths
         ]
         sizes = [len(dense) for dense, _, _ in self.parts]
+        for path, size in zip(paths, sizes):
+            if size == 0:
+                raise ConfigError(
+                    f"data.criteo file {path!r} holds no rows; give a non-empty file."
+                )
         self.starts = np.cumsum([0, *sizes])
         self.rows = int(self.starts[-1])
 
