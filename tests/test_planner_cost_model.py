@@ -90,7 +90,7 @@ def test_optimizer_state_is_counted_per_kind() -> None:
 def test_fully_sharded_splits_weights_over_replicas() -> None:
     w = workload(TW2, optimizer="rowwise_adagrad", sharding_strategy="fully_sharded")
     c = AnalyticCostModel(w, topology(8), PLANNER).estimate(2)
-    assert c.state_per_rank_bytes == ROWS * DIM * 4 // 4 + ROWS * 4  # G = 4
+    assert c.state_per_rank_bytes == (ROWS * DIM * 4 + ROWS * 4) // 4  # G = 4, state too
 
 
 def test_sync_without_optimizer_state_and_across_hosts() -> None:

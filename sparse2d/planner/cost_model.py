@@ -5,7 +5,7 @@ layout (``group_layout``) and the cluster (``topology``):
 
 * memory per rank: shard weights + every fused optimizer state + TorchRec's I/O buffer
   estimate; the most loaded rank counts (imbalance included). FULLY_SHARDED keeps
-  ``1/G`` of the weights (optimizer state stays whole, as in TorchRec).
+  ``1/G`` of the weights and of the optimizer state (``sparse2d.sync.fully_sharded``).
 * lookup all-to-all per rank per step: every shard's holder sends its pooled output for
   the ``L - 1`` other ranks' samples (``(L-1) * B * features * cols`` values, exact for
   table-, column- and row-wise), the same again for the gradients, plus the ids.
@@ -104,9 +104,10 @@ def shard_state_bytes(shard: PlacedShard, workload: Workload, replicas: int) -> 
     """(weight bytes held, optimizer state bytes) of one shard on its rank."""
     eb = workload.element_bytes
     weights = shard.rows * shard.cols * eb
-    if workload.sharding_strategy == "fully_sharded":
-        weights = math.ceil(weights / replicas)
-    return weights, shard.rows * workload.row_state_values(shard.cols) * eb
+    state = shard.rows * workload.row_state_values(shard.cols) * eb
+    if workload.sharding_strategy == "fully_sharded":  # sparse2d slices the state too
+        return math.ceil(weights / replicas), math.ceil(state / replicas)
+    return weights, state
 
 
 def _peers(topology: ClusterTopology, ranks: list[int]) -> tuple[int, int]:
@@ -185,10 +186,14 @@ class AnalyticCostModel(CostModel):
         sync_s = _allreduce_s(sync_bytes, replica_ranks, topo)
         sync_s = (sync_s + (topo.sync_overhead_s if replicas > 1 else 0.0)) / w.sync_every
         if w.sharding_strategy == "fully_sharded" and replicas > 1:
-            # FULLY_SHARDED all-gathers the weights before the lookup and reduce-scatters them
-            # after, every step: 2 (G-1)/G of a rank's full shard bytes (not 1/G).
-            full = max(sum(s.count * s.rows * s.cols * eb for s in ss) for ss in per_rank)
-            sync_s += _allreduce_s(full, replica_ranks, topo)
+            # sparse2d's FULLY_SHARDED, every step: all-gather the weights for the lookup,
+            # all-gather weights + state for the fused update, reduce-scatter both after it:
+            # 1.5 all-reduces of a rank's full shard bytes; it replaces the cadence sync.
+            full = max(
+                sum(s.count * s.rows * (s.cols + w.row_state_values(s.cols)) * eb for s in ss)
+                for ss in per_rank
+            )
+            sync_s = 1.5 * _allreduce_s(full, replica_ranks, topo) + topo.sync_overhead_s
         mean_lookup = sum(lookup) / L
         compute_s = 3 * max(lookup) / topo.lookup_bw + 6 * w.dense_params * B / topo.dense_flops
         dense_s = _allreduce_s(w.dense_params * 4, list(range(topo.world_size)), topo)

@@ -64,7 +64,7 @@ class Workload:
     replica_layout: Literal["intra_host", "inter_host"] = "intra_host"
     """Where the replicas of a shard sit (adjacent ranks or across hosts)."""
     sharding_strategy: Literal["default", "fully_sharded"] = "default"
-    """``fully_sharded``: TorchRec's FULLY_SHARDED 2D (weights split over replicas, CUDA only)."""
+    """``fully_sharded``: sparse2d's FULLY_SHARDED 2D (weights and state split over replicas)."""
     dense_params: int = 0
     """Dense (MLP) parameters, data-parallel over the whole world."""
     element_bytes: int = 4
