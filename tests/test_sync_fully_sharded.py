@@ -280,3 +280,44 @@ def test_checkpoint_reshards_between_default_and_fully_sharded(world4, tmp_path)
             torch.testing.assert_close(fs, default, atol=1e-5, rtol=0)
             torch.testing.assert_close(r["back"][key], default, atol=0, rtol=0)
         assert r["storage"] == 0
+
+
+def check_mixed_contexts() -> dict:
+    """DEFAULT EBC at L=2 next to a FULLY_SHARDED EC at L=1 (submodule_configs): like 1D."""
+    from torchrec import EmbeddingCollection
+    from torchrec.distributed.types import DMPCollectionConfig
+
+    from tests import test_contexts as ctx
+
+    unsharded = ctx.build()
+    weights = {**full_weights(unsharded.pooled), **full_weights(unsharded.sequence)}
+    reference = shard_1d(ctx.build(), ctx.ALL)
+    load_full_weights(reference, weights)
+    ref_losses = ctx.train(reference, sync=False)
+    config = DMPCollectionConfig(
+        module=EmbeddingCollection, plan=None, sharding_group_size=1, sharding_strategy=FS
+    )
+    model = DMPCollection(
+        ctx.build(), 2, device="cpu", constraints=constraints_for(ctx.ALL),
+        submodule_configs=[config],
+    )  # fmt: skip
+    with materialized(model):
+        load_full_weights(model, weights)
+    losses = ctx.train(model, sync=True)
+    sliced = {t for k in model.fully_sharded.kernels for t in k.tables}
+    expected, _ = ctx.tables_and_coverage(reference)
+    with materialized(model):
+        got, _ = ctx.tables_and_coverage(model)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), atol=1e-5, rtol=0)
+    return {"sliced": sliced, "storage": _tbe_weight_bytes(model)}
+
+
+@pytest.mark.slow
+def test_fully_sharded_context_next_to_a_default_one(world4) -> None:
+    results = world4.run(check_mixed_contexts, timeout=900)
+    for r in results:
+        assert r["sliced"] <= {t.name for t in SEQUENCE_TABLES}  # only the EC is sliced
+        assert r["storage"] > 0  # the DEFAULT EBC keeps its full shards
+    assert any(r["sliced"] for r in results)
