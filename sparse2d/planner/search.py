@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from sparse2d.errors import ConfigError, PlanError
+from sparse2d.errors import PlanError
 from sparse2d.mesh import divisors
 from sparse2d.planner.cost_model import AnalyticCostModel, Candidate, CostModel
 from sparse2d.planner.group_layout import GroupLayoutPlanner, TorchRecGroupPlanner
@@ -47,12 +47,6 @@ def advise(
     model: CostModel | None = None,
 ) -> Advice:
     """Estimate every divisor ``L`` of the world size and recommend one (None: nothing fits)."""
-    if workload.sharding_strategy == "fully_sharded" and topology.compute_device != "cuda":
-        raise ConfigError(
-            f"sharding_strategy='fully_sharded' needs CUDA (TorchRec's FULLY_SHARDED 2D is "
-            f"CUDA only), but topology {topology.name!r} computes on "
-            f"{topology.compute_device!r}; use sharding_strategy='default' or a CUDA topology."
-        )
     model = model or AnalyticCostModel(workload, topology, planner or default_planner())
     candidates = tuple(model.estimate(L) for L in divisors(topology.world_size))
     fitting = [c for c in candidates if c.fits]
