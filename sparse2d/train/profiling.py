@@ -40,6 +40,10 @@ class StepProfiler:
         )
         self._prof.__enter__()
 
+    @property
+    def enabled(self) -> bool:
+        return self._prof is not None
+
     def step(self) -> None:
         """Mark the end of a training step."""
         if self._prof is not None:
