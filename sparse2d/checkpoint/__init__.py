@@ -1,6 +1,7 @@
 """Checkpoints and replica repair for a ``DMPCollection``.
 
-``dcp``: save/load over ``torch.distributed.checkpoint`` with replica dedup, resharding
+``directory``: the ``step_*`` checkpoints, the ``latest`` pointer and pruning (no
+collectives); ``dcp``: save/load over ``torch.distributed.checkpoint`` with replica dedup, resharding
 to any (world size, group size, plan), an atomic ``latest`` pointer and checks before
 any weight changes; ``layout``: the keys and global offsets of each local shard;
 ``repair``: restore a diverged replica from a healthy one, without a checkpoint.

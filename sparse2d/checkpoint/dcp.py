@@ -21,7 +21,6 @@ one accumulator each), ``dense.NAME`` for every plain tensor of
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -39,6 +38,20 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 
+from sparse2d.checkpoint.directory import (
+    LATEST,
+    MARKER,
+    PREFIX,
+    CheckpointError,
+    CorruptCheckpointError,
+    fsync_dir,
+    latest,
+    list_checkpoints,
+    prune,
+    resolve_checkpoint,
+    step_of,
+    write_atomic,
+)
 from sparse2d.checkpoint.integrity import MARKER_KEY, agree_on_failure, digest_files, verify_files
 from sparse2d.checkpoint.layout import (
     build_embedding_state,
@@ -48,14 +61,10 @@ from sparse2d.checkpoint.layout import (
     dense_entries,
     table_specs,
 )
-from sparse2d.errors import ConfigError
 from sparse2d.sync.fully_sharded import materialized
 from sparse2d.sync.tensors import flush_caches
 
 FORMAT_VERSION = 1
-MARKER = "COMPLETE.json"
-LATEST = "latest"
-_PREFIX = "step_"
 
 __all__ = [
     "CheckpointError",
@@ -67,105 +76,6 @@ __all__ = [
     "prune",
     "save",
 ]
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that is missing, incomplete, corrupt or does not match the model."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A complete checkpoint whose files are damaged (truncated, missing, bytes changed):
-    an older checkpoint may still be good, unlike a mismatch with the model."""
-
-
-# ---- directory bookkeeping (pure filesystem, no collectives) -------------------------
-def _step_of(name: str) -> int | None:
-    if not name.startswith(_PREFIX) or ".tmp-" in name or ".trash-" in name:
-        return None
-    digits = name[len(_PREFIX) :]
-    return int(digits) if digits.isdigit() else None
-
-
-def list_checkpoints(path: str | os.PathLike[str]) -> list[str]:
-    """Complete checkpoints under ``path`` (those with a completion marker), oldest first."""
-    root = os.fspath(path)
-    if not os.path.isdir(root):
-        return []
-    found = []
-    for name in os.listdir(root):
-        step = _step_of(name)
-        if step is not None and os.path.isfile(os.path.join(root, name, MARKER)):
-            found.append((step, os.path.join(root, name)))
-    return [p for _, p in sorted(found)]
-
-
-def latest(path: str | os.PathLike[str]) -> str | None:
-    """The newest complete checkpoint under ``path``, or ``None``.
-
-    Follows the ``latest`` pointer; if it is missing or names an incomplete directory
-    (a crash between rename and pointer update), falls back to the newest complete one.
-    """
-    root = os.fspath(path)
-    pointer = os.path.join(root, LATEST)
-    if os.path.isfile(pointer):
-        with open(pointer) as f:
-            name = f.read().strip()
-        candidate = os.path.join(root, name)
-        if name and os.path.isfile(os.path.join(candidate, MARKER)):
-            return candidate
-    complete = list_checkpoints(root)
-    return complete[-1] if complete else None
-
-
-def prune(path: str | os.PathLike[str], keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` complete checkpoints and any stale partial saves.
-
-    Never deletes the checkpoint ``latest`` points to. Call on one rank only (``save``
-    calls it on rank 0 after the new checkpoint is complete). Returns what was deleted.
-    """
-    if keep < 1:
-        raise CheckpointError(f"keep={keep} must be >= 1 (the number of checkpoints to retain)")
-    root = os.fspath(path)
-    newest = latest(root)
-    complete = list_checkpoints(root)
-    doomed = [p for p in complete[:-keep] if p != newest]
-    doomed += [os.path.join(root, n) for n in os.listdir(root) if ".tmp-" in n or ".trash-" in n]
-    for victim in doomed:
-        if os.path.isdir(victim):
-            shutil.rmtree(victim, ignore_errors=True)
-        else:  # a stale ``latest.tmp-*`` pointer file
-            with contextlib.suppress(OSError):
-                os.remove(victim)
-    return doomed
-
-
-def _write_atomic(target: str, text: str) -> None:
-    tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _resolve(path: str) -> str:
-    if os.path.isfile(os.path.join(path, MARKER)):
-        return path
-    found = latest(path)
-    if found is None:
-        raise CheckpointError(
-            f"no complete checkpoint at {path!r}: expected a directory with {MARKER} or a root "
-            f"holding step_* checkpoints; partial saves (*.tmp-*) are never loaded"
-        )
-    return found
 
 
 def _one_line(error: BaseException) -> str:
@@ -282,7 +192,7 @@ def save(
     policy = getattr(model, "sync_policy", None)
     if policy is not None:  # land any overlapped/delayed transfer before reading the shards
         policy.finish()
-    named = _step_of(os.path.basename(os.path.normpath(root)))
+    named = step_of(os.path.basename(os.path.normpath(root)))
     if named is not None:  # given root/step_N: save as step N under root
         if step is not None and step != named:
             raise CheckpointError(f"save path {root!r} names step {named} but step={step}")
@@ -295,13 +205,13 @@ def save(
             step = given
         else:
             newest = latest(root)
-            step = 0 if newest is None else int(os.path.basename(newest)[len(_PREFIX) :]) + 1
+            step = 0 if newest is None else int(os.path.basename(newest)[len(PREFIX) :]) + 1
     if step < 0:
         raise CheckpointError(f"step={step} must be >= 0")
     rank = dist.get_rank()
     token = [uuid.uuid4().hex[:8] if rank == 0 else None]
     dist.broadcast_object_list(token, src=0)
-    name = f"{_PREFIX}{step:08d}"
+    name = f"{PREFIX}{step:08d}"
     tmp = os.path.join(root, f"{name}.tmp-{token[0]}")
     start = time.perf_counter()
     with materialized(model):  # FULLY_SHARDED: the full buffers while DCP reads them
@@ -341,15 +251,15 @@ def save(
                 "save_seconds": time.perf_counter() - start,
                 MARKER_KEY: files,
             }
-            _write_atomic(os.path.join(tmp, MARKER), json.dumps(marker, indent=1))
+            write_atomic(os.path.join(tmp, MARKER), json.dumps(marker, indent=1))
             final = os.path.join(root, name)
             trash = None
             if os.path.exists(final):
                 trash = os.path.join(root, f"{name}.trash-{token[0]}")
                 os.rename(final, trash)
             os.rename(tmp, final)
-            _fsync_dir(root)
-            _write_atomic(os.path.join(root, LATEST), name)
+            fsync_dir(root)
+            write_atomic(os.path.join(root, LATEST), name)
             if trash is not None:
                 shutil.rmtree(trash, ignore_errors=True)
             if keep is not None:
@@ -396,7 +306,7 @@ def load(
     buffers and are copied into the live shards only after every rank read everything.
     RNG states are restored when the world size is unchanged (they are per rank).
     """
-    ckpt = _resolve(os.fspath(path))
+    ckpt = resolve_checkpoint(os.fspath(path))
     marker = _read_marker(ckpt)
     try:  # truncation first: its message names the tables that lost data
         metadata = _read_metadata(ckpt)
