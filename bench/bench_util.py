@@ -33,6 +33,14 @@ def write_section(text: str, marker: str, path: str | os.PathLike[str] = RESULTS
         f.write(new)
 
 
+def rendezvous_env(rank: int, world: int, port: int) -> None:
+    """The torchrun-style env a spawned benchmark rank needs before ``init_process_group``."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+        WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+    )  # fmt: skip
+
+
 def _spawned(rank: int, world: int, port: int, fn: Any, args: tuple, queue: Any) -> None:
     import datetime
     import logging
@@ -41,10 +49,7 @@ def _spawned(rank: int, world: int, port: int, fn: Any, args: tuple, queue: Any)
     import torch
     import torch.distributed as dist
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-        WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-    )  # fmt: skip
+    rendezvous_env(rank, world, port)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)  # TorchRec logs every plan at WARNING
     torch.set_num_threads(1)

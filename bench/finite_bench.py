@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
 import sys
 import time
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import free_port, write_section
+from bench_util import free_port, rendezvous_env, write_section
 
 CASES = {
     "large (4 x 100k x 64, dense)": {"tables": 4, "rows": 100_000, "dim": 64, "engine": "dense"},
@@ -68,10 +67,7 @@ def _step(model: Any, case: dict, step: int, rank: int) -> None:
 
 
 def _worker(rank: int, world: int, port: int, repeats: int, out: Any) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-        WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-    )  # fmt: skip
+    rendezvous_env(rank, world, port)
     import torch
     import torch.distributed as dist
     from torchrec.distributed.planner.types import ParameterConstraints

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import free_port, write_section
+from bench_util import free_port, rendezvous_env, write_section
 
 STRATEGIES = ("DEFAULT", "FULLY_SHARDED")
 
@@ -104,10 +104,7 @@ def _step(model: Any, args: argparse.Namespace, step: int, rank: int, probe: lis
 
 
 def _worker(rank: int, world: int, port: int, job: tuple, args: argparse.Namespace, out) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-        WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-    )  # fmt: skip
+    rendezvous_env(rank, world, port)
     import torch
     import torch.distributed as dist
     import torchrec.distributed.planner  # noqa: F401  (imports out of the RSS baseline)

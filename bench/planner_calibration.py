@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch.multiprocessing as mp
-from bench_util import free_port, write_section
+from bench_util import free_port, rendezvous_env, write_section
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -68,10 +68,7 @@ def _batch(step: int, rank: int, rows: int, batch: int) -> Any:
 
 
 def _worker(rank: int, world: int, port: int, steps: int, out: Any) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-        WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-    )  # fmt: skip
+    rendezvous_env(rank, world, port)
     import torch
     import torch.distributed as dist
     from torchrec.distributed.planner.types import ParameterConstraints

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import free_port, write_section
+from bench_util import free_port, rendezvous_env, write_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -64,10 +64,7 @@ def _batch(args: argparse.Namespace, step: int, rank: int) -> Any:
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-        WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-    )  # fmt: skip
+    rendezvous_env(rank, world, port)
     import torch
     import torch.distributed as dist
     from torchrec.distributed.planner.types import ParameterConstraints
