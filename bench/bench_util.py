@@ -33,6 +33,14 @@ def write_section(text: str, marker: str, path: str | os.PathLike[str] = RESULTS
         f.write(new)
 
 
+def machine_note(load_at_start: float) -> str:
+    """How busy the machine was: absolute times mean little on a loaded 2-core box."""
+    return (
+        f"{os.cpu_count()} cores, 1-minute load average {load_at_start:.1f} at start and "
+        f"{os.getloadavg()[0]:.1f} at end"
+    )
+
+
 def rendezvous_env(rank: int, world: int, port: int) -> None:
     """The torchrun-style env a spawned benchmark rank needs before ``init_process_group``."""
     os.environ.update(

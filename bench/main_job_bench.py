@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_util import write_section
+from bench_util import machine_note, write_section
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -30,9 +30,10 @@ SETTINGS = {
     "1D (L=4)": ["parallel.sharding_group_size=4"],
     "2D (L=2, default: engine auto, hide)": [],
     "2D (L=2, engine dense, hide)": ["parallel.sync.engine=dense"],
+    "2D (L=2, engine sparse, hide)": ["parallel.sync.engine=sparse"],
 }
-"""The first two are the acceptance pair; the third checks auto against the better fixed
-engine on the main job (dense: the touched-rows engine cost twice as much there, issue 11)."""
+"""The first two are the acceptance pair; the fixed engines check auto against the better
+one on the main job (the touched-rows engine cost twice the dense one there, issue 11)."""
 
 
 def run_trainer(overrides: list[str], steps: int, run_dir: str, nproc: int = 4) -> dict[str, Any]:
@@ -61,7 +62,12 @@ def measure(settings: dict[str, list[str]], steps: int, rounds: int) -> dict[str
                 out[name].append(
                     {
                         k: summary[k]
-                        for k in ("samples_per_s", "sync_s_per_step", "sync_bytes_per_step")
+                        for k in (
+                            "samples_per_s",
+                            "sync_s_per_step",
+                            "sync_bytes_per_step",
+                            "sync_modes",
+                        )
                     }
                 )
     return out
@@ -73,19 +79,20 @@ def _markdown(results: dict[str, list[dict]], args: argparse.Namespace, wall: fl
         "",
         f"`configs/tiny_cpu.yaml` through the trainer (`torch.distributed.run`, 4 gloo CPU "
         f"processes, global batch 512), {args.steps} steps per run, {args.rounds} rounds "
-        f"alternating the settings' order, on the 2-core machine shared with other helpers' "
-        f"jobs (absolute samples/s move with their load; compare within a round). Wall "
-        f"{wall:.0f} s.",
+        f"alternating the settings' order; {args.machine}. Wall {wall:.0f} s.",
         "",
-        "| setting | best samples/s | every round | sync ms/step (best run) | sync KB/step |",
-        "|---|---:|---|---:|---:|",
+        "| setting | best samples/s | every round | sync ms/step (best run) | sync KB/step "
+        "| syncs dense / sparse (best run) |",
+        "|---|---:|---|---:|---:|---|",
     ]
     for name, runs in results.items():
         best = max(runs, key=lambda x: x["samples_per_s"])
         rounds = ", ".join(f"{x['samples_per_s']:.0f}" for x in runs)
+        modes = best["sync_modes"]
         lines.append(
             f"| {name} | {best['samples_per_s']:.0f} | {rounds} | "
-            f"{1e3 * best['sync_s_per_step']:.2f} | {best['sync_bytes_per_step'] / 1e3:.1f} |"
+            f"{1e3 * best['sync_s_per_step']:.2f} | {best['sync_bytes_per_step'] / 1e3:.1f} | "
+            f"{modes.get('dense', 0)} / {modes.get('sparse', 0)} |"
         )
     names = list(results)
     best = {n: max(x["samples_per_s"] for x in results[n]) for n in names}
@@ -116,9 +123,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
-    start = time.perf_counter()
+    start, load = time.perf_counter(), os.getloadavg()[0]
     results = measure(SETTINGS, args.steps, args.rounds)
     wall = time.perf_counter() - start
+    args.machine = machine_note(load)
     (args.out / "main_job.json").write_text(json.dumps(results, indent=1))
     markdown = _markdown(results, args, wall)
     print(markdown)

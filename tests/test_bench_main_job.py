@@ -20,4 +20,6 @@ def test_main_job_bench_two_steps() -> None:
         assert len(runs) == 1 and runs[0]["samples_per_s"] > 0, runs
     assert results["1D (L=4)"][0]["sync_bytes_per_step"] == 0
     assert results["2D (L=2)"][0]["sync_bytes_per_step"] > 0
-    assert "2D (default) / 1D" in _markdown(results, argparse.Namespace(steps=2, rounds=1), 1.0)
+    assert results["2D (L=2)"][0]["sync_modes"], results  # engine auto reports its choices
+    args = argparse.Namespace(steps=2, rounds=1, machine="test")
+    assert "2D (default) / 1D" in _markdown(results, args, 1.0)

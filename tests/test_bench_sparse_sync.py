@@ -25,6 +25,6 @@ def test_sparse_sync_bench_one_cell(world4) -> None:
     assert len(runs) == 2 and len(sweep) == len(FRACTIONS)  # uniform + zipf, every=1
     for run in runs:
         assert run["sparse_bytes"] < run["dense_bytes"] and run["auto_s"] > 0, run
-    text = _markdown(results, argparse.Namespace(reps=1, ab_reps=1), 1.0)
+    text = _markdown(results, argparse.Namespace(reps=1, ab_reps=1, machine="test"), 1.0)
     assert "auto / best" in text and "| 4e+03 |" in text.split("alternating")[1]
     assert all(len(v) == 1 for v in results[0]["ab"].values()), results[0]["ab"]

@@ -210,6 +210,11 @@ def check_tracker_marks_looked_up_rows() -> None:
         # SGD moves every looked-up row (nonzero gradient) and nothing else: marks are exact.
         assert changed.tolist() == marked.tolist(), shard.table
         assert 0 < marked.numel() <= 2 * 8 * 3, shard.table  # L ranks x batch 8 x <= 3 ids
+    # The one-pass counts (one prefix sum per kernel) agree with counting shard by shard.
+    for base in (0, 1):
+        counts = engine.tracker.counts_since(base).tolist()
+        assert counts == [engine.tracker.count_since(i, base) for i in range(len(counts))]
+        assert len(counts) == len(model.shard_states) and (base or sum(counts) > 0), counts
     # Column-wise shards of one table (spread over the sharding group) mark the same rows.
     column_wise = {
         shard.col_offset: engine.tracker.rows_since(i, 0).tolist()

@@ -1,33 +1,43 @@
-"""``engine="auto"``: per sync, the cheaper of a dense and a touched-rows sync, by cost.
+"""``engine="auto"``: per sync, the cheaper of a dense and a touched-rows sync, by measured cost.
 
 The touched-rows engine pays fixed costs a dense sync does not: one all-gather
 of per-shard counts and usually one union exchange before the payload
 all-reduce, plus a scan of the row stamps and indexed copies. On small shards
 those collectives cost more than the bytes they save (the main job: 14.4 ms vs
-6.9 ms per sync); on large, sparsely touched shards they save 60x. So each
-sync predicts both with ``LinkCosts`` (measured at start-up) and the expected
-union per shard, and runs the cheaper.
+6.9 ms per sync); on large, sparsely touched shards they save 60x.
 
-Every input of the decision is identical on all replicas, so all take the same
-branch (no mismatched collectives):
+How it decides:
 
-* the constants are MAX-reduced over the replica group at start-up;
+* **model**: ``LinkCosts`` (probed at start-up) and the expected union per shard
+  give each mode's predicted seconds;
+* **correction**: each mode keeps its own measured / modelled ratio (EMA), so a
+  cost the model gets wrong for one mode only (the extra collectives of the
+  touched-rows mode on a busy host, copies slower than probed) is learnt from
+  that mode's own syncs; a mode not measured yet borrows the other's ratio;
+* **choice**: the ``home`` mode switches when the other is predicted
+  ``HYSTERESIS`` cheaper (noise near break-even would flip it every sync);
+* **exploration**: the other mode runs once after ``EXPLORE_FIRST`` home syncs,
+  then after twice as many each time it confirms home (up to ``EXPLORE_LAST``),
+  but only while it is predicted within ``EXPLORE_RATIO`` of home. The worst case
+  is bounded: one sync at most ``EXPLORE_RATIO`` x home per interval (< 2% of
+  sync time over 300 syncs); a mode predicted 60x dearer is never tried.
+
+The measured time of a sync is its exposed time: build, waits and write-back
+(``observe``, from the policy; with ``hide`` the landing wait is included), else
+``payload`` to ``synced``. Every input of a decision is identical on all
+replicas, so all take the same branch (no mismatched collectives):
+
+* the probe's constants are MAX-reduced over the replica group;
 * union sizes come from the last touched-rows sync (agreed by construction) or,
   in dense mode, from the local touched counts riding at the end of the dense
-  fp32 all-reduce (their average is the same on every replica; union is
+  fp32 all-reduce (their average is the same on every replica; the union is
   estimated as replicas x mean count x the overlap seen in the last sparse sync);
-* online refinement: each replica also sends its measured time of the previous
-  sync (int microseconds along with the sparse counts; seconds and squared
-  seconds in the dense tail, whose averages give the fastest replica's time).
-  The fastest replica arrived last and did not wait for the others, so its time
-  is the sync's own cost. The touched-rows mode also sends the time of its
-  metadata all-gather alone, which refines the per-collective latency (on a
-  busy host far above the idle-loop probe); the rest of the difference refines
-  one scale on the byte, copy and scan terms (both EMAs).
+* each sync carries every replica's measured time of the previous sync (ints along
+  with the counts; seconds and squared seconds in the dense tail, whose averages
+  give the fastest replica's time). The fastest replica arrived last and did not
+  wait for the others, so its time is the sync's own cost.
 
-A switch needs the other mode to be predicted ``HYSTERESIS`` cheaper (noise near
-the break-even point would otherwise flip it every sync). Values are the same as
-the dense engine's to the bit: only which rows travel changes.
+Values are the same as the dense engine's to the bit: only which rows travel changes.
 """
 
 from __future__ import annotations
@@ -51,15 +61,97 @@ from sparse2d.sync.tensors import ShardState, flush_caches
 
 DENSE, SPARSE = "dense", "sparse"
 HYSTERESIS = 0.9
-"""Switch modes only when the other one is predicted below this fraction of the current."""
+"""Switch home only when the other mode is predicted below this fraction of it."""
 EMA = 0.3
-"""Weight of the newest observation in the refined latency and scale."""
-SCALE_RANGE = (0.2, 20.0)
-"""Bounds of one observation of the scale (a stall must not swamp the model)."""
+"""Weight of the newest measured / modelled ratio in a mode's correction."""
+RATIO_RANGE = (1e-6, 1e6)
+"""Bounds of one observed ratio (a zero or a stall must not swamp the correction)."""
+EXPLORE_FIRST, EXPLORE_LAST = 4, 256
+"""Home syncs before the first exploration of the other mode, and the longest interval."""
+EXPLORE_RATIO = 2.0
+"""The other mode is tried only while predicted below this multiple of home."""
+SAMPLE_EVERY = 4
+"""Dense syncs carry touched counts and the last sync's time (the tail) once in this many,
+and always right after a touched-rows sync: the rest are plain dense syncs (no extra work)."""
+
+
+class ModeChooser:
+    """The decision alone (no tensors, no collectives): same inputs, same choices everywhere.
+
+    Fed each sync's modelled seconds per mode (``choose``) and, later, the agreed measured
+    seconds of a past sync (``refine``).
+    """
+
+    def __init__(self) -> None:
+        self.home = SPARSE
+        """The mode syncs run in unless exploring (switched by corrected predictions)."""
+        self.correction: dict[str, float | None] = {DENSE: None, SPARSE: None}
+        """Per mode, measured / modelled seconds (EMA over its syncs); None = never measured."""
+        self.explored = 0
+        """Syncs that ran the other mode to measure it."""
+        self._home_syncs = 0  # home syncs since the last exploration (or switch)
+        self._interval = EXPLORE_FIRST
+        self._awaiting = False  # an exploration's measurement has not landed yet
+
+    def estimate(self, cost: dict[str, float]) -> dict[str, float]:
+        """Predicted seconds per mode from modelled ``cost``.
+
+        A measured mode scales its model by its own correction. A mode never measured
+        borrows the other's, optimistically: the lower of the same ratio and the same
+        excess in seconds (an unexplained fixed cost, such as a busy host's scheduling
+        delay, likely hits both modes alike).
+        """
+        out = {}
+        for mode, modelled in cost.items():
+            other = DENSE if mode == SPARSE else SPARSE
+            own, borrowed = self.correction[mode], self.correction[other]
+            if own is not None:
+                out[mode] = modelled * own
+            elif borrowed is not None:
+                excess = modelled + cost[other] * (borrowed - 1)
+                out[mode] = max(0.0, min(modelled * borrowed, excess))
+            else:
+                out[mode] = modelled
+        return out
+
+    def choose(self, cost: dict[str, float]) -> str:
+        """The mode of the next sync; updates ``home`` and the exploration schedule."""
+        est = self.estimate(cost)
+        measured = {m for m, c in self.correction.items() if c is not None}
+        if not measured:  # nothing measured yet: the model alone
+            self.home = min(est, key=est.__getitem__)
+            return self.home
+        other = DENSE if self.home == SPARSE else SPARSE
+        if self.home not in measured or (
+            other in measured and est[other] < HYSTERESIS * est[self.home]
+        ):
+            self.home, self._home_syncs, self._interval = other, 0, EXPLORE_FIRST
+            return self.home
+        self._home_syncs += 1
+        if other in measured:
+            due = self._home_syncs > self._interval
+        else:  # as soon as home is measured; again if the measurement got lost
+            due = not self._awaiting or self._home_syncs > EXPLORE_FIRST
+        if due and est[other] < EXPLORE_RATIO * est[self.home]:
+            if other in measured:
+                self._interval = min(EXPLORE_LAST, 2 * self._interval)
+            self._home_syncs, self._awaiting = 0, True
+            self.explored += 1
+            return other
+        return self.home
+
+    def refine(self, mode: str, modelled_s: float, measured_s: float) -> None:
+        """Fold the agreed measured time of a past ``mode`` sync (modelled ``modelled_s``) in."""
+        if measured_s <= 0 or modelled_s <= 0:
+            return
+        self._awaiting = self._awaiting and mode == self.home
+        ratio = min(RATIO_RANGE[1], max(RATIO_RANGE[0], measured_s / modelled_s))
+        known = self.correction[mode]
+        self.correction[mode] = ratio if known is None else (1 - EMA) * known + EMA * ratio
 
 
 class AutoEngine(SparseEngine):
-    """Per sync, dense or touched-rows sync (with per-shard dense fallback), by modelled cost."""
+    """Per sync, dense or touched-rows sync (with per-shard dense fallback), by measured cost."""
 
     def __init__(
         self,
@@ -77,52 +169,62 @@ class AutoEngine(SparseEngine):
             )
         super().__init__(shards, replica_pg, crossover=costs.crossover())
         self.costs = costs
+        self.chooser = ModeChooser()
         self.mode = SPARSE
         """Mode of the latest ``payload``."""
         self.counts = {DENSE: 0, SPARSE: 0}
         """Payloads built per mode."""
-        self.latency_s = costs.latency_s
-        """Per-collective latency, refined online from timed metadata all-gathers."""
-        self.scale = 1.0
-        """Measured / modelled time of everything but the latency, refined online."""
-        self._gather_s = -1.0  # this rank's time of the last metadata all-gather
         self._union: dict[tuple[int, str], float] = {}
         self._overlap = 1.0  # union / sum of replicas' counts, from the last sparse sync
-        self._modelled: dict[str, tuple[int, float] | None] = {DENSE: None, SPARSE: None}
-        self._measured = {DENSE: -1.0, SPARSE: -1.0}  # this rank's time of that sync
+        self._last: tuple[str, float] | None = None  # (mode, modelled s) of the latest sync
+        self._last_s = -1.0  # this rank's exposed time of the latest sync
         self._began: float | None = None
+        self._dense_syncs = 0
+        self._entry_cache: dict[tuple[str, ...], list[tuple[int, str, int, int]]] = {}
+        self._dtype_cache: dict[tuple[str, ...], set[torch.dtype]] = {}
+        self._index_cache: dict[tuple[str, ...], dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     # ---- the model ----------------------------------------------------------------------
     def _entries(self, kinds: list[str]) -> list[tuple[int, str, int, int]]:
-        """(shard, kind, rows, bytes per row) of every selection."""
-        out = []
-        for i, shard in enumerate(self.shards):
-            for kind, tensors in self._kinds(shard, WEIGHTS in kinds, STATES in kinds):
-                out.append((i, kind, shard.rows, sum(_row_bytes(t) for t in tensors)))
-        return out
+        """(shard, kind, rows, bytes per row) of every selection (fixed per ``kinds``)."""
+        key = tuple(kinds)
+        if key not in self._entry_cache:
+            self._entry_cache[key] = [
+                (i, kind, shard.rows, sum(_row_bytes(t) for t in tensors))
+                for i, shard in enumerate(self.shards)
+                for kind, tensors in self._kinds(shard, WEIGHTS in kinds, STATES in kinds)
+            ]
+        return self._entry_cache[key]
 
-    def _has_fp32(self, kinds: list[str]) -> bool:
-        """Whether the payload of ``kinds`` has an fp32 buffer to carry the dense-mode tail."""
-        return any(
-            t.dtype == torch.float32
-            for shard in self.shards
-            for _, tensors in self._kinds(shard, WEIGHTS in kinds, STATES in kinds)
-            for t in tensors
-        )
+    def _entry_index(self, kinds: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per kind: positions of its entries in ``_entries(kinds)`` and their shard indices."""
+        key = tuple(kinds)
+        if key not in self._index_cache:
+            out = {}
+            for kind in kinds:
+                picked = [(j, e[0]) for j, e in enumerate(self._entries(kinds)) if e[1] == kind]
+                as_tensor = torch.tensor(picked, dtype=torch.int64, device=self._device)
+                out[kind] = (as_tensor[:, 0], as_tensor[:, 1]) if picked else (as_tensor,) * 2
+            self._index_cache[key] = out
+        return self._index_cache[key]
 
-    def _buffers(self, kinds: list[str]) -> int:
-        dtypes = set()
-        for shard in self.shards:
-            for _, tensors in self._kinds(shard, WEIGHTS in kinds, STATES in kinds):
-                dtypes.update(t.dtype for t in tensors)
-        return max(1, len(dtypes))
+    def _dtypes(self, kinds: list[str]) -> set[torch.dtype]:
+        key = tuple(kinds)
+        if key not in self._dtype_cache:
+            self._dtype_cache[key] = {
+                t.dtype
+                for shard in self.shards
+                for _, tensors in self._kinds(shard, WEIGHTS in kinds, STATES in kinds)
+                for t in tensors
+            }
+        return self._dtype_cache[key]
 
-    def model(self, kinds: list[str]) -> dict[str, tuple[int, float] | None]:
-        """Per mode: (collectives, seconds besides their latency); None = union not known yet."""
+    def model(self, kinds: list[str]) -> dict[str, float | None]:
+        """Per mode, modelled seconds of a sync of ``kinds``; None = union not known yet."""
         c, entries = self.costs, self._entries(kinds)
         scan = sum(rows for _, _, rows, _ in entries) * c.scan_s_per_row
-        buffers = self._buffers(kinds)
-        dense = (buffers, c.dense_s(sum(r * b for _, _, r, b in entries), 0) + scan)
+        buffers = max(1, len(self._dtypes(kinds)))
+        dense = c.dense_s(sum(r * b for _, _, r, b in entries), buffers) + scan
         rest, unions = scan, False
         for i, kind, rows, row_bytes in entries:
             union = self._union.get((i, kind))
@@ -134,77 +236,58 @@ class AutoEngine(SparseEngine):
                 unions = unions or union > 0
             else:
                 rest += whole
-        return {DENSE: dense, SPARSE: (1 + int(unions) + buffers, rest)}
+        return {DENSE: dense, SPARSE: (1 + int(unions) + buffers) * c.latency_s + rest}
 
     def predict(self, kinds: list[str]) -> dict[str, float | None]:
         """Predicted seconds of each mode for a sync of ``kinds`` (None = union unknown)."""
-        return {
-            mode: None if m is None else m[0] * self.latency_s + self.scale * m[1]
-            for mode, m in self.model(kinds).items()
-        }
+        cost = self.model(kinds)
+        if cost[SPARSE] is None:
+            return cost
+        return dict(self.chooser.estimate(cost))  # type: ignore[arg-type]
 
-    def _choose(self, kinds: list[str]) -> str:
-        modelled = self.model(kinds)
-        if modelled[SPARSE] is None or not self._has_fp32(kinds):
-            mode = SPARSE  # learn the unions first (or no fp32 buffer to carry dense counts)
-        else:
-            cost = {m: v[0] * self.latency_s + self.scale * v[1] for m, v in modelled.items() if v}
-            other = DENSE if self.mode == SPARSE else SPARSE
-            mode = other if cost[other] < HYSTERESIS * cost[self.mode] else self.mode
-        self._modelled[mode] = modelled[mode]
-        return mode
+    def _choose(self, kinds: list[str], cost: dict[str, float | None]) -> str:
+        if cost[SPARSE] is None or torch.float32 not in self._dtypes(kinds):
+            return SPARSE  # learn the unions first (or no fp32 buffer to carry dense counts)
+        return self.chooser.choose(cost)  # type: ignore[arg-type]
 
-    def _refine(self, mode: str, measured_s: float, latency_s: float | None = None) -> None:
-        """Fold agreed measurements of the last ``mode`` sync into the model.
-
-        ``latency_s`` (a tiny all-gather alone, timed in touched-rows mode) refines the
-        per-collective latency directly: on a busy host scheduling delays make it far larger
-        than the idle-loop probe says. What the latency does not explain of the whole sync
-        refines one scale on everything else (bytes, copies, scans). Keeping the two apart
-        matters: charging a slow dense sync's bytes to its one collective would make the
-        three collectives of a touched-rows sync look costly forever.
-        """
-        if latency_s is not None and latency_s > 0:
-            observed = max(latency_s, 0.5 * self.costs.latency_s)
-            self.latency_s = (1 - EMA) * self.latency_s + EMA * observed
-        modelled = self._modelled[mode]
-        if measured_s <= 0 or modelled is None or modelled[1] <= 0:
-            return
-        collectives, rest = modelled
-        ratio = max(0.0, measured_s - collectives * self.latency_s) / rest
-        self.scale = (1 - EMA) * self.scale + EMA * min(SCALE_RANGE[1], max(SCALE_RANGE[0], ratio))
+    def _refine(self, previous: tuple[str, float] | None, measured_s: float) -> None:
+        if previous is not None:
+            self.chooser.refine(*previous, measured_s)
 
     # ---- SyncEngine ---------------------------------------------------------------------
     def payload(self, weights: bool, states: bool) -> Payload:
         self._began = time.perf_counter()
         kinds = [k for k, on in ((WEIGHTS, weights), (STATES, states)) if on]
-        self.mode = self._choose(kinds)
+        cost = self.model(kinds)
+        self.mode = self._choose(kinds, cost)
         self.counts[self.mode] += 1
+        previous = self._last
+        modelled = cost[self.mode]
+        self._last = (self.mode, modelled) if modelled is not None else None
         if self.mode == SPARSE:
-            return self._sparse_payload(kinds, weights, states)
-        return self._dense_payload(kinds)
+            return self._sparse_payload(kinds, weights, states, previous)
+        return self._dense_payload(kinds, previous)
 
     def synced(self, weights: bool, states: bool) -> None:
         super().synced(weights, states)
         if self._began is not None:
-            self._measured[self.mode] = time.perf_counter() - self._began
+            self._last_s = time.perf_counter() - self._began
             self._began = None
 
-    def piggyback(self) -> list[int]:
-        return [round(self._measured[SPARSE] * 1e6), round(self._gather_s * 1e6)]
+    def observe(self, seconds: float) -> None:
+        self._last_s = seconds
 
-    def _gather(self, every: list[torch.Tensor], counts: torch.Tensor) -> None:
-        begin = time.perf_counter()
-        super()._gather(every, counts)
-        self._gather_s = time.perf_counter() - begin
+    def piggyback(self) -> list[int]:
+        return [round(self._last_s * 1e6)]
 
     # ---- the two modes ------------------------------------------------------------------
-    def _sparse_payload(self, kinds: list[str], weights: bool, states: bool) -> Payload:
+    def _sparse_payload(
+        self, kinds: list[str], weights: bool, states: bool, previous: tuple[str, float] | None
+    ) -> Payload:
         payload = super().payload(weights, states)
         times = [row[0] for row in self.gathered_extra]
-        gathers = [row[1] for row in self.gathered_extra]
         if times and min(times) > 0:  # the last replica to arrive waited least: no skew
-            self._refine(SPARSE, min(times) / 1e6, min(gathers) / 1e6 if min(gathers) > 0 else None)
+            self._refine(previous, min(times) / 1e6)
         summed = 0
         union_rows = 0
         for i, kind, rows, _ in self._entries(kinds):
@@ -217,15 +300,35 @@ class AutoEngine(SparseEngine):
             self._overlap = min(1.0, union_rows / summed)
         return payload
 
-    def _dense_payload(self, kinds: list[str]) -> Payload:
+    def _dense_payload(self, kinds: list[str], previous: tuple[str, float] | None) -> Payload:
         flush_caches(self.shards)
         cut = self.tracker.cut()
         for kind in kinds:
             self._pending[kind] = cut
         entries = self._entries(kinds)
-        local = [float(self.tracker.count_since(i, self._base[k])) for i, k, _, _ in entries]
-        seconds = self._measured[DENSE]
-        tail = torch.tensor([*local, seconds, seconds * seconds], dtype=torch.float32)
+        total = sum(rows for _, _, rows, _ in entries)
+        self.stats = SparseStats(
+            rows_total=total, rows_synced=total, dense_shards=sum(r > 0 for _, _, r, _ in entries)
+        )
+        tensors = [
+            (t, None)
+            for kind in kinds
+            for shard in self.shards
+            for k, group in self._kinds(shard, kind == WEIGHTS, kind == STATES)
+            for t in group
+            if k == kind
+        ]
+        sample = previous is None or previous[0] != DENSE or self._dense_syncs % SAMPLE_EVERY == 0
+        self._dense_syncs += 1
+        if not sample:  # a plain dense sync: nothing to learn this time
+            return _build_payload(tensors)
+        # the tail: each entry's local touched count, then this rank's last sync time and its
+        # square (one prefix sum per kernel and base; no host sync)
+        tail = torch.empty(len(entries) + 2, dtype=torch.float32, device=self._device)
+        counts = {b: self.tracker.counts_since(b) for b in {self._base[k] for k in kinds}}
+        for kind, (positions, shards) in self._entry_index(kinds).items():
+            tail[positions] = counts[self._base[kind]][shards].to(torch.float32)
+        tail[-2:] = torch.tensor([self._last_s, self._last_s**2])
 
         def landed(mean: torch.Tensor) -> None:
             values = mean.tolist()
@@ -235,18 +338,6 @@ class AutoEngine(SparseEngine):
             first, second = values[-2], values[-1]
             if first > 0:  # the fastest replica's time (exact for 2 replicas) from two moments
                 spread = max(0.0, second - first * first) ** 0.5
-                self._refine(DENSE, max(0.0, first - (self._replicas - 1) ** 0.5 * spread))
+                self._refine(previous, max(0.0, first - (self._replicas - 1) ** 0.5 * spread))
 
-        tensors = [
-            (t, None)
-            for kind in kinds
-            for shard in self.shards
-            for k, group in self._kinds(shard, kind == WEIGHTS, kind == STATES)
-            for t in group
-            if k == kind
-        ]
-        total = sum(rows for _, _, rows, _ in entries)
-        self.stats = SparseStats(
-            rows_total=total, rows_synced=total, dense_shards=sum(r > 0 for _, _, r, _ in entries)
-        )
-        return _build_payload(tensors, tail.to(self._device), landed)
+        return _build_payload(tensors, tail, landed)

@@ -49,6 +49,10 @@ class SyncEngine(ABC):
     def synced(self, weights: bool, states: bool) -> None:  # noqa: B027 (optional hook)
         """Called after a sync of (weights, states) completed; engines reset tracking here."""
 
+    def observe(self, seconds: float) -> None:  # noqa: B027 (optional hook)
+        """The sync's exposed time (build, waits, write-back), once it landed; cost models
+        learn from it (``AutoEngine``)."""
+
 
 class DenseEngine(SyncEngine):
     """Every row of every shard: one flat buffer per dtype and kind."""

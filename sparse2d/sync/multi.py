@@ -8,6 +8,8 @@ so the trainer, checkpoints and TorchRec's pipelines make the same single call.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
 
@@ -35,6 +37,10 @@ class PolicySet:
     @property
     def options(self) -> SyncOptions:
         return self.policies[0].options
+
+    @property
+    def mode_counts(self) -> dict[str, int]:
+        return dict(sum((Counter(p.mode_counts) for p in self.policies), Counter()))
 
     @property
     def hook(self) -> AllReduceHook | None:

@@ -185,6 +185,7 @@ class SyncPolicy:
             None  # the NaN/inf vote of the hidden sync, waited in ``land``
         )
         self._hidden_wait = 0.0
+        self._hidden_exposed = 0.0  # build + start time of the hidden sync in flight
         self._syncs = 0
         kernels = {id(s.kernel): s.kernel for s in shards if s.kernel is not None}
         self._land_hooks = [k.register_forward_pre_hook(self._land_hook) for k in kernels.values()]
@@ -210,6 +211,11 @@ class SyncPolicy:
         )
 
     @property
+    def mode_counts(self) -> dict[str, int]:
+        """Syncs per mode the engine ran (``engine="auto"``: what it chose); else empty."""
+        return dict(getattr(self.engine, "counts", {}))
+
+    @property
     def in_flight(self) -> bool:
         """A hidden sync has started and not landed yet (the next lookup will land it)."""
         return bool(self._hidden)
@@ -221,6 +227,7 @@ class SyncPolicy:
         """
         if not self._hidden:
             return 0.0
+        begin = time.perf_counter()
         waited = 0.0
         hidden, self._hidden = self._hidden, []
         verdict, self._verdict = self._verdict, None
@@ -235,6 +242,7 @@ class SyncPolicy:
             if transfer.kind == "states" and self.scaler is not None:
                 self.scaler.apply()
         self._hidden_wait += waited
+        self.engine.observe(self._hidden_exposed + time.perf_counter() - begin)
         return waited
 
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
@@ -300,6 +308,7 @@ class SyncPolicy:
         else:
             parts = [("weights", True, False, async_weights)]
             parts += [("states", False, True, async_states)] if states else []
+        built = time.perf_counter()
         with torch.no_grad():  # every payload before any transfer: the guard sees them all
             payloads = [self.engine.payload(weights=w, states=s) for _, w, s, _ in parts]
         verdict = None
@@ -334,6 +343,10 @@ class SyncPolicy:
             self.engine.synced(weights=w, states=s)
             if s and self.scaler is not None:
                 self.scaler.apply()
+        if self._hidden:  # the rest of its exposed time is the landing wait (``land``)
+            self._hidden_exposed = time.perf_counter() - built
+        else:
+            self.engine.observe(time.perf_counter() - built)
         return SyncReport(
             step=step,
             bytes=moved,

@@ -157,10 +157,6 @@ class SparseEngine(SyncEngine):
                 cut = self._pending.pop(kind, None)
                 self._base[kind] = cut if cut is not None else self.tracker.cut()
 
-    def _gather(self, every: list[torch.Tensor], counts: torch.Tensor) -> None:
-        """The counts all-gather (a seam: ``AutoEngine`` times it)."""
-        dist.all_gather(every, counts, group=self.replica_pg)
-
     def piggyback(self) -> list[int]:
         """Integers sent along with the touched-row counts (none here; see ``AutoEngine``)."""
         return []
@@ -198,7 +194,7 @@ class SparseEngine(SyncEngine):
             [local[k].numel() for k in keys] + extra, dtype=torch.int64, device=self._device
         )
         every = [torch.empty_like(counts) for _ in range(self._replicas)]
-        self._gather(every, counts)
+        dist.all_gather(every, counts, group=self.replica_pg)
         stacked = torch.stack(every)
         self.gathered_extra = stacked[:, len(keys) :].tolist()
         summed = stacked[:, : len(keys)].sum(0).tolist()
@@ -303,6 +299,12 @@ def _build_payload(
     def gather() -> list[torch.Tensor]:
         buffers = []
         for dtype, group in groups.items():
+            if all(rows is None for _, rows, _, _ in group):  # whole tensors: one concatenation
+                parts = [tensor.reshape(-1) for tensor, *_ in group]
+                if dtype in extra and tail is not None:
+                    parts.append(tail.to(dtype))
+                buffers.append(torch.cat(parts))
+                continue
             flat = torch.empty(
                 sizes[dtype] + extra.get(dtype, 0), dtype=dtype, device=group[0][0].device
             )

@@ -39,13 +39,25 @@ class TouchedRows:
         self._stamps: dict[int, torch.Tensor] = {}
         self._handles: list[RemovableHandle] = []
         self._views: list[torch.Tensor] = []
+        spans = []  # per shard: (kernel key, first row, end row) in the kernel's stamps
         for shard in shards:
             tbe = shard.kernel
             if tbe is None:
                 raise TypeError(f"shard of table {shard.table!r} has no FBGEMM kernel to track")
             if id(tbe) not in self._stamps:
                 self._install(tbe)
-            self._views.append(self._table_view(tbe, shard))
+            view = self._table_view(tbe, shard)
+            self._views.append(view)
+            spans.append((id(tbe), view.storage_offset() - self._stamps[id(tbe)].storage_offset()))
+        # ``counts_since`` reads every shard's count off one prefix sum per kernel:
+        # kernel k's sums start at ``base[k]`` in the concatenation (each with a leading 0).
+        base, offset = {}, 0
+        for key, stamps in self._stamps.items():
+            base[key], offset = offset, offset + stamps.numel() + 1
+        device = next(iter(self._stamps.values())).device if self._stamps else None
+        starts = [base[key] + first for key, first in spans]
+        ends = [start + view.numel() for start, view in zip(starts, self._views, strict=True)]
+        self._span_index = torch.tensor([starts, ends], dtype=torch.int64, device=device)
 
     def _install(self, tbe: SplitTableBatchedEmbeddingBagsCodegen) -> None:
         # One slot past the last row is a sink for positions outside any feature.
@@ -98,6 +110,20 @@ class TouchedRows:
 
     def count_since(self, shard_index: int, base: int) -> int:
         return int((self._views[shard_index] > base).sum())
+
+    def counts_since(self, base: int) -> torch.Tensor:
+        """Rows touched after generation ``base``, per shard (int64, on the stamps' device).
+
+        A few ops per kernel however many shards it holds, and no host sync: cheap enough
+        to run on every sync.
+        """
+        if not self._views:
+            return torch.zeros(0, dtype=torch.int64)
+        sums = []
+        for stamps in self._stamps.values():
+            sums += [stamps.new_zeros(1, dtype=torch.int64), torch.cumsum(stamps > base, 0)]
+        flat = torch.cat(sums)
+        return flat[self._span_index[1]] - flat[self._span_index[0]]
 
     def close(self) -> None:
         """Remove the forward hooks; stamps stop changing."""

@@ -264,6 +264,8 @@ class Loop:
             "sync_s_per_step": self.sync_s / done,
             "sync_bytes_per_step": self.sync_bytes / done,
             "train_s": self.train_s,
+            # engine "auto": syncs per mode (what it chose), e.g. {"dense": 297, "sparse": 3}
+            "sync_modes": model.sync_policy.mode_counts,
         }
         if self.is_main:
             with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:
