@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_util import spawn, stats, write_section
+from bench_util import machine_note, spawn, stats, write_section
 
 HERE = Path(__file__).resolve().parent
 CONFIG = str(HERE.parent / "configs" / "tiny_cpu.yaml")
@@ -94,7 +95,7 @@ def _markdown(r: dict[str, Any], args: argparse.Namespace, wall: float) -> str:
         f"model, same plan and process groups, sync excluded, row tracking on (engine auto: "
         f"touched-row stamps + hidden-sync landing hook per fused kernel). {args.blocks} "
         f"alternating blocks of {args.steps} steps (forward, backward, dense optimizer), slowest "
-        f"rank per block. 2-core machine shared with other helpers' jobs; the ratio is measured "
+        f"rank per block. {args.machine}; the ratio is measured "
         f"within one run. Wall {wall:.0f} s.",
         "",
         "| model | ms/step min | median | max |",
@@ -122,9 +123,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
-    start = time.perf_counter()
+    start, load = time.perf_counter(), os.getloadavg()[0]
     result = spawn(WORLD, overhead_rank, args.blocks, args.steps)
     wall = time.perf_counter() - start
+    args.machine = machine_note(load)
     (args.out / "overhead.json").write_text(json.dumps(result, indent=1))
     markdown = _markdown(result, args, wall)
     print(markdown)

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_util import spawn, stats, write_section
+from bench_util import machine_note, spawn, stats, write_section
 
 HERE = Path(__file__).resolve().parent
 CONFIG = str(HERE.parent / "configs" / "tiny_cpu.yaml")
@@ -94,8 +95,8 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: flo
         "",
         f"`configs/tiny_cpu.yaml` model (DLRM, 8 table-wise tables of 100-2000 rows x 16, "
         f"row-wise AdaGrad, sync every step, default engine), global batch {args.global_batch} "
-        f"for every world size, gloo CPU ranks on the 2-core machine shared with other "
-        f"helpers' jobs (worlds of 4 and 8 oversubscribe the cores: absolute ms are load-bound; "
+        f"for every world size, gloo CPU ranks ({args.machine}; worlds of 4 and 8 "
+        f"oversubscribe the cores: absolute ms are load-bound; "
         f"compare L within one world). {args.steps} measured steps after {args.warmup} warm-up, "
         f"slowest rank per step, ms as min / median / max over steps. *lookup* = sharded "
         f"EBC alone (input a2a, lookup, output a2a, backward a2a, fused update), *dense* = "
@@ -143,18 +144,19 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=list(WORLDS))
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--global-batch", type=int, default=GLOBAL_BATCH)
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
-    start = time.perf_counter()
+    start, load = time.perf_counter(), os.getloadavg()[0]
     results = []
     for world in args.worlds:
         sizes = [size for size in range(1, world + 1) if world % size == 0]
         results += spawn(world, breakdown_rank, sizes, args.steps, args.warmup, args.global_batch)
     wall = time.perf_counter() - start
+    args.machine = machine_note(load)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "step_breakdown.json").write_text(json.dumps(results, indent=1))
     _plot(results, args.out / "step_breakdown.png")

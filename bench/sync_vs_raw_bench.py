@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_util import spawn, write_section
+from bench_util import machine_note, spawn, write_section
 
 HERE = Path(__file__).resolve().parent
 WORLD, L, DIM, MB = 4, 2, 64, 1 << 20
@@ -97,7 +98,9 @@ def sync_vs_raw_rank(sizes_mb: list[int], reps: int, loopback_mb: int) -> dict[s
         nbytes = sum(t.numel() * t.element_size() for t in live)
         opts = dist.AllreduceCoalescedOptions()
         opts.reduceOp = dist.ReduceOp.AVG
-        raw, synced = [], []
+        policy = model.sync_policy
+        guard = policy.guard  # the NaN/inf guard (default on): also timed without it
+        raw, synced, unguarded = [], [], []
         for rep in range(reps + 1):
             dist.barrier()
             begin = time.perf_counter()
@@ -106,15 +109,21 @@ def sync_vs_raw_rank(sizes_mb: list[int], reps: int, loopback_mb: int) -> dict[s
             raw_s = time.perf_counter() - begin
             dist.barrier()
             sync_s = model.sync().seconds
+            dist.barrier()
+            policy.guard = None
+            bare_s = model.sync().seconds
+            policy.guard = guard
             if rep:  # the first repetition warms up buffers and connections
                 raw.append(raw_s)
                 synced.append(sync_s)
-        slowest = torch.tensor([raw, synced], dtype=torch.float64)
+                unguarded.append(bare_s)
+        slowest = torch.tensor([raw, synced, unguarded], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        raw, synced = slowest.tolist()
+        raw, synced, unguarded = slowest.tolist()
         out["sizes"].append(
             {"mb": size, "bytes": nbytes, "raw_s": sorted(raw)[reps // 2],
-             "sync_s": sorted(synced)[reps // 2], "raw_all": raw, "sync_all": synced}
+             "sync_s": sorted(synced)[reps // 2], "bare_s": sorted(unguarded)[reps // 2],
+             "raw_all": raw, "sync_all": synced, "bare_all": unguarded}
         )  # fmt: skip
         model.sync_policy.close()
         del model, live
@@ -131,17 +140,20 @@ def _markdown(r: dict[str, Any], args: argparse.Namespace, wall: float) -> str:
         f"{args.reps} interleaved repetitions, slowest rank. Loopback (TCP 127.0.0.1, one "
         f"stream, {args.loopback_mb} MB): {bw / 1e9:.2f} GB/s; floor = payload / loopback. "
         f"Capped at {max(args.sizes)} MB: 1 GB would need ~12 GB across the 4 processes on "
-        f"this shared 24 GiB machine. 2-core machine shared with other helpers' jobs; ratios "
-        f"are within one run. Wall {wall:.0f} s.",
+        f"this shared 24 GiB machine. {args.machine}; ratios are within one run. *sync* = "
+        f"`model.sync()` as shipped (NaN/inf guard on: one scan of the payload and a job-wide "
+        f"vote); *no guard* = the same sync with the guard off. Wall {wall:.0f} s.",
         "",
-        "| MB/rank | raw ms | sync ms | sync / raw | loopback floor ms | sync / floor |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| MB/rank | raw ms | sync ms | sync / raw | no guard ms | no guard / raw "
+        "| loopback floor ms | sync / floor |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in r["sizes"]:
         floor = s["bytes"] / bw
         lines.append(
             f"| {s['bytes'] / 1e6:.1f} | {1e3 * s['raw_s']:.2f} | {1e3 * s['sync_s']:.2f} | "
-            f"{s['sync_s'] / s['raw_s']:.2f} | {1e3 * floor:.2f} | {s['sync_s'] / floor:.1f} |"
+            f"{s['sync_s'] / s['raw_s']:.2f} | {1e3 * s['bare_s']:.2f} | "
+            f"{s['bare_s'] / s['raw_s']:.2f} | {1e3 * floor:.2f} | {s['sync_s'] / floor:.1f} |"
         )
     lines += [
         "",
@@ -159,9 +171,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
-    start = time.perf_counter()
+    start, load = time.perf_counter(), os.getloadavg()[0]
     result = spawn(WORLD, sync_vs_raw_rank, args.sizes, args.reps, args.loopback_mb)
     wall = time.perf_counter() - start
+    args.machine = machine_note(load)
     (args.out / "sync_vs_raw.json").write_text(json.dumps(result, indent=1))
     markdown = _markdown(result, args, wall)
     print(markdown)

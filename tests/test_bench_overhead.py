@@ -15,4 +15,6 @@ def test_overhead_one_block(world4) -> None:
     r = results[0]
     assert r["ratio"] > 0 and len(r["per_block_ratio"]) == 1, r
     assert r["min_ratio"] > 0 and r["paired_median_ratio"] > 0, r
-    assert "Ours / torchrec" in _markdown(r, argparse.Namespace(blocks=1, steps=1), 1.0)
+    assert "Ours / torchrec" in _markdown(
+        r, argparse.Namespace(blocks=1, steps=1, machine="test"), 1.0
+    )

@@ -18,7 +18,7 @@ def test_step_breakdown_one_step(world4, tmp_path) -> None:
     for row in rows:
         assert all(row[p]["min"] >= 0 for p in PHASES) and row["step"]["median"] > 0, row
     assert rows[1]["sync"]["max"] < rows[0]["sync"]["max"] or rows[1]["sync"]["max"] < 1e-3
-    args = argparse.Namespace(global_batch=64, steps=1, warmup=0)
+    args = argparse.Namespace(global_batch=64, steps=1, warmup=0, machine="test")
     assert "| 4 | 2 | 2 |" in _markdown(rows, args, 1.0)
     _plot(rows, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0

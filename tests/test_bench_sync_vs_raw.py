@@ -15,5 +15,6 @@ def test_sync_vs_raw_one_size(world4) -> None:
     assert r["loopback_Bps"] > 0
     (size,) = r["sizes"]
     assert size["bytes"] == 1 * MB and size["raw_s"] > 0 and size["sync_s"] > 0, size
-    args = argparse.Namespace(reps=1, loopback_mb=4, sizes=[1])
+    assert size["bare_s"] > 0, size  # the same sync with the NaN/inf guard off
+    args = argparse.Namespace(reps=1, loopback_mb=4, sizes=[1], machine="test")
     assert "| 1.0 |" in _markdown(r, args, 1.0)

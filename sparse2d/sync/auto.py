@@ -321,7 +321,7 @@ class AutoEngine(SparseEngine):
         sample = previous is None or previous[0] != DENSE or self._dense_syncs % SAMPLE_EVERY == 0
         self._dense_syncs += 1
         if not sample:  # a plain dense sync: nothing to learn this time
-            return _build_payload(tensors)
+            return _build_payload(tensors, pool=(self.pool, tuple(kinds)))
         # the tail: each entry's local touched count, then this rank's last sync time and its
         # square (one prefix sum per kernel and base; no host sync)
         tail = torch.empty(len(entries) + 2, dtype=torch.float32, device=self._device)
@@ -340,4 +340,4 @@ class AutoEngine(SparseEngine):
                 spread = max(0.0, second - first * first) ** 0.5
                 self._refine(previous, max(0.0, first - (self._replicas - 1) ** 0.5 * spread))
 
-        return _build_payload(tensors, tail, landed)
+        return _build_payload(tensors, tail, landed, pool=(self.pool, tuple(kinds)))

@@ -35,12 +35,38 @@ class Payload:
         return sum(b.numel() * b.element_size() for b in self.buffers)
 
 
+class BufferPool:
+    """Payload buffers kept from one sync to the next.
+
+    A fresh multi-MB buffer per sync pays the kernel's zero-fill of every page on first
+    touch (glibc maps large blocks anew each time): on the CPU box, building a 67 MB
+    payload took 39 ms into a fresh buffer and 12 ms into a reused one. Safe because the
+    policy lands every transfer before it builds the next payload. The cost: each buffer
+    stays allocated between syncs (the peak is unchanged: it existed during every sync).
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[object, torch.dtype], torch.Tensor] = {}
+
+    def take(
+        self, key: object, numel: int, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """A flat ``numel`` buffer for ``key`` (grown when too small; contents undefined)."""
+        buffer = self._buffers.get((key, dtype))
+        if buffer is None or buffer.numel() < numel or buffer.device != device:
+            buffer = torch.empty(numel, dtype=dtype, device=device)
+            self._buffers[(key, dtype)] = buffer
+        return buffer[:numel]
+
+
 class SyncEngine(ABC):
     """Chooses the values of a replica sync."""
 
     def __init__(self, shards: list[ShardState], replica_pg: dist.ProcessGroup) -> None:
         self.shards = shards
         self.replica_pg = replica_pg
+        self.pool = BufferPool()
+        """Payload buffers reused across syncs (``Payload.buffers``; never ``gather``'s)."""
 
     @abstractmethod
     def payload(self, weights: bool, states: bool) -> Payload:
@@ -61,8 +87,17 @@ class DenseEngine(SyncEngine):
         flush_caches(self.shards)
         groups = list(by_dtype(live_tensors(self.shards, weights, states)).values())
 
-        def gather() -> list[torch.Tensor]:
-            return [torch.cat([t.reshape(-1) for t in group]) for group in groups]
+        def gather(pooled: bool = False) -> list[torch.Tensor]:
+            out = []
+            for group in groups:
+                parts = [t.reshape(-1) for t in group]
+                numel, first = sum(p.numel() for p in parts), group[0]
+                if not pooled:
+                    out.append(torch.cat(parts))
+                    continue
+                buffer = self.pool.take((weights, states), numel, first.dtype, first.device)
+                out.append(torch.cat(parts, out=buffer))
+            return out
 
         def scatter(values: list[torch.Tensor]) -> None:
             with torch.no_grad():
@@ -73,4 +108,4 @@ class DenseEngine(SyncEngine):
                         tensor.copy_(flat[offset : offset + n].view_as(tensor))
                         offset += n
 
-        return Payload(buffers=gather(), scatter=scatter, gather=gather)
+        return Payload(buffers=gather(pooled=True), scatter=scatter, gather=gather)

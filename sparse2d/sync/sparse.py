@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.engine import Payload, SyncEngine
+from sparse2d.sync.engine import BufferPool, Payload, SyncEngine
 from sparse2d.sync.tensors import ShardState, flush_caches
 from sparse2d.sync.touched import TouchedRows
 
@@ -149,7 +149,7 @@ class SparseEngine(SyncEngine):
                     if selected is None or selected.numel() > 0:
                         entries += [(t, selected) for t in tensors]
         self.stats = stats
-        return _build_payload(entries)
+        return _build_payload(entries, pool=(self.pool, tuple(kinds)))
 
     def synced(self, weights: bool, states: bool) -> None:
         for kind, on in ((WEIGHTS, weights), (STATES, states)):
@@ -276,6 +276,7 @@ def _build_payload(
     entries: list[tuple[torch.Tensor, torch.Tensor | None]],
     tail: torch.Tensor | None = None,
     on_tail: Callable[[torch.Tensor], None] | None = None,
+    pool: tuple[BufferPool, object] | None = None,
 ) -> Payload:
     """One contiguous buffer per dtype of the selected rows (all rows where ``None``).
 
@@ -296,18 +297,21 @@ def _build_payload(
         raise ValueError("a payload tail rides on the fp32 buffer; this payload has none")
     extra = {torch.float32: tail.numel()} if tail is not None else {}
 
-    def gather() -> list[torch.Tensor]:
+    def gather(pooled: bool = False) -> list[torch.Tensor]:
         buffers = []
         for dtype, group in groups.items():
+            numel, device = sizes[dtype] + extra.get(dtype, 0), group[0][0].device
+            flat = (
+                pool[0].take(pool[1], numel, dtype, device)
+                if pooled and pool is not None
+                else torch.empty(numel, dtype=dtype, device=device)
+            )
             if all(rows is None for _, rows, _, _ in group):  # whole tensors: one concatenation
                 parts = [tensor.reshape(-1) for tensor, *_ in group]
                 if dtype in extra and tail is not None:
                     parts.append(tail.to(dtype))
-                buffers.append(torch.cat(parts))
+                buffers.append(torch.cat(parts, out=flat))
                 continue
-            flat = torch.empty(
-                sizes[dtype] + extra.get(dtype, 0), dtype=dtype, device=group[0][0].device
-            )
             for tensor, rows, offset, count in group:
                 chunk = flat[offset : offset + count * _row_numel(tensor)]
                 chunk = chunk.view(count, *tensor.shape[1:])
@@ -333,7 +337,7 @@ def _build_payload(
                 if dtype in extra and on_tail is not None:
                     on_tail(flat[sizes[dtype] :].clone())
 
-    return Payload(buffers=gather(), scatter=scatter, gather=gather)
+    return Payload(buffers=gather(pooled=True), scatter=scatter, gather=gather)
 
 
 def _row_numel(tensor: torch.Tensor) -> int:
