@@ -34,7 +34,21 @@ def _snapshot(model: DMPCollection) -> list[torch.Tensor]:
 
 def check_poisoned_sync(where: str, value: float, options: dict) -> dict:
     """Train a little with syncs, poison one row on one rank, sync: every rank must raise."""
-    model = _model(**options)
+    options = dict(options)
+    if options.pop("in_place", False):  # average the live views, whatever their size
+        from sparse2d.sync import engine
+
+        saved, engine.IN_PLACE_MIN_BYTES = engine.IN_PLACE_MIN_BYTES, 0
+        try:
+            model = _model(**options)
+            assert model.sync_policy.engine.payload(True, True, in_place=True).in_place
+            return _poisoned_sync(model, where, value, options)
+        finally:
+            engine.IN_PLACE_MIN_BYTES = saved
+    return _poisoned_sync(_model(**options), where, value, options)
+
+
+def _poisoned_sync(model: DMPCollection, where: str, value: float, options: dict) -> dict:
     train(model, MIXED_TABLES, 3, after_step=model.maybe_sync)
     model.sync_policy.finish()  # land overlapped transfers: the values before the bad sync
     train(model, MIXED_TABLES, 1)  # one more local step (rows touched, not synced)
@@ -74,6 +88,7 @@ def check_guard_off_spreads() -> bool:
 
 CASES = {
     "dense": {"engine": "dense"},
+    "dense_in_place": {"engine": "dense", "in_place": True},  # the vote passes before sending
     "sparse": {"engine": "sparse"},
     "auto": {"engine": "auto"},
     "bf16": {"engine": "dense", "compression": "bf16"},

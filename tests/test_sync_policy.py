@@ -78,8 +78,12 @@ def test_engine_kinds(world4) -> None:
     assert name == "AutoEngine" and 0.05 <= crossover <= 1.0
 
 
-def check_hidden_sync_is_exact(engine: str, every: int, momentum: bool) -> list[bool]:
-    """``hide=True`` lands before the next lookup and equals the blocking sync bit for bit."""
+def check_hidden_sync_is_exact(
+    engine: str, every: int, momentum: bool, in_place: bool = False
+) -> list[bool]:
+    """``hide=True`` lands before the next lookup and equals the blocking sync bit for bit
+    (``in_place``: the hidden one averages the live views, the blocking one copies)."""
+    from sparse2d.sync import engine as engines
     from sparse2d.sync.policy import SyncPolicy
     from tests.models import SPARSE_SYNC_TABLES, train
     from tests.test_sync_sparse import _assert_replicas_equal, _assert_same, _model
@@ -101,9 +105,16 @@ def check_hidden_sync_is_exact(engine: str, every: int, momentum: bool) -> list[
         in_flight.append(policies[1].in_flight)
 
     train(models[0], SPARSE_SYNC_TABLES, 6, after_step=policies[0].step)
-    train(models[1], SPARSE_SYNC_TABLES, 6, after_step=hidden_step)
-    assert policies[1].in_flight  # the last sync is still in flight ...
-    policies[1].land()  # ... and lands exactly
+    saved = engines.IN_PLACE_MIN_BYTES
+    engines.IN_PLACE_MIN_BYTES = 0 if in_place else saved
+    try:
+        if engine == "dense":  # (a dense payload has no side effects; auto's would)
+            assert policies[1].engine.payload(True, True, in_place=True).in_place == in_place
+        train(models[1], SPARSE_SYNC_TABLES, 6, after_step=hidden_step)
+        assert policies[1].in_flight  # the last sync is still in flight ...
+        policies[1].land()  # ... and lands exactly
+    finally:
+        engines.IN_PLACE_MIN_BYTES = saved
     _assert_same(models[0], models[1])
     _assert_replicas_equal(models[1])
     for policy in policies:
@@ -111,8 +122,13 @@ def check_hidden_sync_is_exact(engine: str, every: int, momentum: bool) -> list[
     return in_flight
 
 
-@pytest.mark.parametrize(("engine", "every", "momentum"), [("dense", 1, False), ("auto", 2, True)])
-def test_hidden_sync_bit_identical_to_blocking(world4, engine: str, every: int, momentum: bool):
-    for in_flight in world4.run(check_hidden_sync_is_exact, engine, every, momentum):
+@pytest.mark.parametrize(
+    ("engine", "every", "momentum", "in_place"),
+    [("dense", 1, False, False), ("auto", 2, True, False), ("dense", 1, False, True)],
+)
+def test_hidden_sync_bit_identical_to_blocking(
+    world4, engine: str, every: int, momentum: bool, in_place: bool
+):
+    for in_flight in world4.run(check_hidden_sync_is_exact, engine, every, momentum, in_place):
         # in flight exactly after sync steps; the next step's lookup landed it
         assert in_flight == [(s + 1) % every == 0 for s in range(6)], in_flight

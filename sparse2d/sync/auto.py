@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.sync.cost import LinkCosts, probe
-from sparse2d.sync.engine import Payload
+from sparse2d.sync.engine import Payload, in_place_payload
 from sparse2d.sync.sparse import (
     STATES,
     WEIGHTS,
@@ -255,7 +255,7 @@ class AutoEngine(SparseEngine):
             self.chooser.refine(*previous, measured_s)
 
     # ---- SyncEngine ---------------------------------------------------------------------
-    def payload(self, weights: bool, states: bool) -> Payload:
+    def payload(self, weights: bool, states: bool, in_place: bool = False) -> Payload:
         self._began = time.perf_counter()
         kinds = [k for k, on in ((WEIGHTS, weights), (STATES, states)) if on]
         cost = self.model(kinds)
@@ -266,7 +266,7 @@ class AutoEngine(SparseEngine):
         self._last = (self.mode, modelled) if modelled is not None else None
         if self.mode == SPARSE:
             return self._sparse_payload(kinds, weights, states, previous)
-        return self._dense_payload(kinds, previous)
+        return self._dense_payload(kinds, previous, in_place)
 
     def synced(self, weights: bool, states: bool) -> None:
         super().synced(weights, states)
@@ -300,7 +300,9 @@ class AutoEngine(SparseEngine):
             self._overlap = min(1.0, union_rows / summed)
         return payload
 
-    def _dense_payload(self, kinds: list[str], previous: tuple[str, float] | None) -> Payload:
+    def _dense_payload(
+        self, kinds: list[str], previous: tuple[str, float] | None, in_place: bool
+    ) -> Payload:
         flush_caches(self.shards)
         cut = self.tracker.cut()
         for kind in kinds:
@@ -321,7 +323,8 @@ class AutoEngine(SparseEngine):
         sample = previous is None or previous[0] != DENSE or self._dense_syncs % SAMPLE_EVERY == 0
         self._dense_syncs += 1
         if not sample:  # a plain dense sync: nothing to learn this time
-            return _build_payload(tensors, pool=(self.pool, tuple(kinds)))
+            direct = in_place_payload([t for t, _ in tensors]) if in_place else None
+            return direct or _build_payload(tensors, pool=(self.pool, tuple(kinds)))
         # the tail: each entry's local touched count, then this rank's last sync time and its
         # square (one prefix sum per kernel and base; no host sync)
         tail = torch.empty(len(entries) + 2, dtype=torch.float32, device=self._device)

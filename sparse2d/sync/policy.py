@@ -309,12 +309,20 @@ class SyncPolicy:
             parts = [("weights", True, False, async_weights)]
             parts += [("states", False, True, async_states)] if states else []
         built = time.perf_counter()
+        # Live views may be averaged in place unless the payload must stay a private copy:
+        # compression rewrites it, an overlapped transfer runs while training writes shards.
+        in_place = self.compressor is None and not any(async_op for *_, async_op in parts)
         with torch.no_grad():  # every payload before any transfer: the guard sees them all
-            payloads = [self.engine.payload(weights=w, states=s) for _, w, s, _ in parts]
+            payloads = [
+                self.engine.payload(weights=w, states=s, in_place=in_place) for _, w, s, _ in parts
+            ]
         verdict = None
         if self.guard is not None:
             buffers = [b for p in payloads for b in p.buffers]
             verdict = self.guard.start(step, buffers, weights=True, states=states)
+            if any(p.in_place for p in payloads):  # nothing is sent before the job agrees
+                verdict.wait()
+                verdict = None
         started = [
             self._begin(key, payload, states=s, async_op=async_op)
             for (key, _, s, async_op), payload in zip(parts, payloads, strict=True)

@@ -128,7 +128,7 @@ class SparseEngine(SyncEngine):
         return total
 
     # ---- SyncEngine ---------------------------------------------------------------------
-    def payload(self, weights: bool, states: bool) -> Payload:
+    def payload(self, weights: bool, states: bool, in_place: bool = False) -> Payload:
         flush_caches(self.shards)
         cut = self.tracker.cut()
         kinds = [k for k, on in ((WEIGHTS, weights), (STATES, states)) if on]
