@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.sync.cost import LinkCosts, probe
-from sparse2d.sync.engine import Payload, in_place_payload
+from sparse2d.sync.engine import DenseEngine, Payload
 from sparse2d.sync.sparse import (
     STATES,
     WEIGHTS,
@@ -57,7 +57,7 @@ from sparse2d.sync.sparse import (
     _build_payload,
     _row_bytes,
 )
-from sparse2d.sync.tensors import ShardState, flush_caches
+from sparse2d.sync.tensors import ShardState, flush_caches, live_tensors
 
 DENSE, SPARSE = "dense", "sparse"
 HYSTERESIS = 0.9
@@ -70,7 +70,7 @@ EXPLORE_FIRST, EXPLORE_LAST = 4, 256
 """Home syncs before the first exploration of the other mode, and the longest interval."""
 EXPLORE_RATIO = 2.0
 """The other mode is tried only while predicted below this multiple of home."""
-SAMPLE_EVERY = 4
+SAMPLE_EVERY = 8
 """Dense syncs carry touched counts and the last sync's time (the tail) once in this many,
 and always right after a touched-rows sync: the rest are plain dense syncs (no extra work)."""
 
@@ -180,6 +180,7 @@ class AutoEngine(SparseEngine):
         self._last_s = -1.0  # this rank's exposed time of the latest sync
         self._began: float | None = None
         self._dense_syncs = 0
+        self._plain = DenseEngine(shards, replica_pg)
         self._entry_cache: dict[tuple[str, ...], list[tuple[int, str, int, int]]] = {}
         self._dtype_cache: dict[tuple[str, ...], set[torch.dtype]] = {}
         self._index_cache: dict[tuple[str, ...], dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -312,19 +313,11 @@ class AutoEngine(SparseEngine):
         self.stats = SparseStats(
             rows_total=total, rows_synced=total, dense_shards=sum(r > 0 for _, _, r, _ in entries)
         )
-        tensors = [
-            (t, None)
-            for kind in kinds
-            for shard in self.shards
-            for k, group in self._kinds(shard, kind == WEIGHTS, kind == STATES)
-            for t in group
-            if k == kind
-        ]
         sample = previous is None or previous[0] != DENSE or self._dense_syncs % SAMPLE_EVERY == 0
         self._dense_syncs += 1
-        if not sample:  # a plain dense sync: nothing to learn this time
-            direct = in_place_payload([t for t, _ in tensors]) if in_place else None
-            return direct or _build_payload(tensors, pool=(self.pool, tuple(kinds)))
+        if not sample:  # a plain dense sync, exactly the dense engine's: nothing to learn
+            return self._plain.payload(WEIGHTS in kinds, STATES in kinds, in_place)
+        tensors = [(t, None) for t in live_tensors(self.shards, WEIGHTS in kinds, STATES in kinds)]
         # the tail: each entry's local touched count, then this rank's last sync time and its
         # square (one prefix sum per kernel and base; no host sync)
         tail = torch.empty(len(entries) + 2, dtype=torch.float32, device=self._device)
