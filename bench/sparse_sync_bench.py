@@ -17,8 +17,8 @@ Writes ``bench/sparse_sync.json``, ``bench/sparse_sync.png`` and the section of
 from __future__ import annotations
 
 import argparse
-import itertools
 import datetime
+import itertools
 import json
 import os
 import time
