@@ -183,3 +183,18 @@ def test_table_column_wise_with_empty_ranks(world4, group: int) -> None:
         f"every rank holds a shard; the case is not exercised: {held}"
     )
     assert sum(sum(h) for h in held) == 4 * (4 // group)  # all 4 columns, once per replica
+
+
+TWRW_TABLES = (Table("r0", 64, 8, "table_row_wise"), Table("r1", 48, 8, "table_wise"))
+
+
+def check_two_layouts_in_one_process() -> None:
+    """TorchRec keeps one pair of 2D intra/cross-node groups per process: without sparse2d's
+    fix the inter-host model below would run its TWRW all-to-alls over the intra-host
+    model's ranks ([0, 1] instead of [0, 2] on rank 0)."""
+    for layout in ("intra_host", "inter_host", "intra_host"):
+        check_2d_equals_1d(2, "pooled", layout, TWRW_TABLES)
+
+
+def test_two_replica_layouts_in_one_process(world4) -> None:
+    world4.run(check_two_layouts_in_one_process)

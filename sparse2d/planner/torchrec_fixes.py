@@ -5,8 +5,8 @@ Each fix names the TorchRec file it works around, is applied idempotently by
 every case it does not fix, and is installed only while the installed TorchRec still
 shows the problem (feature detection, no version numbers), so an upstream fix wins.
 Re-checked against TorchRec 1.8.0 and 1.9.2: all are still needed on both. Regression
-tests: ``tests/test_collection.py`` (TWCW with empty ranks), ``tests/test_torchrec_compat.py``
-(``TrainPipelineSemiSync`` on CPU).
+tests: ``tests/test_collection.py`` (TWCW with empty ranks; two 2D layouts in one process),
+``tests/test_torchrec_compat.py`` (``TrainPipelineSemiSync`` on CPU).
 """
 
 from __future__ import annotations
@@ -128,8 +128,46 @@ def forward_device_defaults_to_cuda(runtime_forwards: Any) -> bool:
     return probe._device.type == "cuda"
 
 
+def groups_2d_cached_per_process(comm: Any) -> bool:
+    """Whether TorchRec still keeps ONE pair of 2D intra/cross-node groups per process."""
+    return hasattr(comm, "_INTRA_PG_2D") and hasattr(comm, "_CROSS_PG_2D")
+
+
+def _groups_2d_per_layout(original: Callable[..., Any], comm: Any) -> Callable[..., Any]:
+    """``torchrec/distributed/comm.py`` ``intra_and_cross_node_pg_2D`` creates the TWRW/grid
+    intra- and cross-node groups of the FIRST 2D model of a process and returns them for
+    every later one: a second model with another layout (replica layout, group size, node
+    group size) would run its all-to-alls over the first model's ranks, silently wrong.
+    Keyed by layout, each model gets its own groups (created once per layout; the key is
+    the same on the ranks that build the same models in the same order)."""
+    made: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+    def groups(env: Any, device: Any = None) -> Any:
+        if device is not None and device.type == "meta":
+            return original(env, device)
+        key = (
+            tuple(torch.distributed.get_process_group_ranks(env.sharding_pg)),
+            env.node_group_size,
+            getattr(env, "use_inter_host_allreduce", False),
+        )
+        comm._INTRA_PG_2D, comm._CROSS_PG_2D = made.get(key, (None, None))
+        made[key] = original(env, device)
+        return made[key]
+
+    setattr(groups, _ORIGINAL, original)
+    return groups
+
+
 def apply_torchrec_fixes() -> None:
     """Install the workarounds still needed (safe to call many times)."""
+    from torchrec.distributed import comm
+    from torchrec.distributed.sharding import grid_sharding, twrw_sharding
+
+    current = comm.intra_and_cross_node_pg_2D
+    if not hasattr(current, _ORIGINAL) and groups_2d_cached_per_process(comm):
+        fixed = _groups_2d_per_layout(current, comm)
+        for module in (comm, grid_sharding, twrw_sharding):
+            module.intra_and_cross_node_pg_2D = fixed  # type: ignore[attr-defined]
     for module in (trec_embeddingbag, trec_embedding):
         current = module.create_global_tensor_shape_stride_from_metadata
         if not hasattr(current, _ORIGINAL) and twcw_shape_missing(current):
