@@ -115,13 +115,16 @@ def _alternate(
 ) -> dict[str, list[float]]:
     """Zipf ids, sync every step: ``reps`` steps, each timing all engines in rotating order."""
     times: dict[str, list[float]] = {name: [] for name in engines}
+    times["auto_dense"] = []  # 1.0 where auto ran a dense sync
+    orders = list(itertools.permutations(engines))
     for rep in range(reps):
         loss = model(_batch(ids, step + rep, rank)).square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad()
-        for name in ENGINE_ORDERS[rep % len(ENGINE_ORDERS)]:
+        for name in orders[rep % len(orders)]:
             times[name].append(_timed_sync(engines[name], pg=engines[name].replica_pg)[0])
+        times["auto_dense"].append(float(engines["auto"].mode == "dense"))
     return times
 
 
@@ -180,8 +183,11 @@ def _run_size(
                          union_fraction=fraction, step_s=step_s, auto_s=a_sec,
                          auto_dense=float(auto.mode == "dense"))
                 )  # fmt: skip
-    out["ab"] = _alternate(model, dense_opt, {"sparse": sparse, "dense": dense, "auto": auto},
+    twin = SparseEngine(shards, pg)  # an A/A control: the measurement's own noise and bias
+    out["ab"] = _alternate(model, dense_opt,
+                           {"sparse": sparse, "dense": dense, "auto": auto, "twin": twin},
                            Ids(rows, "zipf"), rank, ab_reps, step)  # fmt: skip
+    twin.close()
     sparse.crossover = 1.0  # the sweep times the sparse path even where dense is cheaper
     for fraction in FRACTIONS if everys else ():
         points = []
@@ -233,6 +239,12 @@ def _slowest_rank(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                     if field.endswith("_s") or field.endswith("_bytes") or field == "auto_dense":
                         entry[field] = max(r[size_index][key][j][field] for r in per_rank)
     return merged
+
+
+def _paired(numerator: list[float], denominator: list[float]) -> float:
+    """Median of per-step ratios (nan without data)."""
+    ratios = sorted(a / b for a, b in zip(numerator, denominator, strict=False) if b > 0)
+    return ratios[len(ratios) // 2] if ratios else float("nan")
 
 
 def _crossover(sweep: list[dict[str, Any]]) -> float:
@@ -303,19 +315,26 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: flo
                 f"{p['dense_s'] * 1e3:.1f} | {p['sparse_s'] / p['dense_s']:.2f} |"
             )
     lines += ["", f"Auto vs the fixed engines, alternating: Zipf ids, sync every step, "
-              f"{args.ab_reps} steps, each timing all three engines in rotating order "
-              f"(slowest rank per sync; medians; auto keeps what it learnt in the cells above, "
-              f"as in a long run). This is the acceptance check of `auto` (goal <= 1.05):", "",
-              "| rows/table | sparse ms | dense ms | auto ms | auto / best |",
-              "|---:|---:|---:|---:|---:|"]  # fmt: skip
+              f"{args.ab_reps} steps; each step times every engine, in all orders in turn, "
+              f"plus *twin*, a second touched-rows engine (an A/A control: its ratio to *sparse* "
+              f"is the measurement's own noise and bias). Slowest rank per sync; auto keeps what "
+              f"it learnt in the cells above, as in a long run. *Paired* = median over steps of "
+              f"the per-step ratio (load hits both alike). This is the acceptance check of "
+              f"`auto` (goal <= 1.05):", "",
+              "| rows/table | sparse ms | dense ms | auto ms | auto / best (medians) "
+              "| auto / best (paired) | twin / sparse (paired, A/A) | auto dense syncs |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for size in results:
         ab = size.get("ab")
         if ab and ab["auto"]:
             med = {k: sorted(v)[len(v) // 2] for k, v in ab.items()}
-            best = min(med["sparse"], med["dense"])
+            best = "sparse" if med["sparse"] <= med["dense"] else "dense"
             lines.append(
                 f"| {size['rows']:.0e} | {med['sparse'] * 1e3:.1f} | {med['dense'] * 1e3:.1f} | "
-                f"{med['auto'] * 1e3:.1f} | {med['auto'] / best:.2f} |"
+                f"{med['auto'] * 1e3:.1f} | {med['auto'] / med[best]:.2f} | "
+                f"{_paired(ab['auto'], ab[best]):.2f} | "
+                f"{_paired(ab.get('twin', []), ab['sparse']):.2f} | "
+                f"{sum(ab['auto_dense']):.0f} / {len(ab['auto_dense'])} |"
             )
     crossovers = ", ".join(f"{s['rows']:.0e} rows: {_crossover(s['sweep']):.2f}" for s in results)
     lines += [

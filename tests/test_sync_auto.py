@@ -196,3 +196,20 @@ def test_chooser_explores_only_within_the_ratio_and_backs_off() -> None:
     assert r["chooser"].home == DENSE and r["chooser"].explored == explored, modes
     assert 3 <= explored <= 8, modes  # intervals double: 4, 8, ... 256
     assert 1.5 < EXPLORE_RATIO  # so exploring is allowed in this case at all
+
+
+def test_chooser_forgets_a_stale_measurement_of_the_other_mode() -> None:
+    """The workload changed under it: dense used to cost what touched rows cost, now 2.5x.
+    One exploration of dense must be enough (averaging the fresh measurement with the stale
+    one would keep dense "within 2x" for three more explorations)."""
+    chooser, model = ModeChooser(), {DENSE: 1.0, SPARSE: 1.0}
+    chooser.refine(DENSE, 1.0, 1.0)  # learnt earlier
+    chooser.refine(SPARSE, 1.0, 1.0)
+    chooser.home, late, dense_syncs = SPARSE, None, 0
+    for _ in range(120):
+        mode = chooser.choose(model)
+        if late is not None:
+            chooser.refine(*late)
+        late = (mode, model[mode], {DENSE: 2.5, SPARSE: 1.0}[mode])
+        dense_syncs += mode == DENSE
+    assert chooser.home == SPARSE and dense_syncs == 1, (dense_syncs, chooser.correction)

@@ -141,13 +141,18 @@ class ModeChooser:
         return self.home
 
     def refine(self, mode: str, modelled_s: float, measured_s: float) -> None:
-        """Fold the agreed measured time of a past ``mode`` sync (modelled ``modelled_s``) in."""
+        """Fold the agreed measured time of a past ``mode`` sync (modelled ``modelled_s``) in.
+
+        Home syncs are smoothed (EMA); an explored mode's rare measurement replaces its old
+        correction outright, which may be many syncs stale (the workload may have changed).
+        """
         if measured_s <= 0 or modelled_s <= 0:
             return
         self._awaiting = self._awaiting and mode == self.home
         ratio = min(RATIO_RANGE[1], max(RATIO_RANGE[0], measured_s / modelled_s))
         known = self.correction[mode]
-        self.correction[mode] = ratio if known is None else (1 - EMA) * known + EMA * ratio
+        fresh = known is None or mode != self.home
+        self.correction[mode] = ratio if fresh else (1 - EMA) * known + EMA * ratio
 
 
 class AutoEngine(SparseEngine):
