@@ -186,6 +186,7 @@ class AutoEngine(SparseEngine):
         self._began: float | None = None
         self._dense_syncs = 0
         self._plain = DenseEngine(shards, replica_pg)
+        self._model_cache: dict[tuple[str, ...], dict[str, float | None]] = {}
         self._entry_cache: dict[tuple[str, ...], list[tuple[int, str, int, int]]] = {}
         self._dtype_cache: dict[tuple[str, ...], set[torch.dtype]] = {}
         self._index_cache: dict[tuple[str, ...], dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -226,7 +227,15 @@ class AutoEngine(SparseEngine):
         return self._dtype_cache[key]
 
     def model(self, kinds: list[str]) -> dict[str, float | None]:
-        """Per mode, modelled seconds of a sync of ``kinds``; None = union not known yet."""
+        """Per mode, modelled seconds of a sync of ``kinds``; None = union not known yet.
+
+        Cached until the union estimates change (sparse and sampled dense syncs)."""
+        key = tuple(kinds)
+        if key not in self._model_cache:
+            self._model_cache[key] = self._model(kinds)
+        return self._model_cache[key]
+
+    def _model(self, kinds: list[str]) -> dict[str, float | None]:
         c, entries = self.costs, self._entries(kinds)
         scan = sum(rows for _, _, rows, _ in entries) * c.scan_s_per_row
         buffers = max(1, len(self._dtypes(kinds)))
@@ -300,6 +309,7 @@ class AutoEngine(SparseEngine):
             selected = self.unions.get((i, self._base[kind]))
             union = rows if selected is None else selected.numel()
             self._union[(i, kind)] = float(union)
+            self._model_cache.clear()
             union_rows += union
             summed += self.count_sums.get((i, self._base[kind]), 0)
         if summed > 0:
@@ -336,6 +346,7 @@ class AutoEngine(SparseEngine):
             for (i, kind, rows, _), count in zip(entries, values, strict=False):
                 estimate = self._replicas * count * self._overlap
                 self._union[(i, kind)] = float(min(rows, estimate))
+            self._model_cache.clear()
             first, second = values[-2], values[-1]
             if first > 0:  # the fastest replica's time (exact for 2 replicas) from two moments
                 spread = max(0.0, second - first * first) ** 0.5
