@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import time
+from collections.abc import Callable
 from queue import Empty
 from typing import Any
 
@@ -39,6 +42,25 @@ def machine_note(load_at_start: float) -> str:
         f"{os.cpu_count()} cores, 1-minute load average {load_at_start:.1f} at start and "
         f"{os.getloadavg()[0]:.1f} at end"
     )
+
+
+def timed(args: Any, measure: Callable[..., Any], *measure_args: Any) -> tuple[Any, float]:
+    """Run ``measure(*measure_args)``; return (its result, wall seconds). Records the
+    machine's load around it in ``args.machine`` for the section's text."""
+    start, load = time.perf_counter(), os.getloadavg()[0]
+    result = measure(*measure_args)
+    args.machine = machine_note(load)
+    return result, time.perf_counter() - start
+
+
+def publish(args: Any, result: Any, markdown: str, json_name: str, marker: str) -> None:
+    """Write the raw ``result`` to ``args.out/json_name``, print the section and, unless
+    ``--no-results-md``, replace the ``marker`` section of ``args.out/RESULTS.md``."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / json_name).write_text(json.dumps(result, indent=1))
+    print(markdown)
+    if not args.no_results_md:
+        write_section(markdown, marker, args.out / "RESULTS.md")
 
 
 def rendezvous_env(rank: int, world: int, port: int) -> None:

@@ -18,11 +18,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from bench_util import machine_note, write_section
+from bench_util import publish, timed
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -131,15 +130,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
-    start, load = time.perf_counter(), os.getloadavg()[0]
-    results = measure(SETTINGS, args.steps, args.rounds)
-    wall = time.perf_counter() - start
-    args.machine = machine_note(load)
-    (args.out / "main_job.json").write_text(json.dumps(results, indent=1))
-    markdown = _markdown(results, args, wall)
-    print(markdown)
-    if not args.no_results_md:
-        write_section(markdown, "main-job", args.out / "RESULTS.md")
+    results, wall = timed(args, measure, SETTINGS, args.steps, args.rounds)
+    publish(args, results, _markdown(results, args, wall), "main_job.json", "main-job")
 
 
 if __name__ == "__main__":

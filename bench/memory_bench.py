@@ -15,16 +15,14 @@ Run: ``.venv/bin/python bench/memory_bench.py`` (about 1 minute). Writes the
 from __future__ import annotations
 
 import argparse
-import json
 import resource
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from bench_util import spawn, write_section
+from bench_util import publish, spawn, timed
 
 HERE = Path(__file__).resolve().parent
 WORLD, DIM = 4, 64
@@ -119,14 +117,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
-    start = time.perf_counter()
-    results = [spawn(WORLD, memory_rank, size, args.tables, args.rows) for size in args.sizes]
-    wall = time.perf_counter() - start
-    (args.out / "memory.json").write_text(json.dumps(results, indent=1))
-    markdown = _markdown(results, args, wall)
-    print(markdown)
-    if not args.no_results_md:
-        write_section(markdown, "memory", args.out / "RESULTS.md")
+
+    def every_size() -> list[Any]:
+        return [spawn(WORLD, memory_rank, size, args.tables, args.rows) for size in args.sizes]
+
+    results, wall = timed(args, every_size)
+    publish(args, results, _markdown(results, args, wall), "memory.json", "memory")
 
 
 if __name__ == "__main__":

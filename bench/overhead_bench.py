@@ -16,15 +16,13 @@ Run: ``.venv/bin/python bench/overhead_bench.py`` (about 1 minute). Writes the
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_util import machine_note, spawn, stats, write_section
+from bench_util import publish, spawn, stats, timed
 
 HERE = Path(__file__).resolve().parent
 CONFIG = str(HERE.parent / "configs" / "tiny_cpu.yaml")
@@ -123,15 +121,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
-    start, load = time.perf_counter(), os.getloadavg()[0]
-    result = spawn(WORLD, overhead_rank, args.blocks, args.steps)
-    wall = time.perf_counter() - start
-    args.machine = machine_note(load)
-    (args.out / "overhead.json").write_text(json.dumps(result, indent=1))
-    markdown = _markdown(result, args, wall)
-    print(markdown)
-    if not args.no_results_md:
-        write_section(markdown, "overhead", args.out / "RESULTS.md")
+    result, wall = timed(args, spawn, WORLD, overhead_rank, args.blocks, args.steps)
+    publish(args, result, _markdown(result, args, wall), "overhead.json", "overhead")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import argparse
 import datetime
 import itertools
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
-from bench_util import free_port, machine_note, rendezvous_env, write_section
+from bench_util import free_port, publish, rendezvous_env, timed
 
 from sparse2d.sync.sparse import DEFAULT_CROSSOVER
 
@@ -418,25 +417,23 @@ def main() -> None:
     if args.replot:
         _plot(json.loads((args.out / "sparse_sync.json").read_text()), args.out / "sparse_sync.png")
         return
+    results, wall = timed(args, _run_workers, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    _plot(results, args.out / "sparse_sync.png")
+    publish(args, results, _markdown(results, args, wall), "sparse_sync.json", "sparse-sync")
+
+
+def _run_workers(args: argparse.Namespace) -> list[dict[str, Any]]:
     port = free_port()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    start, load = time.perf_counter(), os.getloadavg()[0]
     procs = [ctx.Process(target=_worker, args=(r, port, args, queue)) for r in range(WORLD)]
     for proc in procs:
         proc.start()
     results = queue.get()
     for proc in procs:
         proc.join()
-    wall = time.perf_counter() - start
-    args.machine = machine_note(load)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sparse_sync.json").write_text(json.dumps(results, indent=1))
-    _plot(results, args.out / "sparse_sync.png")
-    markdown = _markdown(results, args, wall)
-    print(markdown)
-    if not args.no_results_md:
-        write_section(markdown, "sparse-sync", args.out / "RESULTS.md")
+    return results
 
 
 if __name__ == "__main__":

@@ -20,15 +20,13 @@ Writes ``bench/step_breakdown.json``, ``bench/step_breakdown.png`` and the
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_util import machine_note, spawn, stats, write_section
+from bench_util import publish, spawn, stats, timed
 
 HERE = Path(__file__).resolve().parent
 CONFIG = str(HERE.parent / "configs" / "tiny_cpu.yaml")
@@ -150,20 +148,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
-    start, load = time.perf_counter(), os.getloadavg()[0]
-    results = []
-    for world in args.worlds:
-        sizes = [size for size in range(1, world + 1) if world % size == 0]
-        results += spawn(world, breakdown_rank, sizes, args.steps, args.warmup, args.global_batch)
-    wall = time.perf_counter() - start
-    args.machine = machine_note(load)
+
+    def every_world() -> list[dict[str, Any]]:
+        results = []
+        for world in args.worlds:
+            sizes = [size for size in range(1, world + 1) if world % size == 0]
+            results += spawn(
+                world, breakdown_rank, sizes, args.steps, args.warmup, args.global_batch
+            )
+        return results
+
+    results, wall = timed(args, every_world)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "step_breakdown.json").write_text(json.dumps(results, indent=1))
     _plot(results, args.out / "step_breakdown.png")
-    markdown = _markdown(results, args, wall)
-    print(markdown)
-    if not args.no_results_md:
-        write_section(markdown, "step-breakdown", args.out / "RESULTS.md")
+    publish(args, results, _markdown(results, args, wall), "step_breakdown.json", "step-breakdown")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ Run: ``.venv/bin/python bench/sync_vs_raw_bench.py`` (about 3 minutes). Writes t
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import socket
 import time
 from pathlib import Path
@@ -30,7 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_util import machine_note, spawn, write_section
+from bench_util import publish, spawn, timed
 
 HERE = Path(__file__).resolve().parent
 WORLD, L, DIM, MB = 4, 2, 64, 1 << 20
@@ -171,15 +169,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
-    start, load = time.perf_counter(), os.getloadavg()[0]
-    result = spawn(WORLD, sync_vs_raw_rank, args.sizes, args.reps, args.loopback_mb)
-    wall = time.perf_counter() - start
-    args.machine = machine_note(load)
-    (args.out / "sync_vs_raw.json").write_text(json.dumps(result, indent=1))
-    markdown = _markdown(result, args, wall)
-    print(markdown)
-    if not args.no_results_md:
-        write_section(markdown, "sync-vs-raw", args.out / "RESULTS.md")
+    result, wall = timed(
+        args, spawn, WORLD, sync_vs_raw_rank, args.sizes, args.reps, args.loopback_mb
+    )
+    publish(args, result, _markdown(result, args, wall), "sync_vs_raw.json", "sync-vs-raw")
 
 
 if __name__ == "__main__":
