@@ -9,7 +9,8 @@ import torch.distributed as dist
 import tests.bench_path  # noqa: F401  (bench/ on sys.path)
 
 # isort: split
-from sparse_sync_bench import FRACTIONS, _markdown, _run_size, _slowest_rank
+from sparse_sync_bench import FRACTIONS, _run_size, _slowest_rank
+from sparse_sync_report import _markdown
 
 
 def check_one_cell() -> list:
