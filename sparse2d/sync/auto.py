@@ -6,21 +6,10 @@ all-reduce, plus a scan of the row stamps and indexed copies. On small shards
 those collectives cost more than the bytes they save (the main job: 14.4 ms vs
 6.9 ms per sync); on large, sparsely touched shards they save 60x.
 
-How it decides:
-
-* **model**: ``LinkCosts`` (probed at start-up) and the expected union per shard
-  give each mode's predicted seconds;
-* **correction**: each mode keeps its own measured / modelled ratio (EMA), so a
-  cost the model gets wrong for one mode only (the extra collectives of the
-  touched-rows mode on a busy host, copies slower than probed) is learnt from
-  that mode's own syncs; a mode not measured yet borrows the other's ratio;
-* **choice**: the ``home`` mode switches when the other is predicted
-  ``HYSTERESIS`` cheaper (noise near break-even would flip it every sync);
-* **exploration**: the other mode runs once after ``EXPLORE_FIRST`` home syncs,
-  then after twice as many each time it confirms home (up to ``EXPLORE_LAST``),
-  but only while it is predicted within ``EXPLORE_RATIO`` of home. The worst case
-  is bounded: one sync at most ``EXPLORE_RATIO`` x home per interval (< 2% of
-  sync time over 300 syncs); a mode predicted 60x dearer is never tried.
+How it decides (``sync.choice``): the start-up ``LinkCosts`` and the expected union per
+shard give each mode's modelled seconds; per mode, a fit of its own measured syncs turns
+that into a prediction (``fixed + slope x modelled``); the cheaper mode is home, switched with
+hysteresis; the other mode is re-measured now and then while predicted within 2x.
 
 The measured time of a sync is its exposed time: build, waits and write-back
 (``observe``, from the policy; with ``hide`` the landing wait is included), else
@@ -47,6 +36,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from sparse2d.sync.choice import DENSE, SPARSE, ModeChooser
 from sparse2d.sync.cost import LinkCosts, probe
 from sparse2d.sync.engine import DenseEngine, Payload
 from sparse2d.sync.sparse import (
@@ -59,100 +49,9 @@ from sparse2d.sync.sparse import (
 )
 from sparse2d.sync.tensors import ShardState, flush_caches, live_tensors
 
-DENSE, SPARSE = "dense", "sparse"
-HYSTERESIS = 0.9
-"""Switch home only when the other mode is predicted below this fraction of it."""
-EMA = 0.3
-"""Weight of the newest measured / modelled ratio in a mode's correction."""
-RATIO_RANGE = (1e-6, 1e6)
-"""Bounds of one observed ratio (a zero or a stall must not swamp the correction)."""
-EXPLORE_FIRST, EXPLORE_LAST = 4, 256
-"""Home syncs before the first exploration of the other mode, and the longest interval."""
-EXPLORE_RATIO = 2.0
-"""The other mode is tried only while predicted below this multiple of home."""
 SAMPLE_EVERY = 8
 """Dense syncs carry touched counts and the last sync's time (the tail) once in this many,
 and always right after a touched-rows sync: the rest are plain dense syncs (no extra work)."""
-
-
-class ModeChooser:
-    """The decision alone (no tensors, no collectives): same inputs, same choices everywhere.
-
-    Fed each sync's modelled seconds per mode (``choose``) and, later, the agreed measured
-    seconds of a past sync (``refine``).
-    """
-
-    def __init__(self) -> None:
-        self.home = SPARSE
-        """The mode syncs run in unless exploring (switched by corrected predictions)."""
-        self.correction: dict[str, float | None] = {DENSE: None, SPARSE: None}
-        """Per mode, measured / modelled seconds (EMA over its syncs); None = never measured."""
-        self.explored = 0
-        """Syncs that ran the other mode to measure it."""
-        self._home_syncs = 0  # home syncs since the last exploration (or switch)
-        self._interval = EXPLORE_FIRST
-        self._awaiting = False  # an exploration's measurement has not landed yet
-
-    def estimate(self, cost: dict[str, float]) -> dict[str, float]:
-        """Predicted seconds per mode from modelled ``cost``.
-
-        A measured mode scales its model by its own correction. A mode never measured
-        borrows the other's, optimistically: the lower of the same ratio and the same
-        excess in seconds (an unexplained fixed cost, such as a busy host's scheduling
-        delay, likely hits both modes alike).
-        """
-        out = {}
-        for mode, modelled in cost.items():
-            other = DENSE if mode == SPARSE else SPARSE
-            own, borrowed = self.correction[mode], self.correction[other]
-            if own is not None:
-                out[mode] = modelled * own
-            elif borrowed is not None:
-                excess = modelled + cost[other] * (borrowed - 1)
-                out[mode] = max(0.0, min(modelled * borrowed, excess))
-            else:
-                out[mode] = modelled
-        return out
-
-    def choose(self, cost: dict[str, float]) -> str:
-        """The mode of the next sync; updates ``home`` and the exploration schedule."""
-        est = self.estimate(cost)
-        measured = {m for m, c in self.correction.items() if c is not None}
-        if not measured:  # nothing measured yet: the model alone
-            self.home = min(est, key=est.__getitem__)
-            return self.home
-        other = DENSE if self.home == SPARSE else SPARSE
-        if self.home not in measured or (
-            other in measured and est[other] < HYSTERESIS * est[self.home]
-        ):
-            self.home, self._home_syncs, self._interval = other, 0, EXPLORE_FIRST
-            return self.home
-        self._home_syncs += 1
-        if other in measured:
-            due = self._home_syncs > self._interval
-        else:  # as soon as home is measured; again if the measurement got lost
-            due = not self._awaiting or self._home_syncs > EXPLORE_FIRST
-        if due and est[other] < EXPLORE_RATIO * est[self.home]:
-            if other in measured:
-                self._interval = min(EXPLORE_LAST, 2 * self._interval)
-            self._home_syncs, self._awaiting = 0, True
-            self.explored += 1
-            return other
-        return self.home
-
-    def refine(self, mode: str, modelled_s: float, measured_s: float) -> None:
-        """Fold the agreed measured time of a past ``mode`` sync (modelled ``modelled_s``) in.
-
-        Home syncs are smoothed (EMA); an explored mode's rare measurement replaces its old
-        correction outright, which may be many syncs stale (the workload may have changed).
-        """
-        if measured_s <= 0 or modelled_s <= 0:
-            return
-        self._awaiting = self._awaiting and mode == self.home
-        ratio = min(RATIO_RANGE[1], max(RATIO_RANGE[0], measured_s / modelled_s))
-        known = self.correction[mode]
-        fresh = known is None or mode != self.home
-        self.correction[mode] = ratio if fresh else (1 - EMA) * known + EMA * ratio
 
 
 class AutoEngine(SparseEngine):
