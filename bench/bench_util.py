@@ -63,6 +63,28 @@ def publish(args: Any, result: Any, markdown: str, json_name: str, marker: str) 
         write_section(markdown, marker, args.out / "RESULTS.md")
 
 
+def meta_ebc(tables: int, rows: int, dim: int) -> Any:
+    """``tables`` EmbeddingBag tables ``t{i}`` (feature ``f{i}``) of ``rows x dim`` on the meta
+    device, with row-wise AdaGrad fused into the backward (lr 0.01)."""
+    import torch
+    from torch.distributed.optim import _apply_optimizer_in_backward
+    from torchrec import EmbeddingBagCollection
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.optim import RowWiseAdagrad
+
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(
+                name=f"t{i}", embedding_dim=dim, num_embeddings=rows, feature_names=[f"f{i}"]
+            )
+            for i in range(tables)
+        ],
+        device=torch.device("meta"),
+    )
+    _apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.01})
+    return ebc
+
+
 def rendezvous_env(rank: int, world: int, port: int) -> None:
     """The torchrun-style env a spawned benchmark rank needs before ``init_process_group``."""
     os.environ.update(

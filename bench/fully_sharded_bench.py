@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import free_port, rendezvous_env, write_section
+from bench_util import free_port, meta_ebc, rendezvous_env, write_section
 
 STRATEGIES = ("DEFAULT", "FULLY_SHARDED")
 
@@ -42,27 +42,12 @@ def _peak_rss() -> int:
 
 
 def _model(args: argparse.Namespace, group: int, strategy: str) -> Any:
-    import torch
-    from torch.distributed.optim import _apply_optimizer_in_backward
-    from torchrec import EmbeddingBagCollection
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import ShardingStrategy
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.optim import RowWiseAdagrad
 
     from sparse2d import DMPCollection
 
-    ebc = EmbeddingBagCollection(
-        tables=[
-            EmbeddingBagConfig(
-                name=f"t{i}", embedding_dim=args.dim, num_embeddings=args.rows,
-                feature_names=[f"f{i}"],
-            )
-            for i in range(args.tables)
-        ],
-        device=torch.device("meta"),
-    )  # fmt: skip
-    _apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.01})
+    ebc = meta_ebc(args.tables, args.rows, args.dim)
     kinds = ("table_wise", "row_wise")
     constraints = {
         f"t{i}": ParameterConstraints(sharding_types=[kinds[i % 2]]) for i in range(args.tables)

@@ -25,31 +25,16 @@ import time
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import free_port, rendezvous_env, write_section
+from bench_util import free_port, meta_ebc, rendezvous_env, write_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _model(args: argparse.Namespace) -> Any:
     import torch
-    from torch.distributed.optim import _apply_optimizer_in_backward
-    from torchrec import EmbeddingBagCollection
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.optim import RowWiseAdagrad
 
     torch.manual_seed(0)
-    ebc = EmbeddingBagCollection(
-        tables=[
-            EmbeddingBagConfig(
-                name=f"t{i}", embedding_dim=args.dim, num_embeddings=args.rows,
-                feature_names=[f"f{i}"],
-            )
-            for i in range(args.tables)
-        ],
-        device=torch.device("meta"),
-    )  # fmt: skip
-    _apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.01})
-    return ebc
+    return meta_ebc(args.tables, args.rows, args.dim)
 
 
 def _batch(args: argparse.Namespace, step: int, rank: int) -> Any:
