@@ -68,6 +68,7 @@ def measure(settings: dict[str, list[str]], steps: int, rounds: int) -> dict[str
                             "sync_s_per_step",
                             "sync_bytes_per_step",
                             "sync_modes",
+                            "sync_votes_in_ddp",
                         )
                     }
                 )
@@ -83,8 +84,8 @@ def _markdown(results: dict[str, list[dict]], args: argparse.Namespace, wall: fl
         f"alternating the settings' order; {args.machine}. Wall {wall:.0f} s.",
         "",
         "| setting | best samples/s | every round | sync ms/step (best run) | sync KB/step "
-        "| syncs dense / sparse (best run) |",
-        "|---|---:|---|---:|---:|---|",
+        "| syncs dense / sparse (best run) | NaN votes in DDP's all-reduce |",
+        "|---|---:|---|---:|---:|---|---:|",
     ]
     for name, runs in results.items():
         best = max(runs, key=lambda x: x["samples_per_s"])
@@ -93,7 +94,8 @@ def _markdown(results: dict[str, list[dict]], args: argparse.Namespace, wall: fl
         lines.append(
             f"| {name} | {best['samples_per_s']:.0f} | {rounds} | "
             f"{1e3 * best['sync_s_per_step']:.2f} | {best['sync_bytes_per_step'] / 1e3:.1f} | "
-            f"{modes.get('dense', 0)} / {modes.get('sparse', 0)} |"
+            f"{modes.get('dense', 0)} / {modes.get('sparse', 0)} | "
+            f"{best.get('sync_votes_in_ddp', 0)} |"
         )
     names = list(results)
     best = {n: max(x["samples_per_s"] for x in results[n]) for n in names}

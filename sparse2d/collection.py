@@ -58,6 +58,7 @@ from sparse2d.planner import default_sharders, remap_plan
 from sparse2d.planner.auto import AUTO, auto_group_size
 from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes
 from sparse2d.sync import AllReduceHook, ShardState, broadcast_, collect_shard_states
+from sparse2d.sync.ddp_vote import EarlySync
 from sparse2d.sync.fully_sharded import FullyShardedEmbeddings, materialized
 from sparse2d.sync.fully_sharded_checks import (
     check_fully_sharded_options,
@@ -250,6 +251,7 @@ class DMPCollection(TorchRecDMPCollection):
         self.sync_policy: SyncPolicy | PolicySet = (
             policies[0] if len(policies) == 1 else PolicySet(policies)
         )
+        self._early = EarlySync(self, self.sync_policy)  # syncs run at the end of a backward
         # 5. Align replicas: TorchRec seeds each group's shards independently.
         self._fully_sharded: FullyShardedEmbeddings | None = None
         self.align_replicas()
@@ -261,6 +263,7 @@ class DMPCollection(TorchRecDMPCollection):
             logger.info("[sparse2d] FULLY_SHARDED: %s", [(c.name, c.num_replicas) for c in sliced])
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._early.raise_error()
         if self._fully_sharded is not None:  # start the weight all-gathers before input dist
             self._fully_sharded.prefetch()
         return super().forward(*args, **kwargs)
@@ -407,7 +410,10 @@ class DMPCollection(TorchRecDMPCollection):
         FULLY_SHARDED contexts report their step's reduce-scatters (and run the job-wide
         NaN/inf check) at every step.
         """
-        report = self.sync_policy.step(step)
+        report = self._early.take(step)
+        if report is None:
+            report = self.sync_policy.step(step)
+        self._early.arm(step)
         if self._fully_sharded is None:
             return report
         return merge_reports([r for r in (report, self._fully_sharded.report(step)) if r])

@@ -211,8 +211,10 @@ def train(
     after_step: Callable[[int], None] | None = None,
     lr: float = 0.1,
     seed: int = 0,
+    on_loss: Callable[[torch.Tensor], None] | None = None,
 ) -> list[float]:
-    """Train with MSE on deterministic batches; ``after_step(step)`` runs after each step."""
+    """Train with MSE on deterministic batches; ``after_step(step)`` runs after each step,
+    ``on_loss(loss)`` before each backward (e.g. to register a hook that runs in it)."""
     dense_opt = torch.optim.SGD(
         [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=lr
     )
@@ -220,6 +222,8 @@ def train(
     for step in range(steps):
         kjt, dense, target = make_batch(tables, step, dist.get_rank(), seed=seed)
         loss = ((model(kjt, dense) - target) ** 2).mean()
+        if on_loss is not None:
+            on_loss(loss)
         loss.backward()
         dense_opt.step()
         dense_opt.zero_grad()

@@ -51,16 +51,21 @@ def check_poisoned_sync(where: str, value: float, options: dict) -> dict:
 def _poisoned_sync(model: DMPCollection, where: str, value: float, options: dict) -> dict:
     train(model, MIXED_TABLES, 3, after_step=model.maybe_sync)
     model.sync_policy.finish()  # land overlapped transfers: the values before the bad sync
-    train(model, MIXED_TABLES, 1)  # one more local step (rows touched, not synced)
-    rank, table = dist.get_rank(), None
+    rank, table, poison = dist.get_rank(), None, None
     if rank == BAD_RANK[where]:
         index, shard = next((i, s) for i, s in enumerate(model.shard_states) if s.rows > 1)
-        with torch.no_grad():
-            (shard.weight if where == "weight" else shard.optimizer_states[0])[1] = value
-        engine = model.sync_policy.engine
-        if hasattr(engine, "tracker"):  # the sparse engines send only rows marked touched
-            engine.tracker.mark_rows(index, torch.tensor([1]))
         table = shard.table
+
+        def poison(grad: torch.Tensor) -> None:
+            with torch.no_grad():
+                (shard.weight if where == "weight" else shard.optimizer_states[0])[1] = value
+            engine = model.sync_policy.engine
+            if hasattr(engine, "tracker"):  # the sparse engines send only rows marked touched
+                engine.tracker.mark_rows(index, torch.tensor([1]))
+
+    # One more step, poisoned in its backward (after its lookups, before the fused update),
+    # as a NaN from training arises; a sync carried by DDP runs at the end of this backward.
+    train(model, MIXED_TABLES, 1, on_loss=lambda loss: poison and loss.register_hook(poison))
     before = _snapshot(model)
     try:
         model.maybe_sync(3 if options.get("every", 1) == 1 else options["every"] - 1)

@@ -132,9 +132,19 @@ class SyncEngine(ABC):
         """The sync's exposed time (build, waits, write-back), once it landed; cost models
         learn from it (``AutoEngine``)."""
 
+    def early_scan(self, weights: bool, states: bool) -> list[torch.Tensor] | None:
+        """Tensors covering every value the next sync of (weights, states) may send, known
+        before it starts (for the NaN/inf vote carried by DDP); None when unknown."""
+        return None
+
 
 class DenseEngine(SyncEngine):
     """Every row of every shard: one flat buffer per dtype and kind."""
+
+    def early_scan(self, weights: bool, states: bool) -> list[torch.Tensor] | None:
+        flush_caches(self.shards)
+        live = live_tensors(self.shards, weights, states)
+        return flat_views(live) or live
 
     def payload(self, weights: bool, states: bool, in_place: bool = False) -> Payload:
         flush_caches(self.shards)

@@ -107,22 +107,32 @@ class Verdict:
     def wait(self) -> None:
         """Raise ``SyncError`` (on every rank alike) if any rank found a non-finite value."""
         self._work.wait()
-        ranks = torch.nonzero(self._flags.cpu()).flatten().tolist()
-        if not ranks:
-            return
-        guard = self._guard
-        mine = bad_tables(guard.shards, self._weights, self._states) if self._bad else []
-        if self._bad and not mine:  # the payload copy was bad but the live tensors are not
-            mine = ["(sync payload)"]
-        every: list[list[str] | None] = [None] * guard.world
-        dist.all_gather_object(every, mine, group=guard.global_pg)
-        global_ranks = [dist.get_global_rank(guard.global_pg, r) for r in range(guard.world)]
-        where = "; ".join(f"rank {global_ranks[r]}: {', '.join(every[r] or ['?'])}" for r in ranks)
-        tables = sorted({t.split(" (")[0] for r in ranks for t in every[r] or []})
-        raise SyncError(
-            f"sync at step {self._step}: non-finite values (NaN/inf) in table(s) "
-            f"{', '.join(tables)} held by global rank(s) {[global_ranks[r] for r in ranks]} "
-            f"({where}); nothing was written back, no replica changed. Find the cause "
-            "(learning rate, bad input rows, a faulty device), then restore from the last "
-            "checkpoint or a healthy replica (DMPCollection.repair_from_replicas)."
-        )
+        if bool(self._flags.any()):
+            raise_non_finite(
+                self._guard, self._step, self._bad, weights=self._weights, states=self._states
+            )
+
+
+def raise_non_finite(
+    guard: FiniteGuard, step: int, local_bad: bool, *, weights: bool, states: bool
+) -> None:
+    """Name the bad tables and ranks on every rank (one object all-gather), then raise.
+
+    Collective over ``guard.global_pg``: called by every rank once the vote said some
+    rank is bad."""
+    mine = bad_tables(guard.shards, weights, states) if local_bad else []
+    if local_bad and not mine:  # the payload copy was bad but the live tensors are not
+        mine = ["(sync payload)"]
+    every: list[list[str] | None] = [None] * guard.world
+    dist.all_gather_object(every, mine, group=guard.global_pg)
+    global_ranks = [dist.get_global_rank(guard.global_pg, r) for r in range(guard.world)]
+    ranks = [r for r in range(guard.world) if every[r]]
+    where = "; ".join(f"rank {global_ranks[r]}: {', '.join(every[r] or ['?'])}" for r in ranks)
+    tables = sorted({t.split(" (")[0] for r in ranks for t in every[r] or []})
+    raise SyncError(
+        f"sync at step {step}: non-finite values (NaN/inf) in table(s) "
+        f"{', '.join(tables)} held by global rank(s) {[global_ranks[r] for r in ranks]} "
+        f"({where}); nothing was written back, no replica changed. Find the cause "
+        "(learning rate, bad input rows, a faulty device), then restore from the last "
+        "checkpoint or a healthy replica (DMPCollection.repair_from_replicas)."
+    )

@@ -43,6 +43,10 @@ class PolicySet:
         return dict(sum((Counter(p.mode_counts) for p in self.policies), Counter()))
 
     @property
+    def votes_carried(self) -> int:
+        return sum(p.votes_carried for p in self.policies)
+
+    @property
     def hook(self) -> AllReduceHook | None:
         return self.policies[0].hook
 

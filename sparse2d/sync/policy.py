@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,9 @@ from sparse2d.sync.finite import FiniteGuard, Verdict
 from sparse2d.sync.overlap import Pending, Reduction, start_average
 from sparse2d.sync.scaling import AccumulatorScaler
 from sparse2d.sync.tensors import ShardState
+
+if TYPE_CHECKING:
+    from sparse2d.sync.ddp_vote import DdpVote
 
 ENGINES = ("dense", "sparse", "auto")
 COMPRESSIONS = ("none", "bf16")
@@ -184,6 +188,10 @@ class SyncPolicy:
         self._verdict: Verdict | None = (
             None  # the NaN/inf vote of the hidden sync, waited in ``land``
         )
+        self.carrier: tuple[DdpVote, int] | None = None
+        """The DDP carrier of this policy's NaN/inf vote and its slot (``sync.ddp_vote``)."""
+        self.votes_carried = 0
+        """Syncs whose NaN/inf vote rode DDP's gradient all-reduce (no vote of their own)."""
         self._hidden_wait = 0.0
         self._hidden_exposed = 0.0  # build + start time of the hidden sync in flight
         self._syncs = 0
@@ -244,6 +252,31 @@ class SyncPolicy:
         self._hidden_wait += waited
         self.engine.observe(self._hidden_exposed + time.perf_counter() - begin)
         return waited
+
+    @property
+    def may_scan_early(self) -> bool:
+        """Guarded syncs whose payload can be known before they start: the dense engine, or
+        ``auto`` while dense is its home; not bf16 deltas, overlap or delayed state."""
+        opts = self.options
+        return (
+            self.guard is not None
+            and self.num_replicas > 1
+            and opts.engine in ("dense", "auto")
+            and self.compressor is None
+            and not (opts.overlap or opts.delayed_optimizer_state)
+        )
+
+    def early_scan(self) -> tuple[list[torch.Tensor], bool] | None:
+        """(tensors the next cadence sync may send, optimizer state included) for a NaN/inf
+        vote carried by DDP; None when only the sync itself can tell (bf16 deltas, overlap,
+        delayed state, touched rows)."""
+        if self.guard is None or self.num_replicas == 1:
+            return [], True
+        if not self.may_scan_early:
+            return None
+        states = self.options.include_optimizer_state
+        tensors = self.engine.early_scan(weights=True, states=states)
+        return None if tensors is None else (tensors, states)
 
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
         self.land()
@@ -317,7 +350,11 @@ class SyncPolicy:
                 self.engine.payload(weights=w, states=s, in_place=in_place) for _, w, s, _ in parts
             ]
         verdict = None
-        if self.guard is not None:
+        carried = self.carrier[0].take(self.carrier[1], states) if self.carrier else None
+        if self.guard is not None and carried is not None:  # voted in DDP's all-reduce
+            self.votes_carried += 1
+            carried.settle(self.guard, step, states)
+        elif self.guard is not None:
             buffers = [b for p in payloads for b in p.buffers]
             verdict = self.guard.start(step, buffers, weights=True, states=states)
             if any(p.in_place for p in payloads):  # nothing is sent before the job agrees

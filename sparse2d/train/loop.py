@@ -266,6 +266,8 @@ class Loop:
             "train_s": self.train_s,
             # engine "auto": syncs per mode (what it chose), e.g. {"dense": 297, "sparse": 3}
             "sync_modes": model.sync_policy.mode_counts,
+            # syncs whose NaN/inf vote rode DDP's gradient all-reduce (sync.ddp_vote)
+            "sync_votes_in_ddp": model.sync_policy.votes_carried,
         }
         if self.is_main:
             with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:

@@ -1,0 +1,229 @@
+"""The NaN/inf vote of a sync, carried by the DDP gradient all-reduce, and the sync run
+right after it, at the end of the backward.
+
+The guard's own vote (``sparse2d.sync.finite``) is one more world collective per sync. On
+the 2-core gloo box that cost the main job 7% of its step time: not the few bytes, but one
+more point per step where every rank of the job waits for the slowest. Every step already
+has such a point: DDP's gradient all-reduce of the dense parameters, over the same world.
+So on a backward that a sync follows (``armed`` by the cadence), DDP's last bucket waits
+for the backward's final callback, which scans the values the sync will send and appends
+two numbers per sync policy: "I hold a NaN/inf" and "I could not scan" (the touched-rows
+engine, bf16 deltas, overlap: those policies vote in their sync as before, on every rank
+alike). Then, still in that callback, ``on_voted`` runs the sync itself, so nothing can
+change a scanned value before it is sent: a value written after the backward is written
+after the sync (a hidden sync's landing overwrites it, else the next sync scans it).
+
+Why the order holds: DDP calls the comm hook of its last bucket before it queues its own
+final callback (``Reducer::mark_variable_ready``), so a callback queued from that hook runs
+after every node of the backward, the fused embedding updates included, and before DDP
+waits for the bucket. Not carried on the first backward through the hook (static-graph DDP
+reduces everything from inside its own callback then), nor with a user's comm hook.
+
+Cost of carrying: the last bucket's all-reduce starts after the embedding backward instead
+of overlapping it, and its summation order may differ from DDP's in the last bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from sparse2d.sync.finite import FiniteGuard, all_finite, raise_non_finite
+
+
+class Scannable(Protocol):
+    """What a carried vote needs from a sync policy."""
+
+    guard: FiniteGuard | None
+    carrier: tuple[DdpVote, int] | None
+
+    @property
+    def may_scan_early(self) -> bool:
+        """This policy's syncs can ever be scanned before they start (static options)."""
+
+    def early_scan(self) -> tuple[list[torch.Tensor], bool] | None:
+        """(tensors the next cadence sync may send, optimizer state covered), or None when
+        they cannot be known before the sync (the vote then runs in the sync)."""
+
+
+@dataclass(slots=True)
+class CarriedVote:
+    """One policy's share of a carried vote."""
+
+    any_bad: bool
+    """Some rank of the job holds a NaN/inf in what it scanned."""
+    local_bad: bool
+    """This rank does."""
+    states: bool
+    """The scan covered the optimizer state too."""
+
+    def settle(self, guard: FiniteGuard, step: int, states: bool) -> None:
+        """Raise ``SyncError`` on every rank if any rank was bad (collective only then)."""
+        if self.any_bad:
+            raise_non_finite(guard, step, self.local_bad, weights=True, states=states)
+
+
+class DdpVote:
+    """Carries the NaN/inf votes of ``policies`` in ``ddp``'s last gradient bucket."""
+
+    def __init__(
+        self,
+        ddp: DistributedDataParallel,
+        policies: Sequence[Scannable],
+        on_voted: Callable[[], None],
+    ) -> None:
+        self.ddp = ddp
+        self.policies = list(policies)
+        self.on_voted = on_voted
+        """Runs the sync, in the backward's final callback right after the vote; must not
+        raise (DDP is still to finalize its backward): it keeps errors for later."""
+        self.pg = ddp.process_group
+        self.world = dist.get_world_size(self.pg)
+        self.armed = False
+        """Carry the vote in the next backward (set by the cadence: a sync follows it)."""
+        self.carried = 0
+        """Backwards that carried a vote."""
+        self._hooked = 0  # backwards seen by the hook
+        self._votes: list[CarriedVote | None] = [None] * len(self.policies)
+        self._user: tuple[object, Callable[..., torch.futures.Future]] | None = None
+        ddp.register_comm_hook(self, _on_bucket)
+        # a user's later DDP comm hook runs inside ours (DDP allows only one)
+        ddp.register_comm_hook = self._register_user_hook  # type: ignore[method-assign]
+
+    @classmethod
+    def attach(
+        cls, module: Any, policies: Sequence[Scannable], on_voted: Callable[[], None]
+    ) -> DdpVote | None:
+        """A carrier for ``module`` (a ``DMPCollection``) if it can carry: some policy's
+        guarded syncs can be scanned early, the dense part is one DDP over the whole job,
+        and no comm hook is registered yet."""
+        ddp = getattr(module, "_dmp_wrapped_module", None)
+        if not isinstance(ddp, DistributedDataParallel) or getattr(ddp, "_comm_hooks", None):
+            return None
+        guards = [p.guard for p in policies if p.may_scan_early and p.guard is not None]
+        if not guards or dist.get_world_size(ddp.process_group) != guards[0].world:
+            return None
+        carrier = cls(ddp, policies, on_voted)
+        for index, policy in enumerate(carrier.policies):
+            policy.carrier = (carrier, index)
+        return carrier
+
+    def take(self, index: int, states: bool) -> CarriedVote | None:
+        """Policy ``index``'s carried vote, if its sync runs inside ``on_voted`` and the
+        scan covered ``states``; once. The same answer on every rank (all inputs agree), so
+        a sync votes itself on every rank or on none."""
+        vote, self._votes[index] = self._votes[index], None
+        return None if vote is None or (states and not vote.states) else vote
+
+    # ---- the hook -----------------------------------------------------------------------
+    def _register_user_hook(self, state: object, hook: Callable[..., Any]) -> None:
+        if self._user is not None:
+            raise RuntimeError("a DDP comm hook is registered already (one is allowed)")
+        self._user = (state, hook)
+
+    def bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        if self._user is not None:
+            return self._user[1](self._user[0], bucket)
+        last = bucket.is_last()
+        carry = last and self.armed and self._hooked > 0
+        if last:
+            self._hooked += 1
+            self._votes = [None] * len(self.policies)
+        buffer = bucket.buffer()
+        if not carry:
+            work = dist.all_reduce(buffer.div_(self.world), group=self.pg, async_op=True)
+            return work.get_future().then(lambda fut: fut.value()[0])
+        future: torch.futures.Future = torch.futures.Future()
+        queue = torch.autograd.Variable._execution_engine.queue_callback  # type: ignore[attr-defined]
+        queue(lambda: self._vote(buffer, future))
+        return future
+
+    def _vote(self, buffer: torch.Tensor, future: torch.futures.Future) -> None:
+        """After the whole backward: scan, then reduce the bucket with the votes appended."""
+        try:
+            flags = torch.zeros(2 * len(self.policies), dtype=buffer.dtype, device=buffer.device)
+            scans: list[tuple[bool, bool] | None] = []
+            for i, policy in enumerate(self.policies):
+                scan = policy.early_scan()
+                if scan is None:
+                    flags[2 * i + 1] = 1
+                    scans.append(None)
+                    continue
+                bad = not all(all_finite(t) for t in scan[0])
+                flags[2 * i] = float(bad)
+                scans.append((bad, scan[1]))
+            n = buffer.numel()
+            flat = torch.cat([buffer.div_(self.world).reshape(-1), flags])
+            dist.all_reduce(flat, group=self.pg)
+            buffer.copy_(flat[:n].view_as(buffer))
+            totals = flat[n:].tolist()
+            self.carried += 1
+            for i, scan in enumerate(scans):
+                if scan is not None and totals[2 * i + 1] == 0:
+                    self._votes[i] = CarriedVote(totals[2 * i] > 0, scan[0], scan[1])
+            future.set_result(buffer)
+        except BaseException as error:  # DDP waits on the future: never leave it pending
+            future.set_exception(error)
+            raise
+        try:
+            self.on_voted()
+        finally:  # a vote is for the sync right after it only
+            self._votes = [None] * len(self.policies)
+
+
+def _on_bucket(state, bucket):  # type: ignore[no-untyped-def]
+    """DDP comm hook: the default average, or the carried vote on the armed last bucket.
+
+    Unannotated on purpose: DDP checks hook annotations against the classes themselves, and
+    this module's postponed annotations are strings."""
+    return state.bucket(bucket)
+
+
+class EarlySync:
+    """A model's cadence syncs run at the end of their backward, with a carried vote.
+
+    ``maybe_sync(step)`` arms the next backward when step ``step + 1`` ends an interval;
+    that backward's final callback runs the sync, and the next ``maybe_sync`` returns its
+    report (or raises its error, as does the next forward: every rank alike).
+    """
+
+    def __init__(self, module: Any, policy: Any) -> None:
+        self.module, self.policy = module, policy
+        self.carrier: DdpVote | None = None
+        self._tried = False
+        self._step = 0
+        self._report: Any = None
+        self._error: Exception | None = None
+
+    def arm(self, step: int) -> None:
+        """Called after ``maybe_sync(step)``; attaches the carrier at the first call."""
+        if not self._tried:
+            self._tried = True
+            policies = getattr(self.policy, "policies", [self.policy])
+            self.carrier = DdpVote.attach(self.module, policies, self._run)
+        if self.carrier is not None:
+            self.carrier.armed = (step + 2) % self.policy.options.every == 0
+            self._step = step + 1
+
+    def take(self, step: int) -> Any:
+        """The report of the sync run in the latest backward (None if none ran); raises
+        what that sync raised."""
+        self.raise_error()
+        report, self._report = self._report, None
+        return report
+
+    def raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _run(self) -> None:
+        try:
+            self._report = self.policy.step(self._step)
+        except Exception as error:  # DDP still has to finalize this backward
+            self._error = error

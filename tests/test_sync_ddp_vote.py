@@ -1,0 +1,149 @@
+"""The NaN/inf vote carried by DDP's gradient all-reduce, and the sync run at the end of the
+backward (``sparse2d.sync.ddp_vote``), on a real 2x2 gloo mesh (world 4, L=2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torchrec.optim import RowWiseAdagrad
+
+from sparse2d import DMPCollection, SyncError
+from sparse2d.sync.policy import SyncOptions
+from tests.models import (
+    MIXED_TABLES,
+    build_model,
+    constraints_for,
+    dense_params,
+    replica_max_diff,
+    train,
+)
+
+STEPS = 6
+
+
+def _model(group_size: int = 2, **options) -> DMPCollection:
+    return DMPCollection(
+        build_model(MIXED_TABLES, optimizer=RowWiseAdagrad, lr=0.05),
+        group_size,
+        device="cpu",
+        constraints=constraints_for(MIXED_TABLES),
+        node_group_size=2,
+        sync_options=SyncOptions(**options),
+    )
+
+
+def _state(model: DMPCollection) -> list[torch.Tensor]:
+    shards = [
+        t.detach().clone() for s in model.shard_states for t in [s.weight, *s.optimizer_states]
+    ]
+    return shards + [p.detach().clone() for p in dense_params(model).values()]
+
+
+def check_carried_matches_own_vote(options: dict) -> dict:
+    """Train with maybe_sync every step: guard on (votes ride DDP where they can) vs guard
+    off (no carrier: each sync runs after the dense step). Same values, replicas identical."""
+    carried = _model(**options)
+    train(carried, MIXED_TABLES, STEPS, after_step=carried.maybe_sync)
+    plain = _model(**{**options, "check_finite": False})
+    train(plain, MIXED_TABLES, STEPS, after_step=plain.maybe_sync)
+    carried.sync_policy.finish()
+    plain.sync_policy.finish()
+    for a, b in zip(_state(carried), _state(plain), strict=True):
+        torch.testing.assert_close(a, b)
+    return {
+        "votes": carried.sync_policy.votes_carried,
+        "plain_votes": plain.sync_policy.votes_carried,
+        "carrier": carried._early.carrier is not None,
+        "replica_diff": replica_max_diff(carried, carried.replica_pg),
+    }
+
+
+@pytest.mark.parametrize(
+    ("options", "votes"),
+    [
+        # step 0 is not armed; step 1 is the hook's first backward (never carried)
+        ({"engine": "dense"}, STEPS - 2),
+        ({"engine": "dense", "hide": True}, STEPS - 2),
+        ({"engine": "dense", "every": 2}, 2),  # syncs after steps 1, 3, 5: 3 and 5 carried
+        # no carrier (DDP left as is): only the sync knows its touched rows / bf16 deltas
+        ({"engine": "sparse"}, 0),
+        ({"engine": "dense", "compression": "bf16"}, 0),
+    ],
+)
+def test_vote_rides_ddp_where_it_can(world4, options: dict, votes: int) -> None:
+    for result in world4.run(check_carried_matches_own_vote, options):
+        assert result["votes"] == votes
+        assert result["carrier"] == (votes > 0)
+        assert result["plain_votes"] == 0
+        assert result["replica_diff"] == 0.0
+
+
+def check_poison_after_backward(hide: bool) -> dict:
+    """A NaN written after the backward is written after its sync: it never spreads; a
+    hidden sync's landing overwrites it, otherwise the next sync refuses it."""
+    model = _model(engine="dense", hide=hide)
+    train(model, MIXED_TABLES, 4, after_step=model.maybe_sync)
+    train(model, MIXED_TABLES, 1)  # armed: its sync runs at the end of its backward
+    shard = next(s for s in model.shard_states if s.rows > 1)
+    if dist.get_rank() == 1:
+        with torch.no_grad():
+            shard.weight[1] = float("nan")
+    report = model.maybe_sync(4)  # the report of the sync already run; nothing new is sent
+    model.sync_policy.finish()
+    finite_after = all(bool(torch.isfinite(s.weight).all()) for s in model.shard_states)
+    try:
+        model.sync()
+        message = None
+    except SyncError as error:
+        message = str(error)
+    return {"reported": report is not None, "finite": finite_after, "message": message}
+
+
+@pytest.mark.parametrize("hide", [False, True])
+def test_value_written_after_backward_never_spreads(world4, hide: bool) -> None:
+    results = world4.run(check_poison_after_backward, hide)
+    assert all(r["reported"] for r in results)
+    if hide:  # the landing wrote the replica average over the NaN
+        assert all(r["finite"] and r["message"] is None for r in results)
+        return
+    assert [r["finite"] for r in results] == [True, False, True, True]
+    assert all(r["message"] and "global rank(s) [1]" in r["message"] for r in results)
+
+
+def check_user_comm_hook() -> dict:
+    """A user's DDP comm hook, registered after the carrier, runs instead; nothing is carried."""
+    model = _model(engine="dense")
+    train(model, MIXED_TABLES, 1, after_step=model.maybe_sync)  # attaches the carrier
+    calls = []
+
+    def counting_hook(state, bucket):  # type: ignore[no-untyped-def]  (DDP checks real classes)
+        calls.append(bucket.index())
+        return allreduce_hook(state, bucket)
+
+    model._dmp_wrapped_module.register_comm_hook(None, counting_hook)
+    train(model, MIXED_TABLES, 4, after_step=model.maybe_sync)
+    model.sync_policy.finish()
+    return {
+        "calls": len(calls),
+        "votes": model.sync_policy.votes_carried,
+        "replica_diff": replica_max_diff(model, model.replica_pg),
+    }
+
+
+def test_user_comm_hook_runs_and_nothing_is_carried(world4) -> None:
+    for result in world4.run(check_user_comm_hook):
+        assert result["calls"] >= 4
+        assert result["votes"] == 0
+        assert result["replica_diff"] == 0.0
+
+
+def check_one_replica_has_no_carrier() -> bool:
+    model = _model(group_size=4, engine="dense")
+    train(model, MIXED_TABLES, 3, after_step=model.maybe_sync)
+    return model._early.carrier is None
+
+
+def test_1d_keeps_ddp_as_is(world4) -> None:
+    assert world4.run(check_one_replica_has_no_carrier) == [True] * 4
