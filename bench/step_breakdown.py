@@ -4,7 +4,8 @@ The main job's model (``configs/tiny_cpu.yaml``: DLRM over 8 table-wise tables,
 row-wise AdaGrad, default sync engine) at the same global batch for world 2, 4
 and 8 and every sharding group size ``L`` dividing the world. Per step, on every
 rank: *data* = building this rank's batch; *step* = forward, backward (fused
-embedding update) and dense optimizer step; *sync* = the blocking replica sync;
+embedding update) and dense optimizer step; *sync* = the replica sync (its report's
+seconds when it ran at the end of the backward, its vote carried by DDP);
 *lookup* = the sharded EmbeddingBagCollection alone on the same batch (input
 all-to-all, lookup, output all-to-all, backward all-to-all and a zero-gradient
 fused update, which leaves the weights unchanged), timed separately because
@@ -67,14 +68,18 @@ def breakdown_rank(group_sizes: list[int], steps: int, warmup: int, global_batch
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             t2 = time.perf_counter()
-            model.maybe_sync(step)
+            report = model.maybe_sync(step)
             t3 = time.perf_counter()
             values = ebc(batch.sparse_features).wait().values()
             values.backward(torch.zeros_like(values))  # zero gradient: weights unchanged
             t4 = time.perf_counter()
+            # a sync carried by DDP ran at the end of the backward (t1..t2): its own seconds
+            sync = max(t3 - t2, report.seconds if report is not None else 0.0)
+            inside = sync - (t3 - t2)
             if step >= warmup:
                 lookup = t4 - t3
-                rows.append([t1 - t0, lookup, max(0.0, (t2 - t1) - lookup), t3 - t2, t2 - t1])
+                dense = max(0.0, (t2 - t1) - lookup - inside)
+                rows.append([t1 - t0, lookup, dense, sync, t2 - t1 - inside])
         slowest = torch.tensor(rows, dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         cols = slowest.t().tolist()
@@ -98,7 +103,9 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: flo
         f"compare L within one world). {args.steps} measured steps after {args.warmup} warm-up, "
         f"slowest rank per step, ms as min / median / max over steps. *lookup* = sharded "
         f"EBC alone (input a2a, lookup, output a2a, backward a2a, fused update), *dense* = "
-        f"forward+backward+dense optimizer minus lookup, *sync* = blocking replica sync, "
+        f"forward+backward+dense optimizer minus lookup, *sync* = the replica sync's "
+        f"exposed time (run at the end of the backward where its NaN/inf vote rides "
+        f"DDP's all-reduce), "
         f"*data* = building the batch. Wall time {wall:.0f} s. Plot: `bench/step_breakdown.png`.",
         "",
         "| world | L | replicas | data ms | lookup ms | dense ms | sync ms | step+sync+data ms (median) |",

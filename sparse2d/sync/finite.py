@@ -9,7 +9,9 @@ replica group, whose peers would otherwise wait in their next collective)
 raises ``SyncError`` naming the tables and global ranks, and no averaged value
 has been written back.
 
-The vote is cheap because it is hidden: it runs in the background while the
+Where the payload is known before the sync (dense payloads), the vote rides DDP's
+gradient all-reduce instead and the sync runs at the end of the backward
+(``sparse2d.sync.ddp_vote``): no collective of its own. Otherwise the vote is hidden: it runs in the background while the
 payload is averaged into its copy buffers (which is harmless, nothing live
 changes), and the policy waits for it before writing back. A separate blocking
 world all-reduce cost 3 ms per sync on the loaded 4-process CPU test box, as
@@ -55,7 +57,8 @@ def bad_tables(shards: Sequence[ShardState], weights: bool, states: bool) -> lis
 
 
 class FiniteGuard:
-    """Checks sync payloads for NaN/inf and makes every rank of ``global_pg`` agree."""
+    """Checks sync payloads for NaN/inf and makes every rank of ``global_pg`` agree (a sync
+    whose vote rode DDP only uses ``raise_non_finite``)."""
 
     def __init__(self, shards: Sequence[ShardState], global_pg: dist.ProcessGroup) -> None:
         self.shards = list(shards)
