@@ -410,7 +410,7 @@ class DMPCollection(TorchRecDMPCollection):
         FULLY_SHARDED contexts report their step's reduce-scatters (and run the job-wide
         NaN/inf check) at every step.
         """
-        report = self._early.take(step)
+        report = self._early.take()
         if report is None:
             report = self.sync_policy.step(step)
         self._early.arm(step)

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torchrec.optim import RowWiseAdagrad
+from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d import DMPCollection, SyncError
 from sparse2d.sync.policy import SyncOptions
@@ -16,6 +17,7 @@ from tests.models import (
     build_model,
     constraints_for,
     dense_params,
+    make_batch,
     replica_max_diff,
     train,
 )
@@ -110,6 +112,57 @@ def test_value_written_after_backward_never_spreads(world4, hide: bool) -> None:
         return
     assert [r["finite"] for r in results] == [True, False, True, True]
     assert all(r["message"] and "global rank(s) [1]" in r["message"] for r in results)
+
+
+def _two_backwards_per_step(model: DMPCollection, steps: range) -> None:
+    """Each step: two losses, two DDP backwards (two fused updates), then maybe_sync."""
+    dense_opt = torch.optim.SGD(
+        [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=0.1
+    )
+    for step in steps:
+        for half in (0, 1):
+            kjt, dense, target = make_batch(MIXED_TABLES, 2 * step + half, dist.get_rank())
+            ((model(kjt, dense) - target) ** 2).mean().backward()
+        dense_opt.step()
+        dense_opt.zero_grad()
+        model.maybe_sync(step)
+
+
+def check_two_backwards_per_step() -> dict:
+    """Never armed: every sync runs after the step's last backward, as with the guard off."""
+    carried = _model(engine="dense")
+    _two_backwards_per_step(carried, range(STEPS))
+    plain = _model(engine="dense", check_finite=False)
+    _two_backwards_per_step(plain, range(STEPS))
+    for a, b in zip(_state(carried), _state(plain), strict=True):
+        torch.testing.assert_close(a, b)
+    return {
+        "votes": carried.sync_policy.votes_carried,
+        "replica_diff": replica_max_diff(carried, carried.replica_pg),
+    }
+
+
+def check_loop_changes_shape() -> dict:
+    """One backward per step, then two: the first two-backward step synced mid-step early,
+    so its maybe_sync syncs again (replicas identical after it) and early syncs stop."""
+    model = _model(engine="dense")
+    train(model, MIXED_TABLES, 4, after_step=model.maybe_sync)
+    votes = model.sync_policy.votes_carried
+    _two_backwards_per_step(model, range(4, 4 + STEPS))
+    model.sync_policy.finish()
+    return {
+        "early_votes": votes,
+        "later_votes": model.sync_policy.votes_carried - votes,
+        "enabled": model._early.enabled,
+        "replica_diff": replica_max_diff(model, model.replica_pg),
+    }
+
+
+def test_several_ddp_backwards_per_step_sync_after_the_step(world4) -> None:
+    for result in world4.run(check_two_backwards_per_step):
+        assert result == {"votes": 0, "replica_diff": 0.0}
+    for result in world4.run(check_loop_changes_shape):
+        assert result == {"early_votes": 2, "later_votes": 1, "enabled": False, "replica_diff": 0.0}
 
 
 def check_user_comm_hook() -> dict:

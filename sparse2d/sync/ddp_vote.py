@@ -25,6 +25,7 @@ of overlapping it, and its summation order may differ from DDP's in the last bit
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,6 +35,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from sparse2d.sync.finite import FiniteGuard, all_finite, raise_non_finite
+
+logger = logging.getLogger(__name__)
 
 
 class Scannable(Protocol):
@@ -86,9 +89,8 @@ class DdpVote:
         self.world = dist.get_world_size(self.pg)
         self.armed = False
         """Carry the vote in the next backward (set by the cadence: a sync follows it)."""
-        self.carried = 0
-        """Backwards that carried a vote."""
-        self._hooked = 0  # backwards seen by the hook
+        self.backwards = 0
+        """Backwards that reached the hook (the same count on every rank)."""
         self._votes: list[CarriedVote | None] = [None] * len(self.policies)
         self._user: tuple[object, Callable[..., torch.futures.Future]] | None = None
         ddp.register_comm_hook(self, _on_bucket)
@@ -130,14 +132,15 @@ class DdpVote:
         if self._user is not None:
             return self._user[1](self._user[0], bucket)
         last = bucket.is_last()
-        carry = last and self.armed and self._hooked > 0
+        carry = last and self.armed and self.backwards > 0
         if last:
-            self._hooked += 1
+            self.backwards += 1
             self._votes = [None] * len(self.policies)
         buffer = bucket.buffer()
         if not carry:
             work = dist.all_reduce(buffer.div_(self.world), group=self.pg, async_op=True)
             return work.get_future().then(lambda fut: fut.value()[0])
+        self.armed = False  # one sync per arming, even if more backwards follow
         future: torch.futures.Future = torch.futures.Future()
         queue = torch.autograd.Variable._execution_engine.queue_callback  # type: ignore[attr-defined]
         queue(lambda: self._vote(buffer, future))
@@ -162,7 +165,6 @@ class DdpVote:
             dist.all_reduce(flat, group=self.pg)
             buffer.copy_(flat[:n].view_as(buffer))
             totals = flat[n:].tolist()
-            self.carried += 1
             for i, scan in enumerate(scans):
                 if scan is not None and totals[2 * i + 1] == 0:
                     self._votes[i] = CarriedVote(totals[2 * i] > 0, scan[0], scan[1])
@@ -189,16 +191,25 @@ class EarlySync:
 
     ``maybe_sync(step)`` arms the next backward when step ``step + 1`` ends an interval;
     that backward's final callback runs the sync, and the next ``maybe_sync`` returns its
-    report (or raises its error, as does the next forward: every rank alike).
+    report (or raises its error, as does the next forward: every rank alike). Armed only
+    after an interval with exactly one DDP backward: a loop with several per step (each a
+    fused embedding update) must sync after the last one, so it keeps syncing in
+    ``maybe_sync`` (DDP's ``no_sync`` accumulation counts once: only the last backward
+    reaches the hook). If a loop changes shape after an early sync, that ``maybe_sync``
+    syncs again and early syncs stop for good.
     """
 
     def __init__(self, module: Any, policy: Any) -> None:
         self.module, self.policy = module, policy
         self.carrier: DdpVote | None = None
+        self.enabled = True
+        """False once a loop ran more than one DDP backward between two ``maybe_sync``."""
         self._tried = False
         self._step = 0
         self._report: Any = None
         self._error: Exception | None = None
+        self._backwards = 0  # the carrier's backward count when the early sync ran
+        self._seen = 0  # the carrier's backward count at the latest ``arm``
 
     def arm(self, step: int) -> None:
         """Called after ``maybe_sync(step)``; attaches the carrier at the first call."""
@@ -207,14 +218,27 @@ class EarlySync:
             policies = getattr(self.policy, "policies", [self.policy])
             self.carrier = DdpVote.attach(self.module, policies, self._run)
         if self.carrier is not None:
-            self.carrier.armed = (step + 2) % self.policy.options.every == 0
+            # only after an interval with exactly one DDP backward: the loop's shape is known
+            single = self.carrier.backwards - self._seen == 1
+            self._seen = self.carrier.backwards
+            due = (step + 2) % self.policy.options.every == 0
+            self.carrier.armed = self.enabled and due and single
             self._step = step + 1
 
-    def take(self, step: int) -> Any:
-        """The report of the sync run in the latest backward (None if none ran); raises
-        what that sync raised."""
+    def take(self) -> Any:
+        """The report of the sync run at the end of the step's backward (None if none ran,
+        or if another backward followed it); raises what that sync raised."""
         self.raise_error()
         report, self._report = self._report, None
+        if report is not None and self.carrier is not None:
+            if self.carrier.backwards != self._backwards:  # the same on every rank
+                logger.warning(
+                    "[sparse2d] more than one DDP backward between two maybe_sync calls: "
+                    "syncing after the step again; syncs no longer run inside the backward "
+                    "(wrap all but the last backward in DDP's no_sync() to keep them there)"
+                )
+                self.enabled = False
+                return None
         return report
 
     def raise_error(self) -> None:
@@ -223,6 +247,7 @@ class EarlySync:
             raise error
 
     def _run(self) -> None:
+        self._backwards = self.carrier.backwards if self.carrier is not None else 0
         try:
             self._report = self.policy.step(self._step)
         except Exception as error:  # DDP still has to finalize this backward
