@@ -116,8 +116,8 @@ def _markdown(r: dict[str, Any], args: argparse.Namespace, wall: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--blocks", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
