@@ -51,7 +51,13 @@ from sparse2d.compat import (
     resolve_layout,
     resolve_strategy,
 )
-from sparse2d.contexts import ShardingContext, describe_contexts, plan_context, sharding_env
+from sparse2d.contexts import (
+    DefaultContextView,
+    ShardingContext,
+    describe_contexts,
+    plan_context,
+    sharding_env,
+)
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import build_mesh, validate_group_size, validate_layout
 from sparse2d.planner import default_sharders, remap_plan
@@ -72,7 +78,7 @@ logger = logging.getLogger(__name__)
 FS = ShardingStrategy.FULLY_SHARDED
 
 
-class DMPCollection(TorchRecDMPCollection):
+class DMPCollection(DefaultContextView, TorchRecDMPCollection):
     """Shard embedding tables over groups of ``sharding_group_size`` ranks; replicate the groups.
 
     Two call forms (``sparse2d.compat``): ``DMPCollection(module, L, *, device=..., ...)``
@@ -299,61 +305,9 @@ class DMPCollection(TorchRecDMPCollection):
         ]
         self._shards: list[ShardState] = [s for c in self._contexts for s in c.shards]
 
-    # ---- the 2D geometry (of the default context) -------------------------------------
-    @property
-    def _default(self) -> ShardingContext:
-        return self._contexts[0]
-
-    @property
-    def contexts(self) -> list[ShardingContext]:
-        """The default context, then one per ``submodule_configs`` entry."""
-        return list(self._contexts)
-
-    @property
-    def sharding_pg(self) -> dist.ProcessGroup:
-        return self._default.sharding_pg
-
-    @property
-    def replica_pg(self) -> dist.ProcessGroup:
-        return self._default.replica_pg
-
     @property
     def device_mesh(self) -> DeviceMesh:
         return self._default.device_mesh
-
-    @property
-    def sharding_group_size(self) -> int:
-        return self._default.sharding_group_size
-
-    @property
-    def num_replicas(self) -> int:
-        return self._default.num_replicas
-
-    @property
-    def replica_layout(self) -> str:
-        return self._default.replica_layout
-
-    @property
-    def sharding_strategy(self) -> ShardingStrategy:
-        return self._default.strategy
-
-    @property
-    def sharding_group(self) -> list[int]:
-        """Global ranks of this rank's sharding group."""
-        return self._default.sharding_group
-
-    @property
-    def replica_group(self) -> list[int]:
-        """Global ranks holding the same shards as this rank."""
-        return self._default.replica_group
-
-    @property
-    def group_plan(self) -> ShardingPlan:
-        """The default context's plan as made for ranks ``0..L-1`` (before remapping)."""
-        plan = self._default.plan
-        if plan is None:
-            raise RuntimeError("the default context was never planned")
-        return plan
 
     @property
     def shard_states(self) -> list[ShardState]:

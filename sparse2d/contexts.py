@@ -239,3 +239,61 @@ def sharding_env(ctx: ShardingContext, pg: dist.ProcessGroup) -> ShardingEnv2D:
         use_inter_host_allreduce=ctx.replica_layout == "inter_host",
         sharding_strategy=strategy,
     )
+
+
+class DefaultContextView:
+    """The 2D geometry of a model's default context, as ``DMPCollection`` properties
+    (``device_mesh``, which overrides TorchRec's, stays in ``DMPCollection`` itself)."""
+
+    _contexts: list[ShardingContext]
+
+    @property
+    def _default(self) -> ShardingContext:
+        return self._contexts[0]
+
+    @property
+    def contexts(self) -> list[ShardingContext]:
+        """The default context, then one per ``submodule_configs`` entry."""
+        return list(self._contexts)
+
+    @property
+    def sharding_pg(self) -> dist.ProcessGroup:
+        return self._default.sharding_pg
+
+    @property
+    def replica_pg(self) -> dist.ProcessGroup:
+        return self._default.replica_pg
+
+    @property
+    def sharding_group_size(self) -> int:
+        return self._default.sharding_group_size
+
+    @property
+    def num_replicas(self) -> int:
+        return self._default.num_replicas
+
+    @property
+    def replica_layout(self) -> str:
+        return self._default.replica_layout
+
+    @property
+    def sharding_strategy(self) -> ShardingStrategy:
+        return self._default.strategy
+
+    @property
+    def sharding_group(self) -> list[int]:
+        """Global ranks of this rank's sharding group."""
+        return self._default.sharding_group
+
+    @property
+    def replica_group(self) -> list[int]:
+        """Global ranks holding the same shards as this rank."""
+        return self._default.replica_group
+
+    @property
+    def group_plan(self) -> ShardingPlan:
+        """The default context's plan as made for ranks ``0..L-1`` (before remapping)."""
+        plan = self._default.plan
+        if plan is None:
+            raise RuntimeError("the default context was never planned")
+        return plan
