@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from sparse2d.sync.finite import FiniteGuard, all_finite, raise_non_finite
@@ -136,10 +137,9 @@ class DdpVote:
         if last:
             self.backwards += 1
             self._votes = [None] * len(self.policies)
+        if not carry:  # DDP's own average (its default when no hook is registered)
+            return allreduce_hook(self.pg, bucket)
         buffer = bucket.buffer()
-        if not carry:
-            work = dist.all_reduce(buffer.div_(self.world), group=self.pg, async_op=True)
-            return work.get_future().then(lambda fut: fut.value()[0])
         self.armed = False  # one sync per arming, even if more backwards follow
         future: torch.futures.Future = torch.futures.Future()
         queue = torch.autograd.Variable._execution_engine.queue_callback  # type: ignore[attr-defined]
