@@ -6,7 +6,7 @@ Runs alternate between the settings, ``--rounds`` times, so machine load hits
 them alike; the table reports the best and every round. Goal: 2D (L=2, sync
 every step, default engine) >= 1D (L=4).
 
-Run: ``.venv/bin/python bench/main_job_bench.py`` (about 6 minutes on 2 cores).
+Run: ``.venv/bin/python bench/main_job_bench.py`` (about 7 minutes on 2 cores).
 Writes the ``main-job`` section of ``bench/RESULTS.md`` and ``bench/main_job.json``.
 """
 
@@ -31,13 +31,23 @@ SETTINGS = {
     "2D (L=2, engine dense, hide)": ["parallel.sync.engine=dense"],
     "2D (L=2, engine sparse, hide)": ["parallel.sync.engine=sparse"],
     "2D (L=2, default, NaN/inf guard off)": ["parallel.sync.check_finite=false"],
+    "2D (L=2, default, not folded)": [],
 }
 """The first two are the acceptance pair; the fixed engines check auto against the better
 one on the main job (the touched-rows engine cost twice the dense one there, issue 11); the
-last prices the NaN/inf guard's job-wide vote (one tiny world all-reduce per sync)."""
+guard-off run prices the NaN/inf guard, the last one folding the sync into DDP's
+all-reduce (``sparse2d.sync.fold``; off through ``ENV``)."""
+ENV = {"2D (L=2, default, not folded)": {"SPARSE2D_FOLD_MAX_BYTES": "0"}}
+"""Environment variables per setting, on top of the bench's own."""
 
 
-def run_trainer(overrides: list[str], steps: int, run_dir: str, nproc: int = 4) -> dict[str, Any]:
+def run_trainer(
+    overrides: list[str],
+    steps: int,
+    run_dir: str,
+    nproc: int = 4,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """One trainer run; returns its ``summary.json``."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -46,8 +56,8 @@ def run_trainer(overrides: list[str], steps: int, run_dir: str, nproc: int = 4) 
         f"train.steps={steps}", "train.eval_every=0", "train.eval_batches=1",
         "train.progress_bar=false", f"run_dir={run_dir}", *overrides,
     ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **(env or {}))
+    done = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"trainer failed ({done.returncode}): {done.stderr[-3000:]}")
     return json.loads((Path(run_dir) / "summary.json").read_text())
@@ -59,7 +69,8 @@ def measure(settings: dict[str, list[str]], steps: int, rounds: int) -> dict[str
         for r in range(rounds):
             names = list(settings) if r % 2 == 0 else list(reversed(settings))
             for i, name in enumerate(names):
-                summary = run_trainer(settings[name], steps, os.path.join(tmp, f"{r}_{i}"))
+                run_dir = os.path.join(tmp, f"{r}_{i}")
+                summary = run_trainer(settings[name], steps, run_dir, env=ENV.get(name))
                 out[name].append(
                     {
                         k: summary[k]
@@ -69,6 +80,7 @@ def measure(settings: dict[str, list[str]], steps: int, rounds: int) -> dict[str
                             "sync_bytes_per_step",
                             "sync_modes",
                             "sync_votes_in_ddp",
+                            "syncs_folded_into_ddp",
                         )
                     }
                 )
@@ -84,7 +96,7 @@ def _markdown(results: dict[str, list[dict]], args: argparse.Namespace, wall: fl
         f"alternating the settings' order; {args.machine}. Wall {wall:.0f} s.",
         "",
         "| setting | best samples/s | every round | sync ms/step (best run) | sync KB/step "
-        "| syncs dense / sparse (best run) | NaN votes in DDP's all-reduce |",
+        "| syncs dense / sparse / folded (best run) | NaN votes in DDP's all-reduce |",
         "|---|---:|---|---:|---:|---|---:|",
     ]
     for name, runs in results.items():
@@ -94,7 +106,8 @@ def _markdown(results: dict[str, list[dict]], args: argparse.Namespace, wall: fl
         lines.append(
             f"| {name} | {best['samples_per_s']:.0f} | {rounds} | "
             f"{1e3 * best['sync_s_per_step']:.2f} | {best['sync_bytes_per_step'] / 1e3:.1f} | "
-            f"{modes.get('dense', 0)} / {modes.get('sparse', 0)} | "
+            f"{modes.get('dense', 0)} / {modes.get('sparse', 0)} / "
+            f"{best.get('syncs_folded_into_ddp', 0)} | "
             f"{best.get('sync_votes_in_ddp', 0)} |"
         )
     names = list(results)
@@ -109,6 +122,12 @@ def _markdown(results: dict[str, list[dict]], args: argparse.Namespace, wall: fl
         lines.append(
             f"2D with the NaN/inf guard off / 1D, best of {args.rounds}: "
             f"**{best[unguarded[0]] / best[names[0]]:.3f}**."
+        )
+    unfolded = [n for n in names if "not folded" in n]
+    if unfolded:
+        lines.append(
+            f"2D not folded into DDP's all-reduce / 1D, best of {args.rounds}: "
+            f"**{best[unfolded[0]] / best[names[0]]:.3f}**."
         )
     engines = [n for n in names if "engine dense" in n or "engine sparse" in n]
     if engines:

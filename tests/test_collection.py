@@ -11,6 +11,7 @@ from torchrec.optim import RowWiseAdagrad
 
 from sparse2d import DMPCollection
 from sparse2d.planner.sharders import MODEL_PARALLEL_TYPES
+from sparse2d.sync.options import SyncOptions
 from tests.models import (
     MIXED_TABLES,
     SEQUENCE_TABLES,
@@ -39,8 +40,13 @@ def make_2d(
     return DMPCollection(base, group, device="cpu", constraints=constraints_for(tables), **kwargs)
 
 
-def check_2d_equals_1d(group: int, kind: str, layout: str, tables=MIXED_TABLES) -> dict:
-    """Train 2D (sync after every step) and TorchRec 1D from identical weights; compare."""
+def check_2d_equals_1d(
+    group: int, kind: str, layout: str, tables=MIXED_TABLES, steps: int = STEPS, **sync_options
+) -> dict:
+    """Train 2D (sync after every step) and TorchRec 1D from identical weights; compare.
+
+    With ``sync_options``, the cadence sync (``maybe_sync``, so syncs run inside the
+    backward and small ones fold into DDP's all-reduce) instead of ``model.sync()``."""
     lr = 2.0  # large steps, so that the 1e-5 comparison is meaningful
     weights = full_weights(build_model(tables, kind, lr=lr))
     reference = shard_1d(build_model(tables, kind, lr=lr), tables)
@@ -51,16 +57,18 @@ def check_2d_equals_1d(group: int, kind: str, layout: str, tables=MIXED_TABLES) 
         group,
         replica_layout=layout,
         node_group_size=min(group, 2),
+        sync_options=SyncOptions(**sync_options) if sync_options else None,
     )
     load_full_weights(model, weights)
     diffs: list[float] = []
-    ref_losses = train(reference, tables, STEPS)
+    ref_losses = train(reference, tables, steps)
+    sync = model.maybe_sync if sync_options else lambda _: model.sync()
     losses = train(
         model,
         tables,
-        STEPS,
-        after_step=lambda _: (
-            model.sync(),
+        steps,
+        after_step=lambda step: (
+            sync(step),
             diffs.append(replica_max_diff(model, model.replica_pg)),
         ),
     )
@@ -76,7 +84,14 @@ def check_2d_equals_1d(group: int, kind: str, layout: str, tables=MIXED_TABLES) 
     for name in ref_dense:
         torch.testing.assert_close(dense[name], ref_dense[name], atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), atol=1e-5, rtol=0)
-    return {"replica_diffs": diffs, "moved": moved, "replicas": model.num_replicas}
+    policy = model.sync_policy
+    return {
+        "replica_diffs": diffs,
+        "moved": moved,
+        "replicas": model.num_replicas,
+        "folds": policy.folds,
+        "votes_carried": policy.votes_carried,
+    }
 
 
 @pytest.mark.parametrize("group", [2, 1, 4])

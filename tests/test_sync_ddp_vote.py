@@ -11,6 +11,7 @@ from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d import DMPCollection, SyncError
+from sparse2d.sync import fold
 from sparse2d.sync.policy import SyncOptions
 from tests.models import (
     MIXED_TABLES,
@@ -21,6 +22,7 @@ from tests.models import (
     replica_max_diff,
     train,
 )
+from tests.test_sync_fold import fold_limit
 
 STEPS = 6
 
@@ -45,11 +47,13 @@ def _state(model: DMPCollection) -> list[torch.Tensor]:
 
 def check_carried_matches_own_vote(options: dict) -> dict:
     """Train with maybe_sync every step: guard on (votes ride DDP where they can) vs guard
-    off (no carrier: each sync runs after the dense step). Same values, replicas identical."""
+    off and no folding (no carrier: each sync runs after the dense step). Same values,
+    replicas identical."""
     carried = _model(**options)
     train(carried, MIXED_TABLES, STEPS, after_step=carried.maybe_sync)
-    plain = _model(**{**options, "check_finite": False})
-    train(plain, MIXED_TABLES, STEPS, after_step=plain.maybe_sync)
+    with fold_limit(0):
+        plain = _model(**{**options, "check_finite": False})
+        train(plain, MIXED_TABLES, STEPS, after_step=plain.maybe_sync)
     carried.sync_policy.finish()
     plain.sync_policy.finish()
     for a, b in zip(_state(carried), _state(plain), strict=True):
@@ -58,6 +62,7 @@ def check_carried_matches_own_vote(options: dict) -> dict:
         "votes": carried.sync_policy.votes_carried,
         "plain_votes": plain.sync_policy.votes_carried,
         "carrier": carried._early.carrier is not None,
+        "plain_carrier": plain._early.carrier is not None,
         "replica_diff": replica_max_diff(carried, carried.replica_pg),
     }
 
@@ -79,14 +84,16 @@ def test_vote_rides_ddp_where_it_can(world4, options: dict, votes: int) -> None:
         assert result["votes"] == votes
         assert result["carrier"] == (votes > 0)
         assert result["plain_votes"] == 0
+        assert not result["plain_carrier"]
         assert result["replica_diff"] == 0.0
 
 
-def check_poison_after_backward(hide: bool) -> dict:
+def check_poison_after_backward(hide: bool, folded: bool) -> dict:
     """A NaN written after the backward is written after its sync: it never spreads; a
     hidden sync's landing overwrites it, otherwise the next sync refuses it."""
-    model = _model(engine="dense", hide=hide)
-    train(model, MIXED_TABLES, 4, after_step=model.maybe_sync)
+    with fold_limit(fold.FOLD_MAX_BYTES if folded else 0):  # planned at the first arm
+        model = _model(engine="dense", hide=hide)
+        train(model, MIXED_TABLES, 4, after_step=model.maybe_sync)
     train(model, MIXED_TABLES, 1)  # armed: its sync runs at the end of its backward
     shard = next(s for s in model.shard_states if s.rows > 1)
     if dist.get_rank() == 1:
@@ -100,16 +107,23 @@ def check_poison_after_backward(hide: bool) -> dict:
         message = None
     except SyncError as error:
         message = str(error)
-    return {"reported": report is not None, "finite": finite_after, "message": message}
+    return {
+        "reported": report is not None,
+        "finite": finite_after,
+        "message": message,
+        "folds": model.sync_policy.folds,
+    }
 
 
-@pytest.mark.parametrize("hide", [False, True])
-def test_value_written_after_backward_never_spreads(world4, hide: bool) -> None:
-    results = world4.run(check_poison_after_backward, hide)
+@pytest.mark.parametrize(("hide", "folded"), [(False, False), (True, False), (True, True)])
+def test_value_written_after_backward_never_spreads(world4, hide: bool, folded: bool) -> None:
+    results = world4.run(check_poison_after_backward, hide, folded)
     assert all(r["reported"] for r in results)
-    if hide:  # the landing wrote the replica average over the NaN
+    assert all(r["folds"] == (3 if folded else 0) for r in results)
+    if hide and not folded:  # the landing wrote the replica average over the NaN
         assert all(r["finite"] and r["message"] is None for r in results)
         return
+    # a folded sync landed inside the backward (hide has nothing to hide): refused next
     assert [r["finite"] for r in results] == [True, False, True, True]
     assert all(r["message"] and "global rank(s) [1]" in r["message"] for r in results)
 

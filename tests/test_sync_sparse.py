@@ -298,6 +298,38 @@ def test_tracker_marks_exactly_looked_up_rows(world4) -> None:
     world4.run(check_tracker_marks_looked_up_rows)
 
 
+def check_paused_tracker() -> dict:
+    """Paused, lookups leave no stamp; resumed, every row counts as touched (the rows looked
+    up meanwhile are unknown), and lookups stamp again."""
+    tables = SPARSE_SYNC_TABLES
+    model = _model(tables, "sgd")
+    engine = SparseEngine(model.shard_states, model.replica_pg)
+    tracker = engine.tracker
+    engine.track_rows(False)
+    train(model, tables, 1)
+    paused = sum(tracker.count_since(i, 0) for i in range(len(model.shard_states)))
+    base = tracker.cut()
+    engine.track_rows(True)
+    everything = [tracker.count_since(i, 0) for i in range(len(model.shard_states))]
+    after = tracker.cut()
+    train(model, tables, 1)
+    stamped = sum(tracker.count_since(i, after) for i in range(len(model.shard_states)))
+    engine.close()
+    return {
+        "paused": paused,
+        "all_rows": everything == [s.rows for s in model.shard_states],
+        "since_pause": sum(tracker.count_since(i, base) for i in range(len(everything))),
+        "stamped_again": stamped > 0,
+    }
+
+
+def test_paused_tracker_resumes_with_every_row_touched(world4) -> None:
+    for result in world4.run(check_paused_tracker):
+        assert result["paused"] == 0
+        assert result["all_rows"] and result["since_pause"] > 0
+        assert result["stamped_again"]
+
+
 def test_bad_crossover_is_config_error() -> None:
     with pytest.raises(ConfigError, match="crossover=1.5"):
         SparseEngine([], None, crossover=1.5)  # type: ignore[arg-type]

@@ -7,11 +7,14 @@ more point per step where every rank of the job waits for the slowest. Every ste
 has such a point: DDP's gradient all-reduce of the dense parameters, over the same world.
 So on a backward that a sync follows (``armed`` by the cadence), DDP's last bucket waits
 for the backward's final callback, which scans the values the sync will send and appends
-two numbers per sync policy: "I hold a NaN/inf" and "I could not scan" (the touched-rows
+three numbers per sync policy: "I hold a NaN/inf", "I could not scan" (the touched-rows
 engine, bf16 deltas, overlap: those policies vote in their sync as before, on every rank
-alike). Then, still in that callback, ``on_voted`` runs the sync itself, so nothing can
-change a scanned value before it is sent: a value written after the backward is written
-after the sync (a hidden sync's landing overwrites it, else the next sync scans it).
+alike) and "I folded". A small sync's values ride along too (``sparse2d.sync.fold``: its
+replica average comes out of the same all-reduce, no collective of its own). Then, still
+in that callback, ``on_voted`` runs the sync (or writes the folded average back), so
+nothing can change a scanned value before it is sent: a value written after the backward
+is written after the sync (a hidden sync's landing overwrites it, else the next sync
+scans it).
 
 Why the order holds: DDP calls the comm hook of its last bucket before it queues its own
 final callback (``Reducer::mark_variable_ready``), so a callback queued from that hook runs
@@ -20,7 +23,8 @@ waits for the bucket. Not carried on the first backward through the hook (static
 reduces everything from inside its own callback then), nor with a user's comm hook.
 
 Cost of carrying: the last bucket's all-reduce starts after the embedding backward instead
-of overlapping it, and its summation order may differ from DDP's in the last bits.
+of overlapping it, and its summation order may differ from DDP's in the last bits. The
+carrier is attached when some policy can carry a vote (guard on) or fold.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from sparse2d.sync.finite import FiniteGuard, all_finite, raise_non_finite
+from sparse2d.sync.fold import FOLD_DTYPE, Folded, FoldSlot, plan_folds, write_slot
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +58,16 @@ class Scannable(Protocol):
     def early_scan(self) -> tuple[list[torch.Tensor], bool] | None:
         """(tensors the next cadence sync may send, optimizer state covered), or None when
         they cannot be known before the sync (the vote then runs in the sync)."""
+
+    @property
+    def may_fold(self) -> bool:
+        """This policy's cadence syncs can ever ride DDP's all-reduce (``sync.fold``)."""
+
+    def fold_numel(self, dtype: torch.dtype) -> int: ...
+
+    def fold_due(self, step: int) -> bool: ...
+
+    def fold_begin(self, step: int) -> Folded | None: ...
 
 
 @dataclass(slots=True)
@@ -90,6 +105,10 @@ class DdpVote:
         self.world = dist.get_world_size(self.pg)
         self.armed = False
         """Carry the vote in the next backward (set by the cadence: a sync follows it)."""
+        self.sync_step = 0
+        """The step whose cadence sync the armed backward runs."""
+        self.slots: list[FoldSlot | None] = [None] * len(self.policies)
+        """Per policy, its place in a folded all-reduce (``sync.fold``); None = not folded."""
         self.backwards = 0
         """Backwards that reached the hook (the same count on every rank)."""
         self._votes: list[CarriedVote | None] = [None] * len(self.policies)
@@ -108,10 +127,19 @@ class DdpVote:
         ddp = getattr(module, "_dmp_wrapped_module", None)
         if not isinstance(ddp, DistributedDataParallel) or getattr(ddp, "_comm_hooks", None):
             return None
+        world = dist.get_world_size(ddp.process_group)
+        if world != dist.get_world_size():
+            return None
         guards = [p.guard for p in policies if p.may_scan_early and p.guard is not None]
-        if not guards or dist.get_world_size(ddp.process_group) != guards[0].world:
+        if guards and world != guards[0].world:
+            return None
+        slots: list[FoldSlot | None] = [None] * len(policies)
+        if any(p.may_fold for p in policies):  # the same on every rank: so is the all-gather
+            slots = plan_folds(list(policies), ddp.process_group)
+        if not guards and not any(slots):
             return None
         carrier = cls(ddp, policies, on_voted)
+        carrier.slots = slots
         for index, policy in enumerate(carrier.policies):
             policy.carrier = (carrier, index)
         return carrier
@@ -147,27 +175,38 @@ class DdpVote:
         return future
 
     def _vote(self, buffer: torch.Tensor, future: torch.futures.Future) -> None:
-        """After the whole backward: scan, then reduce the bucket with the votes appended."""
+        """After the whole backward: fold the due syncs that can, scan, then reduce the
+        bucket with the votes (and the folded values) appended."""
         try:
-            flags = torch.zeros(2 * len(self.policies), dtype=buffer.dtype, device=buffer.device)
-            scans: list[tuple[bool, bool] | None] = []
-            for i, policy in enumerate(self.policies):
-                scan = policy.early_scan()
-                if scan is None:
-                    flags[2 * i + 1] = 1
-                    scans.append(None)
-                    continue
-                bad = not all(all_finite(t) for t in scan[0])
-                flags[2 * i] = float(bad)
-                scans.append((bad, scan[1]))
+            k = len(self.policies)
+            flags = torch.zeros(3 * k, dtype=buffer.dtype, device=buffer.device)
+            regions = self._fold_begin(buffer.dtype, flags)
             n = buffer.numel()
-            flat = torch.cat([buffer.div_(self.world).reshape(-1), flags])
+            size = n + 3 * k + sum(slot.total for _, slot, _ in regions)
+            flat = torch.empty(size, dtype=buffer.dtype, device=buffer.device)
+            torch.div(buffer.reshape(-1), self.world, out=flat[:n])
+            offset = n + 3 * k
+            sent: dict[int, tuple[torch.Tensor, bool]] = {}  # policy -> (its slot, states)
+            for i, slot, folded in regions:
+                write_slot(folded, slot, flat[offset : offset + slot.total])
+                if folded is not None and folded.ok:
+                    mine = offset + slot.offset
+                    sent[i] = (flat[mine : mine + slot.numel], folded.states)
+                offset += slot.total
+            scans = self._scan(sent, flags)
+            flat[n : n + 3 * k] = flags
             dist.all_reduce(flat, group=self.pg)
             buffer.copy_(flat[:n].view_as(buffer))
-            totals = flat[n:].tolist()
+            totals = flat[n : n + 3 * k].tolist()
+            offset = n + 3 * k
+            for i, slot, folded in regions:
+                if folded is not None and totals[3 * i + 2] == self.world:
+                    mine = offset + slot.offset
+                    folded.mean = flat[mine : mine + slot.numel].div_(slot.replicas)
+                offset += slot.total
             for i, scan in enumerate(scans):
-                if scan is not None and totals[2 * i + 1] == 0:
-                    self._votes[i] = CarriedVote(totals[2 * i] > 0, scan[0], scan[1])
+                if scan is not None and totals[3 * i + 1] == 0:
+                    self._votes[i] = CarriedVote(totals[3 * i] > 0, scan[0], scan[1])
             future.set_result(buffer)
         except BaseException as error:  # DDP waits on the future: never leave it pending
             future.set_exception(error)
@@ -176,6 +215,45 @@ class DdpVote:
             self.on_voted()
         finally:  # a vote is for the sync right after it only
             self._votes = [None] * len(self.policies)
+
+    def _fold_begin(
+        self, dtype: torch.dtype, flags: torch.Tensor
+    ) -> list[tuple[int, FoldSlot, Folded | None]]:
+        """(policy, slot, its sync begun as a fold) for every policy with a slot whose sync
+        is due: the same list on every rank, so every rank reduces the same size (zeros where
+        a rank cannot fold). Flag 2 counts the ranks that folded: all, or nothing lands."""
+        regions: list[tuple[int, FoldSlot, Folded | None]] = []
+        if dtype != FOLD_DTYPE:  # the bucket's dtype: the same on every rank
+            return regions
+        for i, (policy, slot) in enumerate(zip(self.policies, self.slots, strict=True)):
+            if slot is None or not policy.fold_due(self.sync_step):
+                continue
+            folded = policy.fold_begin(self.sync_step)
+            regions.append((i, slot, folded))
+            flags[3 * i + 2] = float(folded is not None and folded.ok)
+        return regions
+
+    def _scan(
+        self, sent: dict[int, tuple[torch.Tensor, bool]], flags: torch.Tensor
+    ) -> list[tuple[bool, bool] | None]:
+        """Per policy (this rank holds a NaN/inf, the scan covered optimizer state), or
+        None where only the sync can tell (flag 1). A fold scans its slot: what it sends."""
+        scans: list[tuple[bool, bool] | None] = []
+        for i, policy in enumerate(self.policies):
+            scan: tuple[list[torch.Tensor], bool] | None
+            if i in sent:
+                slot, states = sent[i]
+                scan = ([slot] if policy.guard is not None else [], states)
+            else:
+                scan = policy.early_scan()
+            if scan is None:
+                flags[3 * i + 1] = 1
+                scans.append(None)
+                continue
+            bad = not all(all_finite(t) for t in scan[0])
+            flags[3 * i] = float(bad)
+            scans.append((bad, scan[1]))
+        return scans
 
 
 def _on_bucket(state, bucket):  # type: ignore[no-untyped-def]
@@ -223,7 +301,7 @@ class EarlySync:
             self._seen = self.carrier.backwards
             due = (step + 2) % self.policy.options.every == 0
             self.carrier.armed = self.enabled and due and single
-            self._step = step + 1
+            self._step = self.carrier.sync_step = step + 1
 
     def take(self) -> Any:
         """The report of the sync run at the end of the step's backward (None if none ran,

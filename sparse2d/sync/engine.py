@@ -132,6 +132,10 @@ class SyncEngine(ABC):
         """The sync's exposed time (build, waits, write-back), once it landed; cost models
         learn from it (``AutoEngine``)."""
 
+    def track_rows(self, on: bool) -> None:  # noqa: B027 (optional hook)
+        """Touched-row engines: stamp lookups (``on``) or not, while every sync is a plain
+        dense one (folded into DDP's all-reduce): then nothing reads the stamps."""
+
     def early_scan(self, weights: bool, states: bool) -> list[torch.Tensor] | None:
         """Tensors covering every value the next sync of (weights, states) may send, known
         before it starts (for the NaN/inf vote carried by DDP); None when unknown."""

@@ -47,6 +47,10 @@ class PolicySet:
         return sum(p.votes_carried for p in self.policies)
 
     @property
+    def folds(self) -> int:
+        return sum(p.folds for p in self.policies)
+
+    @property
     def hook(self) -> AllReduceHook | None:
         return self.policies[0].hook
 

@@ -12,7 +12,6 @@ replicas identical; overlap and delay apply to cadence syncs only.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,112 +23,14 @@ from sparse2d.sync.compression import Bf16DeltaCompressor
 from sparse2d.sync.divergence import DivergenceSampler
 from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine
 from sparse2d.sync.finite import FiniteGuard, Verdict
+from sparse2d.sync.fold import Folded, write_back
+from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.overlap import Pending, Reduction, start_average
 from sparse2d.sync.scaling import AccumulatorScaler
-from sparse2d.sync.tensors import ShardState
+from sparse2d.sync.tensors import ShardState, flush_caches, live_tensors
 
 if TYPE_CHECKING:
     from sparse2d.sync.ddp_vote import DdpVote
-
-ENGINES = ("dense", "sparse", "auto")
-COMPRESSIONS = ("none", "bf16")
-
-
-@dataclass(kw_only=True, slots=True)
-class SyncOptions:
-    """How and when replicas are synchronized."""
-
-    every: int = 1
-    """Average replicas every N optimizer steps (local SGD in between)."""
-    include_optimizer_state: bool = True
-    """Average fused optimizer state (accumulators, momenta) along with the weights."""
-    delayed_optimizer_state: bool = False
-    """Average optimizer state one sync behind the weights: the state all-reduce runs during
-    the next interval and lands with delta correction (needs ``include_optimizer_state``)."""
-    momentum_scaling: bool = False
-    """Divide the averaged AdaGrad accumulator growth by the number of replica groups so it
-    grows like 1D training's (see ``sparse2d.sync.scaling``); needs optimizer-state sync."""
-    overlap: bool = False
-    """Start the weight (and state) all-reduce at a sync point, finish it at the next one;
-    updates made meanwhile are kept by delta correction. Not bit-exact versus 1D."""
-    hide: bool = False
-    """Start each cadence sync's all-reduce in the background and land it just before the next
-    embedding lookup (a forward pre-hook on the fused kernels), hiding it behind the dense
-    optimizer step, the next batch's data and its input all-to-all. Exact: nothing updates the
-    embeddings in between, so the landed values equal the blocking sync's bit for bit."""
-    compression: str = "none"
-    """``"none"`` (fp32 average) or ``"bf16"`` (bf16 deltas since the last sync, fp32 master
-    values and error feedback); bf16 needs the dense engine."""
-    engine: str = "dense"
-    """Which values a sync covers: ``"dense"`` (every row), ``"sparse"`` (only rows some replica
-    looked up since the last sync; never dense) or ``"auto"`` (per sync, whichever of the two
-    a cost model measured over the replica group at start-up and refined from timed syncs
-    predicts cheaper; dense with bf16). The trainer defaults to ``"auto"``; the sparse engines
-    cost 4 bytes of tracking per embedding row."""
-    divergence_every: int = 0
-    """Measure replica divergence before every k-th sync (0 = off); reported in ``SyncReport``."""
-    divergence_rows: int = 32
-    """Rows sampled per local shard for the divergence metric."""
-    check_finite: bool = True
-    """Before averaging, check every value a sync would send for NaN/inf; if any rank finds
-    one, every rank raises ``sparse2d.SyncError`` and no replica changes (see
-    ``sparse2d.sync.finite``; one sum per payload buffer and a job-wide vote, carried by
-    DDP's gradient all-reduce where the payload is known early: ``sparse2d.sync.ddp_vote``)."""
-
-    def __post_init__(self) -> None:
-        _check_int("every", self.every, 1, "1 = every step")
-        _check_int("divergence_every", self.divergence_every, 0, "0 = off")
-        _check_int("divergence_rows", self.divergence_rows, 1, "rows sampled per shard")
-        for name in (
-            "include_optimizer_state",
-            "delayed_optimizer_state",
-            "momentum_scaling",
-            "check_finite",
-        ):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"sync {name}={getattr(self, name)!r} must be True or False.")
-        for name in ("overlap", "hide"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"sync {name}={getattr(self, name)!r} must be True or False.")
-        if self.compression not in COMPRESSIONS:
-            raise ConfigError(
-                f"sync compression={self.compression!r} is not one of {COMPRESSIONS}."
-            )
-        if self.engine not in ENGINES:
-            raise ConfigError(f"sync engine={self.engine!r} is not one of {ENGINES}.")
-        needs_state = [
-            n for n in ("delayed_optimizer_state", "momentum_scaling") if getattr(self, n)
-        ]
-        if needs_state and not self.include_optimizer_state:
-            raise ConfigError(
-                f"sync {needs_state[0]}=True acts on optimizer state, but "
-                "include_optimizer_state=False; enable include_optimizer_state or drop it."
-            )
-        if self.compression == "bf16" and self.engine == "sparse":
-            raise ConfigError(
-                "sync compression='bf16' keeps fp32 references at fixed positions and is not "
-                "supported with engine='sparse'; use engine='dense' (or 'auto') with bf16."
-            )
-
-
-def _check_int(name: str, value: object, low: int, meaning: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"sync {name}={value!r} must be an int >= {low} ({meaning}).")
-
-
-@dataclass(slots=True)
-class SyncReport:
-    """What one sync did on this rank."""
-
-    step: int
-    bytes: int
-    """Bytes this rank sent into the replica collectives."""
-    seconds: float
-    """Time spent in the sync call (the blocking part)."""
-    divergence: float | None = None
-    """Relative L2 distance to the replica mean just before this sync, when measured."""
-    wait_seconds: float = 0.0
-    """Time spent waiting for transfers started at the previous sync (overlap/delay/hide)."""
 
 
 def make_engine(kind: str, shards: list[ShardState], replica_pg: dist.ProcessGroup) -> SyncEngine:
@@ -193,6 +94,9 @@ class SyncPolicy:
         """The DDP carrier of this policy's NaN/inf vote and its slot (``sync.ddp_vote``)."""
         self.votes_carried = 0
         """Syncs whose NaN/inf vote rode DDP's gradient all-reduce (no vote of their own)."""
+        self.folds = 0
+        """Syncs whose values rode DDP's gradient all-reduce too (``sync.fold``)."""
+        self._folded: Folded | None = None
         self._hidden_wait = 0.0
         self._hidden_exposed = 0.0  # build + start time of the hidden sync in flight
         self._syncs = 0
@@ -204,6 +108,9 @@ class SyncPolicy:
         """Call after optimizer step ``step`` (0-based); syncs when ``step + 1`` is a multiple of N."""
         if (step + 1) % self.options.every != 0:
             return None
+        folded, self._folded = self._folded, None
+        if folded is not None and folded.step == step:  # its values rode DDP's all-reduce
+            return self._land_folded(folded)
         opts = self.options
         return self._sync(
             step,
@@ -279,6 +186,83 @@ class SyncPolicy:
         tensors = self.engine.early_scan(weights=True, states=states)
         return None if tensors is None else (tensors, states)
 
+    # ---- folded into DDP's gradient all-reduce (``sync.fold``) -------------------------
+    @property
+    def may_fold(self) -> bool:
+        """Cadence syncs may ride DDP's all-reduce: plain averages (dense or auto engine; no
+        user all-reduce hook, bf16 deltas, overlap or delayed state)."""
+        opts = self.options
+        return (
+            self.num_replicas > 1
+            and opts.engine in ("dense", "auto")
+            and self.hook is None
+            and self.compressor is None
+            and not (opts.overlap or opts.delayed_optimizer_state)
+        )
+
+    def fold_numel(self, dtype: torch.dtype) -> int:
+        """Elements a folded cadence sync sends from this rank; -1 if some are not ``dtype``."""
+        tensors = live_tensors(self.shards, True, self.options.include_optimizer_state)
+        if any(t.dtype != dtype for t in tensors):
+            return -1
+        return sum(t.numel() for t in tensors)
+
+    def fold_due(self, step: int) -> bool:
+        return (step + 1) % self.options.every == 0
+
+    def fold_begin(self, step: int) -> Folded | None:
+        """Begin cadence sync ``step`` as a fold: land what is in flight, measure divergence
+        when due, name the live values (the dense engine's payload); ``step()`` lands the
+        average. None when this policy cannot fold now. Never raises: the all-reduce must
+        go on, so an error is kept in the result and raised by ``step()``."""
+        if not self.may_fold:
+            return None
+        folded = Folded(step=step, states=self.options.include_optimizer_state)
+        self._folded = folded
+        try:
+            folded.waited = self.finish()
+            landed, self._hidden_wait = self._hidden_wait, 0.0
+            folded.waited += landed
+            self._syncs += 1
+            every = self.options.divergence_every
+            if every and self._syncs % every == 0:
+                folded.divergence = self.measure_divergence()
+            flush_caches(self.shards)
+            folded.tensors = live_tensors(self.shards, True, folded.states)
+        except Exception as error:  # noqa: BLE001 (raised again by ``step``)
+            folded.error = error
+        folded.build_s = time.perf_counter() - folded.began
+        return folded
+
+    def _land_folded(self, folded: Folded) -> SyncReport:
+        if folded.error is not None:
+            raise folded.error
+        carried = self.carrier[0].take(self.carrier[1], folded.states) if self.carrier else None
+        if self.guard is not None:
+            if carried is None:
+                raise RuntimeError(f"sync of step {folded.step}: folded, but no vote came back")
+            self.votes_carried += 1
+            carried.settle(self.guard, folded.step, folded.states)
+        if folded.mean is None:
+            raise RuntimeError(
+                f"sync of step {folded.step}: some rank could not fold its values into DDP's "
+                "all-reduce (its own error says why); no replica changed."
+            )
+        begin = time.perf_counter()
+        write_back(folded)
+        self.engine.synced(weights=True, states=folded.states)
+        self.engine.track_rows(False)  # until a sync that is not folded (``_sync``)
+        if folded.states and self.scaler is not None:
+            self.scaler.apply()
+        self.folds += 1
+        return SyncReport(
+            step=folded.step,
+            bytes=folded.mean.numel() * folded.mean.element_size(),
+            seconds=folded.build_s + time.perf_counter() - begin,
+            divergence=folded.divergence,
+            wait_seconds=folded.waited,
+        )
+
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
         self.land()
 
@@ -326,8 +310,10 @@ class SyncPolicy:
         async_states: bool,
         hide: bool = False,
     ) -> SyncReport:
+        self._folded = None  # never landed (another policy's sync raised first): stale
         if self.num_replicas == 1:
             return SyncReport(step=step, bytes=0, seconds=0.0)
+        self.engine.track_rows(True)  # after folds: every row counts as touched
         start = time.perf_counter()
         waited = self.finish()
         landed, self._hidden_wait = self._hidden_wait, 0.0  # the last hidden sync's wait

@@ -161,6 +161,12 @@ class SparseEngine(SyncEngine):
         """Integers sent along with the touched-row counts (none here; see ``AutoEngine``)."""
         return []
 
+    def track_rows(self, on: bool) -> None:
+        if on:
+            self.tracker.resume()
+        else:
+            self.tracker.pause()
+
     def close(self) -> None:
         """Stop tracking (removes the forward hooks)."""
         self.tracker.close()

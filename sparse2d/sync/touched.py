@@ -36,6 +36,8 @@ class TouchedRows:
     def __init__(self, shards: list[ShardState]) -> None:
         self.generation = 1
         """Stamp given to rows looked up from now on; ``cut()`` advances it."""
+        self.paused = False
+        """Lookups are not stamped (``pause``); ``resume`` then counts every row touched."""
         self._stamps: dict[int, torch.Tensor] = {}
         self._handles: list[RemovableHandle] = []
         self._views: list[torch.Tensor] = []
@@ -83,6 +85,8 @@ class TouchedRows:
 
     def _make_hook(self, stamps: torch.Tensor) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if self.paused:
+                return
             indices = args[0] if len(args) > 0 else kwargs["indices"]
             offsets = args[1] if len(args) > 1 else kwargs["offsets"]
             vbe = args[4] if len(args) > 4 else kwargs.get("batch_size_per_feature_per_rank")
@@ -95,6 +99,18 @@ class TouchedRows:
         cut = self.generation
         self.generation += 1
         return cut
+
+    def pause(self) -> None:
+        """Stop stamping lookups (their cost) while no sync needs to know touched rows."""
+        self.paused = True
+
+    def resume(self) -> None:
+        """Stamp lookups again; rows looked up while paused are unknown, so every row is
+        marked touched now (the next touched-rows sync covers them all)."""
+        if self.paused:
+            self.paused = False
+            for stamps in self._stamps.values():
+                stamps.fill_(self.generation)
 
     def mark_rows(self, shard_index: int, rows: torch.Tensor | None = None) -> None:
         """Mark rows changed outside a lookup (e.g. loaded or repaired); ``None`` = all rows."""

@@ -110,7 +110,7 @@ class DataConfig:
 
 @dataclass(kw_only=True, slots=True)
 class SyncConfig:
-    """Replica sync; maps 1:1 onto ``sparse2d.sync.policy.SyncOptions`` (same names and meaning)."""
+    """Replica sync; maps 1:1 onto ``sparse2d.sync.options.SyncOptions`` (same names and meaning)."""
 
     every: int = 1
     """Average replicas every N optimizer steps (local SGD in between); 1 = exact 1D semantics."""
@@ -148,7 +148,7 @@ class SyncConfig:
 
     def options(self) -> Any:
         """The ``SyncOptions`` these settings describe."""
-        from sparse2d.sync.policy import SyncOptions
+        from sparse2d.sync.options import SyncOptions
 
         return SyncOptions(**dataclasses.asdict(self))
 

@@ -268,6 +268,7 @@ class Loop:
             "sync_modes": model.sync_policy.mode_counts,
             # syncs whose NaN/inf vote rode DDP's gradient all-reduce (sync.ddp_vote)
             "sync_votes_in_ddp": model.sync_policy.votes_carried,
+            "syncs_folded_into_ddp": model.sync_policy.folds,
         }
         if self.is_main:
             with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:

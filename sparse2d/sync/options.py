@@ -1,0 +1,113 @@
+"""What a sync policy is told (``SyncOptions``) and what one sync did (``SyncReport``).
+
+Kept apart from the policy so configs and reports can be read without the machinery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparse2d.errors import ConfigError
+
+ENGINES = ("dense", "sparse", "auto")
+COMPRESSIONS = ("none", "bf16")
+
+
+@dataclass(kw_only=True, slots=True)
+class SyncOptions:
+    """How and when replicas are synchronized."""
+
+    every: int = 1
+    """Average replicas every N optimizer steps (local SGD in between)."""
+    include_optimizer_state: bool = True
+    """Average fused optimizer state (accumulators, momenta) along with the weights."""
+    delayed_optimizer_state: bool = False
+    """Average optimizer state one sync behind the weights: the state all-reduce runs during
+    the next interval and lands with delta correction (needs ``include_optimizer_state``)."""
+    momentum_scaling: bool = False
+    """Divide the averaged AdaGrad accumulator growth by the number of replica groups so it
+    grows like 1D training's (see ``sparse2d.sync.scaling``); needs optimizer-state sync."""
+    overlap: bool = False
+    """Start the weight (and state) all-reduce at a sync point, finish it at the next one;
+    updates made meanwhile are kept by delta correction. Not bit-exact versus 1D."""
+    hide: bool = False
+    """Start each cadence sync's all-reduce in the background and land it just before the next
+    embedding lookup (a forward pre-hook on the fused kernels), hiding it behind the dense
+    optimizer step, the next batch's data and its input all-to-all. Exact: nothing updates the
+    embeddings in between, so the landed values equal the blocking sync's bit for bit."""
+    compression: str = "none"
+    """``"none"`` (fp32 average) or ``"bf16"`` (bf16 deltas since the last sync, fp32 master
+    values and error feedback); bf16 needs the dense engine."""
+    engine: str = "dense"
+    """Which values a sync covers: ``"dense"`` (every row), ``"sparse"`` (only rows some replica
+    looked up since the last sync; never dense) or ``"auto"`` (per sync, whichever of the two
+    a cost model measured over the replica group at start-up and refined from timed syncs
+    predicts cheaper; dense with bf16). The trainer defaults to ``"auto"``; the sparse engines
+    cost 4 bytes of tracking per embedding row. With ``"dense"`` or ``"auto"``, a cadence
+    sync whose values are small (all replica groups' shards within
+    ``sparse2d.sync.fold.FOLD_MAX_BYTES``) rides DDP's gradient all-reduce as a plain dense
+    average, with no collective of its own (``sparse2d.sync.fold``)."""
+    divergence_every: int = 0
+    """Measure replica divergence before every k-th sync (0 = off); reported in ``SyncReport``."""
+    divergence_rows: int = 32
+    """Rows sampled per local shard for the divergence metric."""
+    check_finite: bool = True
+    """Before averaging, check every value a sync would send for NaN/inf; if any rank finds
+    one, every rank raises ``sparse2d.SyncError`` and no replica changes (see
+    ``sparse2d.sync.finite``; one sum per payload buffer and a job-wide vote, carried by
+    DDP's gradient all-reduce where the payload is known early: ``sparse2d.sync.ddp_vote``)."""
+
+    def __post_init__(self) -> None:
+        _check_int("every", self.every, 1, "1 = every step")
+        _check_int("divergence_every", self.divergence_every, 0, "0 = off")
+        _check_int("divergence_rows", self.divergence_rows, 1, "rows sampled per shard")
+        for name in (
+            "include_optimizer_state",
+            "delayed_optimizer_state",
+            "momentum_scaling",
+            "check_finite",
+        ):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"sync {name}={getattr(self, name)!r} must be True or False.")
+        for name in ("overlap", "hide"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"sync {name}={getattr(self, name)!r} must be True or False.")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(
+                f"sync compression={self.compression!r} is not one of {COMPRESSIONS}."
+            )
+        if self.engine not in ENGINES:
+            raise ConfigError(f"sync engine={self.engine!r} is not one of {ENGINES}.")
+        needs_state = [
+            n for n in ("delayed_optimizer_state", "momentum_scaling") if getattr(self, n)
+        ]
+        if needs_state and not self.include_optimizer_state:
+            raise ConfigError(
+                f"sync {needs_state[0]}=True acts on optimizer state, but "
+                "include_optimizer_state=False; enable include_optimizer_state or drop it."
+            )
+        if self.compression == "bf16" and self.engine == "sparse":
+            raise ConfigError(
+                "sync compression='bf16' keeps fp32 references at fixed positions and is not "
+                "supported with engine='sparse'; use engine='dense' (or 'auto') with bf16."
+            )
+
+
+def _check_int(name: str, value: object, low: int, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"sync {name}={value!r} must be an int >= {low} ({meaning}).")
+
+
+@dataclass(slots=True)
+class SyncReport:
+    """What one sync did on this rank."""
+
+    step: int
+    bytes: int
+    """Bytes this rank sent into the replica collectives."""
+    seconds: float
+    """Time spent in the sync call (the blocking part)."""
+    divergence: float | None = None
+    """Relative L2 distance to the replica mean just before this sync, when measured."""
+    wait_seconds: float = 0.0
+    """Time spent waiting for transfers started at the previous sync (overlap/delay/hide)."""
