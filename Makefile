@@ -76,6 +76,7 @@ bench: $(STAMP)
 	$(BENCH_ENV) $(PY) bench/sync_bench.py
 	$(BENCH_ENV) $(PY) bench/sync_vs_raw_bench.py
 	$(BENCH_ENV) $(PY) bench/sparse_sync_bench.py
+	$(BENCH_ENV) $(PY) bench/fold_bench.py
 	$(BENCH_ENV) $(PY) bench/overhead_bench.py
 	$(BENCH_ENV) $(PY) bench/memory_bench.py
 	$(BENCH_ENV) $(PY) bench/step_breakdown.py
