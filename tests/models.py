@@ -17,7 +17,9 @@ from torchrec.distributed.types import ShardingEnv
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from sparse2d.collection import DMPCollection
 from sparse2d.planner.sharders import default_sharders
+from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.tensors import collect_shard_states
 
 DENSE_IN = 4
@@ -252,3 +254,18 @@ SPARSE_SYNC_TABLES = (
     Table("t5", 4096, 4, "row_wise"),
 )
 """Every sharding type (TW/CW/RW/TWRW) plus a large row-wise table that few ids touch."""
+
+
+def adagrad_2d(group_size: int = 2, **sync_options: object) -> DMPCollection:
+    """``MIXED_TABLES`` with row-wise AdaGrad (weights and accumulators to sync), sharded
+    in groups of ``group_size`` with ``SyncOptions(**sync_options)``."""
+    from torchrec.optim import RowWiseAdagrad
+
+    return DMPCollection(
+        build_model(MIXED_TABLES, optimizer=RowWiseAdagrad, lr=0.05),
+        group_size,
+        device="cpu",
+        constraints=constraints_for(MIXED_TABLES),
+        node_group_size=2,
+        sync_options=SyncOptions(**sync_options),  # type: ignore[arg-type]
+    )

@@ -7,16 +7,13 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d import DMPCollection, SyncError
 from sparse2d.sync import fold
-from sparse2d.sync.policy import SyncOptions
 from tests.models import (
     MIXED_TABLES,
-    build_model,
-    constraints_for,
+    adagrad_2d,
     dense_params,
     make_batch,
     replica_max_diff,
@@ -25,17 +22,6 @@ from tests.models import (
 from tests.test_sync_fold import fold_limit
 
 STEPS = 6
-
-
-def _model(group_size: int = 2, **options) -> DMPCollection:
-    return DMPCollection(
-        build_model(MIXED_TABLES, optimizer=RowWiseAdagrad, lr=0.05),
-        group_size,
-        device="cpu",
-        constraints=constraints_for(MIXED_TABLES),
-        node_group_size=2,
-        sync_options=SyncOptions(**options),
-    )
 
 
 def _state(model: DMPCollection) -> list[torch.Tensor]:
@@ -49,10 +35,10 @@ def check_carried_matches_own_vote(options: dict) -> dict:
     """Train with maybe_sync every step: guard on (votes ride DDP where they can) vs guard
     off and no folding (no carrier: each sync runs after the dense step). Same values,
     replicas identical."""
-    carried = _model(**options)
+    carried = adagrad_2d(**options)
     train(carried, MIXED_TABLES, STEPS, after_step=carried.maybe_sync)
     with fold_limit(0):
-        plain = _model(**{**options, "check_finite": False})
+        plain = adagrad_2d(**{**options, "check_finite": False})
         train(plain, MIXED_TABLES, STEPS, after_step=plain.maybe_sync)
     carried.sync_policy.finish()
     plain.sync_policy.finish()
@@ -92,7 +78,7 @@ def check_poison_after_backward(hide: bool, folded: bool) -> dict:
     """A NaN written after the backward is written after its sync: it never spreads; a
     hidden sync's landing overwrites it, otherwise the next sync refuses it."""
     with fold_limit(fold.FOLD_MAX_BYTES if folded else 0):  # planned at the first arm
-        model = _model(engine="dense", hide=hide)
+        model = adagrad_2d(engine="dense", hide=hide)
         train(model, MIXED_TABLES, 4, after_step=model.maybe_sync)
     train(model, MIXED_TABLES, 1)  # armed: its sync runs at the end of its backward
     shard = next(s for s in model.shard_states if s.rows > 1)
@@ -144,9 +130,9 @@ def _two_backwards_per_step(model: DMPCollection, steps: range) -> None:
 
 def check_two_backwards_per_step() -> dict:
     """Never armed: every sync runs after the step's last backward, as with the guard off."""
-    carried = _model(engine="dense")
+    carried = adagrad_2d(engine="dense")
     _two_backwards_per_step(carried, range(STEPS))
-    plain = _model(engine="dense", check_finite=False)
+    plain = adagrad_2d(engine="dense", check_finite=False)
     _two_backwards_per_step(plain, range(STEPS))
     for a, b in zip(_state(carried), _state(plain), strict=True):
         torch.testing.assert_close(a, b)
@@ -159,7 +145,7 @@ def check_two_backwards_per_step() -> dict:
 def check_loop_changes_shape() -> dict:
     """One backward per step, then two: the first two-backward step synced mid-step early,
     so its maybe_sync syncs again (replicas identical after it) and early syncs stop."""
-    model = _model(engine="dense")
+    model = adagrad_2d(engine="dense")
     train(model, MIXED_TABLES, 4, after_step=model.maybe_sync)
     votes = model.sync_policy.votes_carried
     _two_backwards_per_step(model, range(4, 4 + STEPS))
@@ -181,7 +167,7 @@ def test_several_ddp_backwards_per_step_sync_after_the_step(world4) -> None:
 
 def check_user_comm_hook() -> dict:
     """A user's DDP comm hook, registered after the carrier, runs instead; nothing is carried."""
-    model = _model(engine="dense")
+    model = adagrad_2d(engine="dense")
     train(model, MIXED_TABLES, 1, after_step=model.maybe_sync)  # attaches the carrier
     calls = []
 
@@ -207,7 +193,7 @@ def test_user_comm_hook_runs_and_nothing_is_carried(world4) -> None:
 
 
 def check_one_replica_has_no_carrier() -> bool:
-    model = _model(group_size=4, engine="dense")
+    model = adagrad_2d(group_size=4, engine="dense")
     train(model, MIXED_TABLES, 3, after_step=model.maybe_sync)
     return model._early.carrier is None
 

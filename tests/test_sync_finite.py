@@ -6,26 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from torchrec.optim import RowWiseAdagrad
 
 from sparse2d import DMPCollection, SyncError
 from sparse2d.sync.finite import all_finite
 from sparse2d.sync.policy import SyncOptions
-from tests.models import MIXED_TABLES, build_model, constraints_for, train
+from tests.models import MIXED_TABLES, adagrad_2d, train
 
 BAD_RANK = {"weight": 1, "state": 2}
 """world 4, L=2 intra_host: replica groups [0,1] and [2,3]; rank 1's NaN must also stop 2 and 3."""
-
-
-def _model(**options) -> DMPCollection:
-    return DMPCollection(
-        build_model(MIXED_TABLES, optimizer=RowWiseAdagrad, lr=0.05),
-        2,
-        device="cpu",
-        constraints=constraints_for(MIXED_TABLES),
-        node_group_size=2,
-        sync_options=SyncOptions(**options),
-    )
 
 
 def _snapshot(model: DMPCollection) -> list[torch.Tensor]:
@@ -40,12 +28,12 @@ def check_poisoned_sync(where: str, value: float, options: dict) -> dict:
 
         saved, engine.IN_PLACE_MIN_BYTES = engine.IN_PLACE_MIN_BYTES, 0
         try:
-            model = _model(**options)
+            model = adagrad_2d(**options)
             assert model.sync_policy.engine.payload(True, True, in_place=True).in_place
             return _poisoned_sync(model, where, value, options)
         finally:
             engine.IN_PLACE_MIN_BYTES = saved
-    return _poisoned_sync(_model(**options), where, value, options)
+    return _poisoned_sync(adagrad_2d(**options), where, value, options)
 
 
 def _poisoned_sync(model: DMPCollection, where: str, value: float, options: dict) -> dict:
@@ -83,7 +71,7 @@ def _poisoned_sync(model: DMPCollection, where: str, value: float, options: dict
 
 def check_guard_off_spreads() -> bool:
     """Without the guard the NaN reaches the healthy replica (the guard is what stops it)."""
-    model = _model(check_finite=False, engine="dense")
+    model = adagrad_2d(check_finite=False, engine="dense")
     if dist.get_rank() == 1:
         with torch.no_grad():
             model.shard_states[0].weight[0, 0] = float("nan")

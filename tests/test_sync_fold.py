@@ -10,12 +10,15 @@ from contextlib import contextmanager
 import pytest
 import torch
 import torch.distributed as dist
-from torchrec.optim import RowWiseAdagrad
 
 from sparse2d import DMPCollection, SyncError
 from sparse2d.sync import fold
-from sparse2d.sync.options import SyncOptions
-from tests.models import MIXED_TABLES, build_model, constraints_for, replica_max_diff, train
+from tests.models import (
+    MIXED_TABLES,
+    adagrad_2d,
+    replica_max_diff,
+    train,
+)
 from tests.test_collection import ALL_TYPES, check_2d_equals_1d
 
 STEPS = 6
@@ -55,20 +58,9 @@ def test_folded_sync_equals_1d(world4, engine: str, layout: str, tables: str) ->
         assert result["replica_diffs"] == [0.0] * STEPS
 
 
-def _model(**options) -> DMPCollection:
-    return DMPCollection(
-        build_model(MIXED_TABLES, optimizer=RowWiseAdagrad, lr=0.05),
-        2,
-        device="cpu",
-        constraints=constraints_for(MIXED_TABLES),
-        node_group_size=2,
-        sync_options=SyncOptions(**options),
-    )
-
-
 def _trained(limit: int, options: dict) -> tuple[DMPCollection, list]:
     with fold_limit(limit):
-        model = _model(**options)
+        model = adagrad_2d(**options)
         reports: list = []
         train(model, MIXED_TABLES, STEPS, after_step=lambda s: reports.append(model.maybe_sync(s)))
     model.sync_policy.finish()
@@ -127,7 +119,7 @@ def check_unfolded_sync_after_folds(limit: int) -> dict:
     """Folds pause touched-row tracking (``auto``); steps without a sync, then
     ``model.sync()``: every row updated meanwhile must still be averaged."""
     with fold_limit(limit):
-        model = _model(engine="auto")
+        model = adagrad_2d(engine="auto")
         train(model, MIXED_TABLES, STEPS, after_step=model.maybe_sync)
         # two steps, no maybe_sync: the first one's backward was armed (its sync folds), the
         # second one's updates are made with tracking paused
@@ -156,7 +148,7 @@ def test_sync_after_folds_covers_rows_updated_meanwhile(world4) -> None:
 def check_nan_in_fold() -> dict:
     """Rank 1's weight turns NaN inside a backward whose sync folds: every rank raises at
     its next maybe_sync and no replica took the NaN (healthy ranks stay finite)."""
-    model = _model(engine="dense")
+    model = adagrad_2d(engine="dense")
     train(model, MIXED_TABLES, 3, after_step=model.maybe_sync)
     shard = next(s for s in model.shard_states if s.rows > 1)
 
@@ -185,7 +177,7 @@ def test_nan_in_a_folded_sync_is_refused(world4) -> None:
 
 def check_plan() -> dict:
     """The layout of a real model's policy: one slot per replica group, in rank order."""
-    model = _model(engine="dense")
+    model = adagrad_2d(engine="dense")
     policy = model.sync_policy
     slot = fold.plan_folds([policy], dist.group.WORLD)[0]
     numel = policy.fold_numel(fold.FOLD_DTYPE)
