@@ -46,7 +46,8 @@ FOLD_MAX_BYTES = _max_bytes_from_env()
 """Largest region (all slots of one policy) folded into DDP's all-reduce; set
 ``SPARSE2D_FOLD_MAX_BYTES`` (bytes, 0 = never fold) before import to change it. Measured
 with ``bench/fold_bench.py`` (2-core gloo box, world 4, L=2, a 16 KB DDP bucket): folded /
-separate = 0.64 at a 0.25 MB region, 0.74 at 1 MB, 0.86 at 4 MB, 1.71 at 16 MB. Half the
+separate = 0.59-0.64 at a 0.25 MB region, 0.62-0.74 at 1 MB, 0.82-0.86 at 4 MB, 1.64-1.71
+at 16 MB (two runs). Half the
 crossover or less, so a fold never costs more than the collective it saves; the extra
 bytes per rank stay bounded (about twice the region) at any world size."""
 
