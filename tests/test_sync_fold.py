@@ -10,12 +10,14 @@ from contextlib import contextmanager
 import pytest
 import torch
 import torch.distributed as dist
+from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d import DMPCollection, SyncError
 from sparse2d.sync import fold
 from tests.models import (
     MIXED_TABLES,
     adagrad_2d,
+    make_batch,
     replica_max_diff,
     train,
 )
@@ -143,6 +145,55 @@ def check_sync_after_folds_matches() -> dict:
 def test_sync_after_folds_covers_rows_updated_meanwhile(world4) -> None:
     for result in world4.run(check_sync_after_folds_matches):
         assert result == {"folds": (FOLDED + 1, 0), "replica_diff": (0.0, 0.0)}
+
+
+def _per_module_run(limit: int) -> tuple[dict[str, torch.Tensor], DMPCollection]:
+    """Per-module group sizes (EBC L=2: 2 replicas, EC L=1: 4 replicas): two policies, each
+    with its own region in the fold; trained with the cadence sync."""
+    from tests.test_contexts import ALL, per_module, tables_and_coverage
+
+    with fold_limit(limit):
+        model = per_module(ebc_group=2, ec_group=1)
+        dense = torch.optim.SGD(
+            [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=0.1
+        )
+        for step in range(STEPS):
+            kjt, x, target = make_batch(ALL, step, dist.get_rank())
+            ((model(kjt, x) - target) ** 2).mean().backward()
+            dense.step()
+            dense.zero_grad()
+            model.maybe_sync(step)
+    return tables_and_coverage(model)[0], model
+
+
+def check_per_module_folds() -> dict:
+    folded_tables, folded = _per_module_run(fold.FOLD_MAX_BYTES)
+    plain_tables, plain = _per_module_run(0)
+    for name in plain_tables:
+        torch.testing.assert_close(folded_tables[name], plain_tables[name])
+    return {
+        "folds": [p.folds for p in folded.sync_policy.policies],
+        "plain_folds": plain.sync_policy.folds,
+        "replica_diff": max(_policy_replica_diff(p) for p in folded.sync_policy.policies),
+    }
+
+
+def _policy_replica_diff(policy) -> float:  # type: ignore[no-untyped-def]
+    """Largest |difference| of one policy's shards from its replica-rank 0's copy."""
+    worst = torch.zeros(())
+    source = dist.get_global_rank(policy.replica_pg, 0)
+    for shard in policy.shards:
+        for tensor in [shard.weight, *shard.optimizer_states]:
+            reference = tensor.detach().clone()
+            dist.broadcast(reference, src=source, group=policy.replica_pg)
+            worst = torch.maximum(worst, (tensor.detach() - reference).abs().max())
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst)
+
+
+def test_per_module_policies_fold_side_by_side(world4) -> None:
+    for result in world4.run(check_per_module_folds):
+        assert result == {"folds": [FOLDED, FOLDED], "plain_folds": 0, "replica_diff": 0.0}
 
 
 def check_nan_in_fold() -> dict:
