@@ -235,11 +235,14 @@ def train(
     return losses
 
 
-def replica_max_diff(sharded: nn.Module, replica_pg: dist.ProcessGroup) -> float:
-    """Largest |difference| between this rank's shards (weights and optimizer state) and
-    replica-rank 0's copy; 0.0 means bit-identical replicas."""
+def replica_max_diff(
+    sharded: nn.Module, replica_pg: dist.ProcessGroup, shards: list | None = None
+) -> float:
+    """Largest |difference| between this rank's shards (weights and optimizer state; all of
+    ``sharded``'s unless ``shards`` names them) and replica-rank 0's copy; 0.0 means
+    bit-identical replicas."""
     worst = torch.zeros(())
-    for shard in collect_shard_states(sharded):
+    for shard in collect_shard_states(sharded) if shards is None else shards:
         for tensor in [shard.weight, *shard.optimizer_states]:
             reference = tensor.detach().clone()
             dist.broadcast(reference, src=dist.get_global_rank(replica_pg, 0), group=replica_pg)

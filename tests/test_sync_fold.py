@@ -174,21 +174,10 @@ def check_per_module_folds() -> dict:
     return {
         "folds": [p.folds for p in folded.sync_policy.policies],
         "plain_folds": plain.sync_policy.folds,
-        "replica_diff": max(_policy_replica_diff(p) for p in folded.sync_policy.policies),
+        "replica_diff": max(  # each context's shards over its own replica group
+            replica_max_diff(folded, p.replica_pg, p.shards) for p in folded.sync_policy.policies
+        ),
     }
-
-
-def _policy_replica_diff(policy) -> float:  # type: ignore[no-untyped-def]
-    """Largest |difference| of one policy's shards from its replica-rank 0's copy."""
-    worst = torch.zeros(())
-    source = dist.get_global_rank(policy.replica_pg, 0)
-    for shard in policy.shards:
-        for tensor in [shard.weight, *shard.optimizer_states]:
-            reference = tensor.detach().clone()
-            dist.broadcast(reference, src=source, group=policy.replica_pg)
-            worst = torch.maximum(worst, (tensor.detach() - reference).abs().max())
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return float(worst)
 
 
 def test_per_module_policies_fold_side_by_side(world4) -> None:
