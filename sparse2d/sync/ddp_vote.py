@@ -40,13 +40,13 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from sparse2d.sync.finite import FiniteGuard, all_finite, raise_non_finite
-from sparse2d.sync.fold import FOLD_DTYPE, Folded, FoldSlot, plan_folds, write_slot
+from sparse2d.sync.fold import FOLD_DTYPE, Foldable, Folded, FoldSlot, plan_folds, write_slot
 
 logger = logging.getLogger(__name__)
 
 
-class Scannable(Protocol):
-    """What a carried vote needs from a sync policy."""
+class Scannable(Foldable, Protocol):
+    """What a carried vote (and a fold, ``Foldable``) needs from a sync policy."""
 
     guard: FiniteGuard | None
     carrier: tuple[DdpVote, int] | None
@@ -58,12 +58,6 @@ class Scannable(Protocol):
     def early_scan(self) -> tuple[list[torch.Tensor], bool] | None:
         """(tensors the next cadence sync may send, optimizer state covered), or None when
         they cannot be known before the sync (the vote then runs in the sync)."""
-
-    @property
-    def may_fold(self) -> bool:
-        """This policy's cadence syncs can ever ride DDP's all-reduce (``sync.fold``)."""
-
-    def fold_numel(self, dtype: torch.dtype) -> int: ...
 
     def fold_due(self, step: int) -> bool: ...
 

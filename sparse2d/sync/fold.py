@@ -154,11 +154,15 @@ def plan_folds(
 
 
 def write_slot(folded: Folded | None, slot: FoldSlot, region: torch.Tensor) -> None:
-    """Zero ``region`` and copy the folded live values into this rank's slot."""
-    region.zero_()
-    if folded is not None and folded.ok and folded.tensors:
-        own = region[slot.offset : slot.offset + slot.numel]
-        torch.cat([t.detach().reshape(-1) for t in folded.tensors], out=own)
+    """Copy the folded live values into this rank's slot and zero the rest of ``region``
+    (all of it when this rank has nothing to fold)."""
+    if folded is None or not folded.ok or not folded.tensors:
+        region.zero_()
+        return
+    end = slot.offset + slot.numel
+    region[: slot.offset].zero_()
+    region[end:].zero_()
+    torch.cat([t.detach().reshape(-1) for t in folded.tensors], out=region[slot.offset : end])
 
 
 def write_back(folded: Folded) -> None:
