@@ -45,14 +45,15 @@ def test_table_wise_memory_a2a_and_sync_bytes_by_hand() -> None:
     # pooled output for the other rank's B samples, forward and backward, plus B ids sent
     assert c.a2a_bytes == 2 * B * DIM * 4 + B * 8
     assert c.sync_bytes == state  # dense engine, optimizer state included
-    # ring all-reduce over 2 replicas on one host: 2 (G-1)/G * bytes / bw + 2 log2(G) alpha
-    assert c.sync_s == pytest.approx(state / 1e9 + 2 * 1e-5)
+    # tree all-reduce over 2 replicas on one host: 2 (G-1)/G * bytes / bw + 2 log2(G) alpha,
+    # plus the NaN/inf vote over the world of 4 (no DDP to carry it): 2 log2(4) alpha
+    assert c.sync_s == pytest.approx(state / 1e9 + 2 * 1e-5 + 4 * 1e-5)
     # lookup: the group's 2B ids of its table, DIM floats each, read fwd + twice in bwd
     assert c.compute_s == pytest.approx(3 * 2 * B * DIM * 4 / 1e9)
 
 
 def test_row_wise_shards_by_hand() -> None:
-    w = workload(RW1, optimizer="adagrad", sync_every=4)
+    w = workload(RW1, optimizer="adagrad", sync_every=4, check_finite=False)
     c = AnalyticCostModel(w, topology(8), PLANNER).estimate(4)
     rows = ROWS // 4
     assert c.state_per_rank_bytes == rows * DIM * 4 * 2  # Adagrad: one state per element
@@ -94,7 +95,7 @@ def test_fully_sharded_splits_weights_over_replicas() -> None:
 
 
 def test_sync_without_optimizer_state_and_across_hosts() -> None:
-    w = workload(TW2, include_optimizer_state=False)
+    w = workload(TW2, include_optimizer_state=False, check_finite=False)
     # 2 ranks per host, intra_host layout, world 8, L=2: replicas of rank 0 are 0,1,2,3
     c = AnalyticCostModel(w, topology(8, ranks_per_host=2), PLANNER).estimate(2)
     assert c.sync_bytes == ROWS * DIM * 4

@@ -59,7 +59,7 @@ def test_json_is_one_object_with_every_candidate() -> None:
     assert set(data) == {"world_size", "recommended", "reason", "candidates"}
     assert data["world_size"] == 8 and len(data["candidates"]) == 4
     keys = {"sharding_group_size", "fits", "memory_per_rank_bytes", "a2a_s", "sync_s",
-            "compute_s", "imbalance", "step_s"}  # fmt: skip
+            "compute_s", "imbalance", "step_s", "sharding_types", "terms", "sync_kind"}  # fmt: skip
     assert all(set(c) == keys for c in data["candidates"])
 
 

@@ -1,22 +1,22 @@
 """Per-step cost of one candidate sharding group size ``L`` (DESIGN.md section 3).
 
-For a world of ``T`` ranks split into ``G = T / L`` groups, from the group's TorchRec
-layout (``group_layout``) and the cluster (``topology``):
+For a world of ``T`` ranks split into ``G = T / L`` groups, on each candidate TorchRec layout
+of one group (``group_layout``: TorchRec's proposals plus one per sharding type, so the
+sharding type of a table changes with ``L`` where that is cheaper), the terms of
+``cost_terms`` (one function each, constants from the topology's YAML):
 
-* memory per rank: shard weights + every fused optimizer state + TorchRec's I/O buffer
-  estimate; the most loaded rank counts (imbalance included). FULLY_SHARDED keeps
-  ``1/G`` of the weights and of the optimizer state (``sparse2d.sync.fully_sharded``).
-* lookup all-to-all per rank per step: every shard's holder sends its pooled output for
-  the ``L - 1`` other ranks' samples (``(L-1) * B * features * cols`` values, exact for
-  table-, column- and row-wise), the same again for the gradients, plus the ids.
-* replica sync per step: all-reduce of the synced shard bytes plus a fixed per-sync cost,
-  ``(2 (G-1)/G * bytes / bandwidth + latency steps * alpha + overhead) / sync_every``; the sparse engine syncs only the
-  expected rows touched by any replica in the interval (Zipf ids spread by hashing).
-* lookup compute per rank (bytes streamed / lookup bandwidth) and its max/mean.
-* dense: MLP FLOPs and the data-parallel all-reduce of dense gradients (same for all L).
+* memory per rank: shard weights + fused optimizer state + TorchRec's I/O buffer estimate,
+  most loaded rank; FULLY_SHARDED keeps ``1/G`` of weights and state;
+* output all-to-all (pooled embeddings forward, gradients backward) per sharding type, split
+  into intra- and inter-host bytes, at the qcomm wire precision of each direction;
+* input all-to-all of the ids: serial, or overlapped with the previous step when pipelined;
+* replica sync per step: folded into DDP's all-reduce when small, else a dense or
+  touched-rows all-reduce plus a fixed cost and the NaN/inf vote, over ``sync_every``; hidden
+  behind the dense step when ``hide``; FULLY_SHARDED's three collectives every step;
+* lookup compute of the most loaded rank (stragglers) and the dense part.
 
-Every formula is per rank and uses the most loaded rank, because a group steps at the
-pace of its slowest member.
+The step is ``compute + output a2a + exposed input a2a + exposed sync + dense + overhead``.
+Every per-rank term is taken at the most loaded rank of the real plan.
 """
 
 from __future__ import annotations
@@ -26,11 +26,16 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from sparse2d.mesh import rank_layout, replica_groups
+from sparse2d.planner import cost_terms as ct
+from sparse2d.planner.cost_terms import ID_BYTES
 from sparse2d.planner.group_layout import GroupLayout, GroupLayoutPlanner, PlacedShard
 from sparse2d.planner.topology import ClusterTopology
 from sparse2d.planner.workload import Workload
 
-ID_BYTES = 8  # int64 ids in the input all-to-all
+TYPE_ORDER = (
+    "table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "grid_shard",
+)  # fmt: skip
+"""Among equal estimates the simpler sharding wins (fewer collectives, fewer groups)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,16 @@ class Candidate:
     dense_s: float
     step_s: float
     proposal: str
+    sharding_types: tuple[tuple[str, int], ...] = ()
+    """(sharding type, tables) of the chosen layout."""
+    terms: tuple[tuple[str, float], ...] = ()
+    """Every term of ``step_s`` (seconds), named, in the order they are added."""
+    sync_kind: str = "none"
+    """How the replica sync runs: ``none`` (G=1), ``folded`` (inside DDP's all-reduce),
+    ``dense``, ``sparse`` (touched rows) or ``fully_sharded``."""
+
+    def term(self, name: str) -> float:
+        return dict(self.terms)[name]
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -68,6 +83,9 @@ class Candidate:
             "compute_s": self.compute_s,
             "imbalance": self.imbalance,
             "step_s": self.step_s,
+            "sharding_types": dict(self.sharding_types),
+            "terms": dict(self.terms),
+            "sync_kind": self.sync_kind,
         }
 
 
@@ -118,19 +136,18 @@ def _peers(topology: ClusterTopology, ranks: list[int]) -> tuple[int, int]:
 
 
 def _allreduce_s(nbytes: float, members: list[int], topology: ClusterTopology) -> float:
-    """Ring all-reduce time of ``nbytes`` per rank over ``members`` (bottleneck link)."""
-    n = len(members)
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    _, remote = _peers(topology, members)
-    bw = topology.inter_host_bw if remote else topology.intra_host_bw
-    alpha = topology.inter_host_latency_s if remote else topology.intra_host_latency_s
-    steps = 2 * (n - 1) if topology.allreduce_latency == "ring" else 2 * math.ceil(math.log2(n))
-    return 2 * (n - 1) / n * nbytes / bw + steps * alpha
+    """Ring all-reduce of ``nbytes`` per rank over ``members`` (bottleneck link)."""
+    _, remote = _peers(topology, members) if members else (0, 0)
+    return ct.allreduce_s(nbytes, len(members), remote > 0, topology)
+
+
+def _type_rank(candidate: Candidate) -> int:
+    return max((TYPE_ORDER.index(t) for t, _ in candidate.sharding_types if t in TYPE_ORDER),
+               default=0)  # fmt: skip
 
 
 class AnalyticCostModel(CostModel):
-    """The formulas of the module docstring over a TorchRec group layout."""
+    """The terms of ``cost_terms`` over every candidate TorchRec layout of a group."""
 
     def __init__(
         self, workload: Workload, topology: ClusterTopology, planner: GroupLayoutPlanner
@@ -138,83 +155,147 @@ class AnalyticCostModel(CostModel):
         self.workload, self.topology, self.planner = workload, topology, planner
         self._by_name = {t.name: t for t in workload.tables}
 
-    def estimate(self, group_size: int) -> Candidate:
+    def layouts(self, group_size: int) -> list[Candidate]:
+        """The estimate of every candidate layout at ``group_size`` (``--explain``)."""
         w, topo = self.workload, self.topology
         replicas = topo.world_size // group_size
         group = rank_layout(topo.world_size, group_size, w.replica_layout)[0]
         local_peers, _ = _peers(topo, group)
         layouts = self.planner.layouts(w, group_size, local_peers + 1, topo.compute_device)
-        results = [self._estimate(layout, replicas, group) for layout in layouts]
+        return [self._estimate(layout, replicas, group) for layout in layouts]
+
+    def estimate(self, group_size: int) -> Candidate:
+        results = self.layouts(group_size)
         fitting = [c for c in results if c.fits]
-        if fitting:
-            return min(fitting, key=lambda c: c.step_s)
+        if fitting:  # 0.1% ties go to the simpler sharding
+            least = min(c.step_s for c in fitting)
+            near = [c for c in fitting if c.step_s <= least * 1.001]
+            return min(near, key=lambda c: (_type_rank(c), c.step_s))
         return min(results, key=lambda c: c.memory_per_rank_bytes)
 
     def _estimate(self, layout: GroupLayout, replicas: int, group: list[int]) -> Candidate:
         w, topo = self.workload, self.topology
         L, B, eb = layout.group_size, w.batch_size_per_rank, w.element_bytes
+        local_peers, remote_peers = _peers(topo, group)
+        H = local_peers + 1
         per_rank = layout.per_rank()
-        memory, state, synced, lookup = [0] * L, [0] * L, [0.0] * L, [0.0] * L
-        send, recv = [0.0] * L, [0.0] * L
+        memory, state, synced, lookup, full = ([0.0] * L for _ in range(5))
+        links = [ct.LinkBytes() for _ in range(L)]
         ids_send, ids_recv = [0.0] * L, [0.0] * L
+        host_out = [0.0] * L  # received output values served from each host (by first rank)
+        own_out = [0.0] * L
         out_total = ids_total = 0.0
+        types: dict[str, dict[str, int]] = {}
         for rank, shards in enumerate(per_rank):
             for s in shards:
                 t, n = self._by_name[s.table], s.count
+                types.setdefault(s.sharding_type, {})[s.table] = n
                 weights, opt = shard_state_bytes(s, w, replicas)
                 state[rank] += n * (weights + opt)
                 memory[rank] += n * (weights + opt + s.io_bytes)
                 synced[rank] += n * self._synced_bytes(s, replicas)
+                full[rank] += n * s.rows * (s.cols + w.row_state_values(s.cols)) * eb
                 share = s.rows / t.rows
                 ids = L * B * t.features * t.pooling_factor * share  # group ids hitting s
                 lookup[rank] += n * ids * s.cols * eb
-                out = n * B * t.features * s.cols * eb  # one rank's samples, these columns
-                send[rank] += (L - 1) * out
-                out_total += out
+                values = B * t.features * s.cols  # one rank's samples, these columns
+                links[rank].add(ct.output_values_sent(s.sharding_type, values, L, H), n)
+                if s.sharding_type in ct.TW_LIKE:  # others receive from this holder
+                    served = n * values
+                elif s.sharding_type in ct.HOST_RW_LIKE:  # the host serves it, 1/H each
+                    served = n * values / H
+                else:  # row-wise: symmetric, counted in its own LinkBytes
+                    served = 0.0
+                out_total += served
+                host_out[rank // H * H] += served
+                own_out[rank] += served
                 ids_recv[rank] += n * (L - 1) / L * ids * ID_BYTES
                 ids_total += n * ids / L * ID_BYTES
-                recv[rank] -= out  # its own samples never leave the rank
-                ids_send[rank] -= n * ids / L * ID_BYTES
-        a2a = [
-            2 * max(send[r], recv[r] + out_total) + max(ids_send[r] + ids_total, ids_recv[r])
-            for r in range(L)
-        ]
-        a2a_bytes = max(a2a)
-        a2a_s = self._a2a_s(a2a_bytes, group)
-        replica_ranks = replica_groups(topo.world_size, L, w.replica_layout)[0]
-        sync_bytes = max(synced)
-        sync_s = _allreduce_s(sync_bytes, replica_ranks, topo)
-        sync_s = (sync_s + (topo.sync_overhead_s if replicas > 1 else 0.0)) / w.sync_every
-        if w.sharding_strategy == "fully_sharded" and replicas > 1:
-            # sparse2d's FULLY_SHARDED, every step: all-gather the weights for the lookup,
-            # all-gather weights + state for the fused update, reduce-scatter both after it:
-            # 1.5 all-reduces of a rank's full shard bytes; it replaces the cadence sync.
-            full = max(
-                sum(s.count * s.rows * (s.cols + w.row_state_values(s.cols)) * eb for s in ss)
-                for ss in per_rank
-            )
-            sync_s = 1.5 * _allreduce_s(full, replica_ranks, topo) + topo.sync_overhead_s
-        mean_lookup = sum(lookup) / L
+                ids_send[rank] -= n * ids / L * ID_BYTES  # its own samples never leave
+        wire = ct.qcomm_bytes(w.qcomm_forward) + ct.qcomm_bytes(w.qcomm_backward)
+        out_s, a2a_bytes, ids_s = [0.0] * L, [0.0] * L, [0.0] * L
+        for r in range(L):
+            here = host_out[r // H * H]
+            lb = links[r]
+            lb.recv_intra += here - own_out[r]
+            lb.recv_inter += out_total - here
+            out_s[r] = ct.link_time_s(lb.intra * wire, lb.inter * wire, topo)
+            ids_bytes = max(ids_send[r] + ids_total, ids_recv[r])
+            ids_s[r] = self._split_s(ids_bytes, local_peers, remote_peers)
+            a2a_bytes[r] = (lb.intra + lb.inter) * wire + ids_bytes
+        if L > 1:
+            latency = ct.a2a_latency_s(local_peers, remote_peers, 1, topo)
+            out_a2a = max(out_s) + 2 * latency
+            ids_a2a = max(ids_s) + latency
+        else:
+            out_a2a = ids_a2a = 0.0
         compute_s = 3 * max(lookup) / topo.lookup_bw + 6 * w.dense_params * B / topo.dense_flops
+        ids_exposed = (
+            ct.exposed_s(ids_a2a, compute_s + out_a2a, topo.comm_overlap) if w.pipeline else ids_a2a
+        )
         dense_s = _allreduce_s(w.dense_params * 4, list(range(topo.world_size)), topo)
+        sync_s, sync_kind = self._sync_s(max(synced), sum(synced), max(full), replicas, L)
+        if w.hide and sync_kind in ("dense", "sparse"):
+            sync_s = ct.exposed_s(sync_s, dense_s + ids_a2a, topo.comm_overlap)
         mem = max(memory)
+        terms = (
+            ("compute", compute_s), ("output_a2a", out_a2a), ("input_a2a", ids_exposed),
+            ("sync", sync_s), ("dense_allreduce", dense_s),
+            ("overhead", topo.step_overhead_s),
+        )  # fmt: skip
         return Candidate(
             sharding_group_size=L,
             num_replicas=replicas,
             fits=mem <= topo.usable_memory_bytes,
-            memory_per_rank_bytes=mem,
-            state_per_rank_bytes=max(state),
-            memory_imbalance=mem / (sum(memory) / L) if sum(memory) else 1.0,
-            a2a_bytes=int(a2a_bytes),
-            a2a_s=a2a_s,
-            sync_bytes=int(sync_bytes),
+            memory_per_rank_bytes=int(mem),
+            state_per_rank_bytes=int(max(state)),
+            memory_imbalance=ct.straggler(memory),
+            a2a_bytes=int(max(a2a_bytes)),
+            a2a_s=out_a2a + ids_exposed,
+            sync_bytes=int(max(synced)),
             sync_s=sync_s,
             compute_s=compute_s,
-            imbalance=max(lookup) / mean_lookup if mean_lookup else 1.0,
+            imbalance=ct.straggler(lookup),
             dense_s=dense_s,
-            step_s=compute_s + a2a_s + sync_s + dense_s + topo.step_overhead_s,
+            step_s=sum(v for _, v in terms),
             proposal=layout.proposal,
+            sharding_types=tuple(sorted((k, sum(v.values())) for k, v in types.items())),
+            terms=terms,
+            sync_kind=sync_kind,
         )
+
+    def _split_s(self, nbytes: float, local: int, remote: int) -> float:
+        """Bandwidth time of an all-to-all whose peers split ``local``/``remote``."""
+        peers = local + remote
+        if not peers:
+            return 0.0
+        return ct.link_time_s(nbytes * local / peers, nbytes * remote / peers, self.topology)
+
+    def _sync_s(
+        self, shard_bytes: float, region: float, full: float, replicas: int, L: int
+    ) -> tuple[float, str]:
+        """Replica sync per step and which mechanism runs it."""
+        w, topo = self.workload, self.topology
+        if replicas <= 1:
+            return 0.0, "none"
+        members = replica_groups(topo.world_size, L, w.replica_layout)[0]
+        _, remote = _peers(topo, members)
+        world_remote = topo.world_size > topo.ranks_per_host
+        if w.sharding_strategy == "fully_sharded":
+            return ct.fully_sharded_s(
+                full, replicas, remote > 0, topo
+            ) + topo.sync_overhead_s, "fully_sharded"
+        from sparse2d.sync.fold import FOLD_MAX_BYTES
+
+        if w.ddp and w.engine != "sparse" and region <= FOLD_MAX_BYTES:
+            # the region holds one slot per replica group: all of one group's shard bytes
+            folded = ct.fold_s(region, topo.world_size, world_remote, topo)
+            return folded / w.sync_every, "folded"
+        per_sync = ct.allreduce_s(shard_bytes, replicas, remote > 0, topo) + topo.sync_overhead_s
+        kind = "dense" if w.engine == "dense" else "sparse"
+        if w.check_finite and not (w.ddp and kind == "dense"):  # else DDP carries the vote
+            per_sync += ct.vote_s(topo.world_size, world_remote, topo)
+        return per_sync / w.sync_every, kind
 
     def _synced_bytes(self, s: PlacedShard, replicas: int) -> float:
         """Bytes of shard ``s`` one sync all-reduces (dense or expected touched rows)."""
@@ -233,17 +314,3 @@ class AnalyticCostModel(CostModel):
         if w.engine == "auto" and union > w.sparse_crossover * s.rows:
             return float(dense)
         return union * (row * w.element_bytes + ID_BYTES)
-
-    def _a2a_s(self, nbytes: float, group: list[int]) -> float:
-        """Three all-to-alls (ids, pooled output, gradients) over the group's links."""
-        topo = self.topology
-        local, remote = _peers(topo, group)
-        peers = local + remote
-        if peers == 0:
-            return 0.0
-        bandwidth_s = max(
-            nbytes * remote / peers / topo.inter_host_bw,
-            nbytes * local / peers / topo.intra_host_bw,
-        )
-        latency_s = 3 * (remote * topo.inter_host_latency_s + local * topo.intra_host_latency_s)
-        return bandwidth_s + latency_s

@@ -9,8 +9,12 @@ places them on a ``Topology`` of ``L`` devices; no process group is involved.
 To plan 832 tables for 4096 ranks in seconds, tables that are identical for the planner
 (rows, dim, features, pooling factor, forced type) are enumerated once and their
 options cloned (the options of identical tables are identical); the partitioner then
-places every clone. Two proposals are kept, as TorchRec's ``GreedyProposer`` would try
-them: each table's fastest option and each table's smallest option.
+places every clone. Proposals kept: each table's fastest option and each table's smallest
+option (as TorchRec's ``GreedyProposer`` would try them), and one per sharding type: every
+table that TorchRec offers that type for takes its fastest option of it, the others their
+fastest option. The cost model then judges all of them under its own terms, so a table's
+sharding type can change with ``L`` (row-wise inside one host, table-row-wise or grid once
+the group spans hosts) where TorchRec's own estimators would not switch.
 """
 
 from __future__ import annotations
@@ -170,17 +174,20 @@ class TorchRecGroupPlanner(GroupLayoutPlanner):
 
         layouts: list[GroupLayout] = []
         seen: dict[tuple[int, ...], GroupLayout] = {}
-        for proposal in PROPOSALS:
+        for proposal in PROPOSALS + tuple(f"prefer_{t}" for t in MODEL_PARALLEL_TYPES):
             picks = {}
             for rep, opts in by_rep.items():
-                if proposal == "min_perf":
+                typed = [o for o in opts if f"prefer_{o.sharding_type}" == proposal]  # type: ignore[attr-defined]
+                if typed:
+                    picks[rep] = min(typed, key=lambda o: (o.total_perf, storage(o)))  # type: ignore[attr-defined]
+                elif proposal != "min_storage":
                     picks[rep] = min(opts, key=lambda o: (o.total_perf, storage(o)))  # type: ignore[attr-defined]
                 else:
                     picks[rep] = min(opts, key=lambda o: (storage(o), o.total_perf))  # type: ignore[attr-defined]
             ident = tuple(id(picks[rep]) for rep in reps)
-            if ident not in seen:  # both proposals often pick the same options
+            if ident not in seen:  # proposals often pick the same options
                 seen[ident] = self._partition(picks, reps, topology, workload, proposal)
-            layouts.append(seen[ident])
+                layouts.append(seen[ident])
         return layouts
 
     @staticmethod

@@ -1,24 +1,36 @@
-"""Render the advisor's answer: a table over ``L`` for people, one JSON object for tools."""
+"""Render the advisor's answer: a table over ``L`` for people, one JSON object for tools,
+and ``explain``: why another ``L`` loses to the recommended one, term by term."""
 
 from __future__ import annotations
 
 import json
 
+from sparse2d.planner.cost_model import Candidate
 from sparse2d.planner.search import Advice
 from sparse2d.planner.topology import GiB
 
 _HEADER = (
     f"{'L':>6} {'G':>5} {'mem/rank':>10} {'a2a':>9} {'sync':>9} {'compute':>9} "
-    f"{'imbal':>6} {'step':>9}  fits"
+    f"{'imbal':>6} {'step':>9}  fits  sync     sharding types"
 )
+
+_SHORT = {
+    "table_wise": "TW", "column_wise": "CW", "table_column_wise": "TWCW", "row_wise": "RW",
+    "table_row_wise": "TWRW", "grid_shard": "GRID", "data_parallel": "DP",
+}  # fmt: skip
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f}ms"
 
 
+def types_text(c: Candidate) -> str:
+    """``TW:512 TWRW:64``: the chosen layout's sharding types and how many tables each."""
+    return " ".join(f"{_SHORT.get(t, t)}:{n}" for t, n in c.sharding_types)
+
+
 def format_table(advice: Advice) -> str:
-    """The table over every ``L`` and the recommendation with its reason."""
+    """The table over every ``L``, each candidate's terms, and the recommendation."""
     lines = [
         f"sharding group size advisor: world {advice.world_size}, topology {advice.topology}",
         _HEADER,
@@ -29,10 +41,52 @@ def format_table(advice: Advice) -> str:
             f"{c.sharding_group_size:>6} {c.num_replicas:>5} "
             f"{c.memory_per_rank_bytes / GiB:>7.2f}GiB {_ms(c.a2a_s):>9} {_ms(c.sync_s):>9} "
             f"{_ms(c.compute_s):>9} {c.imbalance:>6.2f} {_ms(c.step_s):>9}  "
-            f"{'yes' if c.fits else 'NO'}{mark}"
+            f"{'yes' if c.fits else 'NO':<4}  {c.sync_kind:<8} {types_text(c)}{mark}"
         )
+    lines.append("terms per step (ms): " + ", ".join(n for n, _ in advice.candidates[0].terms))
+    for c in advice.candidates:
+        values = " ".join(f"{v * 1e3:.2f}" for _, v in c.terms)
+        lines.append(f"{c.sharding_group_size:>6}: {values}")
     if advice.recommended is not None:
         lines.append(f"recommended: sharding_group_size={advice.recommended}  ({advice.reason})")
+    return "\n".join(lines)
+
+
+def explain(advice: Advice, group_size: int) -> str:
+    """Why ``group_size`` loses to the recommendation (or wins): each term side by side,
+    the differences largest first, and the layouts' sharding types."""
+    if group_size not in {c.sharding_group_size for c in advice.candidates}:
+        sizes = [c.sharding_group_size for c in advice.candidates]
+        raise ValueError(f"--explain {group_size}: not a candidate; candidates are {sizes}.")
+    other = advice.candidate(group_size)
+    if advice.recommended is None:
+        return (
+            f"L={group_size} needs {other.memory_per_rank_bytes / GiB:.2f} GiB per rank; no L "
+            "fits memory (see the numbered fixes)."
+        )
+    best = advice.candidate(advice.recommended)
+    lines = [
+        f"L={group_size} ({types_text(other)}) vs recommended L={best.sharding_group_size} "
+        f"({types_text(best)}):"
+    ]
+    if not other.fits:
+        lines.append(
+            f"  L={group_size} does not fit: {other.memory_per_rank_bytes / GiB:.2f} GiB per rank "
+            f"(most loaded rank, imbalance {other.memory_imbalance:.2f})."
+        )
+    names = list(dict.fromkeys([n for n, _ in other.terms] + [n for n, _ in best.terms]))
+    a, b = dict(other.terms), dict(best.terms)
+    rows = sorted(names, key=lambda n: -abs(a.get(n, 0.0) - b.get(n, 0.0)))
+    for n in rows:
+        x, y = a.get(n, 0.0), b.get(n, 0.0)
+        lines.append(
+            f"  {n:<16} {x * 1e3:>10.2f} ms vs {y * 1e3:>10.2f} ms  ({(x - y) * 1e3:+.2f})"
+        )
+    lines.append(
+        f"  {'step':<16} {other.step_s * 1e3:>10.2f} ms vs {best.step_s * 1e3:>10.2f} ms  "
+        f"({(other.step_s - best.step_s) * 1e3:+.2f}); imbalance {other.imbalance:.2f} vs "
+        f"{best.imbalance:.2f}"
+    )
     return "\n".join(lines)
 
 

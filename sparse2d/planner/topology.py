@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,6 +56,12 @@ class ClusterTopology:
     allreduce_latency: Literal["tree", "ring"] = "tree"
     """Latency steps of an all-reduce over n ranks: ``tree`` 2 log2(n) (NCCL at scale),
     ``ring`` 2 (n - 1) (gloo)."""
+    a2a_bw_factor: float = 1.0
+    """All-to-all bandwidth as a fraction of the all-reduce bandwidth above (pairwise
+    exchange, and on CPU the embedding permutes and splits around it)."""
+    comm_overlap: float = 1.0
+    """Fraction of concurrent work a background transfer (pipelined input all-to-all, hidden
+    sync) can hide behind: 1 with separate CUDA streams, 0 on a CPU box where ranks share cores."""
 
     def __post_init__(self) -> None:
         for key in ("world_size", "ranks_per_host", "device_memory_bytes"):
@@ -71,6 +78,10 @@ class ClusterTopology:
         ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"topology.{key}={getattr(self, key)} must be >= 0.")
+        if not 0 < self.a2a_bw_factor <= 10:
+            raise ConfigError(f"topology.a2a_bw_factor={self.a2a_bw_factor} must be in (0, 10].")
+        if not 0 <= self.comm_overlap <= 1:
+            raise ConfigError(f"topology.comm_overlap={self.comm_overlap} must be in [0, 1].")
         if not 0 <= self.reserved_fraction < 1:
             raise ConfigError(
                 f"topology.reserved_fraction={self.reserved_fraction} must be in [0, 1)."
@@ -100,33 +111,36 @@ class ClusterTopology:
         return dataclasses.replace(self, world_size=world_size)
 
 
-PRESETS: dict[str, ClusterTopology] = {
-    # 8x H100 SXM 80 GB per host: NVLink 4 (450 GB/s per direction, ~370 effective in
-    # all-to-all), one 400 Gb/s NIC per GPU (50 GB/s, ~44 effective), HBM3 3.35 TB/s.
-    "h100_8x": ClusterTopology(name="h100_8x"),
-    # 8x H200 141 GB per host: same NVLink and NICs, HBM3e 4.8 TB/s.
-    "h200_8x": ClusterTopology(
-        name="h200_8x", device_memory_bytes=141 * 10**9, lookup_bw=1.9e12, dense_flops=2.2e14
-    ),
-    # This project's CPU machine: gloo over loopback, one host. Fitted by
-    # bench/planner_calibration.py (see bench/RESULTS.md, "Group-size advisor calibration").
-    "cpu_gloo": ClusterTopology(
-        name="cpu_gloo",
-        ranks_per_host=1024,
-        compute_device="cpu",
-        device_memory_bytes=4 * GiB,
-        reserved_fraction=0.25,
-        intra_host_bw=0.208e9,
-        intra_host_latency_s=640e-6,
-        inter_host_bw=0.208e9,
-        inter_host_latency_s=640e-6,
-        lookup_bw=0.633e9,
-        dense_flops=2.0e9,
-        step_overhead_s=40.3e-3,
-        sync_overhead_s=20.2e-3,
-        allreduce_latency="ring",
-    ),
-}
+PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
+"""Preset topologies as YAML data, each field with its source (``presets/*.yaml``)."""
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as error:
+        raise ConfigError(f"--topology {path!r}: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a topology file must be a mapping of field: value.")
+    return data
+
+
+def _load_presets() -> dict[str, ClusterTopology]:
+    presets: dict[str, ClusterTopology] = {}
+    files = sorted(f for f in os.listdir(PRESET_DIR) if f.endswith(".yaml"))
+    pending = {f[:-5]: _read_yaml(os.path.join(PRESET_DIR, f)) for f in files}
+    while pending:  # a preset may name another as its base
+        ready = [n for n, d in pending.items() if d.get("base") in (None, *presets)]
+        if not ready:
+            raise ConfigError(f"presets {sorted(pending)} name unknown or circular bases.")
+        for name in ready:
+            data = dict(pending.pop(name))
+            base = data.pop("base", None)
+            values = dataclasses.asdict(presets[base]) if base else {}
+            values.update({k: _coerce(k, v) for k, v in data.items()})
+            presets[name] = ClusterTopology(**values)
+    return presets
 
 
 def _fields() -> dict[str, dataclasses.Field[Any]]:
@@ -159,11 +173,7 @@ def load_topology(
     if name_or_path in PRESETS:
         values = dataclasses.asdict(PRESETS[name_or_path])
     elif name_or_path.endswith((".yaml", ".yml")):
-        try:
-            with open(name_or_path) as f:
-                data = yaml.safe_load(f) or {}
-        except OSError as error:
-            raise ConfigError(f"--topology {name_or_path!r}: {error}") from None
+        data = _read_yaml(name_or_path)
         base = data.pop("base", None)
         if base is not None and base not in PRESETS:
             raise ConfigError(f"{name_or_path}: base={base!r} is unknown; use {sorted(PRESETS)}.")
@@ -181,3 +191,7 @@ def load_topology(
     if world_size is not None:
         values["world_size"] = world_size
     return ClusterTopology(**values)
+
+
+PRESETS: dict[str, ClusterTopology] = _load_presets()
+"""``h100_8x``, ``h200_8x``, ``cpu_gloo``: read from ``presets/*.yaml``."""

@@ -71,6 +71,20 @@ class Workload:
     """Bytes per embedding value (fp32)."""
     sparse_crossover: float = field(default=0.5)
     """Touched fraction above which ``auto`` syncs a shard densely."""
+    qcomm_forward: str = "fp32"
+    """Wire precision of the pooled-embedding all-to-all (TorchRec ``QCommsConfig``)."""
+    qcomm_backward: str = "fp32"
+    """Wire precision of the gradient all-to-all."""
+    pipeline: bool = False
+    """A TorchRec train pipeline runs the next batch's input all-to-all beside this step."""
+    ddp: bool = False
+    """Dense parameters are trained by DDP over the whole world (the trainer): small syncs
+    fold into its all-reduce and the NaN/inf vote rides it (``sparse2d.sync.ddp_vote``)."""
+    hide: bool = False
+    """``SyncOptions.hide``: a sync's all-reduce runs behind the dense step and the next
+    input all-to-all."""
+    check_finite: bool = True
+    """``SyncOptions.check_finite``: every sync votes on NaN/inf over the job."""
 
     def __post_init__(self) -> None:
         if not self.tables:
@@ -85,6 +99,8 @@ class Workload:
                 f"optimizer={self.optimizer!r} is unknown; use {sorted(OPTIMIZER_STATE_PER_ROW)}."
             )
         for key, allowed in (
+            ("qcomm_forward", ("fp32", "fp16", "bf16", "fp8", "int8")),
+            ("qcomm_backward", ("fp32", "fp16", "bf16", "fp8", "int8")),
             ("engine", ("dense", "sparse", "auto")),
             ("replica_layout", ("intra_host", "inter_host")),
             ("sharding_strategy", ("default", "fully_sharded")),

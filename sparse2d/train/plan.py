@@ -1,14 +1,17 @@
 """``sparse2d plan``: the group-size advisor for a trainer config (no process group, no GPU).
 
 ``sparse2d plan --config C [--world-size N] [--topology NAME|FILE.yaml] [--set key=value]
-[--json] [dotted.key=value ...]`` prints the cost table over every divisor ``L`` of the
-world size and the recommended ``parallel.sharding_group_size``; ``--json`` prints one
-object instead. Exit status 1 (with numbered fixes) when no ``L`` fits device memory.
+[--qcomm FWD[,BWD]] [--explain L] [--json] [dotted.key=value ...]`` prints the cost table over
+every divisor ``L`` of the world size (each candidate's sharding types and terms) and the
+recommended ``parallel.sharding_group_size``; ``--explain L`` says term by term why ``L``
+loses; ``--json`` prints one object instead. Exit status 1 (with numbered fixes) when no
+``L`` fits device memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from sparse2d.errors import ConfigError
@@ -58,6 +61,10 @@ def workload_from_config(cfg: Config) -> Workload:
         replica_layout=cfg.parallel.replica_layout,
         sharding_strategy=cfg.parallel.sharding_strategy,
         dense_params=dense_params(cfg),
+        pipeline=cfg.train.pipeline != "none",
+        ddp=True,  # the trainer trains its dense part with DDP over the world
+        hide=sync.hide,
+        check_finite=sync.check_finite,
     )
 
 
@@ -84,10 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sharding-strategy", choices=("default", "fully_sharded"), default="default"
     )
+    parser.add_argument(
+        "--qcomm", default="fp32", metavar="FWD[,BWD]",
+        help="all-to-all wire precision (fp32, fp16, bf16, fp8, int8), forward[,backward]",
+    )  # fmt: skip
+    parser.add_argument("--explain", type=int, metavar="L", help="why this L loses, term by term")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
     args = parser.parse_args(argv)
-    from sparse2d.planner.report import format_table, to_json
+    from sparse2d.planner.report import explain, format_table, to_json
     from sparse2d.planner.search import advise, no_fit_message
 
     try:
@@ -96,15 +108,19 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         topology = topology_for(cfg, args.world_size, args.topology, args.set)
         workload = workload_from_config(cfg)
-        if args.sharding_strategy != "default":
-            import dataclasses
-
-            workload = dataclasses.replace(workload, sharding_strategy=args.sharding_strategy)
+        fwd, _, bwd = args.qcomm.partition(",")
+        workload = dataclasses.replace(
+            workload, sharding_strategy=args.sharding_strategy, qcomm_forward=fwd,
+            qcomm_backward=bwd or fwd,
+        )  # fmt: skip
         advice = advise(workload, topology)
-    except ConfigError as error:
+        text = to_json(advice) if args.json else format_table(advice)
+        if args.explain is not None:
+            text += "\n" + explain(advice, args.explain)
+    except (ConfigError, ValueError) as error:
         print(f"sparse2d plan: {error}", file=sys.stderr)
         return 1
-    print(to_json(advice) if args.json else format_table(advice))
+    print(text)
     if advice.recommended is None:
         print(f"sparse2d plan: {no_fit_message(advice, workload, topology)}", file=sys.stderr)
         return 1
