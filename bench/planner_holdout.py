@@ -19,8 +19,8 @@ import datetime
 import os
 import statistics
 import time
-from queue import Empty
 from dataclasses import dataclass
+from queue import Empty
 from typing import Any
 
 import torch.multiprocessing as mp

@@ -34,7 +34,8 @@ def simulate(config: str, topology: str) -> list[dict[str, object]]:
         advice = advise(workload, topology_for(cfg, world, topology))
         full = advice.candidate(world)
         best = advice.candidate(advice.recommended) if advice.recommended else None
-        rows.append({"world": world, "full": full, "best": best})
+        blog = advice.candidate(256) if world % 256 == 0 else None
+        rows.append({"world": world, "full": full, "best": best, "blog": blog})
     return rows
 
 
@@ -73,28 +74,39 @@ def plot(rows: list[dict[str, object]], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _types(c: object) -> str:
+    from sparse2d.planner.report import types_text
+
+    return types_text(c)  # type: ignore[arg-type]
+
+
 def table(rows: list[dict[str, object]]) -> str:
     base = next(r for r in rows if r["world"] == 256)["best"]
     lines = [
-        "| ranks | full: step ms | full: a2a ms | full: fits | best L | best: step ms | "
-        "best: a2a ms | best: sync ms | efficiency vs 256 | paper |",
-        "|---:|---:|---:|:---:|---:|---:|---:|---:|---:|---:|",
+        "| ranks | full: step ms | full fits | best L | best: sharding | compute | output a2a "
+        "| input a2a | sync | dense AR | step ms | eff. vs 256 | paper | L=256: step ms (types) |",
+        "|---:|---:|:---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        f, b = r["full"], r["best"]
-        eff = base.step_s / b.step_s if b and base else float("nan")  # type: ignore[union-attr]
+        f, b, blog = r["full"], r["best"], r["blog"]
         paper = PAPER.get(r["world"])  # type: ignore[arg-type]
-        lines.append(
-            f"| {r['world']} | {f.step_s * 1e3:.0f} | {f.a2a_s * 1e3:.0f} | "  # type: ignore[union-attr]
-            f"{'yes' if f.fits else 'no'} | "  # type: ignore[union-attr]
-            + (
-                f"{b.sharding_group_size} | {b.step_s * 1e3:.0f} | {b.a2a_s * 1e3:.0f} | "  # type: ignore[union-attr]
-                f"{b.sync_s * 1e3:.0f} | {eff:.2f} |"
-                if b
-                else "- | - | - | - | - |"
-            )  # type: ignore[union-attr]  # fmt: skip
-            + (f" {paper:.2f} |" if paper else " |")
+        cells = [f"{r['world']}", f"{f.step_s * 1e3:.0f}", "yes" if f.fits else "no"]  # type: ignore[union-attr]
+        if b is not None:
+            t = dict(b.terms)  # type: ignore[union-attr]
+            cells += [
+                f"{b.sharding_group_size}", _types(b), *(f"{t[k] * 1e3:.0f}" for k in (  # type: ignore[union-attr]
+                    "compute", "output_a2a", "input_a2a", "sync", "dense_allreduce")),
+                f"{b.step_s * 1e3:.0f}", f"{base.step_s / b.step_s:.2f}",  # type: ignore[union-attr]
+            ]  # fmt: skip
+        else:
+            cells += ["-"] * 10
+        cells.append(f"{paper:.2f}" if paper else "")
+        cells.append(
+            f"{blog.step_s * 1e3:.0f} ({_types(blog)}){'' if blog.fits else ' no fit'}"  # type: ignore[union-attr]
+            if blog
+            else ""
         )
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -65,3 +65,25 @@ def test_plan_fully_sharded_splits_weights(capsys) -> None:
     # L=1: every rank holds all weights; FULLY_SHARDED keeps 1/8 of them (G=8)
     assert split[0]["memory_per_rank_bytes"] < default[0]["memory_per_rank_bytes"] / 4
     assert split[-1]["memory_per_rank_bytes"] == default[-1]["memory_per_rank_bytes"]  # G=1
+
+
+def test_plan_prints_types_and_terms_and_explains_a_loser(capsys) -> None:
+    args = ["plan", "--config", "configs/tiny_cpu.yaml", "--world-size", "4", "--explain", "4"]
+    assert cli(args) == 0
+    out = capsys.readouterr().out
+    assert "sharding types" in out and "TW:8" in out
+    assert "terms per step (ms): compute, output_a2a, input_a2a, sync" in out
+    assert "L=4 (TW:8) vs recommended L=" in out and "output_a2a" in out.split("vs recommended")[1]
+
+
+def test_plan_qcomm_lowers_the_all_to_all_and_bad_values_are_named(capsys) -> None:
+    base = ["plan", "--config", "configs/tiny_cpu.yaml", "--world-size", "4", "--json"]
+    assert cli(base) == 0
+    fp32 = json.loads(capsys.readouterr().out)["candidates"][-1]["terms"]["output_a2a"]
+    assert cli([*base, "--qcomm", "fp16,bf16"]) == 0
+    fp16 = json.loads(capsys.readouterr().out)["candidates"][-1]["terms"]["output_a2a"]
+    assert fp16 < fp32
+    assert cli([*base, "--qcomm", "fp4"]) == 1
+    assert "qcomm_forward='fp4'" in capsys.readouterr().err
+    assert cli([*base[:-1], "--explain", "3"]) == 1
+    assert "--explain 3: not a candidate" in capsys.readouterr().err

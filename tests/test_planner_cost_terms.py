@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from sparse2d.planner import cost_terms as ct

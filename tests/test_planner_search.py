@@ -27,7 +27,9 @@ def test_recommends_the_fastest_fitting_group_and_explains_it() -> None:
     assert advice.recommended == best.sharding_group_size
     assert f"L={best.sharding_group_size}" in advice.reason
     table = format_table(advice)
-    assert "recommended: sharding_group_size=" in table and table.count("\n") == 6
+    assert (
+        "recommended: sharding_group_size=" in table and table.count("\n") == 11
+    )  # header, 4 L, terms header, 4 L, recommendation
 
 
 def test_memory_decides_when_small_groups_do_not_fit() -> None:

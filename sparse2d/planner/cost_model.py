@@ -223,10 +223,9 @@ class AnalyticCostModel(CostModel):
             ids_bytes = max(ids_send[r] + ids_total, ids_recv[r])
             ids_s[r] = self._split_s(ids_bytes, local_peers, remote_peers)
             a2a_bytes[r] = (lb.intra + lb.inter) * wire + ids_bytes
-        if L > 1:
-            latency = ct.a2a_latency_s(local_peers, remote_peers, 1, topo)
-            out_a2a = max(out_s) + 2 * latency
-            ids_a2a = max(ids_s) + latency
+        if L > 1:  # output: forward values + backward gradients; input: splits, then ids
+            out_a2a = max(out_s) + ct.a2a_latency_s(remote_peers, 2, topo)
+            ids_a2a = max(ids_s) + ct.a2a_latency_s(remote_peers, 2, topo)
         else:
             out_a2a = ids_a2a = 0.0
         compute_s = 3 * max(lookup) / topo.lookup_bw + 6 * w.dense_params * B / topo.dense_flops
@@ -235,8 +234,8 @@ class AnalyticCostModel(CostModel):
         )
         dense_s = _allreduce_s(w.dense_params * 4, list(range(topo.world_size)), topo)
         sync_s, sync_kind = self._sync_s(max(synced), sum(synced), max(full), replicas, L)
-        if w.hide and sync_kind in ("dense", "sparse"):
-            sync_s = ct.exposed_s(sync_s, dense_s + ids_a2a, topo.comm_overlap)
+        if w.hide and sync_kind in ("dense", "sparse"):  # beside the next input dist only:
+            sync_s = ct.exposed_s(sync_s, ids_a2a, topo.comm_overlap)  # the dense step is tiny
         mem = max(memory)
         terms = (
             ("compute", compute_s), ("output_a2a", out_a2a), ("input_a2a", ids_exposed),

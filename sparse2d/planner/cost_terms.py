@@ -99,7 +99,7 @@ def link_time_s(intra_bytes: float, inter_bytes: float, topology: ClusterTopolog
     """Bandwidth time of an all-to-all whose intra- and inter-host parts run concurrently
     (NVLink and the NICs are separate links): the slower part. Bandwidths are the
     topology's *effective* collective bandwidths (preset sources in its YAML) times its
-    ``a2a_bw_factor`` (fitted on gloo: all-to-alls reach about half an all-reduce's
+    ``a2a_bw_factor`` (fitted on gloo: all-to-alls reach ~0.15 of an all-reduce's
     bandwidth there, ``bench/planner_fit.py``)."""
     f = topology.a2a_bw_factor
     return max(
@@ -107,15 +107,14 @@ def link_time_s(intra_bytes: float, inter_bytes: float, topology: ClusterTopolog
     )
 
 
-def a2a_latency_s(
-    local_peers: int, remote_peers: int, collectives: int, topo: ClusterTopology
-) -> float:
-    """Per-message latency of ``collectives`` all-to-alls, one message per peer (gloo and
-    NCCL both post a send per peer). ``cpu_gloo``'s latency is fitted on measured
-    all-to-alls (``bench/planner_calibration.py``)."""
-    return collectives * (
-        remote_peers * topo.inter_host_latency_s + local_peers * topo.intra_host_latency_s
-    )
+def a2a_latency_s(remote_peers: int, collectives: int, topo: ClusterTopology) -> float:
+    """Latency of ``collectives`` all-to-alls: one message time each, since every peer's
+    send is posted at once (gloo's ``alltoall`` and NCCL's grouped send/recv alike), the
+    inter-host one as soon as any peer is remote. ``cpu_gloo``'s latency is fitted on
+    measured syncs and all-to-alls (``bench/planner_fit.py``); a per-peer latency was
+    refuted by the fit set (it over-priced L=8 on 8 ranks by 20 ms)."""
+    alpha = topo.inter_host_latency_s if remote_peers else topo.intra_host_latency_s
+    return collectives * alpha
 
 
 def allreduce_s(nbytes: float, members: int, remote: bool, topo: ClusterTopology) -> float:
