@@ -142,7 +142,87 @@ def report(holdout: bool) -> str:
         ]  # fmt: skip
         if failed:
             lines.append(f"- series that failed to run: {failed}")
+        lines += _repeat(saved, verdicts, topo_for)
+        lines += ["", *_main_job(fitted)]
     return "\n".join(lines)
+
+
+def _repeat(saved: dict[str, Any], first: dict[str, Any], topo_for: Any) -> list[str]:
+    """Series measured twice: run 2 alone, and both runs pooled (mean step per L)."""
+    import planner_fit as pf
+    from planner_holdout import SAVED
+
+    if not os.path.exists(SAVED["repeat"]):
+        return []
+    again = _with_a2a(_load("repeat"))
+    rows = [
+        "",
+        "Noise check: series measured a second time later in the session (same command, "
+        "`planner_holdout.py repeat`); run 2 alone and pooled with run 1 (mean step per L):",
+        "",
+        "| series | run 1 ms by L | run 2 ms by L | Spearman run 1 / run 2 / pooled | regret "
+        "run 1 / run 2 / pooled |",
+        "|---|---|---|---|---|",
+    ]
+    pooled = {}
+    for name, pts in pf.holdout_points(again).items():
+        if name not in first:
+            continue
+        v2 = pf.series_verdict(pts, topo_for)
+        for p in pts:
+            p.measured = dict(p.measured)
+            p.measured["step"] = (p.measured["step"] + saved[name]["points"][str(p.L)]["step"]) / 2
+        pooled[name] = vp = pf.series_verdict(pts, topo_for)
+        v1 = first[name]
+        rows.append(
+            f"| {name} | {', '.join(f'{m * 1e3:.0f}' for m in v1['meas'])} | "
+            f"{', '.join(f'{m * 1e3:.0f}' for m in v2['meas'])} | {v1['spearman']:.2f} / "
+            f"{v2['spearman']:.2f} / {vp['spearman']:.2f} | {v1['regret']:.3f} / "
+            f"{v2['regret']:.3f} / {vp['regret']:.3f} |"
+        )
+    merged = {**first, **pooled}
+    rows += ["", f"- held-out with the repeated series pooled: {pf.summary(merged)}."]
+    return rows
+
+
+def _main_job(fitted: Any) -> list[str]:
+    """The shipped main job (trainer, DDP, folded sync) at every L vs the advisor."""
+    import planner_fit as pf
+    from planner_main_job import SAVED
+
+    from sparse2d.train.config import load_config
+    from sparse2d.train.plan import workload_from_config
+
+    if not os.path.exists(SAVED):
+        return ["- main job: not measured (run `bench/planner_main_job.py`)."]
+    with open(SAVED) as f:
+        saved = json.load(f)
+    cfg = load_config(os.path.join(os.path.dirname(HERE), "configs", "tiny_cpu.yaml"))
+    workload, world = workload_from_config(cfg), 4
+    topo = dataclasses.replace(fitted, world_size=world)
+    samples = world * cfg.data.batch_size_per_rank
+    points = [
+        pf.Point(workload, topo, int(L), {"step": samples / statistics.median(rates)})
+        for L, rates in sorted(saved["samples_per_s"].items(), key=lambda kv: int(kv[0]))
+    ]
+    v = pf.series_verdict(points, lambda p: p.topology)
+    rows = [
+        "### The shipped main job (`configs/tiny_cpu.yaml`, world 4, trainer with DDP)",
+        "",
+        "| L | samples/s per round | measured step ms (median) | predicted ms | sync |",
+        "|---:|---|---:|---:|---|",
+    ]
+    for p, pred, meas in zip(points, v["pred"], v["meas"]):
+        rates = ", ".join(f"{r:.0f}" for r in saved["samples_per_s"][str(p.L)])
+        kind = p.predict(p.topology).sync_kind
+        rows.append(f"| {p.L} | {rates} | {meas * 1e3:.1f} | {pred * 1e3:.1f} | {kind} |")
+    rows += [
+        "",
+        f"- {saved['steps']} steps per run, L alternating, load {saved['load'][0]:.1f} -> "
+        f"{saved['load'][1]:.1f}; Spearman {v['spearman']:.2f}, pick L={v['pick']}, measured "
+        f"best L={v['best']}, regret {v['regret']:.3f}.",
+    ]
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

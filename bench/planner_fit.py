@@ -97,23 +97,6 @@ def fit(points: list[Point], base: Any) -> Any:
     )  # fmt: skip
 
 
-def fit_points(
-    measured: dict[tuple[int, ...], dict[str, float]], tables: int, dim: int
-) -> list[Point]:
-    """The fit set: ``(rows, batch, world, L)`` of ``planner_calibration.py``."""
-    from sparse2d.planner.topology import PRESETS
-    from sparse2d.planner.workload import TableLoad, Workload
-
-    points = []
-    for (rows, bsz, world, L), m in sorted(measured.items()):
-        w = Workload(
-            tables=tuple(TableLoad(f"t{i}", rows, dim, 1, 2.0, "table_wise") for i in range(tables)),
-            batch_size_per_rank=bsz,
-        )  # fmt: skip
-        points.append(Point(w, PRESETS["cpu_gloo"].with_world_size(world), L, m))
-    return points
-
-
 def holdout_points(saved: dict[str, Any]) -> dict[str, list[Point]]:
     """Held-out series -> points; the model sees each series' own types, node size, qcomms."""
     from planner_holdout import SERIES

@@ -256,7 +256,9 @@ def _measure_world(world: int, series: list[Series], rounds: int, steps: int) ->
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAVED = {"holdout": os.path.join(HERE, "planner_holdout.json"),
-         "fit": os.path.join(HERE, "planner_fit_set.json")}  # fmt: skip
+         "fit": os.path.join(HERE, "planner_fit_set.json"),
+         "repeat": os.path.join(HERE, "planner_holdout_repeat.json")}  # fmt: skip
+"""``repeat``: held-out series measured a second time, as a noise check (reported beside run 1)."""
 
 
 def measure_all(

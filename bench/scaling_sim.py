@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"planning CPU time for all {len(WORLDS)} worlds: {cpu_s:.0f} s")
     if not args.no_write:
         plot(rows, os.path.join(HERE, "scaling.png"))
-        write_section(f"{text}\n", "scaling-sim-table")
+        write_section(f"{text}\n", "scaling-sim-terms")
     return 0
 
 
