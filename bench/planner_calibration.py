@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             "before -> after the series. Tables of rows x dim with 1-3 ids per bag (mean 2), "
             "row-wise AdaGrad, dense sync after every step; L=1 runs every table table-wise.\n\n"
         )
-        write_section(header + text, "planner-calibration")
+        write_section(header + text, "planner-holdout")
     return 0
 
 

@@ -35,6 +35,7 @@ def _unit(base: Any, *, bw: float, alpha: float, lookup: float) -> Any:
     return dataclasses.replace(
         base, intra_host_bw=bw, inter_host_bw=bw, intra_host_latency_s=alpha,
         inter_host_latency_s=alpha, lookup_bw=lookup, step_overhead_s=0.0, sync_overhead_s=0.0,
+        a2a_bw_factor=1.0,
     )  # fmt: skip
 
 
