@@ -48,7 +48,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q torch==$(TORCH_VERSION) $(TORCH_INDEX)
 	$(PY) -m pip install -q $(FBGEMM_$(BACKEND))
 	$(PY) -m pip install -q --no-deps torchrec==$(TORCHREC_VERSION)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,train]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

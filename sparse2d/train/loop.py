@@ -244,7 +244,11 @@ class Loop:
                 record["samples_per_s"] = self.data.global_batch * win_steps / elapsed
                 record["sync_s_per_step"] = sync_s / win_steps
                 record["sync_bytes_per_step"] = nbytes / win_steps
-                record["sync_modes"] = dict(model.sync_policy.mode_counts)  # so far, per mode
+                # syncs so far per mode: the engine's choices, and those folded into DDP
+                record["sync_modes"] = {
+                    **model.sync_policy.mode_counts,
+                    "folded": model.sync_policy.folds,
+                }
                 if divergence is not None:  # replica distance before the latest measured sync
                     record["replica_divergence"] = divergence
                     divergence = None
