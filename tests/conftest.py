@@ -12,6 +12,8 @@ import pytest
 
 from tests.harness import DistWorld, thread_count
 
+ROOT = Path(__file__).resolve().parents[1]
+
 LEAK_BOUND = 6
 """Threads a module may leave behind in a shared worker (two gloo groups' worth); more
 means some check created process groups that nothing released."""
@@ -103,8 +105,6 @@ def test_releases_threads(request: pytest.FixtureRequest) -> Iterator[None]:
     before = {id(w): list(w.threads) for w in DistWorld.live}
     yield
     _check_released(request.node.nodeid, before)
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
