@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from sparse2d.environment import environment
+from sparse2d.environment import environment, one_line
 from sparse2d.train.config import Config, dump_yaml
 from sparse2d.train.data import DataSource
 from sparse2d.train.failure import gather_peers
@@ -311,6 +311,8 @@ class Loop:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, dict) and "torch" in value and "git_commit" in value:
+        return f"({one_line(value)})"  # the environment stamp, readable
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.3e}"
     return str(value)
