@@ -181,11 +181,15 @@ class Loop:
         cfg, model = self.cfg, self.model
         t = cfg.train
         steps, every = t.steps, cfg.parallel.sync.every
-        self.environment = environment(
-            backend=dist.get_backend(),
-            device_type=self.device.type,
-            world_size=self.world,
-            hosts=len({host for host, _ in self.peers}),
+        self.environment = (  # rank 0 writes it; no git calls from every rank of a big job
+            environment(
+                backend=dist.get_backend(),
+                device_type=self.device.type,
+                world_size=self.world,
+                hosts=len({host for host, _ in self.peers}),
+            )
+            if self.is_main
+            else {}
         )
         header = {
             "kind": "start",
