@@ -4,7 +4,8 @@
 torchrun for more than one process: see ``launch/``); ``sparse2d config --reference``
 prints the configuration reference, ``sparse2d config --check C [--world-size N]``
 validates a config; ``sparse2d report RUN_DIR [RUN_DIR ...] [-o out.png]`` compares
-runs (a table and loss / AUC / samples/s curves). Other tools (e.g. a group-size advisor) add subcommands here.
+runs (a table and loss / AUC / samples/s curves). Other tools (e.g. a group-size advisor)
+add subcommands here.
 """
 
 from __future__ import annotations
