@@ -3,7 +3,7 @@
 # Version set (TORCHREC=...), each in its own venv so the lean default stays untouched:
 #   TORCHREC=1.8 (default) -> .venv:     torch 2.13.0, fbgemm-gpu(-cpu) 1.8.0, torchrec 1.8.0
 #   TORCHREC=1.9           -> .venv-1.9: torch 2.14.1, fbgemm-gpu(-cpu) 1.9.0, torchrec 1.9.2
-#   e.g. `make test TORCHREC=1.9` (see the README's compatibility table).
+#   e.g. `make test TORCHREC=1.9` (see docs/training.md, TorchRec versions).
 # Backend choice (which FBGEMM build is installed):
 #   BACKEND=auto (default): cuda when `nvidia-smi -L` lists a GPU, else cpu.
 #   BACKEND=cpu  -> fbgemm-gpu-cpu             BACKEND=cuda -> fbgemm-gpu (same version)
@@ -49,7 +49,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q torch==$(TORCH_VERSION) $(TORCH_INDEX)
 	$(PY) -m pip install -q $(FBGEMM_$(BACKEND))
 	$(PY) -m pip install -q --no-deps torchrec==$(TORCHREC_VERSION)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,train]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
