@@ -70,6 +70,9 @@ from sparse2d.sync.fully_sharded_checks import (
     check_fully_sharded_options,
     check_fully_sharded_plan,
 )
+from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
+from sparse2d.sync.mc.cpu_reset import install_cpu_reset
+from sparse2d.sync.mc.tables import check_managed_collision
 from sparse2d.sync.multi import PolicySet, merge_reports
 from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
 from sparse2d.sync.tensors import live_tensors
@@ -204,6 +207,12 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         contexts = describe_contexts(module, world_size, default, call.submodule_configs, sharders)
         for ctx in contexts:
             check_fully_sharded_options(ctx.strategy, call.sync_options, hook)
+        has_mc = check_managed_collision(
+            module,
+            momentum_scaling=(call.sync_options or SyncOptions()).momentum_scaling,
+            hook=hook,
+            strategies=[c.strategy for c in contexts],
+        )
         pg = call.global_pg if call.global_pg is not None else dist.group.WORLD
 
         # 2. Mesh per context: the ("replicate", "shard") DeviceMesh and its two subgroups.
@@ -229,6 +238,8 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
             plan.plan.update(remap_plan(ctx.plan, ctx.sharding_group, resolved).plan)
         # 4. Shard: TorchRec's DMP, each module type with its context's ShardingEnv2D.
         apply_torchrec_fixes()
+        if has_mc:
+            install_cpu_reset()
         self._envs_by_type = {c.module_type: sharding_env(c, pg) for c in contexts}
         DistributedModelParallel.__init__(
             self,
@@ -245,13 +256,15 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         self._assign_shards()
         sliced = [c for c in contexts if c.strategy == FS and c.num_replicas > 1]
         for ctx in contexts:
+            mc = mc_sync_for(self, ctx.shards, ctx.replica_pg) if has_mc else None
             ctx.policy = SyncPolicy(
-                [] if ctx in sliced else ctx.shards,  # FULLY_SHARDED averages every step
+                [] if ctx in sliced else plain_shards(ctx.shards, mc),  # FULLY_SHARDED: every step
                 ctx.replica_pg,
                 ctx.num_replicas,
                 call.sync_options,
                 hook,
                 global_pg=pg,
+                mc=mc,
             )
         policies = [c.policy for c in contexts if c.policy is not None]
         self.sync_policy: SyncPolicy | PolicySet = (
@@ -330,6 +343,7 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
             if ctx.num_replicas == 1:
                 continue
             tensors = live_tensors(ctx.shards, weights=True, states=include_optimizer_state)
+            tensors += mc_identity_buffers(ctx.policy)
             with materialized(self), torch.no_grad():
                 broadcast_(tensors, ctx.replica_pg, src_group_rank=0)
         self.sync_policy.reset()

@@ -1,0 +1,130 @@
+"""Managed-collision models (TorchRec MC-EC / MC-EBC with MCH remappers) for the 2D checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
+from torchrec import EmbeddingBagCollection, EmbeddingCollection, KeyedJaggedTensor
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+from torchrec.modules.mc_embedding_modules import (
+    ManagedCollisionEmbeddingBagCollection,
+    ManagedCollisionEmbeddingCollection,
+)
+from torchrec.modules.mc_modules import (
+    DistanceLFU_EvictionPolicy,
+    LFU_EvictionPolicy,
+    LRU_EvictionPolicy,
+    ManagedCollisionCollection,
+    MCHEvictionPolicy,
+    MCHManagedCollisionModule,
+)
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+MC_TABLES = (("m0", 32), ("m1", 48))
+"""(name, slots): small row-wise tables, so that replicas' identity sets clash quickly."""
+MC_DIM = 8
+RAW_IDS = 400
+"""Raw id space: ~10x the slots, as a managed-collision table sees in production."""
+DENSE = 4
+BUCKETS = 4
+"""TorchRec's planner needs a table's buckets to divide evenly over the group's ranks."""
+
+POLICIES: dict[str, Callable[[], MCHEvictionPolicy]] = {
+    "lfu": LFU_EvictionPolicy,
+    "lru": LRU_EvictionPolicy,
+    "distance_lfu": DistanceLFU_EvictionPolicy,
+}
+
+
+class MCModel(nn.Module):
+    """An MC-EC (``bagged=False``) or MC-EBC in front of a dense layer."""
+
+    def __init__(self, bagged: bool, policy: str = "lfu", device: str = "cpu") -> None:
+        super().__init__()
+        self.bagged = bagged
+        dev = torch.device(device)
+        config = EmbeddingBagConfig if bagged else EmbeddingConfig
+        configs = [
+            config(name=n, embedding_dim=MC_DIM, num_embeddings=rows, feature_names=[f"f_{n}"])
+            for n, rows in MC_TABLES
+        ]
+        mcc = ManagedCollisionCollection(
+            managed_collision_modules={
+                n: MCHManagedCollisionModule(
+                    zch_size=rows,
+                    device=dev,
+                    eviction_policy=POLICIES[policy](),
+                    eviction_interval=1,
+                    input_hash_size=RAW_IDS,
+                    buckets=BUCKETS,
+                )
+                for n, rows in MC_TABLES
+            },
+            embedding_configs=configs,
+        )
+        if bagged:
+            ebc = EmbeddingBagCollection(tables=configs, device=dev)  # type: ignore[arg-type]
+            self.mc = ManagedCollisionEmbeddingBagCollection(ebc, mcc)
+        else:
+            ec = EmbeddingCollection(tables=configs, device=dev)  # type: ignore[arg-type]
+            self.mc = ManagedCollisionEmbeddingCollection(ec, mcc)
+        self.dense = nn.Linear(len(MC_TABLES) * MC_DIM + DENSE, 1, device=dev)
+
+    def forward(self, kjt: KeyedJaggedTensor, dense: torch.Tensor) -> torch.Tensor:
+        out, _ = self.mc(kjt)
+        features = []
+        for name, _rows in MC_TABLES:
+            if self.bagged:
+                features.append(out.to_dict()[f"f_{name}"])
+                continue
+            jt = out[f"f_{name}"]
+            owner = torch.repeat_interleave(torch.arange(dense.shape[0]), jt.lengths())
+            features.append(torch.zeros(dense.shape[0], MC_DIM).index_add(0, owner, jt.values()))
+        return self.dense(torch.cat([*features, dense], dim=1)).squeeze(1)
+
+
+def build_mc_model(
+    bagged: bool = False,
+    policy: str = "lfu",
+    optimizer: type = torch.optim.SGD,
+    lr: float = 0.1,
+    seed: int = 0,
+) -> MCModel:
+    torch.manual_seed(seed)
+    model = MCModel(bagged, policy)
+    apply_optimizer_in_backward(optimizer, model.mc._embedding_module.parameters(), {"lr": lr})
+    return model
+
+
+def mc_batch(
+    step: int, rank: int, batch: int = 16, seed: int = 0
+) -> tuple[KeyedJaggedTensor, torch.Tensor, torch.Tensor]:
+    """Zipf-like raw ids (many repeats of small ids, a long tail), different per rank."""
+    gen = torch.Generator().manual_seed(seed * 7919 + step * 131 + rank)
+    lengths, values = [], []
+    for _name, _rows in MC_TABLES:
+        length = torch.randint(1, 5, (batch,), generator=gen)
+        u = torch.rand(int(length.sum()), generator=gen)
+        ids = (RAW_IDS**u).long() - 1  # log-uniform over [0, RAW_IDS)
+        lengths.append(length)
+        values.append(ids.clamp(0, RAW_IDS - 1))
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=[f"f_{n}" for n, _ in MC_TABLES], values=torch.cat(values), lengths=torch.cat(lengths)
+    )
+    return kjt, torch.randn(batch, DENSE, generator=gen), torch.randn(batch, generator=gen)
+
+
+def train_mc(model: nn.Module, steps: int, start: int = 0, seed: int = 0) -> None:
+    """MSE steps on per-rank batches (every replica sees different data)."""
+    params = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
+    opt = torch.optim.SGD(params, lr=0.05)
+    for step in range(start, start + steps):
+        kjt, dense, target = mc_batch(step, dist.get_rank(), seed=seed)
+        loss = ((model(kjt, dense) - target) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
