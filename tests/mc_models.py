@@ -43,9 +43,23 @@ POLICIES: dict[str, Callable[[], MCHEvictionPolicy]] = {
 class MCModel(nn.Module):
     """An MC-EC (``bagged=False``) or MC-EBC in front of a dense layer."""
 
-    def __init__(self, bagged: bool, policy: str = "lfu", device: str = "cpu") -> None:
+    def __init__(
+        self, bagged: bool, policy: str = "lfu", device: str = "cpu", plain: bool = False
+    ) -> None:
         super().__init__()
         self.bagged = bagged
+        self.plain = (
+            EmbeddingBagCollection(
+                tables=[
+                    EmbeddingBagConfig(
+                        name="p0", embedding_dim=MC_DIM, num_embeddings=64, feature_names=["f_p0"]
+                    )
+                ],
+                device=torch.device(device),
+            )
+            if plain
+            else None
+        )
         dev = torch.device(device)
         config = EmbeddingBagConfig if bagged else EmbeddingConfig
         configs = [
@@ -72,11 +86,17 @@ class MCModel(nn.Module):
         else:
             ec = EmbeddingCollection(tables=configs, device=dev)  # type: ignore[arg-type]
             self.mc = ManagedCollisionEmbeddingCollection(ec, mcc)
-        self.dense = nn.Linear(len(MC_TABLES) * MC_DIM + DENSE, 1, device=dev)
+        extra = MC_DIM if plain else 0
+        self.dense = nn.Linear(len(MC_TABLES) * MC_DIM + extra + DENSE, 1, device=dev)
 
     def forward(self, kjt: KeyedJaggedTensor, dense: torch.Tensor) -> torch.Tensor:
-        out, _ = self.mc(kjt)
+        mc_keys = [f"f_{n}" for n, _ in MC_TABLES]
         features = []
+        if self.plain is not None:
+            split = kjt.split([len(mc_keys), 1])
+            kjt = split[0]
+            features.append(self.plain(split[1]).to_dict()["f_p0"])
+        out, _ = self.mc(kjt)
         for name, _rows in MC_TABLES:
             if self.bagged:
                 features.append(out.to_dict()[f"f_{name}"])
@@ -93,38 +113,52 @@ def build_mc_model(
     optimizer: type = torch.optim.SGD,
     lr: float = 0.1,
     seed: int = 0,
+    plain: bool = False,
 ) -> MCModel:
+    """``plain``: a plain EBC table ``p0`` beside the MC tables (feature ``f_p0`` last)."""
     torch.manual_seed(seed)
-    model = MCModel(bagged, policy)
+    model = MCModel(bagged, policy, plain=plain)
     apply_optimizer_in_backward(optimizer, model.mc._embedding_module.parameters(), {"lr": lr})
+    if model.plain is not None:
+        apply_optimizer_in_backward(optimizer, model.plain.parameters(), {"lr": lr})
     return model
 
 
 def mc_batch(
-    step: int, rank: int, batch: int = 16, seed: int = 0
+    step: int, rank: int, batch: int = 16, seed: int = 0, plain: bool = False
 ) -> tuple[KeyedJaggedTensor, torch.Tensor, torch.Tensor]:
     """Zipf-like raw ids (many repeats of small ids, a long tail), different per rank."""
     gen = torch.Generator().manual_seed(seed * 7919 + step * 131 + rank)
     lengths, values = [], []
-    for _name, _rows in MC_TABLES:
+    names = [n for n, _ in MC_TABLES] + (["p0"] if plain else [])
+    for _name in names:
         length = torch.randint(1, 5, (batch,), generator=gen)
         u = torch.rand(int(length.sum()), generator=gen)
         ids = (RAW_IDS**u).long() - 1  # log-uniform over [0, RAW_IDS)
         lengths.append(length)
-        values.append(ids.clamp(0, RAW_IDS - 1))
+        values.append(ids.clamp(0, (64 if _name == "p0" else RAW_IDS) - 1))
     kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=[f"f_{n}" for n, _ in MC_TABLES], values=torch.cat(values), lengths=torch.cat(lengths)
+        keys=[f"f_{n}" for n in names], values=torch.cat(values), lengths=torch.cat(lengths)
     )
     return kjt, torch.randn(batch, DENSE, generator=gen), torch.randn(batch, generator=gen)
 
 
-def train_mc(model: nn.Module, steps: int, start: int = 0, seed: int = 0) -> None:
+def train_mc(
+    model: nn.Module,
+    steps: int,
+    start: int = 0,
+    seed: int = 0,
+    plain: bool = False,
+    after_step: Callable[[int], object] | None = None,
+) -> None:
     """MSE steps on per-rank batches (every replica sees different data)."""
     params = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
     opt = torch.optim.SGD(params, lr=0.05)
     for step in range(start, start + steps):
-        kjt, dense, target = mc_batch(step, dist.get_rank(), seed=seed)
+        kjt, dense, target = mc_batch(step, dist.get_rank(), seed=seed, plain=plain)
         loss = ((model(kjt, dense) - target) ** 2).mean()
         loss.backward()
         opt.step()
         opt.zero_grad()
+        if after_step is not None:
+            after_step(step)

@@ -129,3 +129,20 @@ def find_mc_tables(model: nn.Module, shards: list[ShardState]) -> list[MCTable]:
             policy, decay = policy_name(mc)
             tables.append(MCTable(name, mc, mine, policy, decay))
     return tables
+
+
+def refuse_managed_collision(model: nn.Module, action: str) -> None:
+    """Raise ``ConfigError`` if ``model`` holds sharded managed-collision tables: ``action``
+    does not carry their identity tables yet. Pure (the same answer on every rank)."""
+    names = sorted(
+        table
+        for sub in model.modules()
+        if isinstance(sub, ShardedManagedCollisionCollection)
+        for table in sub._managed_collision_modules
+    )
+    if names:
+        raise ConfigError(
+            f"{action} does not carry the identity tables (raw id -> row) of managed-collision "
+            f"tables {names} yet; their rows alone would be wrong after a load. Save "
+            "model.state_dict() with torch.distributed.checkpoint at the same sharding instead."
+        )
