@@ -104,7 +104,7 @@ def _model(managed: bool, rows: int, dim: int) -> Any:
     return ManagedCollisionEmbeddingBagCollection(ebc, mcc)
 
 
-def _batch(step: int, rows: int, batch: int) -> Any:
+def _batch(step: int, rows: int, batch: int, managed: bool) -> Any:
     import torch
     import torch.distributed as dist
     from torchrec import KeyedJaggedTensor
@@ -112,6 +112,7 @@ def _batch(step: int, rows: int, batch: int) -> Any:
     gen = torch.Generator().manual_seed(step * 31 + dist.get_rank())
     u = torch.rand(batch * 4, generator=gen)
     ids = ((rows * 10) ** u).long().clamp(max=rows * 10 - 1)  # log-uniform: Zipf-like
+    ids = ids if managed else ids % rows  # a plain table reads its rows directly
     return KeyedJaggedTensor.from_lengths_sync(
         keys=["f"], values=ids, lengths=torch.full((batch,), 4, dtype=torch.int32)
     )
@@ -140,7 +141,7 @@ def measure_sync(rows: int, dim: int, repeats: int, batch: int) -> dict[str, Any
     out: dict[str, Any] = {k: {"seconds": [], "bytes": 0} for k in models}
     for step in range(repeats + 1):
         for kind, model in models.items():
-            kjt = _batch(step, rows, batch)
+            kjt = _batch(step, rows, batch, kind == "mc")
             result = model(kjt)
             pooled = (result[0] if isinstance(result, tuple) else result).values()
             pooled.sum().backward()

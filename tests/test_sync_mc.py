@@ -59,6 +59,7 @@ def snapshot(model: Any) -> dict[str, dict[str, Any]]:
             "weight": shard.weight.clone(),
             "states": [s.clone() for s in shard.optimizer_states],
             "size": ids.numel(),
+            "iter": int(mc._current_iter),
             "miss": (shard.weight[-1].clone(), [s[-1].clone() for s in shard.optimizer_states]),
         }
     return out
@@ -71,26 +72,43 @@ def gather(obj: Any, pg: dist.ProcessGroup) -> list[Any]:
 
 
 def expected_survivors(
-    before: list[dict[str, Any]], baseline: dict[int, int] | None
-) -> tuple[list[int], dict[int, int]]:
-    """LFU: counts = baseline + each holder's increase; the best ``Z - 1`` survive."""
-    counts: dict[int, int] = {}
+    before: list[dict[str, Any]], baseline: dict[int, int] | None, policy: str
+) -> tuple[list[int], dict[int, dict[str, int]]]:
+    """Metadata per id: counts = baseline + each holder's increase, last access = the latest;
+    the best ``Z - 1`` by the policy's score survive (ties: smaller raw id)."""
+    merged: dict[int, dict[str, int]] = {}
     for rep in before:
         for raw, (_, _, _, meta) in rep["by_id"].items():
-            base = (baseline or {}).get(raw, 0)
-            count = meta["counts"]
-            counts[raw] = counts.get(raw, base) + (count - base if count >= base else count)
-    ranked = sorted(counts, key=lambda raw: (-counts[raw], raw))
-    return sorted(ranked[: before[0]["size"] - 1]), counts
+            out = merged.setdefault(raw, {})
+            if "counts" in meta:
+                base = (baseline or {}).get(raw, 0)
+                count = meta["counts"]
+                out["counts"] = out.get("counts", base) + (count - base if count >= base else count)
+            if "last_access_iter" in meta:
+                out["last_access_iter"] = max(
+                    out.get("last_access_iter", 0), meta["last_access_iter"]
+                )
+    now = max(rep["iter"] for rep in before)
+
+    def score(raw: int) -> float:
+        meta = merged[raw]
+        if policy == "lfu":
+            return meta["counts"]
+        if policy == "lru":
+            return meta["last_access_iter"]
+        return meta["counts"] / (now - meta["last_access_iter"] + 1)
+
+    ranked = sorted(merged, key=lambda raw: (-score(raw), raw))
+    return sorted(ranked[: before[0]["size"] - 1]), merged
 
 
-def check_replicas_agree(group_size: int, bagged: bool) -> dict[str, int]:
+def check_replicas_agree(group_size: int, bagged: bool, policy: str) -> dict[str, int]:
     from torchrec.optim import RowWiseAdagrad
 
     from sparse2d import DMPCollection
 
     model = DMPCollection(
-        build_mc_model(bagged, "lfu", optimizer=RowWiseAdagrad, lr=0.05), group_size, device="cpu"
+        build_mc_model(bagged, policy, optimizer=RowWiseAdagrad, lr=0.05), group_size, device="cpu"
     )
     pg = model.replica_pg
     baseline: dict[str, dict[int, int] | None] = {n: None for n, _ in MC_TABLES}
@@ -114,12 +132,12 @@ def check_replicas_agree(group_size: int, bagged: bool) -> dict[str, int]:
                 torch.testing.assert_close(other["weight"], post[0]["weight"], rtol=0, atol=0)
                 for a, b in zip(other["states"], post[0]["states"], strict=True):
                     torch.testing.assert_close(a, b, rtol=0, atol=0)
-            survivors, counts = expected_survivors(pre, baseline[name])
+            survivors, merged = expected_survivors(pre, baseline[name], policy)
             got = post[0]["by_id"]
             assert sorted(got) == survivors, (name, sorted(got), survivors)
             for raw, (_row, weight, states, meta) in got.items():
                 holders = [rep["by_id"][raw] for rep in pre if raw in rep["by_id"]]
-                assert meta["counts"] == counts[raw]
+                assert meta == merged[raw], (raw, meta, merged[raw])
                 want_w = torch.stack([h[1] for h in holders]).mean(0)
                 want_s = [
                     torch.stack([h[2][i] for h in holders]).mean(0) for i in range(len(states))
@@ -137,17 +155,21 @@ def check_replicas_agree(group_size: int, bagged: bool) -> dict[str, int]:
                 assert all(not s[row].any() for s in post[0]["states"])
             miss_w = torch.stack([p["miss"][0] for p in pre]).mean(0)  # every miss's row
             torch.testing.assert_close(post[0]["weight"][-1], miss_w)
-            baseline[name] = {raw: meta["counts"] for raw, (_, _, _, meta) in got.items()}
+            baseline[name] = {r: m.get("counts", 0) for r, (_, _, _, m) in got.items()}
         train_mc(model, 1, start=100)  # the synced tables still train
     return stats
 
 
-@pytest.mark.parametrize("group_size,bagged", [(2, False), (1, True)])
+@pytest.mark.parametrize(
+    "group_size,bagged,policy",
+    [(2, False, "lfu"), (1, True, "lfu"), (2, True, "lru"), (1, False, "distance_lfu")],
+)
 def test_replicas_agree_on_ids_before_averaging(
-    world4: DistWorld, group_size: int, bagged: bool
+    world4: DistWorld, group_size: int, bagged: bool, policy: str
 ) -> None:
     """Regression: sync used to average slot by slot across different ids and leave the
-    identity buffers divergent; now ids are merged first and rows averaged by id."""
-    stats = world4.run(check_replicas_agree, group_size, bagged)
+    identity buffers divergent; now ids are merged first and rows averaged by id.
+    L=2: 2 replicas of 2 shards each; L=1: 4 replicas of the whole table."""
+    stats = world4.run(check_replicas_agree, group_size, bagged, policy)
     assert all(s["differed_before"] > 0 for s in stats)  # the replicas did diverge
     assert all(s["checked_ids"] > 0 and s["single_holder"] > 0 for s in stats)
