@@ -30,14 +30,16 @@ PATHS = [
 ]
 
 
-def mc_max_diff(model: Any) -> float:
-    """Largest difference of MC identity buffers and MC rows to replica-rank 0's copy."""
-    pg = model.replica_pg
+def mc_max_diff(model: Any, policy: Any = None) -> float:
+    """Largest difference of MC identity buffers and MC rows to replica-rank 0's copy
+    (over ``policy``'s replica group; default the model's only policy)."""
+    policy = policy or model.sync_policy
+    pg = policy.replica_pg
     worst = torch.zeros((), dtype=torch.float64)
     tensors: list[torch.Tensor] = []
     for mc in _mch_modules(model).values():
         tensors += [mc._mch_sorted_raw_ids, mc._mch_remapped_ids_mapping, mc._mch_counts]
-    tensors += [t for s in model.sync_policy.mc.shards for t in (s.weight, *s.optimizer_states)]
+    tensors += [t for s in policy.mc.shards for t in (s.weight, *s.optimizer_states)]
     for tensor in tensors:
         ref = tensor.clone()
         dist.broadcast(ref, src=dist.get_global_rank(pg, 0), group=pg)
@@ -176,3 +178,30 @@ def test_unsupported_combinations_refused_before_any_collective(world4: DistWorl
         strict=True,
     ):
         assert word in text and "managed-collision" in text, text
+
+
+def check_per_module_group_size() -> tuple[int, float, float]:
+    """MC-EC in its own context (L=1: 4 replicas) beside a plain EBC (L=2)."""
+    from torchrec.distributed.types import DMPCollectionConfig
+    from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingCollection
+
+    from sparse2d import DMPCollection
+
+    config = DMPCollectionConfig(
+        module=ManagedCollisionEmbeddingCollection, plan=None, sharding_group_size=1
+    )
+    model = DMPCollection(build_mc_model(plain=True), 2, device="cpu", submodule_configs=[config])
+    train_mc(model, 4, plain=True)
+    model.sync()
+    mc_ctx = next(c for c in model.contexts if c.policy.mc is not None and c.policy.mc.tables)
+    plain = next(c for c in model.contexts if c is not mc_ctx)
+    return (
+        mc_ctx.num_replicas,
+        mc_max_diff(model, mc_ctx.policy),
+        replica_max_diff(model, plain.replica_pg, plain.shards),
+    )
+
+
+def test_per_module_group_sizes(world4: DistWorld) -> None:
+    replicas, mc_diff, plain_diff = world4.run(check_per_module_group_size)[0]
+    assert replicas == 4 and mc_diff == 0.0 and plain_diff == 0.0
