@@ -225,7 +225,9 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         self._resources.callback(release_groups)
         try:
             with groups.recording():
-                self._build(module, call, contexts, sharders, resolved, world_size, rank, pg, hook)
+                self._build(
+                    module, call, contexts, sharders, resolved, world_size, rank, pg, hook, has_mc
+                )
         except BaseException:
             self._resources.close()  # a failed construction leaves no group behind
             raise
@@ -241,8 +243,10 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         rank: int,
         pg: dist.ProcessGroup,
         hook: AllReduceHook | None,
+        has_mc: bool,
     ) -> None:
-        """Steps 2-6 (collective); every process group they create is released by ``close``."""
+        """Steps 2-6 (collective); every process group they create is released by ``close``.
+        ``has_mc``: the model has managed-collision tables (``sparse2d.sync.mc``)."""
         # 2. Mesh per context: the ("replicate", "shard") DeviceMesh and its two subgroups.
         # 3. Plan once per context for its L ranks (rank 0 plans, all receive), then remap.
         plan = ShardingPlan(plan={})

@@ -157,6 +157,7 @@ def check_replicas_agree(group_size: int, bagged: bool, policy: str) -> dict[str
             torch.testing.assert_close(post[0]["weight"][-1], miss_w)
             baseline[name] = {r: m.get("counts", 0) for r, (_, _, _, m) in got.items()}
         train_mc(model, 1, start=100)  # the synced tables still train
+    model.close()
     return stats
 
 

@@ -70,6 +70,7 @@ def check_path(options: dict[str, Any]) -> list[float]:
     model.sync()
     diffs.append(mc_max_diff(model))
     diffs.append(replica_max_diff(model, model.replica_pg))  # every table, plain ones too
+    model.close()
     return diffs
 
 
@@ -82,19 +83,19 @@ def test_paths_keep_mc_replicas_identical(world4: DistWorld, options: dict[str, 
 def check_nan_guard() -> tuple[str, bool]:
     from sparse2d import DMPCollection, SyncError
 
-    model = DMPCollection(build_mc_model(plain=True), 2, device="cpu")
-    train_mc(model, 3, plain=True)
-    ids = {n: mc._mch_sorted_raw_ids.clone() for n, mc in _mch_modules(model).items()}
-    if dist.get_rank() == 3:
-        model.sync_policy.mc.shards[0].weight[0, 0] = float("nan")
-    try:
-        model.sync()
-    except SyncError as error:
-        unchanged = all(
-            torch.equal(ids[n], mc._mch_sorted_raw_ids) for n, mc in _mch_modules(model).items()
-        )
-        return str(error), unchanged
-    return "", False
+    with DMPCollection(build_mc_model(plain=True), 2, device="cpu") as model:
+        train_mc(model, 3, plain=True)
+        ids = {n: mc._mch_sorted_raw_ids.clone() for n, mc in _mch_modules(model).items()}
+        if dist.get_rank() == 3:
+            model.sync_policy.mc.shards[0].weight[0, 0] = float("nan")
+        try:
+            model.sync()
+        except SyncError as error:
+            unchanged = all(
+                torch.equal(ids[n], mc._mch_sorted_raw_ids) for n, mc in _mch_modules(model).items()
+            )
+            return str(error), unchanged
+        return "", False
 
 
 def test_nan_on_one_replica_refuses_before_merging(world4: DistWorld) -> None:
@@ -117,7 +118,9 @@ def check_repair() -> tuple[float, float]:
             shard.weight.normal_()
     broken = mc_max_diff(model)
     model.repair_from_replicas([1])
-    return broken, mc_max_diff(model)
+    repaired = mc_max_diff(model)
+    model.close()
+    return broken, repaired
 
 
 def test_repair_from_replicas_restores_identities(world4: DistWorld) -> None:
@@ -137,6 +140,7 @@ def check_torchrec_call() -> float:
         train_mc(model, 3)
         model.sync()
         diffs.append(mc_max_diff(model))
+        model.close()
     return max(diffs)
 
 
@@ -162,11 +166,11 @@ def check_refusals() -> list[str]:
         with pytest.raises(ConfigError) as error:
             DMPCollection(build_mc_model(), 2, device="cpu", **kwargs)
         messages.append(str(error.value))
-    model = DMPCollection(build_mc_model(), 2, device="cpu")
-    for action in (save, load):
-        with pytest.raises(ConfigError) as error:
-            action("/nonexistent/never-written", model)
-        messages.append(str(error.value))
+    with DMPCollection(build_mc_model(), 2, device="cpu") as model:
+        for action in (save, load):
+            with pytest.raises(ConfigError) as error:
+                action("/nonexistent/never-written", model)
+            messages.append(str(error.value))
     return messages
 
 
@@ -195,11 +199,13 @@ def check_per_module_group_size() -> tuple[int, float, float]:
     model.sync()
     mc_ctx = next(c for c in model.contexts if c.policy.mc is not None and c.policy.mc.tables)
     plain = next(c for c in model.contexts if c is not mc_ctx)
-    return (
+    result = (
         mc_ctx.num_replicas,
         mc_max_diff(model, mc_ctx.policy),
         replica_max_diff(model, plain.replica_pg, plain.shards),
     )
+    model.close()
+    return result
 
 
 def test_per_module_group_sizes(world4: DistWorld) -> None:
