@@ -74,6 +74,7 @@ from sparse2d.sync.fully_sharded_checks import (
 )
 from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.sync.mc.cpu_reset import install_cpu_reset
+from sparse2d.sync.mc.pipelines import install_pipeline_guard
 from sparse2d.sync.mc.tables import check_managed_collision
 from sparse2d.sync.multi import PolicySet, merge_reports
 from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
@@ -274,6 +275,7 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         apply_torchrec_fixes()
         if has_mc:
             install_cpu_reset()
+            install_pipeline_guard()
         self._envs_by_type = {c.module_type: sharding_env(c, pg) for c in contexts}
         DistributedModelParallel.__init__(
             self,
