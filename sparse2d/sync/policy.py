@@ -333,7 +333,7 @@ class SyncPolicy:
         if every and self._syncs % every == 0:
             divergence = self.measure_divergence()
         mc_bytes = self._sync_mc(step)
-        if not self.shards:
+        if self.mc is not None and not self.shards:  # MC tables only: nothing else to send
             return SyncReport(
                 step=step,
                 bytes=mc_bytes,
