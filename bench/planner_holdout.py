@@ -210,8 +210,9 @@ def _worker(rank: int, world: int, port: int, series: list[Series], rounds: int,
 def measure(world: int, series: list[Series], rounds: int, steps: int) -> dict[str, Any]:
     """``{series: {"world", "load": (before, after), "points": {L: {fwdbwd, sync, step}}}}``.
 
-    One fresh gloo world per series: two TWRW/grid series in one process failed in the
-    all-to-all ("group is not registered") after the first series' models were closed."""
+    One fresh gloo world per series: a series' models must not share a process with the
+    previous series' closed ones (two TWRW series in one process hit a stale TorchRec group
+    cache, fixed in ``torchrec_fixes``; separate worlds keep each series' timing clean too)."""
     measured: dict[str, Any] = {}
     for s in series:
         try:

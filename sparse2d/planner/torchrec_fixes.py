@@ -156,8 +156,14 @@ def _groups_2d_per_layout(original: Callable[..., Any], comm: Any) -> Callable[.
         return made[key]
 
     def forget_destroyed() -> None:
-        """Drop the groups of closed models: a reference kept here keeps their threads."""
-        for key in [k for k in made if not _registered(k[0])]:
+        """Drop the groups of closed models: a reference kept here keeps their threads. An
+        entry goes when its key group *or* its own pair is gone: with ``L`` = world the key
+        is the job's group, which outlives the model, and a later model of that layout
+        would otherwise get the closed model's destroyed pair ("group is not registered")."""
+        for key in [
+            k for k, pair in made.items()
+            if not _registered(k[0]) or not all(_registered(g) for g in pair if g is not None)
+        ]:  # fmt: skip
             del made[key]
         for name in ("_INTRA_PG_2D", "_CROSS_PG_2D"):
             group = getattr(comm, name)
