@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 
-from sparse2d.errors import ConfigError
+from sparse2d.errors import FaultToleranceError
 
 HEARTBEAT_TIMEOUT_MS = 2000
 """torchft's default is 5000; 2 s still tolerates a 20x late 100 ms heartbeat on 2 busy cores."""
@@ -42,7 +42,7 @@ def start_lighthouse(
 
 
 def check_reachable(address: str, timeout_s: float) -> None:
-    """Raise ``ConfigError`` unless a TCP connection to the lighthouse opens within ``timeout_s``.
+    """Raise ``FaultToleranceError`` unless a TCP connection to the lighthouse opens within ``timeout_s``.
 
     Run on every rank before the manager is built: torchft's own failure would surface on
     rank 0 only, while the other ranks wait for its manager address.
@@ -61,7 +61,7 @@ def check_reachable(address: str, timeout_s: float) -> None:
         except OSError as e:
             error = e
             time.sleep(0.2)
-    raise ConfigError(
+    raise FaultToleranceError(
         f"lighthouse {address} unreachable within {timeout_s:g} s ({error}); start it "
         "(python -m sparse2d.ft.lighthouse or torchft_lighthouse) or fix "
         "fault_tolerance.lighthouse / TORCHFT_LIGHTHOUSE"

@@ -41,6 +41,9 @@ class FTOptions:
     """Wait for a quorum of ``min_replica_size`` groups at most this long, then fail."""
     connect_timeout_s: float = 10.0
     """Reaching the lighthouse / the group's manager server."""
+    start_wait_s: float = 30.0
+    """At step 0 (a fresh job), wait up to this long for all ``num_groups`` groups to join
+    the first quorum, so that they start together instead of the first one training alone."""
 
     def __post_init__(self) -> None:
         for name in ("num_groups", "min_replica_size", "sync_every"):
@@ -58,7 +61,7 @@ class FTOptions:
                 f"{self.num_groups} groups of the job (fault_tolerance.group_size); no quorum "
                 "could ever form"
             )
-        for name in ("timeout_s", "quorum_timeout_s", "connect_timeout_s"):
+        for name in ("timeout_s", "quorum_timeout_s", "connect_timeout_s", "start_wait_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"fault_tolerance.{name}={getattr(self, name)!r} must be > 0")
 

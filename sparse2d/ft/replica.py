@@ -39,6 +39,7 @@ from sparse2d.ft.options import FTOptions
 from sparse2d.sync.tensors import by_dtype, live_tensors
 
 logger = logging.getLogger(__name__)
+START_POLL_S = 0.25
 
 
 def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -100,6 +101,7 @@ class FaultTolerance:
         self.heals: list[dict[str, Any]] = []
         self._heal_bytes = 0
         self._heal_from: int | None = None
+        self._started = False
         address = options.lighthouse_address()
         check_reachable(address, options.connect_timeout_s)  # every rank, before any wait
         from torchft.manager import Manager
@@ -163,11 +165,33 @@ class FaultTolerance:
         return self.manager.num_participants()
 
     def start_step(self) -> None:
-        """Join this step's quorum; heal from a live group when this group is behind."""
+        """Join this step's quorum; heal from a live group when this group is behind.
+
+        At step 0 the quorum is asked again (every ``START_POLL_S``, up to
+        ``start_wait_s``) until every planned group is in it. The number of polls, not the
+        clock, bounds the wait, so all ranks of a group take the same decisions.
+        """
         start, self._heal_from = time.perf_counter(), None
         before = self.step
+        self._quorum()
+        if before == 0 and not self._started:
+            polls = int(self.options.start_wait_s / START_POLL_S)
+            while self.step == 0 and self.participants < self.options.num_groups and polls > 0:
+                time.sleep(START_POLL_S)
+                self._quorum()
+                polls -= 1
+        self._started = True
+        if self._heal_from is not None:
+            self.heals.append({
+                "step": self.step, "from_group": self._heal_from, "from_step": before,
+                "seconds": time.perf_counter() - start, "bytes": self._heal_bytes,
+            })  # fmt: skip
+
+    def _quorum(self) -> None:
         try:
             self.manager.start_quorum()
+        except ConfigError:  # a heal refused: the live group runs another plan/config
+            raise
         except Exception as error:  # quorum RPC timed out or the lighthouse went away
             raise FaultToleranceError(
                 f"group {self.options.replica_id}: no quorum of >= "
@@ -175,11 +199,6 @@ class FaultTolerance:
                 f"{self.options.quorum_timeout_s:g} ({type(error).__name__}: "
                 f"{str(error).splitlines()[0] if str(error) else ''})"
             ) from None
-        if self._heal_from is not None:
-            self.heals.append({
-                "step": self.step, "from_group": self._heal_from, "from_step": before,
-                "seconds": time.perf_counter() - start, "bytes": self._heal_bytes,
-            })  # fmt: skip
 
     def _dense_grads(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
         out = []

@@ -53,6 +53,18 @@ def fingerprint(model: nn.Module, shards: list[ShardState], digest: str = "") ->
     return int.from_bytes(h.digest()[:6], "big")
 
 
+def digest(model: nn.Module, shards: list[ShardState]) -> str:
+    """SHA-256 of this rank's embedding shards, fused state and dense tensors: equal digests
+    at the same rank of two groups mean bit-identical replicas."""
+    flush_caches(shards)
+    h = hashlib.sha256()
+    for t in live_tensors(shards, weights=True, states=True):
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    for _, t in sorted(dense_tensors(model).items()):
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
 def capture(
     model: nn.Module, shards: list[ShardState], optimizer: torch.optim.Optimizer, extra: dict
 ) -> dict[str, Any]:
