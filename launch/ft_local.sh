@@ -29,6 +29,8 @@ FT=(fault_tolerance.enable=true "fault_tolerance.group_size=$NGROUPS" "fault_tol
 "$PYTHON" -m sparse2d.train.config --check "$CONFIG" --world-size "$NPROC" --local-world-size "$NPROC" "$@" "${FT[@]}"
 RUN_DIR=$("$PYTHON" -c 'import sys; from sparse2d.train.config import load_config; print(load_config(sys.argv[1], sys.argv[2:]).run_dir)' "$CONFIG" "$@")
 mkdir -p "$RUN_DIR"
+# A restarted group that finds no live group checks whether another group finished THIS job.
+export SPARSE2D_FT_LAUNCH_TIME="$(date +%s)"
 PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; }
 trap cleanup EXIT

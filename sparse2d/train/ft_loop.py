@@ -73,7 +73,8 @@ class FTLoop:
             timeout_s=ft.timeout_s,
             quorum_timeout_s=ft.quorum_timeout_s,
             connect_timeout_s=ft.connect_timeout_s,
-            start_wait_s=ft.start_wait_s,
+            # a restarted group rejoins a running job (or finds every group lost): no start wait
+            start_wait_s=ft.start_wait_s if self.restart == 0 else 1e-9,
         )
         # The manager is built last: a group heartbeating before it can train would hold
         # back the live groups' quorum (the lighthouse waits for heartbeating groups).
@@ -84,6 +85,7 @@ class FTLoop:
     def log(self, record: dict[str, Any]) -> None:
         if not self.is_main:
             return
+        record = {**record, "time": round(time.time(), 3)}  # wall clock: stalls, heal timing
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
         text = " ".join(
@@ -109,15 +111,35 @@ class FTLoop:
             torch.cat(logits), torch.cat(labels), torch.cat(truth) if truth else None
         )
 
-    def _check_not_all_lost(self) -> None:
-        """A restarted group that finds the job at step 0 with nothing to heal from while it had
-        trained before: every group was lost (nothing to resume from without checkpoints)."""
-        if self.restart and self.had_progress and self.ft.step == 0 and not self.ft.heals:
-            raise FaultToleranceError(
-                f"group {self.group}: every replica group was lost (restart {self.restart} found "
-                "no live group ahead of step 0, and this group had trained before); with "
-                "checkpoint.every=0 there is nothing to resume from: start the job again"
-            )
+    def _finished_by_others(self) -> int | None:
+        """A group whose summary says it finished this launch's job (``launch/ft_local.sh``
+        exports the launch time), if any: then there is nothing left to rejoin."""
+        launched = float(os.environ.get("SPARSE2D_FT_LAUNCH_TIME", "inf"))
+        for g in range(self.groups):
+            path = os.path.join(self.cfg.run_dir, f"replica_{g}", "summary.json")
+            if g != self.group and os.path.exists(path) and os.path.getmtime(path) >= launched:
+                with open(path) as f:
+                    if json.load(f).get("final_step") == self.cfg.train.steps:
+                        return g
+        return None
+
+    def _check_not_all_lost(self) -> bool:
+        """A restarted group that finds the job at step 0 with nothing to heal from while it
+        had trained before: either the job finished without it (return True: stop cleanly)
+        or every group was lost (nothing to resume from without checkpoints: raise)."""
+        if not (self.restart and self.had_progress and self.ft.step == 0 and not self.ft.heals):
+            return False
+        done = self._finished_by_others()
+        if done is not None:
+            if self.is_main:
+                print(f"[done] replica={self.group}: group {done} finished the job while this "
+                      "group restarted; nothing to rejoin", flush=True)  # fmt: skip
+            return True
+        raise FaultToleranceError(
+            f"group {self.group}: every replica group was lost (restart {self.restart} found "
+            "no live group ahead of step 0, and this group had trained before); with "
+            "checkpoint.every=0 there is nothing to resume from: start the job again"
+        )
 
     def run(self) -> dict[str, Any]:
         cfg, model, ft = self.cfg, self.model, self.ft
@@ -132,7 +154,9 @@ class FTLoop:
             start = time.perf_counter()
             ft.start_step()
             if first:
-                self._check_not_all_lost()
+                if self._check_not_all_lost():
+                    self.ft.shutdown()
+                    return {}
                 first = False
             if ft.heals and ft.heals[-1].get("logged") is None:
                 ft.heals[-1]["logged"] = True
