@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, KILL_AT = 1000, 40
 TINY = (
@@ -61,8 +63,8 @@ def workers(group: int) -> dict[int, int]:
     return found
 
 
-def launch(run_dir, groups: int, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHON=sys.executable, NGROUPS=str(groups), NPROC="2",
+def launch(run_dir, groups: int, *extra: str, nproc: int = 2) -> subprocess.Popen:
+    env = dict(os.environ, PYTHON=sys.executable, NGROUPS=str(groups), NPROC=str(nproc),
                MAX_RESTARTS="2", LIGHTHOUSE_PORT=str(_free_port()), PYTHONPATH=ROOT)  # fmt: skip
     env.pop("TORCHFT_LIGHTHOUSE", None)
     return subprocess.Popen(
@@ -71,10 +73,12 @@ def launch(run_dir, groups: int, *extra: str) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def run_and_kill(run_dir, groups: int, group: int, local_rank: int, timeout: float = 400):
+def run_and_kill(
+    run_dir, groups: int, group: int, local_rank: int, nproc: int = 2, timeout: float = 400
+):
     """Launch, SIGKILL ``group``'s ``local_rank`` once it logged step >= KILL_AT; return
     (stdout lines, step at the kill, pids of every other group's workers at the kill)."""
-    job = launch(run_dir, groups)
+    job = launch(run_dir, groups, nproc=nproc)
     lines, killed, others = [], None, {}
     deadline = time.monotonic() + timeout
     try:
@@ -128,3 +132,26 @@ def test_sigkill_in_group_1_heals_from_group_0_and_group_0_never_stops(tmp_path)
     # Bit-identical replicas after the final sync (rank r of each group).
     assert g0["state_digests"] == g1["state_digests"]
     assert g0["eval_auc"] == g1["eval_auc"]
+
+
+@pytest.mark.slow
+def test_three_groups_lose_the_manager_rank_of_group_2_and_carry_on(tmp_path) -> None:
+    """3 groups x 1 rank: SIGKILL group 2's rank 0 (it hosts the group's torchft manager, so
+    its heartbeat stops with it). Groups 0 and 1 keep their PIDs and commit every step once;
+    group 2 restarts, heals from one of them, and all three end bit-identical."""
+    _, killed, others = run_and_kill(tmp_path, 3, group=2, local_rank=0, nproc=1)
+    s = [summary(tmp_path, g) for g in range(3)]
+    for g in (0, 1):
+        assert s[g]["restart_count"] == 0 and s[g]["pids"] == list(others[g].values())
+        # Every step committed once; a survivor whose step failed may take that one step
+        # from the other survivor by a heal (it never commits a step twice).
+        assert s[g]["final_step"] == STEPS
+        healed = sum(h["step"] - h["from_step"] for h in s[g]["heals"] if h["step"] > killed)
+        assert s[g]["committed_steps"] + healed == STEPS, s[g]
+        steps = [r["step"] for r in train_records(tmp_path, g)]
+        assert steps == sorted(set(steps)), steps
+        assert s[g]["min_groups_in_step"] == 2  # carried on as two while group 2 was down
+    assert s[2]["restart_count"] >= 1
+    late = [h for h in s[2]["heals"] if h["step"] > killed]
+    assert late and late[-1]["from_group"] in (0, 1), s[2]["heals"]
+    assert s[0]["state_digests"] == s[1]["state_digests"] == s[2]["state_digests"]

@@ -224,6 +224,8 @@ class FaultTolerance:
         works = [m.allreduce(control)] + [m.allreduce(f) for f in flats.values()]
         for work in works:
             work.wait()
+        if m.errored() is not None:
+            self._drop_process_group()
         mismatch = not m.errored() and float(control[0]) != float(self.fingerprint)
         bad_anywhere = not m.errored() and float(control[1]) > 0
         if mismatch or bad_anywhere:  # never apply an average that a bad replica took part in
@@ -261,6 +263,21 @@ class FaultTolerance:
             self.failed += 1
         self.optimizer.zero_grad(set_to_none=True)
         return committed
+
+    def _drop_process_group(self) -> None:
+        """Tear the cross-group process group down at once after a failed collective.
+
+        Peers still blocked in that collective then fail immediately instead of after the
+        gloo timeout: with 3 groups, a survivor waiting on another survivor (who already gave
+        up and waits for the next quorum) would otherwise hold both until the timeout. The
+        next quorum must build a fresh group even if its members did not change, so the
+        manager's quorum id is forgotten (torchft 0.2 reconfigures only on a new id).
+        """
+        try:
+            self._pg.abort()
+        except Exception as error:  # already torn down: nothing left to release
+            logger.info("process group abort: %s", error)
+        self.manager._quorum_id = -1
 
     def summary(self) -> dict[str, Any]:
         """The counters a run reports (``committed_steps``, ``failed_commits``, ``heals``...)."""
