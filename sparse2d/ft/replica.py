@@ -102,6 +102,7 @@ class FaultTolerance:
         self._heal_bytes = 0
         self._heal_from: int | None = None
         self._started = False
+        self._short_steps = 0
         address = options.lighthouse_address()
         check_reachable(address, options.connect_timeout_s)  # every rank, before any wait
         from torchft.manager import Manager
@@ -231,6 +232,7 @@ class FaultTolerance:
         if mismatch or bad_anywhere:  # never apply an average that a bad replica took part in
             m.report_error(RuntimeError("non-finite values or another plan in the quorum"))
         participants = self.participants
+        short = participants < opts.min_replica_size
         try:
             committed = m.should_commit()
         except Exception as error:
@@ -262,7 +264,27 @@ class FaultTolerance:
         else:
             self.failed += 1
         self.optimizer.zero_grad(set_to_none=True)
+        self._short_quorum(short)
         return committed
+
+    def _short_quorum(self, short: bool) -> None:
+        """Stop, on every rank, after ``quorum_timeout_s`` of quorums below ``min_replica_size``.
+
+        torchft answers such a step with a failed commit and retries forever (a lighthouse
+        with a lower ``min_replicas`` forms them). Steps are counted, not timed, and each
+        short one waits ``START_POLL_S``: every rank of the group decides alike.
+        """
+        self._short_steps = self._short_steps + 1 if short else 0
+        if not short:
+            return
+        time.sleep(START_POLL_S)
+        if self._short_steps * START_POLL_S >= self.options.quorum_timeout_s:
+            raise FaultToleranceError(
+                f"group {self.options.replica_id}: only {self.participants} group(s) in the "
+                f"quorum for fault_tolerance.quorum_timeout_s={self.options.quorum_timeout_s:g} "
+                f"(min_replica_size={self.options.min_replica_size}); start the missing groups "
+                "or lower min_replica_size"
+            )
 
     def _drop_process_group(self) -> None:
         """Tear the cross-group process group down at once after a failed collective.

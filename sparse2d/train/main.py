@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
     code = 1
     loop = None
+    cfg = None
     try:
         # Deterministic checks on every rank, before any collective: all ranks agree.
         cfg = load_config(args.config, args.overrides)
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         loop.run()
         code = 0
     except ConfigError as error:
-        if local_rank == 0:  # the same on every rank: once per host
+        ft = cfg is not None and cfg.fault_tolerance.enable  # a group's ranks may differ
+        if local_rank == 0 or ft:  # the same on every rank: once per host (ft: every rank)
             _report(rank, error, with_traceback=False)
     except FaultToleranceError as error:  # every rank of the group says why it stops
         _report(rank, error, with_traceback=False)
