@@ -99,3 +99,68 @@ def test_no_failure_equals_torchrec_1d_and_replicas_identical(world4) -> None:
             assert torch.equal(got["tables"][name], base["tables"][name]), (key, name)
         for name in base["dense"]:
             assert torch.equal(got["dense"][name], base["dense"][name]), (key, name)
+
+
+def _ft_fault(group: int, lighthouse: str, steps: int, fault: str) -> dict:
+    """Train with ``fault`` in group 1: ``nan`` (rank 0 plants NaN in a shard after the
+    backward of step 2) or ``plan`` (group 1 runs another config fingerprint)."""
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from sparse2d import DMPCollection
+    from sparse2d.ft import FaultTolerance, FTOptions
+
+    tables = MIXED_TABLES
+    model = DMPCollection(build_model(tables, lr=0.1), dist.get_world_size(), device="cpu",
+                          constraints=constraints_for(tables), node_group_size=1)  # fmt: skip
+    opt = torch.optim.SGD(
+        [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=0.1
+    )
+    digest = "other config" if fault == "plan" and group == 1 else ""
+    options = FTOptions(replica_id=group, num_groups=2, lighthouse=lighthouse, timeout_s=10,
+                        quorum_timeout_s=30)  # fmt: skip
+    ft = FaultTolerance(model, opt, options, config_digest=digest)
+    try:
+        while ft.step < steps:
+            ft.start_step()
+            kjt, dense, target = make_batch(tables, ft.position, group)
+            ((model(kjt, dense) - target) ** 2).mean().backward()
+            if fault == "nan" and group == 1 and ft.position == 2 and dist.get_rank() == 0:
+                model.shard_states[0].weight[0, 0] = float("nan")
+            ft.finish_step()
+    except Exception as error:  # the group that must stop reports why
+        return {"error": f"{type(error).__name__}: {error}"}
+    finite = all(
+        bool(torch.isfinite(t).all())
+        for s in model.shard_states
+        for t in [s.weight, *s.optimizer_states]
+    )
+    summary = ft.summary()
+    ft.shutdown()
+    return {"summary": summary, "finite": finite}
+
+
+def test_non_finite_group_never_poisons_another() -> None:
+    """Group 1 plants a NaN: in that step every group drops the average (failed commit),
+    group 1's bad rank stops with SyncError, group 0 trains on, finite."""
+    lighthouse = start_lighthouse(min_replicas=1)
+    try:
+        out = run_groups(2, 1, _ft_fault, lighthouse.address(), 8, "nan")
+    finally:
+        lighthouse.shutdown()
+    assert "SyncError: group 1 rank 0: non-finite" in out[(1, 0)]["error"], out[(1, 0)]
+    g0 = out[(0, 0)]
+    assert g0["finite"] and g0["summary"]["final_step"] == 8, g0
+    assert g0["summary"]["failed_commits"] >= 1 and g0["summary"]["min_groups_in_step"] == 1
+
+
+def test_group_with_another_config_is_refused_when_it_joins() -> None:
+    lighthouse = start_lighthouse(min_replicas=1)
+    try:
+        out = run_groups(2, 1, _ft_fault, lighthouse.address(), 4, "plan")
+    finally:
+        lighthouse.shutdown()
+    errors = {g: r["error"] for (g, _), r in out.items() if "error" in r}
+    assert len(errors) == 1, out  # the group that healed refuses; the other trains on
+    ((group, text),) = errors.items()
+    assert f"ConfigError: group {group} cannot join: group {1 - group} runs another" in text, text
+    assert out[(1 - group, 0)]["summary"]["final_step"] == 4
