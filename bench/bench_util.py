@@ -20,20 +20,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_section(text: str, marker: str, path: str | os.PathLike[str] = RESULTS) -> None:
+def bench_environment() -> dict[str, Any]:
+    """The environment stamp of a benchmark (``sparse2d.environment``): every bench here
+    spawns gloo CPU ranks on this one host; each section's table gives its world sizes."""
+    from sparse2d.environment import environment
+
+    return environment(backend="gloo", device_type="cpu", hosts=1)
+
+
+def write_section(
+    text: str,
+    marker: str,
+    path: str | os.PathLike[str] = RESULTS,
+    stamp: dict[str, Any] | None = None,
+) -> None:
     """Replace the ``marker`` section of ``path`` (between its HTML comments), or append it.
 
     Re-running a benchmark therefore updates its own section and leaves the others alone.
+    The section ends with the environment stamp (code and library versions behind the
+    numbers), also kept in full, keyed by ``marker``, in ``environment.json`` beside ``path``.
     """
+    from sparse2d.environment import one_line
+
+    stamp = bench_environment() if stamp is None else stamp
     begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     old = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    block = f"{begin}\n{text.strip()}\n{end}"
+    block = f"{begin}\n{text.strip()}\n\n_Environment: {one_line(stamp)}._\n{end}"
     if begin in old and end in old:
         new = old[: old.index(begin)] + block + old[old.index(end) + len(end) :]
     else:
         new = old.rstrip("\n") + "\n\n" + block + "\n"
     with open(path, "w") as f:
         f.write(new)
+    record_environment(marker, os.path.dirname(os.path.abspath(path)), stamp)
+
+
+def record_environment(
+    marker: str, directory: str | os.PathLike[str], stamp: dict[str, Any]
+) -> None:
+    """Keep ``stamp`` as ``marker``'s entry of ``directory/environment.json``."""
+    stamps_path = os.path.join(directory, "environment.json")
+    stamps = {}
+    if os.path.exists(stamps_path):
+        with open(stamps_path) as f:
+            stamps = json.load(f)
+    stamps[marker] = stamp
+    with open(stamps_path, "w") as f:
+        json.dump(stamps, f, indent=1, sort_keys=True)
 
 
 def machine_note(load_at_start: float) -> str:
@@ -54,13 +87,17 @@ def timed(args: Any, measure: Callable[..., Any], *measure_args: Any) -> tuple[A
 
 
 def publish(args: Any, result: Any, markdown: str, json_name: str, marker: str) -> None:
-    """Write the raw ``result`` to ``args.out/json_name``, print the section and, unless
-    ``--no-results-md``, replace the ``marker`` section of ``args.out/RESULTS.md``."""
+    """Write the raw ``result`` to ``args.out/json_name`` (its environment stamp to
+    ``args.out/environment.json``), print the section and, unless ``--no-results-md``,
+    replace the ``marker`` section of ``args.out/RESULTS.md``."""
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / json_name).write_text(json.dumps(result, indent=1))
     print(markdown)
-    if not args.no_results_md:
-        write_section(markdown, marker, args.out / "RESULTS.md")
+    stamp = bench_environment()
+    if args.no_results_md:
+        record_environment(marker, args.out, stamp)
+    else:
+        write_section(markdown, marker, args.out / "RESULTS.md", stamp)
 
 
 def meta_ebc(tables: int, rows: int, dim: int) -> Any:

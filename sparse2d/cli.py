@@ -3,7 +3,9 @@
 ``sparse2d train --config C [overrides]`` is ``python -m sparse2d.train`` (run it under
 torchrun for more than one process: see ``launch/``); ``sparse2d config --reference``
 prints the configuration reference, ``sparse2d config --check C [--world-size N]``
-validates a config. Other tools (e.g. a group-size advisor) add subcommands here.
+validates a config; ``sparse2d report RUN_DIR [RUN_DIR ...] [-o out.png]`` compares
+runs (a table and loss / AUC / samples/s curves). Other tools (e.g. a group-size advisor)
+add subcommands here.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 COMMANDS = {
     "config": "sparse2d.train.config",
     "plan": "sparse2d.train.plan",
+    "report": "sparse2d.train.report",
     "train": "sparse2d.train.main",
 }
 

@@ -25,6 +25,7 @@ TorchRec's class reachable after construction is overridden here (``sync``,
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, overload
 
 import torch
@@ -59,10 +60,11 @@ from sparse2d.contexts import (
     sharding_env,
 )
 from sparse2d.errors import ConfigError
-from sparse2d.mesh import build_mesh, validate_group_size, validate_layout
+from sparse2d.mesh import Mesh2D, build_mesh, validate_group_size, validate_layout
 from sparse2d.planner import default_sharders, remap_plan
 from sparse2d.planner.auto import AUTO, auto_group_size
-from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes
+from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes, forget_destroyed_groups
+from sparse2d.resources import GroupRecorder, Resources
 from sparse2d.sync import AllReduceHook, ShardState, broadcast_, collect_shard_states
 from sparse2d.sync.ddp_vote import EarlySync
 from sparse2d.sync.fully_sharded import FullyShardedEmbeddings, materialized
@@ -205,14 +207,42 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         for ctx in contexts:
             check_fully_sharded_options(ctx.strategy, call.sync_options, hook)
         pg = call.global_pg if call.global_pg is not None else dist.group.WORLD
+        self._resources = Resources("DMPCollection")
+        groups = GroupRecorder(on_destroyed=forget_destroyed_groups)
+        # A model dropped without close() still releases its groups when it is collected;
+        # the finalizer holds the groups only, never the model.
+        release_groups = weakref.finalize(self, groups.destroy)
+        release_groups.atexit = False  # at interpreter exit the process takes them down
+        self._resources.callback(release_groups)
+        try:
+            with groups.recording():
+                self._build(module, call, contexts, sharders, resolved, world_size, rank, pg, hook)
+        except BaseException:
+            self._resources.close()  # a failed construction leaves no group behind
+            raise
 
+    def _build(
+        self,
+        module: nn.Module,
+        call: Any,
+        contexts: list[ShardingContext],
+        sharders: list[ModuleSharder[nn.Module]],
+        resolved: torch.device,
+        world_size: int,
+        rank: int,
+        pg: dist.ProcessGroup,
+        hook: AllReduceHook | None,
+    ) -> None:
+        """Steps 2-6 (collective); every process group they create is released by ``close``."""
         # 2. Mesh per context: the ("replicate", "shard") DeviceMesh and its two subgroups.
         # 3. Plan once per context for its L ranks (rank 0 plans, all receive), then remap.
         plan = ShardingPlan(plan={})
+        meshes: dict[tuple[int, str], Mesh2D] = {}  # contexts of one geometry share its groups
         for ctx in contexts:
-            ctx.mesh = build_mesh(
-                world_size, ctx.sharding_group_size, ctx.replica_layout, resolved.type, rank
-            )
+            key = (ctx.sharding_group_size, ctx.replica_layout)
+            if key not in meshes:
+                meshes[key] = build_mesh(world_size, *key, resolved.type, rank)
+            ctx.mesh = meshes[key]
             logger.info(
                 "[sparse2d] %s mesh: %d groups x %d ranks (%s)",
                 ctx.name,
@@ -258,17 +288,39 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
             policies[0] if len(policies) == 1 else PolicySet(policies)
         )
         self._early = EarlySync(self, self.sync_policy)  # syncs run at the end of a backward
+        self._resources.callback(self._early.close)
         # 5. Align replicas: TorchRec seeds each group's shards independently.
         self._fully_sharded: FullyShardedEmbeddings | None = None
         self.align_replicas()
-        logger.info("[sparse2d] replicas aligned over %s", default.replica_group)
+        logger.info("[sparse2d] replicas aligned over %s", contexts[0].replica_group)
         # 6. FULLY_SHARDED contexts: keep this replica's 1/G slice, free the rest.
+        self._resources.callback(self.sync_policy.close)
         if sliced:
             groups = [(c.shards, c.replica_pg) for c in sliced]
             self._fully_sharded = FullyShardedEmbeddings(groups, pg)
+            self._resources.callback(self._fully_sharded.close)
             logger.info("[sparse2d] FULLY_SHARDED: %s", [(c.name, c.num_replicas) for c in sliced])
 
+    # ---- lifetime ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Release what this model created: sync hooks and transfers in flight, the
+        FULLY_SHARDED hooks, and its process groups (the 2D mesh's, TorchRec's TWRW/grid
+        groups; never ``global_pg`` or the default group). Local to the rank, no collective;
+        a second call does nothing; forward/sync afterwards raise a clear error."""
+        self._resources.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._resources.closed
+
+    def __enter__(self) -> DMPCollection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._resources.check_open("run forward")
         self._early.raise_error()
         if self._fully_sharded is not None:  # start the weight all-gathers before input dist
             self._fully_sharded.prefetch()
@@ -326,6 +378,7 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
     # ---- replica consistency ---------------------------------------------------------
     def align_replicas(self, include_optimizer_state: bool = True) -> None:
         """Overwrite every replica's shards with replica-rank 0's copy (every context)."""
+        self._resources.check_open("align replicas")
         for ctx in self._contexts:
             if ctx.num_replicas == 1:
                 continue
@@ -343,6 +396,7 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         ``dmp_collection_sync_interval_batches`` batches. FULLY_SHARDED contexts were averaged
         by every step's reduce-scatter: for them only the NaN/inf check runs here.
         """
+        self._resources.check_open("sync")
         report = self.sync_policy.sync_now(include_optimizer_state=include_optimizer_state)
         if self._fully_sharded is None:
             return report
@@ -354,6 +408,7 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         Collective over the world: every rank calls it with the same ``ranks``. No storage is
         read; see ``sparse2d.checkpoint.repair``.
         """
+        self._resources.check_open("repair replicas")
         from sparse2d.checkpoint.repair import repair_from_replicas
 
         repair_from_replicas(self, ranks, include_dense)
@@ -364,6 +419,7 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         FULLY_SHARDED contexts report their step's reduce-scatters (and run the job-wide
         NaN/inf check) at every step.
         """
+        self._resources.check_open("sync")
         report = self._early.take()
         if report is None:
             report = self.sync_policy.step(step)

@@ -1,10 +1,110 @@
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.harness import DistWorld
+from tests.harness import DistWorld, thread_count
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LEAK_BOUND = 6
+"""Threads a module may leave behind in a shared worker (two gloo groups' worth); more
+means some check created process groups that nothing released."""
+PEAK_BOUND = 100
+"""Threads a shared worker may hold at any sampled moment during a module."""
+
+
+class ThreadSampler:
+    """Samples the thread count of every shared worker twice a second, from the parent."""
+
+    def __init__(self, period: float = 0.5) -> None:
+        self.period = period
+        self.peak = 0  # over the whole session
+        self.module_peak = 0  # since the current module started
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="thread-sampler")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            counts = [thread_count(pid) for world in DistWorld.live for pid in world.pids]
+            if counts:
+                self.samples += 1
+                self.peak = max(self.peak, *counts)
+                self.module_peak = max(self.module_peak, *counts)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+SAMPLER: ThreadSampler | None = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global SAMPLER
+    SAMPLER = ThreadSampler()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    if SAMPLER is None:
+        return
+    SAMPLER.stop()
+    line = f"shared workers: peak {SAMPLER.peak} threads over {SAMPLER.samples} samples"
+    terminalreporter.write_line(line)
+    path = os.environ.get("SPARSE2D_THREAD_LOG")
+    if path:
+        with open(path, "w") as out:
+            json.dump({"peak_threads": SAMPLER.peak, "samples": SAMPLER.samples}, out)
+
+
+def _grown(world: DistWorld, start: list[int]) -> int:
+    return max(after - begin for after, begin in zip(world.threads, start))
+
+
+def _check_released(what: str, before: dict[int, list[int]]) -> None:
+    for world in DistWorld.live:
+        start = before.get(id(world), world.baseline)
+        if _grown(world, start) > LEAK_BOUND:
+            pytest.fail(
+                f"{what} left threads behind in the {world.world_size}-rank workers: "
+                f"{start} -> {world.threads} (bound +{LEAK_BOUND}); some check created "
+                "process groups (or threads) that were not released",
+                pytrace=False,
+            )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_releases_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each module, every shared worker is back within ``LEAK_BOUND`` threads of
+    where it started, and no sample during the module exceeded ``PEAK_BOUND``."""
+    before = {id(w): list(w.threads) for w in DistWorld.live}
+    if SAMPLER is not None:
+        SAMPLER.module_peak = 0
+    yield
+    _check_released(request.module.__name__, before)
+    if SAMPLER is not None and SAMPLER.module_peak > PEAK_BOUND:
+        pytest.fail(
+            f"{request.module.__name__}: a shared worker held {SAMPLER.module_peak} threads "
+            f"(bound {PEAK_BOUND})",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(autouse=True)
+def test_releases_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The same per test, so a leak names the test that made it."""
+    before = {id(w): list(w.threads) for w in DistWorld.live}
+    yield
+    _check_released(request.node.nodeid, before)
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +119,26 @@ def world4() -> Iterator[DistWorld]:
     world = DistWorld(4)
     yield world
     world.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two tiny real trainer runs on 2 gloo ranks (torchrun), shared by the observability
+    tests: ``2d`` (L=1, 2 replicas, TensorBoard on, divergence logged every 2nd sync) and
+    ``1d`` (L=2, TensorBoard off). 6 steps, logs at 2/4/6, evals at 3/6."""
+    root = tmp_path_factory.mktemp("tiny_runs")
+    runs = {"2d": root / "tiny_2d", "1d": root / "tiny_1d"}
+    common = ["train.steps=6", "train.log_every=2", "train.eval_every=3", "train.eval_batches=2",
+              "train.progress_bar=false", "data.batch_size_per_rank=32"]  # fmt: skip
+    extra = {
+        "2d": ["parallel.sharding_group_size=1", "parallel.sync.divergence_every=2"],
+        "1d": ["parallel.sharding_group_size=2", "metrics.tensorboard=false"],
+    }
+    for name, run_dir in runs.items():
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+               "2", "-m", "sparse2d.train", "--config", "configs/tiny_cpu.yaml",
+               f"run_dir={run_dir}", *common, *extra[name]]  # fmt: skip
+        done = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                              capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    return runs

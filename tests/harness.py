@@ -9,9 +9,11 @@ does not finish within its timeout (a hang) fails and the pool is restarted.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import queue
 import socket
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +27,32 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def thread_count(pid: int | str = "self") -> int:
+    """Threads of a process (0 if it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
+def release_models() -> int:
+    """Close every ``DMPCollection`` a check left open in this worker; return how many.
+
+    Checks build models and drop them; their process groups (each a gloo TCP loop thread
+    polling every few ms, plus two work threads) live until ``close()``. The harness
+    releases them after every check, the way a user's script ends with ``model.close()``.
+    """
+    collection = sys.modules.get("sparse2d.collection")
+    if collection is None:
+        return 0
+    gc.collect()
+    cls = collection.DMPCollection
+    models = [o for o in gc.get_objects() if issubclass(type(o), cls) and not o.closed]
+    for model in models:
+        model.close()
+    return len(models)
 
 
 def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> None:
@@ -48,15 +76,20 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> 
     dist.init_process_group(
         "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=90)
     )
+    dist.barrier()
+    results.put((rank, None, None, 0))  # joined (this also starts the queue's feeder thread)
     while True:
         task = tasks.get()
         if task is None:
             break
         fn, args, kwargs = task
         try:
-            results.put((rank, True, fn(*args, **kwargs)))
+            ok, value = True, fn(*args, **kwargs)
         except BaseException as error:  # reported to the parent with the traceback
-            results.put((rank, False, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+            ok, value = False, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+        del fn, args, kwargs, task
+        release_models()
+        results.put((rank, ok, value, thread_count()))
     dist.destroy_process_group()
 
 
@@ -67,9 +100,21 @@ class CheckFailed(AssertionError):
 class DistWorld:
     """``world_size`` live gloo ranks; ``run(fn, ...)`` calls ``fn`` on all of them."""
 
+    live: list[DistWorld] = []
+    """Worlds started and not closed (the leak check and the thread sampler read them)."""
+
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
+        self.baseline: list[int] = [0] * world_size
+        """Threads per rank right after joining the world."""
+        self.threads: list[int] = [0] * world_size
+        """Threads per rank after the latest check (its models released)."""
         self._start()
+        DistWorld.live.append(self)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p.pid is not None and p.is_alive()]
 
     def _start(self) -> None:
         port = _free_port()
@@ -85,6 +130,9 @@ class DistWorld:
         ]
         for proc in self._procs:
             proc.start()
+        for _ in range(self.world_size):
+            self._results.get(timeout=300)
+        self.baseline = self.run(thread_count)
 
     def run(
         self, fn: Callable[..., Any], *args: Any, timeout: float = 240.0, **kwargs: Any
@@ -95,8 +143,9 @@ class DistWorld:
         results: dict[int, tuple[bool, Any]] = {}
         try:
             while len(results) < self.world_size:
-                rank, ok, value = self._results.get(timeout=timeout)
+                rank, ok, value, threads = self._results.get(timeout=timeout)
                 results[rank] = (ok, value)
+                self.threads[rank] = threads
         except queue.Empty:
             missing = sorted(set(range(self.world_size)) - set(results))
             self.restart()
@@ -114,6 +163,8 @@ class DistWorld:
         self._start()
 
     def close(self, graceful: bool = True) -> None:
+        if self in DistWorld.live and graceful:
+            DistWorld.live.remove(self)
         if graceful:
             for q in self._tasks:
                 q.put(None)

@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import build_mesh, rank_layout, replica_groups
+from sparse2d.resources import GroupRecorder
 
 
 def test_design_example_intra_host() -> None:
@@ -55,7 +56,18 @@ def test_bad_layout_arguments(world: int, group: int, layout: str, message: str)
 
 def check_mesh_groups(group: int, layout: str) -> tuple[list[int], list[int]]:
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = build_mesh(world, group, layout, "cpu", rank)
+    groups = GroupRecorder()
+    with groups.recording():
+        mesh = build_mesh(world, group, layout, "cpu", rank)
+    try:
+        return _compare_with_layout(mesh, rank, world, group, layout)
+    finally:
+        groups.destroy()  # the mesh's two groups, as DMPCollection.close() does
+
+
+def _compare_with_layout(
+    mesh, rank: int, world: int, group: int, layout: str
+) -> tuple[list[int], list[int]]:
     sharding = dist.get_process_group_ranks(mesh.sharding_pg)
     replica = dist.get_process_group_ranks(mesh.replica_pg)
     expected_group = next(g for g in rank_layout(world, group, layout) if rank in g)

@@ -138,15 +138,16 @@ def _groups_2d_per_layout(original: Callable[..., Any], comm: Any) -> Callable[.
     intra- and cross-node groups of the FIRST 2D model of a process and returns them for
     every later one: a second model with another layout (replica layout, group size, node
     group size) would run its all-to-alls over the first model's ranks, silently wrong.
-    Keyed by layout, each model gets its own groups (created once per layout; the key is
-    the same on the ranks that build the same models in the same order)."""
+    Keyed by the model's own sharding group (the process group object, so each model's
+    TWRW and grid shardings share one pair, created while that model is built and
+    destroyed by its ``close()``) and the node group size and layout."""
     made: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
     def groups(env: Any, device: Any = None) -> Any:
         if device is not None and device.type == "meta":
             return original(env, device)
         key = (
-            tuple(torch.distributed.get_process_group_ranks(env.sharding_pg)),
+            env.sharding_pg,
             env.node_group_size,
             getattr(env, "use_inter_host_allreduce", False),
         )
@@ -154,8 +155,33 @@ def _groups_2d_per_layout(original: Callable[..., Any], comm: Any) -> Callable[.
         made[key] = original(env, device)
         return made[key]
 
+    def forget_destroyed() -> None:
+        """Drop the groups of closed models: a reference kept here keeps their threads."""
+        for key in [k for k in made if not _registered(k[0])]:
+            del made[key]
+        for name in ("_INTRA_PG_2D", "_CROSS_PG_2D"):
+            group = getattr(comm, name)
+            if group is not None and not _registered(group):
+                setattr(comm, name, None)
+
     setattr(groups, _ORIGINAL, original)
+    groups.forget_destroyed = forget_destroyed  # type: ignore[attr-defined]
     return groups
+
+
+def forget_destroyed_groups() -> None:
+    """Called after a model's groups are destroyed (``sparse2d.resources``)."""
+    from torchrec.distributed import comm
+
+    forget = getattr(comm.intra_and_cross_node_pg_2D, "forget_destroyed", None)
+    if forget is not None:
+        forget()
+
+
+def _registered(group: Any) -> bool:
+    from torch.distributed import distributed_c10d
+
+    return group in distributed_c10d._world.pg_map
 
 
 def apply_torchrec_fixes() -> None:

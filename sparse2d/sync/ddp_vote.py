@@ -30,6 +30,7 @@ carrier is attached when some policy can carry a vote (guard on) or fold.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -106,10 +107,10 @@ class DdpVote:
         self.backwards = 0
         """Backwards that reached the hook (the same count on every rank)."""
         self._votes: list[CarriedVote | None] = [None] * len(self.policies)
-        self._user: tuple[object, Callable[..., torch.futures.Future]] | None = None
-        ddp.register_comm_hook(self, _on_bucket)
+        self.hook_state = _HookState(self)
+        ddp.register_comm_hook(self.hook_state, _on_bucket)
         # a user's later DDP comm hook runs inside ours (DDP allows only one)
-        ddp.register_comm_hook = self._register_user_hook  # type: ignore[method-assign]
+        ddp.register_comm_hook = self.hook_state.register_user_hook  # type: ignore[method-assign]
 
     @classmethod
     def attach(
@@ -145,15 +146,12 @@ class DdpVote:
         vote, self._votes[index] = self._votes[index], None
         return None if vote is None or (states and not vote.states) else vote
 
-    # ---- the hook -----------------------------------------------------------------------
-    def _register_user_hook(self, state: object, hook: Callable[..., Any]) -> None:
-        if self._user is not None:
-            raise RuntimeError("a DDP comm hook is registered already (one is allowed)")
-        self._user = (state, hook)
+    def detach(self) -> None:
+        """Stop carrying (the model is closing): DDP averages plainly from now on."""
+        self.hook_state.carrier_ref = None
 
+    # ---- the hook -----------------------------------------------------------------------
     def bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
-        if self._user is not None:
-            return self._user[1](self._user[0], bucket)
         last = bucket.is_last()
         carry = last and self.armed and self.backwards > 0
         if last:
@@ -250,12 +248,41 @@ class DdpVote:
         return scans
 
 
+class _HookState:
+    """What DDP's reducer holds as the comm hook's state.
+
+    The reducer keeps it alive from C++, where Python's garbage collector cannot see the
+    reference: a strong reference from here back to the carrier (and through it to the
+    model) made every model that ever carried a vote immortal, process groups included.
+    So the carrier is held weakly; without one, DDP's own average runs.
+    """
+
+    def __init__(self, carrier: DdpVote) -> None:
+        self.pg = carrier.pg
+        self.carrier_ref: weakref.ref[DdpVote] | None = weakref.ref(carrier)
+        self.user: tuple[object, Callable[..., torch.futures.Future]] | None = None
+
+    def carrier(self) -> DdpVote | None:
+        return None if self.carrier_ref is None else self.carrier_ref()
+
+    def register_user_hook(self, state: object, hook: Callable[..., Any]) -> None:
+        if self.user is not None:
+            raise RuntimeError("a DDP comm hook is registered already (one is allowed)")
+        self.user = (state, hook)
+
+
 def _on_bucket(state, bucket):  # type: ignore[no-untyped-def]
-    """DDP comm hook: the default average, or the carried vote on the armed last bucket.
+    """DDP comm hook: a user's hook, the default average, or the carried vote on the armed
+    last bucket.
 
     Unannotated on purpose: DDP checks hook annotations against the classes themselves, and
     this module's postponed annotations are strings."""
-    return state.bucket(bucket)
+    if state.user is not None:
+        return state.user[1](state.user[0], bucket)
+    carrier = state.carrier()
+    if carrier is None:
+        return allreduce_hook(state.pg, bucket)
+    return carrier.bucket(bucket)
 
 
 class EarlySync:
@@ -312,6 +339,13 @@ class EarlySync:
                 self.enabled = False
                 return None
         return report
+
+    def close(self) -> None:
+        """Detach the carrier from DDP (the model is closing)."""
+        if self.carrier is not None:
+            self.carrier.detach()
+            self.carrier = None
+        self.enabled = False
 
     def raise_error(self) -> None:
         error, self._error = self._error, None

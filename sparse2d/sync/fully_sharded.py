@@ -347,6 +347,13 @@ class FullyShardedEmbeddings:
             total += sum(b.resident_bytes() for b in buffers)
         return total
 
+    def close(self) -> None:
+        """Uninstall the hooks without gathering (local, no collective; the model is done)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._reducing.clear()
+
     def remove(self) -> None:
         """Gather everything back and uninstall the hooks (DEFAULT layout again)."""
         self._release_all()

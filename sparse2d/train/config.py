@@ -289,6 +289,17 @@ class CheckpointConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class MetricsConfig:
+    """What a run records besides ``metrics.jsonl`` and ``summary.json`` (rank 0 only)."""
+
+    tensorboard: bool = True
+    """Write TensorBoard event files to ``RUN_DIR/tensorboard/``: every logged number (train
+    and eval loss, AUC, NE, samples/s, sync seconds, bytes and modes, replica divergence, ...)
+    as a scalar at its step. Needs the ``tensorboard`` package (``pip install
+    'sparse2d[train]'``; ``make train`` installs it). View: ``tensorboard --logdir runs``."""
+
+
+@dataclass(kw_only=True, slots=True)
 class Config:
     """A training run."""
 
@@ -304,6 +315,8 @@ class Config:
     """The training loop."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoints."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Run records (TensorBoard)."""
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     """Fault-tolerant 2D on torchft (one torchrun world per sharding group; docs/fault_tolerance.md)."""
     run_dir: str = "runs/default"
@@ -357,6 +370,11 @@ class Config:
             )
         if size != "auto":  # "auto" is resolved at start-up and always divides the world
             self._check_group(size, world_size, factors)
+        if self.metrics.tensorboard and not tensorboard_installed():
+            raise ConfigError(
+                "metrics.tensorboard=true needs the tensorboard package, which is not installed: "
+                "pip install 'sparse2d[train]' (or tensorboard), or set metrics.tensorboard=false."
+            )
         if check_paths and self.data.source == "criteo":
             for key in ("train_files", "eval_files"):
                 for i, path in enumerate(getattr(self.data.criteo, key)):
@@ -383,6 +401,15 @@ class Config:
                 f"parallel.node_group_size={ngs} does not divide the sharding group size "
                 f"{group} (parallel.sharding_group_size={size}, {factors})."
             )
+
+
+def tensorboard_installed() -> bool:
+    """Whether ``torch.utils.tensorboard`` can write (the trainer's optional dependency)."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

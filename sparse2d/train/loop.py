@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from sparse2d.environment import environment, one_line
 from sparse2d.train.config import Config, dump_yaml
 from sparse2d.train.data import DataSource
 from sparse2d.train.failure import gather_peers
@@ -37,6 +38,11 @@ class Loop:
             with open(os.path.join(cfg.run_dir, "config.yaml"), "w") as f:
                 f.write(dump_yaml(cfg))
             self._metrics = open(os.path.join(cfg.run_dir, "metrics.jsonl"), "a")  # noqa: SIM115
+        self._tensorboard = None
+        if self.is_main and cfg.metrics.tensorboard:
+            from sparse2d.train.tensorboard_log import TensorBoardLog
+
+            self._tensorboard = TensorBoardLog(cfg.run_dir)
         cache_dir = cfg.data.criteo.cache_dir or os.path.join(cfg.run_dir, "criteo_cache")
         if cfg.data.source == "criteo":
             from sparse2d.train.data.criteo import prepare_everywhere
@@ -73,6 +79,8 @@ class Loop:
             return
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
+        if self._tensorboard is not None:
+            self._tensorboard.write(record, self.start_step if self.step is None else self.step + 1)
         text = " ".join(f"{k}={_short(v)}" for k, v in record.items() if k != "kind")
         line = f"[{record['kind']}] {text}"
         if bar is not None and not bar.disable:
@@ -173,6 +181,16 @@ class Loop:
         cfg, model = self.cfg, self.model
         t = cfg.train
         steps, every = t.steps, cfg.parallel.sync.every
+        self.environment = (  # rank 0 writes it; no git calls from every rank of a big job
+            environment(
+                backend=dist.get_backend(),
+                device_type=self.device.type,
+                world_size=self.world,
+                hosts=len({host for host, _ in self.peers}),
+            )
+            if self.is_main
+            else {}
+        )
         header = {
             "kind": "start",
             "world_size": self.world,
@@ -182,6 +200,7 @@ class Loop:
             "device": str(self.device),
             "sync_every": every,
             "pipeline": t.pipeline,
+            "environment": self.environment,
         }
         self.log(header)
         self._log_balance()
@@ -229,6 +248,11 @@ class Loop:
                 record["samples_per_s"] = self.data.global_batch * win_steps / elapsed
                 record["sync_s_per_step"] = sync_s / win_steps
                 record["sync_bytes_per_step"] = nbytes / win_steps
+                # syncs so far per mode: the engine's choices, and those folded into DDP
+                record["sync_modes"] = {
+                    **model.sync_policy.mode_counts,
+                    "folded": model.sync_policy.folds,
+                }
                 if divergence is not None:  # replica distance before the latest measured sync
                     record["replica_divergence"] = divergence
                     divergence = None
@@ -269,11 +293,15 @@ class Loop:
             # syncs whose NaN/inf vote rode DDP's gradient all-reduce (sync.ddp_vote)
             "sync_votes_in_ddp": model.sync_policy.votes_carried,
             "syncs_folded_into_ddp": model.sync_policy.folds,
+            # which code and libraries made these numbers (sparse2d/environment.py)
+            "environment": self.environment,
         }
         if self.is_main:
             with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
             self._metrics.close()
+            if self._tensorboard is not None:
+                self._tensorboard.close()
             print(
                 f"final step={steps} train_loss={_short(summary['train_loss'])} "
                 f"eval_loss={_short(summary.get('eval_loss'))} "
@@ -287,6 +315,8 @@ class Loop:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, dict) and "torch" in value and "git_commit" in value:
+        return f"({one_line(value)})"  # the environment stamp, readable
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.3e}"
     return str(value)

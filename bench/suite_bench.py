@@ -1,0 +1,101 @@
+"""The README's test command from a fresh clone, timed: install + lint + the whole suite.
+
+Each run clones this repository's HEAD into a new temporary directory and runs
+``bash .ci/run`` there (= ``make test``: a new ``.venv``, pip from its cache, ruff, every
+test, slow ones included), with ``SPARSE2D_THREAD_LOG`` set so the suite's thread sampler
+(``tests/conftest.py``) records the peak thread count of the shared test workers. The
+machine's load average is recorded before and after each run: absolute minutes mean
+little on a shared 2-core box.
+
+    PYTHONPATH=. python bench/suite_bench.py --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from bench.bench_util import write_section
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def one_run(index: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="sparse2d-suite-") as tmp:
+        clone = Path(tmp) / "sparse2d"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        threads = Path(tmp) / "threads.json"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
+        env.update(CI="true", SPARSE2D_THREAD_LOG=str(threads))
+        load_before = os.getloadavg()[0]
+        start = time.monotonic()
+        run = subprocess.run(
+            ["bash", ".ci/run"], cwd=clone, env=env, capture_output=True, text=True, check=False
+        )
+        seconds = time.monotonic() - start
+        load_after = os.getloadavg()[0]
+        out = run.stdout + run.stderr
+        summary = [line for line in out.splitlines() if re.search(r"\d+ passed", line)]
+        tests = re.search(r"in ([\d.]+)s", summary[-1]) if summary else None
+        peak = json.loads(threads.read_text()) if threads.exists() else {}
+        return {
+            "run": index,
+            "returncode": run.returncode,
+            "total_s": round(seconds, 1),
+            "pytest_s": float(tests.group(1)) if tests else None,
+            "summary": summary[-1].strip("= ") if summary else out[-2000:],
+            "load_before": round(load_before, 2),
+            "load_after": round(load_after, 2),
+            "peak_worker_threads": peak.get("peak_threads"),
+            "thread_samples": peak.get("samples"),
+        }
+
+
+def markdown(runs: list[dict], commit: str) -> str:
+    rows = "\n".join(
+        f"| {r['run']} | {r['total_s'] / 60:.1f} min ({r['total_s']:.0f} s) | "
+        f"{r['pytest_s']} s | {r['summary']} | {r['load_before']} -> {r['load_after']} | "
+        f"{r['peak_worker_threads']} ({r['thread_samples']} samples) | {r['returncode']} |"
+        for r in runs
+    )
+    return f"""## Test suite: `make test` from a fresh clone (bench/suite_bench.py)
+
+Commit `{commit}`; each run clones the repository, then `bash .ci/run` (= `make test`:
+new `.venv`, install, ruff, the whole suite with the slow tests). {os.cpu_count()} cores.
+Peak threads: the most any shared test worker held at a sample (every 0.5 s).
+
+| run | with install | pytest | result | load avg before -> after | peak worker threads | exit |
+|---|---|---|---|---|---|---|
+{rows}
+
+Regenerate: `PYTHONPATH=. .venv/bin/python bench/suite_bench.py --runs 3`.
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--no-results-md", action="store_true")
+    args = parser.parse_args()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    runs = []
+    for index in range(1, args.runs + 1):
+        runs.append(one_run(index))
+        print(json.dumps(runs[-1]), flush=True)
+    (ROOT / "bench" / "suite.json").write_text(json.dumps(runs, indent=1))
+    text = markdown(runs, commit)
+    print(text)
+    if not args.no_results_md:
+        write_section(text, "suite")
+
+
+if __name__ == "__main__":
+    main()

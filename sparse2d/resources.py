@@ -1,0 +1,94 @@
+"""Ownership of what a ``DMPCollection`` creates: process groups, hooks, in-flight work.
+
+Why it matters: every idle gloo process group keeps a TCP event-loop thread that wakes up
+on a short poll timeout, plus two work threads. Measured on 2 cores (2 processes, torch
+2.13): 200 idle groups cost 607 threads and 22% of a core per process doing nothing;
+after ``destroy_process_group`` 10 threads and 0.6% remain. A model that never releases its
+groups turns a sweep, a notebook, an evaluation loop or a test suite into hundreds of
+busy-polling threads (the suite reached a load average of 200-400 this way).
+
+``GroupRecorder`` notes the process groups registered while a block runs (the 2D mesh's
+groups, TorchRec's TWRW/grid groups), so exactly those, never the user's or the default
+group, are destroyed at ``close()``. ``Resources`` runs release callbacks in reverse order,
+once. Destroying a group is local to the rank (no collective), so ``close()`` never hangs,
+also while an error unwinds on some ranks only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+logger = logging.getLogger(__name__)
+
+
+def registered_groups() -> list[dist.ProcessGroup]:
+    """Process groups this rank is a member of, in creation order (the default one first)."""
+    return list(c10d._world.pg_names)
+
+
+class GroupRecorder:
+    """Records the process groups created inside ``with recorder.recording():`` blocks."""
+
+    def __init__(self, on_destroyed: Callable[[], object] | None = None) -> None:
+        self.groups: list[dist.ProcessGroup] = []
+        self.on_destroyed = on_destroyed
+        """Runs after ``destroy``: drops references that caches elsewhere keep to the groups
+        (a group's threads end only when its last reference does)."""
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        before = {id(g) for g in registered_groups()}
+        try:
+            yield
+        finally:
+            for group in registered_groups():
+                if id(group) not in before and group not in self.groups:
+                    self.groups.append(group)
+
+    def destroy(self) -> int:
+        """Destroy the recorded groups still registered (newest first); return how many."""
+        live = {id(g) for g in registered_groups()}
+        destroyed = 0
+        protected = {id(dist.group.WORLD)} if dist.is_initialized() else set()
+        for group in reversed(self.groups):
+            if id(group) in live and id(group) not in protected:
+                dist.destroy_process_group(group)
+                destroyed += 1
+        self.groups.clear()
+        if self.on_destroyed is not None:
+            self.on_destroyed()
+        return destroyed
+
+
+class ClosedError(RuntimeError):
+    """An object was used after ``close()``."""
+
+
+class Resources:
+    """Release callbacks run once, newest first; ``check_open`` guards use after close."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.closed = False
+        self._stack = contextlib.ExitStack()
+
+    def callback(self, release: Callable[[], object]) -> None:
+        self._stack.callback(release)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._stack.close()
+
+    def check_open(self, action: str) -> None:
+        if self.closed:
+            raise ClosedError(
+                f"{self.owner} was closed (its process groups are destroyed); cannot {action}. "
+                f"Build a new {self.owner} to train again."
+            )
