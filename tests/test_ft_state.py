@@ -37,12 +37,14 @@ def _capture_restore_roundtrip() -> dict:
     moved = state.digest(model, shards)
     nbytes = state.restore(model, shards, opt, snapshot)
     fp = state.fingerprint(model, shards, "cfg")
-    return {
+    out = {
         "before": before, "moved": moved, "after": state.digest(model, shards), "bytes": nbytes,
         "states": sum(len(s.optimizer_states) for s in shards), "fp": fp,
         "fp_other": state.fingerprint(model, shards, "another config"),
         "opt_steps": [float(v["step"]) for v in opt.state.values()],
     }  # fmt: skip
+    model.close()  # the shared world2 goes on to other tests
+    return out
 
 
 def test_capture_is_a_copy_and_restore_brings_back_every_tensor(world2) -> None:

@@ -59,6 +59,11 @@ class FTLoop:
             with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
                 f.write(dump_yaml(cfg))
             self._metrics = open(metrics, "a")  # noqa: SIM115
+        self._tensorboard = None
+        if self.is_main and cfg.metrics.tensorboard:
+            from sparse2d.train.tensorboard_log import TensorBoardLog
+
+            self._tensorboard = TensorBoardLog(self.run_dir)  # RUN_DIR/replica_<id>/tensorboard
         slice_rank = self.group * self.size + self.rank
         self.data = DataSource(cfg, slice_rank, self.groups * self.size)
         self.eval_data = DataSource(cfg, self.rank, self.size)  # every group: the same eval set
@@ -88,6 +93,8 @@ class FTLoop:
         record = {**record, "time": round(time.time(), 3)}  # wall clock: stalls, heal timing
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
+        if self._tensorboard is not None:
+            self._tensorboard.write(record, record.get("step") or self.ft.step)
         text = " ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
             for k, v in record.items()
@@ -219,6 +226,8 @@ class FTLoop:
             with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
             self._metrics.close()
+            if self._tensorboard is not None:
+                self._tensorboard.close()
             print(f"final replica={self.group} step={ft.step} committed={ft.committed} "
                   f"failed={ft.failed} heals={len(ft.heals)} eval_auc={summary.get('eval_auc')}",
                   flush=True)  # fmt: skip
