@@ -46,8 +46,6 @@ def test_bad_values(override: str, message: str) -> None:
         ("parallel.sync.check_finite=false", "check_finite=False"),
         ("parallel.sync.include_optimizer_state=false", "include_optimizer_state=False"),
         ("train.pipeline=sparse_dist", "train.pipeline='sparse_dist'"),
-        ("checkpoint.every=50", "checkpoint.every=50"),
-        ("train.resume=auto", "train.resume='auto'"),
     ],
 )
 def test_unsupported_options_are_refused_before_anything_starts(
@@ -57,6 +55,11 @@ def test_unsupported_options_are_refused_before_anything_starts(
         load_config("configs/tiny_cpu.yaml", [*FT, "parallel.sync.divergence_every=0",
                                                "parallel.sharding_group_size=null", override])  # fmt: skip
     assert message in str(info.value)
+
+
+def test_checkpoints_and_resume_are_accepted() -> None:
+    cfg = load_config("configs/ft_tiny_cpu.yaml", ["checkpoint.every=20", "train.resume=auto"])
+    assert cfg.checkpoint.every == 20 and cfg.train.resume == "auto"
 
 
 def test_disabled_section_changes_nothing() -> None:

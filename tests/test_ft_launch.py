@@ -155,3 +155,20 @@ def test_three_groups_lose_the_manager_rank_of_group_2_and_carry_on(tmp_path) ->
     late = [h for h in s[2]["heals"] if h["step"] > killed]
     assert late and late[-1]["from_group"] in (0, 1), s[2]["heals"]
     assert s[0]["state_digests"] == s[1]["state_digests"] == s[2]["state_digests"]
+
+
+def test_relaunch_after_every_group_was_lost_resumes_from_checkpoints(tmp_path) -> None:
+    """Every group gone (here: the job ended at step 40): a new launch with
+    train.resume=auto loads each group's own DCP checkpoint (or heals from the group that
+    did) and continues; the groups end bit-identical."""
+    first = launch(tmp_path, 2, "train.steps=40", "checkpoint.every=20")
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, out[-3000:]
+    again = launch(tmp_path, 2, "train.steps=60", "checkpoint.every=20", "train.resume=auto")
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out[-3000:]
+    s = [summary(tmp_path, g) for g in (0, 1)]
+    assert "[resume] replica=" in out and "step=40" in out, out[-3000:]
+    for g in (0, 1):
+        assert s[g]["final_step"] == 60 and s[g]["committed_steps"] == 20, s[g]
+    assert s[0]["state_digests"] == s[1]["state_digests"]

@@ -301,6 +301,15 @@ class FaultTolerance:
             logger.info("process group abort: %s", error)
         self.manager._quorum_id = -1
 
+    def resume(self, step: int, position: int, slices_skipped: int = 0) -> None:
+        """Continue from a checkpoint (every group was lost): set the step and data position.
+
+        Call after loading the checkpoint into the model and before the next ``start_step``,
+        whose quorum then reports this step; groups behind it heal from the furthest one.
+        """
+        self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        self.position, self.slices_skipped = position, slices_skipped
+
     def summary(self) -> dict[str, Any]:
         """The counters a run reports (``committed_steps``, ``failed_commits``, ``heals``...)."""
         return {

@@ -87,10 +87,4 @@ def refusals(cfg: Any) -> list[str]:
         out.append(
             f"train.pipeline={cfg.train.pipeline!r} (the commit vote sits between backward and dense step)"
         )
-    if cfg.checkpoint.every:
-        out.append(
-            f"checkpoint.every={cfg.checkpoint.every} (not yet: groups heal from each other)"
-        )
-    if cfg.train.resume != "none":
-        out.append(f"train.resume={cfg.train.resume!r} (a restarted group heals from a live one)")
     return out

@@ -118,6 +118,43 @@ class FTLoop:
             torch.cat(logits), torch.cat(labels), torch.cat(truth) if truth else None
         )
 
+    @property
+    def checkpoint_dir(self) -> str:
+        """Each group keeps its own checkpoints (a save is collective inside the group only)."""
+        root = self.cfg.checkpoint.dir or self.cfg.run_dir
+        return os.path.join(root, f"replica_{self.group}", "checkpoints")
+
+    def _maybe_save(self) -> None:
+        every, step = self.cfg.checkpoint.every, self.ft.step
+        if not every or (step % every and step != self.cfg.train.steps):
+            return
+        from sparse2d import checkpoint
+
+        extra = {
+            "step": step,
+            "position": self.ft.position,
+            "slices_skipped": self.ft.slices_skipped,
+        }
+        path = checkpoint.save(self.checkpoint_dir, self.model, dense_optimizer=self.optimizer,
+                               extra=extra, step=step, keep=self.cfg.checkpoint.keep)  # fmt: skip
+        self.log({"kind": "checkpoint", "step": step, "path": path})
+
+    def _maybe_resume(self) -> bool:
+        """Load this group's latest checkpoint when no live group was ahead at the first
+        quorum (the job starts again after every group was lost). Never when a live group
+        can heal this one: that needs no storage."""
+        if self.cfg.train.resume != "auto" or self.ft.step != 0 or self.ft.heals:
+            return False
+        from sparse2d import checkpoint
+
+        path = checkpoint.latest(self.checkpoint_dir)
+        if path is None:
+            return False
+        extra = checkpoint.load(path, self.model, dense_optimizer=self.optimizer)
+        self.ft.resume(int(extra["step"]), int(extra["position"]), int(extra["slices_skipped"]))
+        self.log({"kind": "resume", "step": int(extra["step"]), "path": path})
+        return True
+
     def _finished_by_others(self) -> int | None:
         """A group whose summary says it finished this launch's job (``launch/ft_local.sh``
         exports the launch time), if any: then there is nothing left to rejoin."""
@@ -145,7 +182,8 @@ class FTLoop:
         raise FaultToleranceError(
             f"group {self.group}: every replica group was lost (restart {self.restart} found "
             "no live group ahead of step 0, and this group had trained before); with "
-            "checkpoint.every=0 there is nothing to resume from: start the job again"
+            "no checkpoint (checkpoint.every=0, or train.resume=none) there is nothing to resume "
+            "from: start the job again"
         )
 
     def run(self) -> dict[str, Any]:
@@ -161,7 +199,9 @@ class FTLoop:
             start = time.perf_counter()
             ft.start_step()
             if first:
-                if self._check_not_all_lost():
+                if self._maybe_resume():  # ask again with the loaded step: the rest heal
+                    ft.start_step()
+                elif self._check_not_all_lost():
                     self.ft.shutdown()
                     return {}
                 first = False
@@ -192,6 +232,9 @@ class FTLoop:
                           "participants": participants, "committed_steps": ft.committed,
                           "failed_commits": ft.failed})  # fmt: skip
                 win_s, win_samples, win_steps = 0.0, 0, 0
+            if t.eval_every and ft.step % t.eval_every == 0 and ft.step != steps:
+                self.log({"kind": "eval", "step": ft.step, **self.evaluate()})
+            self._maybe_save()
         last_eval = self.evaluate()
         self.log({"kind": "eval", "step": ft.step, **last_eval})
         from sparse2d.ft.state import digest

@@ -1,4 +1,5 @@
-"""Bad input and lost coordination in fault-tolerant mode: one line on every rank, in time.
+"""The fault-tolerant trainer loop (sparse2d.train.ft_loop) on bad input and lost coordination:
+one line on every rank, in time.
 
 One group (torchrun, 2 gloo ranks) of a job planned for 2 groups.
 """
