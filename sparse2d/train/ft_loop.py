@@ -140,9 +140,10 @@ class FTLoop:
         self.log({"kind": "checkpoint", "step": step, "path": path})
 
     def _maybe_resume(self) -> bool:
-        """Load this group's latest checkpoint when no live group was ahead at the first
-        quorum (the job starts again after every group was lost). Never when a live group
-        can heal this one: that needs no storage."""
+        """Load this group's latest checkpoint (``train.resume=auto``): at a launch, before
+        the first quorum; after a torchrun restart, only when no live group was ahead at the
+        first quorum (then every group was lost). A group that a live one can heal reads no
+        storage."""
         if self.cfg.train.resume != "auto" or self.ft.step != 0 or self.ft.heals:
             return False
         from sparse2d import checkpoint
@@ -195,11 +196,14 @@ class FTLoop:
         window, last_train = TrainWindow(), {}
         train_s, trained_samples, win_s, win_samples, win_steps = 0.0, 0, 0.0, 0, 0
         first = True
+        if self.restart == 0:  # a (re)launch: the first quorum then starts from the furthest
+            self._maybe_resume()  # group's checkpoint, the others heal from it
         while ft.step < steps:
             start = time.perf_counter()
             ft.start_step()
             if first:
-                if self._maybe_resume():  # ask again with the loaded step: the rest heal
+                # torchrun restarted this group and nobody is ahead: every group was lost.
+                if self.restart and self._maybe_resume():  # ask again with the loaded step
                     ft.start_step()
                 elif self._check_not_all_lost():
                     self.ft.shutdown()
