@@ -42,8 +42,8 @@ class FTOptions:
     connect_timeout_s: float = 10.0
     """Reaching the lighthouse / the group's manager server."""
     start_wait_s: float = 30.0
-    """At step 0 (a fresh job), wait up to this long for all ``num_groups`` groups to join
-    the first quorum, so that they start together instead of the first one training alone."""
+    """At the first quorum, wait up to this long for all ``num_groups`` groups to join it,
+    so that groups launched together start together instead of the first one training alone."""
 
     def __post_init__(self) -> None:
         for name in ("num_groups", "min_replica_size", "sync_every"):

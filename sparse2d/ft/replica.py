@@ -168,16 +168,17 @@ class FaultTolerance:
     def start_step(self) -> None:
         """Join this step's quorum; heal from a live group when this group is behind.
 
-        At step 0 the quorum is asked again (every ``START_POLL_S``, up to
-        ``start_wait_s``) until every planned group is in it. The number of polls, not the
+        At the first call the quorum is asked again (every ``START_POLL_S``, up to
+        ``start_wait_s``) until every planned group is in it, so that groups launched
+        together (at step 0, or from their checkpoints) train together from the start. The number of polls, not the
         clock, bounds the wait, so all ranks of a group take the same decisions.
         """
         start, self._heal_from = time.perf_counter(), None
         before = self.step
         self._quorum()
-        if before == 0 and not self._started:
+        if not self._started:  # e.g. all groups start at step 0, or resume one checkpoint
             polls = int(self.options.start_wait_s / START_POLL_S)
-            while self.step == 0 and self.participants < self.options.num_groups and polls > 0:
+            while self.participants < self.options.num_groups and polls > 0:
                 time.sleep(START_POLL_S)
                 self._quorum()
                 polls -= 1

@@ -36,7 +36,7 @@ class FaultToleranceConfig:
     connect_timeout_s: float = 10.0
     """Reaching the lighthouse (checked on every rank before anything starts)."""
     start_wait_s: float = 30.0
-    """At step 0, wait up to this long for all ``group_size`` groups to join the first quorum."""
+    """At launch, wait up to this long for all ``group_size`` groups to join the first quorum."""
 
     def __post_init__(self) -> None:
         positive(self, "group_size", "min_replica_size", "timeout_s", "quorum_timeout_s")
