@@ -164,3 +164,26 @@ def test_group_with_another_config_is_refused_when_it_joins() -> None:
     ((group, text),) = errors.items()
     assert f"ConfigError: group {group} cannot join: group {1 - group} runs another" in text, text
     assert out[(1 - group, 0)]["summary"]["final_step"] == 4
+
+
+def _refuse_replicas_inside_a_world() -> str:
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from sparse2d import ConfigError, DMPCollection
+    from sparse2d.ft import FaultTolerance, FTOptions
+
+    model = DMPCollection(build_model(MIXED_TABLES), 1, device="cpu",
+                          constraints=constraints_for(MIXED_TABLES))  # fmt: skip
+    opt = torch.optim.SGD([p for _, p in in_backward_optimizer_filter(model.named_parameters())])
+    try:
+        FaultTolerance(model, opt, FTOptions(replica_id=0, num_groups=1, lighthouse="http://x:1"))
+    except ConfigError as error:
+        return str(error)
+    finally:
+        model.close()
+    return "not refused"
+
+
+def test_replicas_inside_one_world_are_refused_before_connecting(world2) -> None:
+    for text in world2.run(_refuse_replicas_inside_a_world):
+        assert "needs one sharding group per torchrun world" in text and "got 2 replicas" in text

@@ -82,11 +82,15 @@ class FaultTolerance:
                 "fault tolerance with sharding_strategy=FULLY_SHARDED is not supported: a group "
                 "holds only 1/G of the buffers, so no live group could heal a lost one"
             )
-        if getattr(model, "num_replicas", 1) != 1:
+        contexts = getattr(model, "contexts", None) or [model]  # per-module group sizes too
+        replicated = [
+            getattr(c, "num_replicas", 1) for c in contexts if getattr(c, "num_replicas", 1) != 1
+        ]
+        if replicated:
             raise ConfigError(
                 f"fault tolerance needs one sharding group per torchrun world (sharding_group_size="
-                f"world size); got {model.num_replicas} replicas in this world: replicas are the "
-                "torchft groups (one torchrun per group)"
+                f"world size, for every module); got {replicated[0]} replicas in this world: "
+                "replicas are the torchft groups (one torchrun per group)"
             )
         self.model, self.optimizer, self.options = model, dense_optimizer, options
         self.shards = list(model.shard_states)
