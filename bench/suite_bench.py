@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.bench_util import write_section
+from bench_util import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -72,6 +72,10 @@ from sparse2d.sync.fully_sharded_checks import (
     check_fully_sharded_options,
     check_fully_sharded_plan,
 )
+from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
+from sparse2d.sync.mc.cpu_reset import install_cpu_reset
+from sparse2d.sync.mc.pipelines import install_pipeline_guard
+from sparse2d.sync.mc.tables import check_managed_collision
 from sparse2d.sync.multi import PolicySet, merge_reports
 from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
 from sparse2d.sync.tensors import live_tensors
@@ -206,6 +210,12 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         contexts = describe_contexts(module, world_size, default, call.submodule_configs, sharders)
         for ctx in contexts:
             check_fully_sharded_options(ctx.strategy, call.sync_options, hook)
+        has_mc = check_managed_collision(
+            module,
+            momentum_scaling=(call.sync_options or SyncOptions()).momentum_scaling,
+            hook=hook,
+            strategies=[c.strategy for c in contexts],
+        )
         pg = call.global_pg if call.global_pg is not None else dist.group.WORLD
         self._resources = Resources("DMPCollection")
         groups = GroupRecorder(on_destroyed=forget_destroyed_groups)
@@ -216,7 +226,9 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         self._resources.callback(release_groups)
         try:
             with groups.recording():
-                self._build(module, call, contexts, sharders, resolved, world_size, rank, pg, hook)
+                self._build(
+                    module, call, contexts, sharders, resolved, world_size, rank, pg, hook, has_mc
+                )
         except BaseException:
             self._resources.close()  # a failed construction leaves no group behind
             raise
@@ -232,8 +244,10 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         rank: int,
         pg: dist.ProcessGroup,
         hook: AllReduceHook | None,
+        has_mc: bool,
     ) -> None:
-        """Steps 2-6 (collective); every process group they create is released by ``close``."""
+        """Steps 2-6 (collective); every process group they create is released by ``close``.
+        ``has_mc``: the model has managed-collision tables (``sparse2d.sync.mc``)."""
         # 2. Mesh per context: the ("replicate", "shard") DeviceMesh and its two subgroups.
         # 3. Plan once per context for its L ranks (rank 0 plans, all receive), then remap.
         plan = ShardingPlan(plan={})
@@ -259,6 +273,9 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
             plan.plan.update(remap_plan(ctx.plan, ctx.sharding_group, resolved).plan)
         # 4. Shard: TorchRec's DMP, each module type with its context's ShardingEnv2D.
         apply_torchrec_fixes()
+        if has_mc:
+            install_cpu_reset()
+            install_pipeline_guard()
         self._envs_by_type = {c.module_type: sharding_env(c, pg) for c in contexts}
         DistributedModelParallel.__init__(
             self,
@@ -275,13 +292,15 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         self._assign_shards()
         sliced = [c for c in contexts if c.strategy == FS and c.num_replicas > 1]
         for ctx in contexts:
+            mc = mc_sync_for(self, ctx.shards, ctx.replica_pg) if has_mc else None
             ctx.policy = SyncPolicy(
-                [] if ctx in sliced else ctx.shards,  # FULLY_SHARDED averages every step
+                [] if ctx in sliced else plain_shards(ctx.shards, mc),  # FULLY_SHARDED: every step
                 ctx.replica_pg,
                 ctx.num_replicas,
                 call.sync_options,
                 hook,
                 global_pg=pg,
+                mc=mc,
             )
         policies = [c.policy for c in contexts if c.policy is not None]
         self.sync_policy: SyncPolicy | PolicySet = (
@@ -383,6 +402,7 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
             if ctx.num_replicas == 1:
                 continue
             tensors = live_tensors(ctx.shards, weights=True, states=include_optimizer_state)
+            tensors += mc_identity_buffers(ctx.policy)
             with materialized(self), torch.no_grad():
                 broadcast_(tensors, ctx.replica_pg, src_group_rank=0)
         self.sync_policy.reset()

@@ -77,6 +77,16 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> 
         "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=90)
     )
     dist.barrier()
+    # Import what every check uses, then move it out of the garbage collector's sight: the
+    # full collection after each check (``release_models``) then scans only what checks
+    # made (0.7 s per check with ~340k library objects tracked, microseconds without).
+    import torchrec  # noqa: F401
+
+    import sparse2d.collection  # noqa: F401
+    import tests.models  # noqa: F401
+
+    gc.collect()
+    gc.freeze()
     results.put((rank, None, None, 0))  # joined (this also starts the queue's feeder thread)
     while True:
         task = tasks.get()

@@ -27,9 +27,19 @@ def plan(tables: tuple[Table, ...], ranks: int, node: int | None = None):
 
 
 def test_sharders_offer_every_model_parallel_type_on_cpu() -> None:
-    ebc, ec = default_sharders()
+    ebc, ec, *_ = default_sharders()
     assert set(ebc.sharding_types("cpu")) == set(MODEL_PARALLEL_TYPES)
     assert ShardingType.DATA_PARALLEL.value not in ec.sharding_types("cpu")
+
+
+def test_managed_collision_sharders_offer_kernels_the_device_runs() -> None:
+    """TorchRec's MC sharders offer UVM/key-value kernels on CPU too; its planner then
+    fails on a CPU topology. Row-wise is the only type TorchRec's MC modules shard."""
+    mc_ebc, mc_ec = default_sharders()[2:]
+    for sharder in (mc_ebc, mc_ec):
+        assert sharder.sharding_types("cpu") == [ShardingType.ROW_WISE.value]
+        assert sharder.compute_kernels(ShardingType.ROW_WISE.value, "cpu") == ["fused"]
+        assert "fused_uvm_caching" in sharder.compute_kernels(ShardingType.ROW_WISE.value, "cuda")
 
 
 def test_plan_honours_every_sharding_type_on_cpu() -> None:

@@ -62,6 +62,7 @@ from sparse2d.checkpoint.layout import (
     table_specs,
 )
 from sparse2d.sync.fully_sharded import materialized
+from sparse2d.sync.mc.tables import refuse_managed_collision
 from sparse2d.sync.tensors import flush_caches
 
 FORMAT_VERSION = 1
@@ -188,6 +189,7 @@ def save(
     SGD (``sync_every > 1``) save right after a sync: replica-rank 0's copy is written.
     Returns the checkpoint directory.
     """
+    refuse_managed_collision(model, "sparse2d.checkpoint.save")
     root = os.fspath(path)
     policy = getattr(model, "sync_policy", None)
     if policy is not None:  # land any overlapped/delayed transfer before reading the shards
@@ -306,6 +308,7 @@ def load(
     buffers and are copied into the live shards only after every rank read everything.
     RNG states are restored when the world size is unchanged (they are per rank).
     """
+    refuse_managed_collision(model, "sparse2d.checkpoint.load")
     ckpt = resolve_checkpoint(os.fspath(path))
     marker = _read_marker(ckpt)
     try:  # truncation first: its message names the tables that lost data

@@ -14,6 +14,7 @@ import torch.nn as nn
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import replica_groups
 from sparse2d.sync.collectives import broadcast_
+from sparse2d.sync.mc import mc_identity_buffers
 from sparse2d.sync.tensors import flush_caches, live_tensors
 
 
@@ -75,6 +76,8 @@ def repair_from_replicas(model: nn.Module, ranks: list[int], include_dense: bool
             tensors = live_tensors(shards, weights=True, states=True)
             kernels = {id(s.kernel): s.kernel for s in shards if s.kernel is not None}
             tensors += [kernel.iter for kernel in kernels.values()]  # Adam-style step counter
+            owner = ctx.policy if ctx is not model else model.sync_policy
+            tensors += mc_identity_buffers(owner)  # MC tables: ids move with their rows
             broadcast_(tensors, ctx.replica_pg, src_group_rank=group.index(source))
         if include_dense and any(plans):
             healthy = min(r for r in range(world) if r not in set(ranks))

@@ -31,6 +31,7 @@ from sparse2d.sync.tensors import ShardState, flush_caches, live_tensors
 
 if TYPE_CHECKING:
     from sparse2d.sync.ddp_vote import DdpVote
+    from sparse2d.sync.mc.sync import ManagedCollisionSync
 
 
 def make_engine(kind: str, shards: list[ShardState], replica_pg: dist.ProcessGroup) -> SyncEngine:
@@ -65,9 +66,13 @@ class SyncPolicy:
         hook: AllReduceHook | None = None,
         engine: SyncEngine | None = None,
         global_pg: dist.ProcessGroup | None = None,
+        mc: ManagedCollisionSync | None = None,
     ) -> None:
         self.options = options or SyncOptions()
         self.shards = shards
+        self.mc = mc
+        """Managed-collision tables (``sync.mc``): identities merged, rows averaged by id,
+        blocking at every sync; ``shards`` holds the plain tables only."""
         self.replica_pg = replica_pg
         self.num_replicas = num_replicas
         self.hook = hook
@@ -82,8 +87,9 @@ class SyncPolicy:
         self.compressor = Bf16DeltaCompressor() if opts.compression == "bf16" else None
         self.scaler = AccumulatorScaler(shards, num_replicas) if opts.momentum_scaling else None
         self._sampler: DivergenceSampler | None = None
+        named = shards + (mc.shards if mc is not None else [])  # the guard names MC tables too
         self.guard = (
-            FiniteGuard(shards, global_pg or dist.group.WORLD) if opts.check_finite else None
+            FiniteGuard(named, global_pg or dist.group.WORLD) if opts.check_finite else None
         )
         self._pending: list[Pending] = []
         self._hidden: list[Pending] = []
@@ -169,6 +175,7 @@ class SyncPolicy:
         return (
             self.guard is not None
             and self.num_replicas > 1
+            and self.mc is None  # MC rows are voted on by the sync itself
             and opts.engine in ("dense", "auto")
             and self.compressor is None
             and not (opts.overlap or opts.delayed_optimizer_state)
@@ -194,6 +201,7 @@ class SyncPolicy:
         opts = self.options
         return (
             self.num_replicas > 1
+            and self.mc is None  # MC rows need their identities merged first
             and opts.engine in ("dense", "auto")
             and self.hook is None
             and self.compressor is None
@@ -295,6 +303,8 @@ class SyncPolicy:
     def reset(self) -> None:
         """Forget per-sync references; call after loading weights or state into the shards."""
         self.finish()
+        if self.mc is not None:
+            self.mc.reset()
         if self.compressor is not None:
             self.compressor.reset()
         if self.scaler is not None:
@@ -322,6 +332,15 @@ class SyncPolicy:
         every = self.options.divergence_every
         if every and self._syncs % every == 0:
             divergence = self.measure_divergence()
+        mc_bytes = self._sync_mc(step)
+        if self.mc is not None and not self.shards:  # MC tables only: nothing else to send
+            return SyncReport(
+                step=step,
+                bytes=mc_bytes,
+                seconds=time.perf_counter() - start + landed,
+                divergence=divergence,
+                wait_seconds=waited + landed,
+            )
         if states and async_weights == async_states:
             # One payload for both kinds: one collective per dtype, as few copies as possible.
             parts = [("all", True, True, async_weights)]
@@ -360,7 +379,7 @@ class SyncPolicy:
             except SyncError:
                 self._abandon([pending for pending, _ in started])
                 raise
-        moved = 0
+        moved = mc_bytes
         for (_, w, s, async_op), (pending, sent) in zip(parts, started, strict=True):
             moved += sent
             if async_op:  # tracking restarts now: updates from here on are the next delta
@@ -386,6 +405,18 @@ class SyncPolicy:
             divergence=divergence,
             wait_seconds=waited + landed,
         )
+
+    def _sync_mc(self, step: int) -> int:
+        """Managed-collision tables first, blocking: a job-wide NaN/inf vote on every table
+        (plain ones too, so nothing moves if any is bad), then identities merged and rows
+        averaged by id (``sync.mc``). Returns the bytes sent."""
+        if self.mc is None:
+            return 0
+        with torch.no_grad():
+            if self.guard is not None:
+                tensors = live_tensors(self.mc.shards + self.shards, True, True)
+                self.guard.check(step, tensors, weights=True, states=True)
+            return self.mc.sync()
 
     def _begin(
         self, key: str, payload: Payload, *, states: bool, async_op: bool

@@ -335,6 +335,13 @@ class Config:
             )
         if self.data.source == "criteo":
             check_features(self.model.feature_names, self.model.dense_in_features)
+        if self.model.managed_collision.enabled and every:
+            raise bad(
+                "checkpoint.every",
+                every,
+                "must be 0 with model.managed_collision.enabled: sparse2d checkpoints do not "
+                "carry managed-collision identity tables yet",
+            )
         refused = refusals(self)
         if refused:
             raise ConfigError(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from sparse2d.train.config_io import bad, positive
@@ -81,6 +81,24 @@ class TableSpec:
 
 
 @dataclass(kw_only=True, slots=True)
+class ManagedCollisionConfig:
+    """TorchRec managed collision (``MCHManagedCollisionModule``) in front of every table."""
+
+    enabled: bool = False
+    """Remap raw ids to rows by an identity table that evolves with the data (MC-EBC); the
+    tables are then row-wise (TorchRec's MC sharders offer nothing else)."""
+    raw_id_factor: int = 10
+    """Raw id space of each table, in multiples of its rows (synthetic data draws from it)."""
+    eviction: Literal["lfu", "lru", "distance_lfu"] = "lfu"
+    """Eviction policy of the identity tables."""
+    eviction_interval: int = 1
+    """Steps between the identity tables' insert/evict rounds."""
+
+    def __post_init__(self) -> None:
+        positive(self, "raw_id_factor", "eviction_interval")
+
+
+@dataclass(kw_only=True, slots=True)
 class ModelConfig:
     """TorchRec's DLRM over one ``EmbeddingBagCollection``."""
 
@@ -100,6 +118,8 @@ class ModelConfig:
     """Low-rank dimension of each cross layer (``dlrm_dcn`` only)."""
     init_seed: int = 0
     """Seed of the dense layers' and tables' initialization (same on every rank)."""
+    managed_collision: ManagedCollisionConfig = field(default_factory=ManagedCollisionConfig)
+    """Managed collision in front of the tables (see ``docs/managed_collision.md``)."""
 
     def __post_init__(self) -> None:
         if not self.tables:
@@ -129,6 +149,14 @@ class ModelConfig:
 
     def specs(self) -> list[TableSpec]:
         return [spec for table in self.tables for spec in table.expand()]
+
+    def data_specs(self) -> list[TableSpec]:
+        """The tables as the data sees them: raw id spaces ``raw_id_factor`` times the rows
+        when managed collision is on."""
+        mc = self.managed_collision
+        if not mc.enabled:
+            return self.specs()
+        return [replace(t, rows=t.rows * mc.raw_id_factor) for t in self.specs()]
 
     @property
     def feature_names(self) -> list[str]:

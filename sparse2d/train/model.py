@@ -39,6 +39,15 @@ def build_model(cfg: Config, device: torch.device) -> torch.nn.Module:
         ],
         device=torch.device("meta"),
     )
+    tables: torch.nn.Module = ebc
+    if m.managed_collision.enabled:
+        import torch.distributed as dist
+
+        from sparse2d.train.managed_collision import managed
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        mc = managed(ebc, m.managed_collision, buckets=world)
+        ebc, tables = mc, mc.tables  # type: ignore[assignment]
     common = dict(
         embedding_bag_collection=ebc,
         dense_in_features=m.dense_in_features,
@@ -58,7 +67,7 @@ def build_model(cfg: Config, device: torch.device) -> torch.nn.Module:
         "adagrad": (torch.optim.Adagrad, {"lr": sparse.lr, "eps": sparse.eps}),
         "rowwise_adagrad": (RowWiseAdagrad, {"lr": sparse.lr, "eps": sparse.eps}),
     }[sparse.kind]
-    _apply_optimizer_in_backward(cls, dlrm.sparse_arch.parameters(), kwargs)
+    _apply_optimizer_in_backward(cls, tables.parameters(), kwargs)
     return DLRMTrain(dlrm)
 
 
@@ -99,7 +108,7 @@ def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int
     constraints = {
         t.name: ParameterConstraints(sharding_types=[t.sharding])
         for t in cfg.model.specs()
-        if t.sharding is not None
+        if t.sharding is not None and not cfg.model.managed_collision.enabled  # MC: row-wise
     }
     fully_sharded = cfg.parallel.sharding_strategy == "fully_sharded"
     return DMPCollection(

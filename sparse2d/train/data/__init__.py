@@ -29,7 +29,7 @@ class DataSource:
         self.batch_size = cfg.data.batch_size_per_rank
         self.global_batch = self.batch_size * world_size
         self.rank = rank
-        tables = cfg.model.specs()
+        tables = cfg.model.data_specs()
         self.synthetic: SyntheticCTR | None = None
         if cfg.data.source == "synthetic":
             self.synthetic = SyntheticCTR(

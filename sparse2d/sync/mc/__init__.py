@@ -1,0 +1,41 @@
+"""Managed-collision tables (TorchRec MCH) in 2D: replicas agree on ids before averaging.
+
+``tables`` finds them and refuses what cannot be synced, ``merge`` is the pure identity
+merge, ``sync`` the collective that applies it, ``cpu_reset`` FBGEMM's missing CPU row reset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from sparse2d.sync.mc.sync import ManagedCollisionSync, identity_buffers
+from sparse2d.sync.mc.tables import find_mc_tables
+from sparse2d.sync.tensors import ShardState
+
+__all__ = ["ManagedCollisionSync", "mc_identity_buffers", "mc_sync_for", "plain_shards"]
+
+
+def mc_sync_for(
+    model: nn.Module, shards: list[ShardState], replica_pg: dist.ProcessGroup
+) -> ManagedCollisionSync:
+    """The MC sync of the MCH tables among ``shards`` (possibly none: every rank of a model
+    with MC tables runs the same collectives at each sync)."""
+    return ManagedCollisionSync(find_mc_tables(model, shards), replica_pg)
+
+
+def plain_shards(shards: list[ShardState], mc: ManagedCollisionSync | None) -> list[ShardState]:
+    """``shards`` less those the MC sync owns."""
+    if mc is None:
+        return shards
+    owned = {id(s) for s in mc.shards}
+    return [s for s in shards if id(s) not in owned]
+
+
+def mc_identity_buffers(policy: Any) -> list[torch.Tensor]:
+    """The identity buffers of ``policy``'s MC tables (none without), for broadcasts."""
+    mc = getattr(policy, "mc", None)
+    return identity_buffers(mc.tables) if mc is not None else []

@@ -1,0 +1,165 @@
+"""Sync MCH tables over a replica group: agree on identities, then average rows by id.
+
+Averaging slot by slot is wrong for a managed-collision table: between syncs each replica
+inserts and evicts its own ids, so the same slot holds different ids on different
+replicas. One sync here: all-gather every replica's identity table (ids, rows, metadata);
+every replica computes the same merge (``sync.mc.merge``); each replica contributes, for
+every new row, the row it holds that id in (zeros where it does not hold it); one SUM
+all-reduce per dtype; each row divided by the number of replicas holding its id. A row
+held by one replica keeps that replica's values bit for bit; rows whose id no replica
+keeps are zeroed, weights and optimizer state alike (as TorchRec zeroes evicted rows).
+Optimizer state always travels with its row: an id that moves must take its state along.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from sparse2d.sync.mc.merge import Identity, Merged, merge
+from sparse2d.sync.mc.tables import MCTable
+from sparse2d.sync.tensors import ShardState, by_dtype
+
+
+def _metadata_keys(table: MCTable) -> list[str]:
+    return sorted(table.module._mch_metadata)
+
+
+def _meta(module: torch.nn.Module, key: str) -> torch.Tensor:
+    """The live metadata buffer (by attribute: ``.to()``/loads replace buffer objects)."""
+    return getattr(module, f"_mch_{key}")
+
+
+def local_identity(table: MCTable) -> Identity:
+    """A copy of this replica's identity table of ``table``."""
+    module = table.module
+    return Identity(
+        sorted_ids=module._mch_sorted_raw_ids.detach().clone(),
+        rows=module._mch_remapped_ids_mapping.detach().clone() - table.offset,
+        metadata={k: _meta(module, k).detach().clone() for k in _metadata_keys(table)},
+    )
+
+
+def identity_buffers(tables: list[MCTable]) -> list[torch.Tensor]:
+    """The live identity buffers of ``tables`` (for broadcasts: align, repair)."""
+    out: list[torch.Tensor] = []
+    for table in tables:
+        module = table.module
+        out += [module._mch_sorted_raw_ids, module._mch_remapped_ids_mapping]
+        out += [_meta(module, k) for k in _metadata_keys(table)]
+    return out
+
+
+class ManagedCollisionSync:
+    """Merges identities and averages rows by id for the MCH tables of one replica group."""
+
+    def __init__(self, tables: list[MCTable], replica_pg: dist.ProcessGroup) -> None:
+        self.tables = tables
+        self.replica_pg = replica_pg
+        self.baselines: list[Identity | None] = [None] * len(tables)
+        self.last_seconds = 0.0
+
+    @property
+    def shards(self) -> list[ShardState]:
+        return [s for t in self.tables for s in t.shards]
+
+    def reset(self) -> None:
+        """Take the current (replica-identical) identities as the count baseline."""
+        self.baselines = [local_identity(t) for t in self.tables]
+
+    def sync(self) -> int:
+        """Merge identities, move rows and optimizer state, average by id; returns bytes sent.
+
+        Collective over the replica group; every replica ends bit-identical."""
+        begin = time.perf_counter()
+        groups = dist.get_world_size(self.replica_pg)
+        me = dist.get_rank(self.replica_pg)
+        mine = [local_identity(t) for t in self.tables]
+        packed = torch.cat(
+            [_pack(i, t) for i, t in zip(mine, self.tables, strict=True)]
+            or [torch.zeros(0, dtype=torch.int64)]
+        )
+        gathered = [torch.empty_like(packed) for _ in range(groups)]
+        dist.all_gather(gathered, packed, group=self.replica_pg)
+        sent = packed.numel() * packed.element_size() * (groups - 1)
+        merges: list[Merged] = []
+        at = 0
+        for index, table in enumerate(self.tables):
+            width = _packed_size(table)
+            replicas = [_unpack(g[at : at + width], table) for g in gathered]
+            current = int(max(g[at + width - 1] for g in gathered))
+            at += width
+            merges.append(
+                merge(replicas, self.baselines[index], table.policy, current, table.decay)
+            )
+        sent += self._average_rows(merges, me)
+        with torch.no_grad():
+            for table, merged in zip(self.tables, merges, strict=True):
+                _adopt(table, merged.identity)
+        self.baselines = [m.identity for m in merges]
+        self.last_seconds = time.perf_counter() - begin
+        return sent
+
+    def _average_rows(self, merges: list[Merged], me: int) -> int:
+        """Contribute each new row's id as held here, SUM over replicas, divide by holders."""
+        live: list[torch.Tensor] = []
+        parts: list[torch.Tensor] = []
+        divisors: list[torch.Tensor] = []
+        with torch.no_grad():
+            for table, merged in zip(self.tables, merges, strict=True):
+                source = merged.sources[me]
+                held = source >= 0
+                for shard in table.shards:
+                    for tensor in [shard.weight, *shard.optimizer_states]:
+                        part = torch.zeros_like(tensor)
+                        part[held] = tensor[source[held]]
+                        live.append(tensor)
+                        parts.append(part)
+                        divisors.append(merged.holders)
+            sent = 0
+            for dtype, group in by_dtype(parts).items():
+                flat = torch.cat([p.reshape(-1) for p in group])
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.replica_pg)
+                sent += flat.numel() * flat.element_size()
+                at = 0
+                for part in group:
+                    part.copy_(flat[at : at + part.numel()].view_as(part))
+                    at += part.numel()
+                del dtype
+            for tensor, part, holders in zip(live, parts, divisors, strict=True):
+                shape = (-1,) + (1,) * (tensor.dim() - 1)
+                count = holders.clamp(min=1).to(part.dtype).view(shape)
+                tensor.copy_(part / count)
+        return sent
+
+
+def _packed_size(table: MCTable) -> int:
+    return table.size * (2 + len(_metadata_keys(table))) + 1
+
+
+def _pack(identity: Identity, table: MCTable) -> torch.Tensor:
+    metadata = [identity.metadata[k] for k in _metadata_keys(table)]
+    current = torch.tensor([max(int(table.module._current_iter), 0)], dtype=torch.int64)
+    return torch.cat([identity.sorted_ids, identity.rows, *metadata, current])
+
+
+def _unpack(flat: torch.Tensor, table: MCTable) -> Identity:
+    size = table.size
+    keys = _metadata_keys(table)
+    return Identity(
+        sorted_ids=flat[:size],
+        rows=flat[size : 2 * size],
+        metadata={k: flat[(2 + i) * size : (3 + i) * size] for i, k in enumerate(keys)},
+    )
+
+
+def _adopt(table: MCTable, identity: Identity) -> None:
+    """Write the merged identity table into the live MCH buffers."""
+    module = table.module
+    module._mch_sorted_raw_ids.copy_(identity.sorted_ids)
+    module._mch_remapped_ids_mapping.copy_(identity.rows + table.offset)
+    for key in _metadata_keys(table):
+        _meta(module, key).copy_(identity.metadata[key])
+    module._evicted = False  # evictions made before the sync were reset by it

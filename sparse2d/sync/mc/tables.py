@@ -1,0 +1,148 @@
+"""Find managed-collision tables and refuse what sparse2d cannot sync (before any collective).
+
+``check_managed_collision`` runs on the unsharded module, identically on every rank, during
+``DMPCollection`` validation; ``find_mc_tables`` pairs each sharded MCH module with the
+embedding shards whose rows it hands out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch.nn as nn
+from torchrec.distributed.mc_modules import ShardedManagedCollisionCollection
+from torchrec.distributed.types import ShardingStrategy
+from torchrec.modules.mc_modules import (
+    DistanceLFU_EvictionPolicy,
+    LFU_EvictionPolicy,
+    LRU_EvictionPolicy,
+    ManagedCollisionCollection,
+    MCHManagedCollisionModule,
+)
+
+from sparse2d.errors import ConfigError
+from sparse2d.sync.tensors import ShardState
+
+
+@dataclass
+class MCTable:
+    """One local shard of an MCH-managed table: its remapper and its embedding shards."""
+
+    name: str
+    module: MCHManagedCollisionModule
+    shards: list[ShardState]
+    """Usually one; column pieces of the same rows if the plan splits columns too."""
+    policy: str
+    decay: float
+
+    @property
+    def offset(self) -> int:
+        return int(self.module._output_global_offset)
+
+    @property
+    def size(self) -> int:
+        return int(self.module._zch_size)
+
+
+def policy_name(module: MCHManagedCollisionModule) -> tuple[str, float]:
+    """``(lfu | lru | distance_lfu, decay exponent)`` of an MCH module's eviction policy."""
+    policy = module._eviction_policy
+    if isinstance(policy, DistanceLFU_EvictionPolicy):
+        return "distance_lfu", float(policy._decay_exponent)
+    if isinstance(policy, LRU_EvictionPolicy):
+        return "lru", float(policy._decay_exponent)
+    if isinstance(policy, LFU_EvictionPolicy):
+        return "lfu", 1.0
+    raise ConfigError(
+        f"managed-collision module {module._name!r} uses eviction policy "
+        f"{type(policy).__name__}, which sparse2d cannot merge across replicas; use "
+        "LFU_EvictionPolicy, LRU_EvictionPolicy or DistanceLFU_EvictionPolicy."
+    )
+
+
+def mc_modules(module: nn.Module) -> dict[str, nn.Module]:
+    """``{path.table: managed-collision module}`` of an unsharded model."""
+    found: dict[str, nn.Module] = {}
+    for path, sub in module.named_modules():
+        if isinstance(sub, ManagedCollisionCollection):
+            for table, mc in sub._managed_collision_modules.items():
+                found[f"{path}.{table}" if path else table] = mc
+    return found
+
+
+def check_managed_collision(
+    module: nn.Module,
+    *,
+    momentum_scaling: bool,
+    hook: Any,
+    strategies: list[ShardingStrategy],
+) -> bool:
+    """Raise ``ConfigError`` for a managed-collision combination sparse2d cannot sync
+    correctly; return whether the model has managed-collision tables. Pure (no collective)."""
+    found = mc_modules(module)
+    if not found:
+        return False
+    for name, mc in found.items():
+        if not isinstance(mc, MCHManagedCollisionModule):
+            raise ConfigError(
+                f"managed-collision module {name} is a {type(mc).__name__}: sparse2d syncs "
+                "MCHManagedCollisionModule only. MP-ZCH (HashZchManagedCollisionModule) needs "
+                "FBGEMM's CUDA zero_collision_hash to insert ids (the CPU kernel is read-only) "
+                "and its 2D sync is not built here yet; use MCHManagedCollisionModule."
+            )
+        policy_name(mc)
+    if momentum_scaling:
+        raise ConfigError(
+            "sync momentum_scaling=True with managed-collision tables "
+            f"({', '.join(sorted(found))}): the scaled accumulators would not follow ids that "
+            "move between rows at a sync. Set momentum_scaling=False."
+        )
+    if hook is not None:
+        raise ConfigError(
+            "custom_all_reduce with managed-collision tables "
+            f"({', '.join(sorted(found))}): their rows are merged by id (a sum over the replicas "
+            "holding each id), which an averaging hook cannot express. Drop custom_all_reduce."
+        )
+    if ShardingStrategy.FULLY_SHARDED in strategies:
+        raise ConfigError(
+            "sharding_strategy=FULLY_SHARDED with managed-collision tables "
+            f"({', '.join(sorted(found))}): each replica would hold 1/G of rows whose ids "
+            "differ per replica between syncs. Use sharding_strategy=DEFAULT for them."
+        )
+    return True
+
+
+def find_mc_tables(model: nn.Module, shards: list[ShardState]) -> list[MCTable]:
+    """Pair every sharded MCH module in ``model`` with the shards of ``shards`` it remaps to."""
+    tables: list[MCTable] = []
+    for sub in model.modules():
+        if not isinstance(sub, ShardedManagedCollisionCollection):
+            continue
+        for name, mc in sub._managed_collision_modules.items():
+            offset, size = int(mc._output_global_offset), int(mc._zch_size)
+            mine = [
+                s for s in shards if s.table == name and s.row_offset == offset and s.rows == size
+            ]
+            if not mine:
+                continue  # another context's table
+            policy, decay = policy_name(mc)
+            tables.append(MCTable(name, mc, mine, policy, decay))
+    return tables
+
+
+def refuse_managed_collision(model: nn.Module, action: str) -> None:
+    """Raise ``ConfigError`` if ``model`` holds sharded managed-collision tables: ``action``
+    does not carry their identity tables yet. Pure (the same answer on every rank)."""
+    names = sorted(
+        table
+        for sub in model.modules()
+        if isinstance(sub, ShardedManagedCollisionCollection)
+        for table in sub._managed_collision_modules
+    )
+    if names:
+        raise ConfigError(
+            f"{action} does not carry the identity tables (raw id -> row) of managed-collision "
+            f"tables {names} yet; their rows alone would be wrong after a load. Save "
+            "model.state_dict() with torch.distributed.checkpoint at the same sharding instead."
+        )

@@ -1,0 +1,98 @@
+"""Finding managed-collision modules and refusing what sparse2d cannot sync (pure checks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrec.distributed.types import ShardingStrategy
+from torchrec.modules.embedding_configs import EmbeddingConfig
+from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
+from torchrec.modules.mc_modules import (
+    ManagedCollisionCollection,
+    MCHEvictionPolicy,
+    MCHManagedCollisionModule,
+)
+
+from sparse2d.errors import ConfigError
+from sparse2d.sync.mc.tables import check_managed_collision, mc_modules, policy_name
+from tests.mc_models import build_mc_model
+
+DEFAULT = [ShardingStrategy.DEFAULT]
+
+
+def test_finds_every_mch_module_and_its_policy() -> None:
+    for policy, expected in (("lfu", "lfu"), ("lru", "lru"), ("distance_lfu", "distance_lfu")):
+        found = mc_modules(build_mc_model(policy=policy))
+        assert sorted(found) == [
+            "mc._managed_collision_collection.m0",
+            "mc._managed_collision_collection.m1",
+        ]
+        assert all(policy_name(m)[0] == expected for m in found.values())  # type: ignore[arg-type]
+
+
+def test_plain_model_has_no_mc_tables() -> None:
+    from tests.models import MIXED_TABLES, build_model
+
+    assert not check_managed_collision(
+        build_model(MIXED_TABLES), momentum_scaling=True, hook=None, strategies=DEFAULT
+    )
+
+
+def test_mp_zch_is_refused_with_one_clear_line() -> None:
+    config = EmbeddingConfig(name="h", embedding_dim=8, num_embeddings=16, feature_names=["f_h"])
+    mcc = ManagedCollisionCollection(
+        managed_collision_modules={
+            "h": HashZchManagedCollisionModule(
+                zch_size=16, device=torch.device("cpu"), total_num_buckets=4, input_hash_size=100
+            )
+        },
+        embedding_configs=[config],
+    )
+    with pytest.raises(ConfigError, match="HashZchManagedCollisionModule.*read-only") as error:
+        check_managed_collision(mcc, momentum_scaling=False, hook=None, strategies=DEFAULT)
+    assert "\n" not in str(error.value)
+
+
+def test_unknown_eviction_policy_is_refused() -> None:
+    class Fifo(MCHEvictionPolicy):  # a user's own policy: sparse2d cannot know its merge
+        def __init__(self) -> None:
+            super().__init__(metadata_info=[])
+
+        metadata_info = []  # type: ignore[assignment]
+
+        def record_history_metadata(self, *args: object) -> None: ...
+
+        def coalesce_history_metadata(self, *args: object) -> dict:  # type: ignore[override]
+            return {}
+
+        def update_metadata_and_generate_eviction_scores(self, *args: object):  # type: ignore[override]
+            raise NotImplementedError
+
+    module = MCHManagedCollisionModule(
+        zch_size=8, device=torch.device("cpu"), eviction_policy=Fifo(), eviction_interval=1
+    )
+    with pytest.raises(ConfigError, match="Fifo"):
+        policy_name(module)
+
+
+@pytest.mark.parametrize(
+    "kwargs,word",
+    [
+        ({"momentum_scaling": True, "hook": None, "strategies": DEFAULT}, "momentum_scaling"),
+        (
+            {"momentum_scaling": False, "hook": lambda t, pg: None, "strategies": DEFAULT},
+            "custom_all_reduce",
+        ),
+        (
+            {
+                "momentum_scaling": False,
+                "hook": None,
+                "strategies": [ShardingStrategy.FULLY_SHARDED],
+            },
+            "FULLY_SHARDED",
+        ),
+    ],
+)
+def test_combinations_refused(kwargs: dict, word: str) -> None:
+    with pytest.raises(ConfigError, match=word):
+        check_managed_collision(build_mc_model(), **kwargs)

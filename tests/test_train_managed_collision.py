@@ -1,0 +1,49 @@
+"""The trainer's ``model.managed_collision`` option (MCH in front of the DLRM tables)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrec import EmbeddingBagCollection
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from sparse2d.train.config import load_config
+from sparse2d.train.config_io import KeyValueError
+from sparse2d.train.config_model import ManagedCollisionConfig
+from sparse2d.train.managed_collision import ManagedEmbeddingBags, managed
+from tests.test_train import _summary, _torchrun
+
+TINY = "configs/tiny_cpu.yaml"
+ON = "model.managed_collision.enabled=true"
+
+
+def test_data_draws_raw_ids_from_a_space_ten_times_the_table() -> None:
+    cfg = load_config(TINY, [ON])
+    assert [t.rows * 10 for t in cfg.model.specs()] == [t.rows for t in cfg.model.data_specs()]
+    assert load_config(TINY, []).model.data_specs() == load_config(TINY, []).model.specs()
+
+
+def test_checkpoints_refused_with_managed_collision() -> None:
+    with pytest.raises(KeyValueError, match="managed-collision identity tables"):
+        load_config(TINY, [ON, "checkpoint.every=10"])
+
+
+def test_wrapper_gives_dlrm_an_ebc_face() -> None:
+    configs = [EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=8, feature_names=["f"])]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+    wrapped = managed(ebc, ManagedCollisionConfig(enabled=True), buckets=4)
+    assert isinstance(wrapped, ManagedEmbeddingBags)
+    assert wrapped.embedding_bag_configs() == configs and wrapped.tables is ebc
+    with pytest.raises(ValueError, match="not a multiple of 3"):
+        managed(ebc, ManagedCollisionConfig(enabled=True), buckets=3)
+
+
+def test_trainer_runs_2d_with_managed_collision(tmp_path) -> None:
+    run = _torchrun(
+        4, ON, "train.steps=20", "train.log_every=10", "train.eval_every=0",
+        "train.eval_batches=2", f"run_dir={tmp_path}",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = _summary(tmp_path)
+    assert summary["num_replicas"] == 2 and summary["sync_bytes_per_step"] > 0
+    assert summary["eval_auc"] > 0.6
