@@ -34,11 +34,11 @@ def _lines(run: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_unreachable_lighthouse_stops_every_rank_in_one_line(tmp_path) -> None:
-    with socket.socket() as s:
+    with socket.socket() as s:  # bound, never listening: refused, and nobody else takes it
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    run, _ = _group(f"fault_tolerance.lighthouse=http://127.0.0.1:{port}",
-                    "fault_tolerance.connect_timeout_s=2", f"run_dir={tmp_path}")  # fmt: skip
+        run, _ = _group(f"fault_tolerance.lighthouse=http://127.0.0.1:{port}",
+                        "fault_tolerance.connect_timeout_s=2", f"run_dir={tmp_path}")  # fmt: skip
     assert run.returncode != 0
     lines = _lines(run)
     assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], run.stderr[
