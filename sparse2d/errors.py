@@ -19,3 +19,8 @@ class SyncError(RuntimeError):
 
     The message names the tables and the global ranks holding NaN/inf; no replica changed.
     """
+
+
+class FaultToleranceError(RuntimeError):
+    """Fault-tolerant training cannot go on (no quorum in time, lighthouse lost, every group
+    lost); one line naming the cause and the timeout that expired."""

@@ -9,7 +9,12 @@ import pytest
 from sparse2d.train.config import load_config
 
 CONFIGS = sorted(glob.glob("configs/*.yaml"))
-WORLDS = {"tiny_cpu": (4, 4), "dlrm_criteo_1host_8gpu": (8, 8), "dlrm_large_1024gpu": (1024, 8)}
+WORLDS = {
+    "tiny_cpu": (4, 4),
+    "ft_tiny_cpu": (2, 2),
+    "dlrm_criteo_1host_8gpu": (8, 8),
+    "dlrm_large_1024gpu": (1024, 8),
+}
 
 
 def test_the_shipped_set() -> None:

@@ -22,6 +22,7 @@ import yaml
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import divisors
 from sparse2d.train.config_criteo import check_features, missing_files, unreadable
+from sparse2d.train.config_ft import FaultToleranceConfig, refusals
 from sparse2d.train.config_io import (
     KeyValueError,
     apply_override,
@@ -316,6 +317,8 @@ class Config:
     """Checkpoints."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Run records (TensorBoard)."""
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    """Fault-tolerant 2D on torchft (one torchrun world per sharding group; docs/fault_tolerance.md)."""
     run_dir: str = "runs/default"
     """Output directory: ``summary.json``, ``metrics.jsonl``, ``config.yaml``, checkpoints."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -339,6 +342,12 @@ class Config:
                 "must be 0 with model.managed_collision.enabled: sparse2d checkpoints do not "
                 "carry managed-collision identity tables yet",
             )
+        refused = refusals(self)
+        if refused:
+            raise ConfigError(
+                "fault_tolerance.enable=true cannot run with " + "; ".join(refused) + ": drop "
+                "the option or disable fault tolerance"
+            )
 
     # ---- derived ------------------------------------------------------------------
     @property
@@ -360,6 +369,12 @@ class Config:
         nodes = max(1, world_size // local)
         factors = f"world_size={world_size} ({nodes} node(s) x {local} process(es) per node)"
         size = self.parallel.sharding_group_size
+        if self.fault_tolerance.enable and size not in (None, world_size):
+            raise ConfigError(
+                f"parallel.sharding_group_size={size} with fault_tolerance.enable: each torchrun "
+                f"world ({factors}) is one sharding group; leave it null (or {world_size}) and "
+                "set fault_tolerance.group_size to the number of groups"
+            )
         if size != "auto":  # "auto" is resolved at start-up and always divides the world
             self._check_group(size, world_size, factors)
         if self.metrics.tensorboard and not tensorboard_installed():

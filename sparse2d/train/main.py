@@ -24,7 +24,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from sparse2d.errors import ConfigError, SyncError
+from sparse2d.errors import ConfigError, FaultToleranceError, SyncError
 from sparse2d.train.config import load_config
 from sparse2d.train.failure import describe, is_peer_failure
 from sparse2d.train.model import resolve_device
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
     code = 1
     loop = None
+    cfg = None
     try:
         # Deterministic checks on every rank, before any collective: all ranks agree.
         cfg = load_config(args.config, args.overrides)
@@ -98,16 +99,24 @@ def main(argv: list[str] | None = None) -> int:
             "nccl" if device.type == "cuda" else "gloo",
             timeout=datetime.timedelta(seconds=cfg.parallel.timeout_s),
         )
-        from sparse2d.train.loop import Loop
+        if cfg.fault_tolerance.enable:  # this world is one replica group (sparse2d.ft)
+            from sparse2d.train.ft_loop import FTLoop
 
-        loop = Loop(cfg, device, profile=args.profile)
+            loop = FTLoop(cfg, device)
+        else:
+            from sparse2d.train.loop import Loop
+
+            loop = Loop(cfg, device, profile=args.profile)
         loop.run()
         code = 0
     except ConfigError as error:
-        if local_rank == 0:  # the same on every rank: once per host
+        ft = cfg is not None and cfg.fault_tolerance.enable  # a group's ranks may differ
+        if local_rank == 0 or ft:  # the same on every rank: once per host (ft: every rank)
             _report(rank, error, with_traceback=False)
+    except FaultToleranceError as error:  # every rank of the group says why it stops
+        _report(rank, error, with_traceback=False)
     except SyncError as error:  # raised on every rank with the same text: once per job
-        if rank == 0:
+        if rank == 0 or (loop is not None and hasattr(loop, "ft")):  # ft: only the bad rank
             _report(rank, error, with_traceback=False)
     except Exception as error:
         if dist.is_initialized() and is_peer_failure(error):  # one line per survivor

@@ -1,0 +1,83 @@
+"""Options of fault-tolerant 2D training, checked before anything connects.
+
+Timeouts (seconds) and why they default where they do, on CPU/gloo:
+
+- ``timeout_s``: the cross-group all-reduce, ``should_commit`` and the heal transfer. A
+  peer killed by SIGKILL resets its sockets at once, so this bounds only a peer that hangs.
+- ``quorum_timeout_s``: how long a group waits for a quorum of ``min_replica_size`` groups
+  before it stops with ``FaultToleranceError`` (covers "quorum below min_replica_size").
+- ``connect_timeout_s``: reaching the lighthouse and the group's manager server.
+- The lighthouse's ``heartbeat_timeout_ms`` (``sparse2d.ft.lighthouse``) bounds the survivors'
+  stall after a whole group is lost: the quorum waits until the lost group stops heartbeating.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from sparse2d.errors import ConfigError
+
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+
+
+@dataclass(kw_only=True, slots=True)
+class FTOptions:
+    """How this sharding group takes part in fault-tolerant training (torchft)."""
+
+    replica_id: int
+    """This group's index ``g`` in ``0..num_groups-1`` (selects its data slice)."""
+    num_groups: int
+    """Replica groups the job is planned for ``G`` (the global batch is ``G*L*B``)."""
+    min_replica_size: int = 1
+    """Fewest groups a step may commit with (torchft's ``min_replica_size``)."""
+    lighthouse: str | None = None
+    """Lighthouse address ``http://host:port``; ``None``: ``$TORCHFT_LIGHTHOUSE``."""
+    sync_every: int = 1
+    """Average embedding weights and fused optimizer state over the live groups every N steps."""
+    timeout_s: float = 30.0
+    """Cross-group collectives, commit vote and heal transfer."""
+    quorum_timeout_s: float = 60.0
+    """Wait for a quorum of ``min_replica_size`` groups at most this long, then fail."""
+    connect_timeout_s: float = 10.0
+    """Reaching the lighthouse / the group's manager server."""
+    start_wait_s: float = 30.0
+    """At the first quorum, wait up to this long for all ``num_groups`` groups to join it,
+    so that groups launched together start together instead of the first one training alone."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_groups", "min_replica_size", "sync_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"fault_tolerance.{name}={value!r} must be a whole number >= 1")
+        if not isinstance(self.replica_id, int) or not 0 <= self.replica_id < self.num_groups:
+            raise ConfigError(
+                f"fault_tolerance.replica_id={self.replica_id!r} must be in 0..{self.num_groups - 1} "
+                f"(fault_tolerance.group_size={self.num_groups} groups)"
+            )
+        if self.min_replica_size > self.num_groups:
+            raise ConfigError(
+                f"fault_tolerance.min_replica_size={self.min_replica_size} exceeds the "
+                f"{self.num_groups} groups of the job (fault_tolerance.group_size); no quorum "
+                "could ever form"
+            )
+        for name in ("timeout_s", "quorum_timeout_s", "connect_timeout_s", "start_wait_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"fault_tolerance.{name}={getattr(self, name)!r} must be > 0")
+
+    def lighthouse_address(self) -> str:
+        """The lighthouse address (the option, else ``$TORCHFT_LIGHTHOUSE``), checked for form."""
+        address = self.lighthouse or os.environ.get(LIGHTHOUSE_ENV, "")
+        if not address:
+            raise ConfigError(
+                "fault-tolerant training needs a lighthouse: set fault_tolerance.lighthouse="
+                f"http://HOST:PORT or export {LIGHTHOUSE_ENV} (launch/ft_local.sh starts one)"
+            )
+        host_port = address.split("://", 1)[-1]
+        host, _, port = host_port.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(
+                f"lighthouse address {address!r} is not http://HOST:PORT "
+                f"(fault_tolerance.lighthouse or {LIGHTHOUSE_ENV})"
+            )
+        return address if "://" in address else f"http://{address}"

@@ -1,0 +1,333 @@
+"""``FaultTolerance``: one sharding group as one torchft replica group.
+
+Each group is its own torchrun world of ``L`` ranks holding a complete copy of the model
+(``DMPCollection(model, L)``: ``G=1`` locally; dense parameters under DDP in the group).
+Rank ``r`` of every group holds the same shards, and torchft's managed process group joins
+rank ``r`` of every live group, so the replica dimension of 2D is torchft's.
+
+Step semantics (``docs/fault_tolerance.md``). FBGEMM updates the embeddings inside the
+backward, before anyone knows whether the step commits. So:
+
+- ``start_step`` forms the quorum; a group behind the quorum's step heals from a live group
+  there (before its forward, so nothing it computes is lost).
+- ``finish_step`` averages the dense gradients over the live groups (every step) and, on the
+  sync cadence, the embedding weights and every fused optimizer state tensor, into copies.
+- Commit (every group's ranks vote, torchft's ``should_commit``): the dense optimizer steps
+  on the averaged gradients and the averaged embeddings are written back.
+- Failed commit: the dense step is skipped and each group keeps its own embedding values
+  (its local update of this batch); they are averaged at the next successful sync, or a
+  group that fell behind heals from one that committed. No group rolls back a committed step.
+- The data position advances on every attempt, so no batch is trained twice.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from sparse2d.errors import ConfigError, FaultToleranceError, SyncError
+from sparse2d.ft import state as heal_state
+from sparse2d.ft.lighthouse import check_reachable
+from sparse2d.ft.options import FTOptions
+from sparse2d.sync.tensors import by_dtype, live_tensors
+
+logger = logging.getLogger(__name__)
+START_POLL_S = 0.25
+
+
+def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+
+
+def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
+class FaultTolerance:
+    """Drive one sharding group through fault-tolerant steps (see the module docstring).
+
+    Usage in a user's loop (``model`` a ``sparse2d.DMPCollection`` over this group's world)::
+
+        ft = FaultTolerance(model, dense_opt, FTOptions(replica_id=g, num_groups=G))
+        while ft.step < steps:
+            ft.start_step()                      # quorum; heals this group if it is behind
+            batch = my_batch(ft.position, g)     # a function of (data position, group)
+            model(batch).backward()              # fused embedding update happens here
+            ft.finish_step()                     # average over live groups, vote, dense step
+        ft.shutdown()
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        dense_optimizer: torch.optim.Optimizer,
+        options: FTOptions,
+        *,
+        config_digest: str = "",
+        extra_state: tuple[Callable[[], dict], Callable[[dict], None]] | None = None,
+    ) -> None:
+        if getattr(model, "fully_sharded", None) is not None:
+            raise ConfigError(
+                "fault tolerance with sharding_strategy=FULLY_SHARDED is not supported: a group "
+                "holds only 1/G of the buffers, so no live group could heal a lost one"
+            )
+        contexts = getattr(model, "contexts", None) or [model]  # per-module group sizes too
+        replicated = [
+            getattr(c, "num_replicas", 1) for c in contexts if getattr(c, "num_replicas", 1) != 1
+        ]
+        if replicated:
+            raise ConfigError(
+                f"fault tolerance needs one sharding group per torchrun world (sharding_group_size="
+                f"world size, for every module); got {replicated[0]} replicas in this world: "
+                "replicas are the torchft groups (one torchrun per group)"
+            )
+        self.model, self.optimizer, self.options = model, dense_optimizer, options
+        self.shards = list(model.shard_states)
+        self._extra = extra_state
+        self.fingerprint = heal_state.fingerprint(model, self.shards, config_digest)
+        self.position = 0
+        """Data position: advances on every attempted step (committed or not)."""
+        self.slices_skipped = 0
+        """Group-steps whose data slice nobody trained (absent groups), over the whole job."""
+        self.committed = self.failed = 0
+        self.min_participants: int | None = None
+        self.heals: list[dict[str, Any]] = []
+        self._heal_bytes = 0
+        self._heal_from: int | None = None
+        self._started = False
+        self._short_steps = 0
+        address = options.lighthouse_address()
+        check_reachable(address, options.connect_timeout_s)  # every rank, before any wait
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        seconds = datetime.timedelta
+        self._pg = ProcessGroupGloo(timeout=seconds(seconds=options.timeout_s))
+        self.manager = Manager(
+            pg=self._pg,
+            load_state_dict=self._restore,
+            state_dict=self._capture,
+            min_replica_size=options.min_replica_size,
+            use_async_quorum=False,  # heal before the forward: the sender waits at a safe point
+            timeout=seconds(seconds=options.timeout_s),
+            quorum_timeout=seconds(seconds=options.quorum_timeout_s),
+            connect_timeout=seconds(seconds=options.connect_timeout_s),
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+            lighthouse_addr=address,
+            replica_id=f"sparse2d_group_{options.replica_id}",
+            init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
+        )
+
+    # ---- heal state (torchft calls these) -------------------------------------------------
+    def _capture(self) -> dict[str, Any]:
+        extra = {
+            "position": self.position,
+            "slices_skipped": self.slices_skipped,
+            "from_group": self.options.replica_id,
+            "fingerprint": self.fingerprint,
+            "rng": torch.get_rng_state(),
+            "user": self._extra[0]() if self._extra else {},
+        }
+        return heal_state.capture(self.model, self.shards, self.optimizer, extra)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        extra = state["extra"]
+        if extra["fingerprint"] != self.fingerprint:
+            raise ConfigError(
+                f"group {self.options.replica_id} cannot join: group {extra['from_group']} runs "
+                f"another plan/model/config (fingerprint {extra['fingerprint']:x} != "
+                f"{self.fingerprint:x}); start every group with the same config and world size"
+            )
+        self._heal_bytes = heal_state.restore(self.model, self.shards, self.optimizer, state)
+        self._heal_from = int(extra["from_group"])
+        self.position = int(extra["position"])
+        self.slices_skipped = int(extra["slices_skipped"])
+        torch.set_rng_state(extra["rng"])
+        if self._extra:
+            self._extra[1](extra["user"])
+
+    # ---- the step ----------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Committed steps of the job (torchft's step: the quorum's max, healed on join)."""
+        return self.manager.current_step()
+
+    @property
+    def participants(self) -> int:
+        """Groups in the current quorum."""
+        return self.manager.num_participants()
+
+    def start_step(self) -> None:
+        """Join this step's quorum; heal from a live group when this group is behind.
+
+        At the first call the quorum is asked again (every ``START_POLL_S``, up to
+        ``start_wait_s``) until every planned group is in it, so that groups launched
+        together (at step 0, or from their checkpoints) train together from the start. The number of polls, not the
+        clock, bounds the wait, so all ranks of a group take the same decisions.
+        """
+        start, self._heal_from = time.perf_counter(), None
+        before = self.step
+        self._quorum()
+        if not self._started:  # e.g. all groups start at step 0, or resume one checkpoint
+            polls = int(self.options.start_wait_s / START_POLL_S)
+            while self.participants < self.options.num_groups and polls > 0:
+                time.sleep(START_POLL_S)
+                self._quorum()
+                polls -= 1
+        self._started = True
+        if self._heal_from is not None:
+            self.heals.append({
+                "step": self.step, "from_group": self._heal_from, "from_step": before,
+                "seconds": time.perf_counter() - start, "bytes": self._heal_bytes,
+            })  # fmt: skip
+
+    def _quorum(self) -> None:
+        try:
+            self.manager.start_quorum()
+        except ConfigError:  # a heal refused: the live group runs another plan/config
+            raise
+        except Exception as error:  # quorum RPC timed out or the lighthouse went away
+            raise FaultToleranceError(
+                f"group {self.options.replica_id}: no quorum of >= "
+                f"{self.options.min_replica_size} group(s) within fault_tolerance.quorum_timeout_s="
+                f"{self.options.quorum_timeout_s:g} ({type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''})"
+            ) from None
+
+    def _dense_grads(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        out = []
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is None:  # keep the layout identical in every group
+                    p.grad = torch.zeros_like(p)
+                out.append((p, p.grad))
+        return out
+
+    def finish_step(self, force_sync: bool = False) -> bool:
+        """Average over the live groups, vote, and step the dense optimizer on commit."""
+        m, opts = self.manager, self.options
+        sync = force_sync or (self.step + 1) % opts.sync_every == 0
+        grads = [g for _, g in self._dense_grads()]
+        embeddings = live_tensors(self.shards, weights=True, states=True) if sync else []
+        groups = by_dtype(grads + embeddings)
+        flats = {dtype: _flatten(ts) for dtype, ts in groups.items()}
+        bad_here = any(not bool(torch.isfinite(f).all()) for f in flats.values())
+        control = torch.tensor(
+            [float(self.fingerprint), 1.0 if bad_here else 0.0], dtype=torch.float64
+        )
+        works = [m.allreduce(control)] + [m.allreduce(f) for f in flats.values()]
+        for work in works:
+            work.wait()
+        if m.errored() is not None:
+            self._drop_process_group()
+        mismatch = not m.errored() and float(control[0]) != float(self.fingerprint)
+        bad_anywhere = not m.errored() and float(control[1]) > 0
+        if mismatch or bad_anywhere:  # never apply an average that a bad replica took part in
+            m.report_error(RuntimeError("non-finite values or another plan in the quorum"))
+        participants = self.participants
+        short = participants < opts.min_replica_size
+        try:
+            committed = m.should_commit()
+        except Exception as error:
+            raise FaultToleranceError(
+                f"group {opts.replica_id}: commit vote failed within fault_tolerance.timeout_s="
+                f"{opts.timeout_s:g} (a rank of this group was lost?): {type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}"
+            ) from None
+        self.position += 1
+        if bad_here:
+            raise SyncError(
+                f"group {opts.replica_id} rank {dist.get_rank()}: non-finite dense gradient or "
+                "embedding value; its average was refused by every group (this group restarts "
+                "and heals from a live one)"
+            )
+        if mismatch:
+            raise ConfigError(
+                f"groups in the quorum run different plans/models/configs (fingerprint "
+                f"{self.fingerprint:x} differs); start every group with the same config"
+            )
+        if committed:
+            with torch.no_grad():
+                for dtype, tensors in groups.items():
+                    _unflatten_into(flats[dtype], tensors)
+            self.optimizer.step()
+            self.committed += 1
+            self.slices_skipped += opts.num_groups - participants
+            self.min_participants = min(self.min_participants or participants, participants)
+        else:
+            self.failed += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self._short_quorum(short)
+        return committed
+
+    def _short_quorum(self, short: bool) -> None:
+        """Stop, on every rank, after ``quorum_timeout_s`` of quorums below ``min_replica_size``.
+
+        torchft answers such a step with a failed commit and retries forever (a lighthouse
+        with a lower ``min_replicas`` forms them). Steps are counted, not timed, and each
+        short one waits ``START_POLL_S``: every rank of the group decides alike.
+        """
+        self._short_steps = self._short_steps + 1 if short else 0
+        if not short:
+            return
+        time.sleep(START_POLL_S)
+        if self._short_steps * START_POLL_S >= self.options.quorum_timeout_s:
+            raise FaultToleranceError(
+                f"group {self.options.replica_id}: only {self.participants} group(s) in the "
+                f"quorum for fault_tolerance.quorum_timeout_s={self.options.quorum_timeout_s:g} "
+                f"(min_replica_size={self.options.min_replica_size}); start the missing groups "
+                "or lower min_replica_size"
+            )
+
+    def _drop_process_group(self) -> None:
+        """Tear the cross-group process group down at once after a failed collective.
+
+        Peers still blocked in that collective then fail immediately instead of after the
+        gloo timeout: with 3 groups, a survivor waiting on another survivor (who already gave
+        up and waits for the next quorum) would otherwise hold both until the timeout. The
+        next quorum must build a fresh group even if its members did not change, so the
+        manager's quorum id is forgotten (torchft 0.2 reconfigures only on a new id).
+        """
+        try:
+            self._pg.abort()
+        except Exception as error:  # already torn down: nothing left to release
+            logger.info("process group abort: %s", error)
+        self.manager._quorum_id = -1
+
+    def resume(self, step: int, position: int, slices_skipped: int = 0) -> None:
+        """Continue from a checkpoint (every group was lost): set the step and data position.
+
+        Call after loading the checkpoint into the model and before the next ``start_step``,
+        whose quorum then reports this step; groups behind it heal from the furthest one.
+        """
+        self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        self.position, self.slices_skipped = position, slices_skipped
+
+    def summary(self) -> dict[str, Any]:
+        """The counters a run reports (``committed_steps``, ``failed_commits``, ``heals``...)."""
+        return {
+            "replica_id": self.options.replica_id,
+            "committed_steps": self.committed,
+            "failed_commits": self.failed,
+            "heals": list(self.heals),
+            "group_steps_skipped": self.slices_skipped,
+            "min_groups_in_step": self.min_participants,
+            "final_step": self.step,
+            "data_position": self.position,
+        }
+
+    def shutdown(self) -> None:
+        """Stop this group's manager server and checkpoint server."""
+        self.manager.shutdown(wait=False)

@@ -1,0 +1,105 @@
+"""What a restarted group receives from a live one, rank ``r`` from rank ``r``.
+
+Every embedding shard's weights and fused optimizer state (plus each kernel's step counter),
+the dense parameters and buffers, the dense optimizer, and the caller's extras (step, data
+position, RNG, counters). The sender clones everything at a safe point: torchft calls
+``capture`` from its quorum thread while the sender's main thread waits in ``start_step``
+(the quorum is synchronous), so no backward is updating the fused buffers, and the clones
+are what its HTTP transport serves while the sender trains on.
+
+``fingerprint`` hashes what must match between groups (shard layout, dense shapes, the
+caller's config digest): a group joining with another plan or model is refused by name.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from sparse2d.sync.tensors import ShardState, flush_caches, live_tensors
+
+
+def _kernels(shards: list[ShardState]) -> list[Any]:
+    return list({id(s.kernel): s.kernel for s in shards if s.kernel is not None}.values())
+
+
+def dense_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Dense parameters (those not updated by a fused kernel) and floating buffers by name."""
+    out = {name: p for name, p in in_backward_optimizer_filter(model.named_parameters())}
+    for name, b in model.named_buffers():
+        if type(b) is torch.Tensor and b.is_floating_point():
+            out.setdefault(name, b)
+    return out
+
+
+def fingerprint(model: nn.Module, shards: list[ShardState], digest: str = "") -> int:
+    """A 48-bit hash of this rank's shard layout, the dense shapes and ``digest``.
+
+    48 bits: it travels as a float64 in the cross-group all-reduce and must stay exact.
+    """
+    h = hashlib.sha256(digest.encode())
+    for s in shards:
+        shapes = [tuple(t.shape) for t in s.optimizer_states]
+        h.update(
+            f"{s.table}:{s.row_offset}:{s.col_offset}:{tuple(s.weight.shape)}:{shapes};".encode()
+        )
+    for name, t in sorted(dense_tensors(model).items()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+    return int.from_bytes(h.digest()[:6], "big")
+
+
+def digest(model: nn.Module, shards: list[ShardState]) -> str:
+    """SHA-256 of this rank's embedding shards, fused state and dense tensors: equal digests
+    at the same rank of two groups mean bit-identical replicas."""
+    flush_caches(shards)
+    h = hashlib.sha256()
+    for t in live_tensors(shards, weights=True, states=True):
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    for _, t in sorted(dense_tensors(model).items()):
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def capture(
+    model: nn.Module, shards: list[ShardState], optimizer: torch.optim.Optimizer, extra: dict
+) -> dict[str, Any]:
+    """A consistent copy of everything a peer needs to continue exactly where this rank is."""
+    flush_caches(shards)
+    with torch.no_grad():
+        return {
+            "embeddings": [t.clone() for t in live_tensors(shards, weights=True, states=True)],
+            "iters": [k.iter.clone() for k in _kernels(shards)],
+            "dense": {k: v.detach().clone() for k, v in dense_tensors(model).items()},
+            "optimizer": copy.deepcopy(optimizer.state_dict()),
+            "extra": copy.deepcopy(extra),
+        }
+
+
+def restore(
+    model: nn.Module, shards: list[ShardState], optimizer: torch.optim.Optimizer, state: dict
+) -> int:
+    """Load ``capture``'s output into the live buffers; return the bytes received."""
+    flush_caches(shards)
+    targets = live_tensors(shards, weights=True, states=True)
+    nbytes = 0
+    with torch.no_grad():
+        for dst, src in zip(targets, state["embeddings"], strict=True):
+            dst.copy_(src)
+            nbytes += src.numel() * src.element_size()
+        for kernel, it in zip(_kernels(shards), state["iters"], strict=True):
+            kernel.iter.copy_(it)
+        live = dense_tensors(model)
+        for name, src in state["dense"].items():
+            live[name].copy_(src)
+            nbytes += src.numel() * src.element_size()
+    optimizer.load_state_dict(state["optimizer"])
+    for value in optimizer.state.values():
+        for t in value.values():
+            if isinstance(t, torch.Tensor):
+                nbytes += t.numel() * t.element_size()
+    return nbytes

@@ -1,0 +1,90 @@
+"""The ``fault_tolerance`` config section (named like torchtitan's) and what it refuses.
+
+With ``fault_tolerance.enable`` each torchrun world is ONE sharding group (a torchft replica
+group); ``fault_tolerance.group_size`` groups form the job. Options that need a replica
+dimension inside one world, or that the fault-tolerant sync does not implement, are refused
+here, at load time, before any process group exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from sparse2d.train.config_io import bad, positive
+
+
+@dataclass(kw_only=True, slots=True)
+class FaultToleranceConfig:
+    """Fault-tolerant 2D on torchft: a lost rank stops one sharding group, not the job."""
+
+    enable: bool = False
+    """Run this torchrun world as one replica group of a fault-tolerant job (``launch/ft_local.sh``)."""
+    replica_id: int = 0
+    """This group's index in ``0..group_size-1`` (its slice of every global batch)."""
+    group_size: int = 1
+    """Replica groups in the job ``G`` (torchtitan's name); the global batch is ``G x world x batch``."""
+    min_replica_size: int = 1
+    """Fewest groups a step may commit with; fewer for ``quorum_timeout_s``: every rank stops."""
+    lighthouse: str | None = None
+    """torchft lighthouse ``http://host:port``; null: ``$TORCHFT_LIGHTHOUSE``."""
+    timeout_s: float = 30.0
+    """Cross-group all-reduce, commit vote and heal transfer time limit."""
+    quorum_timeout_s: float = 60.0
+    """Wait at most this long for a quorum of ``min_replica_size`` groups, then stop with one line."""
+    connect_timeout_s: float = 10.0
+    """Reaching the lighthouse (checked on every rank before anything starts)."""
+    start_wait_s: float = 30.0
+    """At launch, wait up to this long for all ``group_size`` groups to join the first quorum."""
+
+    def __post_init__(self) -> None:
+        positive(self, "group_size", "min_replica_size", "timeout_s", "quorum_timeout_s")
+        positive(self, "connect_timeout_s", "start_wait_s")
+        positive(self, "replica_id", allow_zero=True)
+        if self.replica_id >= self.group_size:
+            raise bad("replica_id", self.replica_id, f"must be < group_size={self.group_size}")
+        if self.min_replica_size > self.group_size:
+            raise bad(
+                "min_replica_size",
+                self.min_replica_size,
+                f"exceeds group_size={self.group_size}: no quorum could ever form",
+            )
+
+
+_SYNC_FREE = ("every", "engine", "hide", "include_optimizer_state")
+"""parallel.sync keys the fault-tolerant sync honours (every) or replaces (engine, hide)."""
+
+
+def refusals(cfg: Any) -> list[str]:
+    """Every option of ``cfg`` that fault-tolerant mode cannot run, as ``key=value (why)``."""
+    if not cfg.fault_tolerance.enable:
+        return []
+    out = []
+    p = cfg.parallel
+    if p.sharding_group_size == "auto":
+        out.append(
+            "parallel.sharding_group_size='auto' (a group is one torchrun world: leave it null)"
+        )
+    if p.sharding_strategy != "default":
+        out.append(
+            f"parallel.sharding_strategy={p.sharding_strategy!r} (a group would hold 1/G of the "
+            "buffers: nothing to heal a lost group from)"
+        )
+    default = type(p.sync)()
+    for key, value in dataclasses.asdict(p.sync).items():
+        if key not in _SYNC_FREE and value != getattr(default, key):
+            out.append(
+                f"parallel.sync.{key}={value!r} (the fault-tolerant sync is the blocking fp32 "
+                "average over the quorum)"
+            )
+    if not p.sync.include_optimizer_state:
+        out.append(
+            "parallel.sync.include_optimizer_state=False (a heal and the average carry the "
+            "optimizer state; groups must agree on it)"
+        )
+    if cfg.train.pipeline != "none":
+        out.append(
+            f"train.pipeline={cfg.train.pipeline!r} (the commit vote sits between backward and dense step)"
+        )
+    return out

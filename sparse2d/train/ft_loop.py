@@ -1,0 +1,282 @@
+"""The trainer's loop in fault-tolerant mode (``fault_tolerance.enable``): one torchrun world
+is one sharding group, driven by ``sparse2d.ft.FaultTolerance``.
+
+Data: at data position ``p`` the job's global batch is ``G x L x B`` samples; group ``g``'s
+rank ``r`` reads slice ``g*L + r`` (the same slices a 1D run of ``G*L`` ranks reads). The
+position advances on every attempted step and is healed with the rest of the state, so a
+restarted group continues at the live groups' position: the slices of the steps it was
+down for are skipped (counted in ``samples_skipped``), never trained twice.
+
+Everything a group writes goes to ``RUN_DIR/replica_<id>/`` (``metrics.jsonl``,
+``summary.json``, ``config.yaml``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sparse2d.errors import FaultToleranceError
+from sparse2d.train.config import Config, dump_yaml
+from sparse2d.train.data import DataSource
+from sparse2d.train.metrics import TrainWindow, eval_metrics
+
+
+def config_digest(cfg: Config) -> str:
+    """What every group must agree on (not its replica id or output paths)."""
+    keep = {
+        k: v for k, v in cfg.to_dict().items() if k in ("model", "data", "parallel", "optimizer")
+    }
+    keep["steps"] = cfg.train.steps
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class FTLoop:
+    """One group's run: quorum, heal, train, vote; eval and summary at the end."""
+
+    def __init__(self, cfg: Config, device: torch.device) -> None:
+        from sparse2d.ft import FaultTolerance, FTOptions
+        from sparse2d.train.model import build_model, dense_optimizer, shard
+
+        ft = cfg.fault_tolerance
+        self.cfg, self.device = cfg, device
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.group, self.groups = ft.replica_id, ft.group_size
+        self.is_main = self.rank == 0
+        self.step: int | None = None
+        self.run_dir = os.path.join(cfg.run_dir, f"replica_{self.group}")
+        self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        metrics = os.path.join(self.run_dir, "metrics.jsonl")
+        self.had_progress = os.path.exists(metrics) and '"kind": "train"' in open(metrics).read()
+        if self.is_main:
+            os.makedirs(self.run_dir, exist_ok=True)
+            with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
+                f.write(dump_yaml(cfg))
+            self._metrics = open(metrics, "a")  # noqa: SIM115
+        self._tensorboard = None
+        if self.is_main and cfg.metrics.tensorboard:
+            from sparse2d.train.tensorboard_log import TensorBoardLog
+
+            self._tensorboard = TensorBoardLog(self.run_dir)  # RUN_DIR/replica_<id>/tensorboard
+        slice_rank = self.group * self.size + self.rank
+        self.data = DataSource(cfg, slice_rank, self.groups * self.size)
+        self.eval_data = DataSource(cfg, self.rank, self.size)  # every group: the same eval set
+        self.model = shard(cfg, build_model(cfg, device), device, self.size)
+        self.optimizer = dense_optimizer(cfg, self.model)
+        options = FTOptions(
+            replica_id=self.group,
+            num_groups=self.groups,
+            min_replica_size=ft.min_replica_size,
+            lighthouse=ft.lighthouse,
+            sync_every=cfg.parallel.sync.every,
+            timeout_s=ft.timeout_s,
+            quorum_timeout_s=ft.quorum_timeout_s,
+            connect_timeout_s=ft.connect_timeout_s,
+            # a restarted group rejoins a running job (or finds every group lost): no start wait
+            start_wait_s=ft.start_wait_s if self.restart == 0 else 1e-9,
+        )
+        # The manager is built last: a group heartbeating before it can train would hold
+        # back the live groups' quorum (the lighthouse waits for heartbeating groups).
+        self.ft = FaultTolerance(
+            self.model, self.optimizer, options, config_digest=config_digest(cfg)
+        )
+
+    def log(self, record: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        record = {**record, "time": round(time.time(), 3)}  # wall clock: stalls, heal timing
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        if self._tensorboard is not None:
+            self._tensorboard.write(record, record.get("step") or self.ft.step)
+        text = " ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in record.items()
+            if k != "kind"
+        )
+        print(f"[{record['kind']}] replica={self.group} {text}", flush=True)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        logits, labels, truth = [], [], []
+        for i in range(self.cfg.train.eval_batches):
+            batch, true_logits = self.eval_data.eval(i)
+            _, (_, out, label) = self.model(batch.to(self.device))
+            logits.append(out.float().cpu())
+            labels.append(label.float().cpu())
+            if true_logits is not None:
+                truth.append(true_logits)
+        self.model.train()
+        return eval_metrics(
+            torch.cat(logits), torch.cat(labels), torch.cat(truth) if truth else None
+        )
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """Each group keeps its own checkpoints (a save is collective inside the group only)."""
+        root = self.cfg.checkpoint.dir or self.cfg.run_dir
+        return os.path.join(root, f"replica_{self.group}", "checkpoints")
+
+    def _maybe_save(self) -> None:
+        every, step = self.cfg.checkpoint.every, self.ft.step
+        if not every or (step % every and step != self.cfg.train.steps):
+            return
+        from sparse2d import checkpoint
+
+        extra = {
+            "step": step,
+            "position": self.ft.position,
+            "slices_skipped": self.ft.slices_skipped,
+        }
+        path = checkpoint.save(self.checkpoint_dir, self.model, dense_optimizer=self.optimizer,
+                               extra=extra, step=step, keep=self.cfg.checkpoint.keep)  # fmt: skip
+        self.log({"kind": "checkpoint", "step": step, "path": path})
+
+    def _maybe_resume(self) -> bool:
+        """Load this group's latest checkpoint (``train.resume=auto``): at a launch, before
+        the first quorum; after a torchrun restart, only when no live group was ahead at the
+        first quorum (then every group was lost). A group that a live one can heal reads no
+        storage."""
+        if self.cfg.train.resume != "auto" or self.ft.step != 0 or self.ft.heals:
+            return False
+        from sparse2d import checkpoint
+
+        path = checkpoint.latest(self.checkpoint_dir)
+        if path is None:
+            return False
+        extra = checkpoint.load(path, self.model, dense_optimizer=self.optimizer)
+        self.ft.resume(int(extra["step"]), int(extra["position"]), int(extra["slices_skipped"]))
+        self.log({"kind": "resume", "step": int(extra["step"]), "path": path})
+        return True
+
+    def _finished_by_others(self) -> int | None:
+        """A group whose summary says it finished this launch's job (``launch/ft_local.sh``
+        exports the launch time), if any: then there is nothing left to rejoin."""
+        launched = float(os.environ.get("SPARSE2D_FT_LAUNCH_TIME", "inf"))
+        for g in range(self.groups):
+            path = os.path.join(self.cfg.run_dir, f"replica_{g}", "summary.json")
+            if g != self.group and os.path.exists(path) and os.path.getmtime(path) >= launched:
+                with open(path) as f:
+                    if json.load(f).get("final_step") == self.cfg.train.steps:
+                        return g
+        return None
+
+    def _check_not_all_lost(self) -> bool:
+        """A restarted group that finds the job at step 0 with nothing to heal from while it
+        had trained before: either the job finished without it (return True: stop cleanly)
+        or every group was lost (nothing to resume from without checkpoints: raise)."""
+        if not (self.restart and self.had_progress and self.ft.step == 0 and not self.ft.heals):
+            return False
+        done = self._finished_by_others()
+        if done is not None:
+            if self.is_main:
+                print(f"[done] replica={self.group}: group {done} finished the job while this "
+                      "group restarted; nothing to rejoin", flush=True)  # fmt: skip
+            return True
+        raise FaultToleranceError(
+            f"group {self.group}: every replica group was lost (restart {self.restart} found "
+            "no live group ahead of step 0, and this group had trained before); with "
+            "no checkpoint (checkpoint.every=0, or train.resume=none) there is nothing to resume "
+            "from: start the job again"
+        )
+
+    def run(self) -> dict[str, Any]:
+        cfg, model, ft = self.cfg, self.model, self.ft
+        steps, t = cfg.train.steps, cfg.train
+        samples_per_group = self.size * cfg.data.batch_size_per_rank
+        self.log({"kind": "start", "group_size": self.size, "groups": self.groups,
+                  "restart": self.restart, "pid": os.getpid(), "position": ft.position})  # fmt: skip
+        window, last_train = TrainWindow(), {}
+        train_s, trained_samples, win_s, win_samples, win_steps = 0.0, 0, 0.0, 0, 0
+        first = True
+        if self.restart == 0:  # a (re)launch: the first quorum then starts from the furthest
+            self._maybe_resume()  # group's checkpoint, the others heal from it
+        while ft.step < steps:
+            start = time.perf_counter()
+            ft.start_step()
+            if first:
+                # torchrun restarted this group and nobody is ahead: every group was lost.
+                if self.restart and self._maybe_resume():  # ask again with the loaded step
+                    ft.start_step()
+                elif self._check_not_all_lost():
+                    self.ft.shutdown()
+                    return {}
+                first = False
+            if ft.heals and ft.heals[-1].get("logged") is None:
+                ft.heals[-1]["logged"] = True
+                self.log(
+                    {"kind": "heal", **{k: v for k, v in ft.heals[-1].items() if k != "logged"}}
+                )
+            self.step = step = ft.step
+            batch = self.data.train(ft.position)[0].to(self.device)
+            loss, (_, logits, labels) = model(batch)
+            loss.backward()
+            participants = ft.participants
+            committed = ft.finish_step(force_sync=step == steps - 1)
+            win_s += time.perf_counter() - start
+            if not committed:
+                self.log({"kind": "failed_commit", "step": step + 1, "participants": participants})
+                continue
+            window.update(logits, labels)
+            win_samples += participants * samples_per_group
+            win_steps += 1
+            if ft.step % t.log_every == 0 or ft.step == steps:
+                last_train = window.reduce()
+                train_s += win_s
+                trained_samples += win_samples
+                self.log({"kind": "train", "step": ft.step, **last_train,
+                          "samples_per_s": win_samples / max(win_s, 1e-9),
+                          "participants": participants, "committed_steps": ft.committed,
+                          "failed_commits": ft.failed})  # fmt: skip
+                win_s, win_samples, win_steps = 0.0, 0, 0
+            if t.eval_every and ft.step % t.eval_every == 0 and ft.step != steps:
+                self.log({"kind": "eval", "step": ft.step, **self.evaluate()})
+            self._maybe_save()
+        last_eval = self.evaluate()
+        self.log({"kind": "eval", "step": ft.step, **last_eval})
+        from sparse2d.ft.state import digest
+
+        pids: list[Any] = [None] * self.size
+        dist.all_gather_object(pids, os.getpid())
+        digests: list[Any] = [None] * self.size  # per rank: equal across groups = identical
+        dist.all_gather_object(digests, digest(model, ft.shards))
+        summary = {
+            "steps": steps,
+            "global_batch_size": self.groups * samples_per_group,
+            "batch_size_per_rank": cfg.data.batch_size_per_rank,
+            "world_size": self.groups * self.size,
+            "sharding_group_size": self.size,
+            "num_replicas": self.groups,
+            "sync_every": cfg.parallel.sync.every,
+            "device": str(self.device),
+            "train_loss": last_train.get("train_loss"),
+            "train_auc": last_train.get("train_auc"),
+            **last_eval,
+            "samples_per_s": trained_samples / max(train_s, 1e-9),
+            "sync_s_per_step": None,  # the sync is inside the step (one vote, one all-reduce)
+            "train_s": train_s,
+            **{k: v for k, v in ft.summary().items()},
+            "heals": [{k: v for k, v in h.items() if k != "logged"} for h in ft.heals],
+            "samples_skipped": ft.slices_skipped * samples_per_group,
+            "restart_count": self.restart,
+            "pids": pids,
+            "state_digests": digests,
+        }
+        if self.is_main:
+            with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=2)
+            self._metrics.close()
+            if self._tensorboard is not None:
+                self._tensorboard.close()
+            print(f"final replica={self.group} step={ft.step} committed={ft.committed} "
+                  f"failed={ft.failed} heals={len(ft.heals)} eval_auc={summary.get('eval_auc')}",
+                  flush=True)  # fmt: skip
+        ft.shutdown()
+        return summary

@@ -1,0 +1,67 @@
+"""The trainer's ``fault_tolerance`` section: values checked, unsupported options refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparse2d.errors import ConfigError
+from sparse2d.train.config import load_config
+
+FT = ["fault_tolerance.enable=true", "fault_tolerance.group_size=2"]
+
+
+def test_shipped_ft_config_loads_and_runs_one_group_per_world() -> None:
+    cfg = load_config("configs/ft_tiny_cpu.yaml")
+    assert cfg.fault_tolerance.enable and cfg.fault_tolerance.group_size == 2
+    cfg.check_runtime(2, 2, check_paths=False)
+    with pytest.raises(ConfigError, match="each torchrun world .* is one sharding group"):
+        load_config("configs/ft_tiny_cpu.yaml", ["parallel.sharding_group_size=1"]).check_runtime(
+            2, 2
+        )
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("fault_tolerance.replica_id=2", "replica_id=2 must be < group_size=2"),
+        ("fault_tolerance.min_replica_size=3", "min_replica_size=3 exceeds group_size=2"),
+        ("fault_tolerance.quorum_timeout_s=0", "quorum_timeout_s=0.0 must be > 0"),
+    ],
+)
+def test_bad_values(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config("configs/ft_tiny_cpu.yaml", [override])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("parallel.sharding_group_size=auto", "sharding_group_size='auto'"),
+        ("parallel.sharding_strategy=fully_sharded", "nothing to heal a lost group from"),
+        ("parallel.sync.overlap=true", "parallel.sync.overlap=True"),
+        ("parallel.sync.compression=bf16", "parallel.sync.compression='bf16'"),
+        ("parallel.sync.delayed_optimizer_state=true", "delayed_optimizer_state=True"),
+        ("parallel.sync.momentum_scaling=true", "momentum_scaling=True"),
+        ("parallel.sync.divergence_every=5", "divergence_every=5"),
+        ("parallel.sync.check_finite=false", "check_finite=False"),
+        ("parallel.sync.include_optimizer_state=false", "include_optimizer_state=False"),
+        ("train.pipeline=sparse_dist", "train.pipeline='sparse_dist'"),
+    ],
+)
+def test_unsupported_options_are_refused_before_anything_starts(
+    override: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match="fault_tolerance.enable=true cannot run with") as info:
+        load_config("configs/tiny_cpu.yaml", [*FT, "parallel.sync.divergence_every=0",
+                                               "parallel.sharding_group_size=null", override])  # fmt: skip
+    assert message in str(info.value)
+
+
+def test_checkpoints_and_resume_are_accepted() -> None:
+    cfg = load_config("configs/ft_tiny_cpu.yaml", ["checkpoint.every=20", "train.resume=auto"])
+    assert cfg.checkpoint.every == 20 and cfg.train.resume == "auto"
+
+
+def test_disabled_section_changes_nothing() -> None:
+    cfg = load_config("configs/tiny_cpu.yaml", ["parallel.sync.overlap=true"])
+    assert not cfg.fault_tolerance.enable

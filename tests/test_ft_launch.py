@@ -1,0 +1,177 @@
+"""launch/ft_local.sh under failure: a lighthouse, G torchruns (one per sharding group), real
+SIGKILL of a worker. Only the hit group restarts; it heals from a live group, no checkpoint.
+
+Timeouts used (fault_tolerance.* and the lighthouse's): a killed worker resets its sockets,
+so the survivors' cross-group all-reduce fails at once and their step fails its commit; the
+next quorum waits until the lost group's manager stops heartbeating (torchrun stops the
+rest of that group within its 0.1 s monitor interval; the lighthouse drops a silent group
+after 2 s). So a survivor stalls ~2-4 s; the restarted group needs its start-up (imports,
+sharding) plus one heal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS, KILL_AT = 1000, 40
+TINY = (
+    "model.tables=[{name: t, count: 4, rows: 400, dim: 16}]",
+    "data.batch_size_per_rank=32",
+    f"train.steps={STEPS}",
+    "train.log_every=10",
+    "train.eval_batches=4",
+    "fault_tolerance.timeout_s=20",
+    "fault_tolerance.quorum_timeout_s=60",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def workers(group: int) -> dict[int, int]:
+    """``{local rank: pid}`` of the trainer workers of ``group`` (not its torchrun agent)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(
+                    kv.split("=", 1)
+                    for kv in f.read().decode(errors="replace").split("\0")
+                    if "=" in kv
+                )
+        except OSError:
+            continue
+        if (f"fault_tolerance.replica_id={group}" in argv and "sparse2d.train" in argv
+                and "torch.distributed.run" not in argv and "LOCAL_RANK" in env):  # fmt: skip
+            found[int(env["LOCAL_RANK"])] = int(entry)
+    return found
+
+
+def launch(run_dir, groups: int, *extra: str, nproc: int = 2) -> subprocess.Popen:
+    env = dict(os.environ, PYTHON=sys.executable, NGROUPS=str(groups), NPROC=str(nproc),
+               MAX_RESTARTS="2", LIGHTHOUSE_PORT=str(_free_port()), PYTHONPATH=ROOT)  # fmt: skip
+    env.pop("TORCHFT_LIGHTHOUSE", None)
+    return subprocess.Popen(
+        ["launch/ft_local.sh", *TINY, f"run_dir={run_dir}", *extra],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def run_and_kill(
+    run_dir, groups: int, group: int, local_rank: int, nproc: int = 2, timeout: float = 400
+):
+    """Launch, SIGKILL ``group``'s ``local_rank`` once it logged step >= KILL_AT; return
+    (stdout lines, step at the kill, pids of every other group's workers at the kill)."""
+    job = launch(run_dir, groups, nproc=nproc)
+    lines, killed, others = [], None, {}
+    deadline = time.monotonic() + timeout
+    try:
+        for line in job.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            prefix = f"[train] replica={group} step="
+            if killed is None and line.startswith(prefix):
+                step = int(line[len(prefix) :].split()[0])
+                if step >= KILL_AT:
+                    others = {g: workers(g) for g in range(groups) if g != group}
+                    victim = workers(group)[local_rank]
+                    os.kill(victim, signal.SIGKILL)
+                    killed = step
+            assert time.monotonic() < deadline, "".join(lines[-40:])
+        job.wait(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, "".join(lines[-60:])
+    assert killed is not None, "".join(lines[-40:])
+    return lines, killed, others
+
+
+def summary(run_dir, group: int) -> dict:
+    with open(os.path.join(run_dir, f"replica_{group}", "summary.json")) as f:
+        return json.load(f)
+
+
+def train_records(run_dir, group: int) -> list[dict]:
+    with open(os.path.join(run_dir, f"replica_{group}", "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["kind"] == "train"]
+
+
+def test_sigkill_in_group_1_heals_from_group_0_and_group_0_never_stops(tmp_path) -> None:
+    lines, killed, others = run_and_kill(tmp_path / "killed", 2, group=1, local_rank=1)
+    g0, g1 = summary(tmp_path / "killed", 0), summary(tmp_path / "killed", 1)
+    # Group 0: never restarted (the same worker PIDs), never redid a committed step.
+    assert g0["restart_count"] == 0 and sorted(g0["pids"]) == sorted(others[0].values())
+    # Every step committed once; if a step of group 0 failed while group 1 (healed) committed
+    # it, group 0 takes that step by a heal instead (it never commits a step twice).
+    healed = sum(h["step"] - h["from_step"] for h in g0["heals"])
+    assert g0["final_step"] == STEPS and g0["committed_steps"] + healed == STEPS, g0
+    steps0 = [r["step"] for r in train_records(tmp_path / "killed", 0)]
+    assert steps0 == sorted(set(steps0)) and steps0[-1] == STEPS
+    # ... and kept committing while group 1 was down (a logged window with 1 participant).
+    assert any(r["participants"] == 1 for r in train_records(tmp_path / "killed", 0)), steps0
+    # Group 1 restarted and healed from group 0 (each rank from its peer), after the kill.
+    assert g1["restart_count"] >= 1 and g1["pids"] != g0["pids"]
+    late = [h for h in g1["heals"] if h["step"] > killed]
+    assert late and late[-1]["from_group"] == 0 and late[-1]["bytes"] > 0, g1["heals"]
+    assert g1["final_step"] == STEPS and g1["min_groups_in_step"] == 2
+    assert g0["min_groups_in_step"] == 1
+    assert g0["samples_skipped"] == g1["samples_skipped"] > 0  # group 1's missed slices
+    # Bit-identical replicas after the final sync (rank r of each group).
+    assert g0["state_digests"] == g1["state_digests"]
+    assert g0["eval_auc"] == g1["eval_auc"]
+
+
+@pytest.mark.slow
+def test_three_groups_lose_the_manager_rank_of_group_2_and_carry_on(tmp_path) -> None:
+    """3 groups x 1 rank: SIGKILL group 2's rank 0 (it hosts the group's torchft manager, so
+    its heartbeat stops with it). Groups 0 and 1 keep their PIDs and commit every step once;
+    group 2 restarts, heals from one of them, and all three end bit-identical."""
+    _, killed, others = run_and_kill(tmp_path, 3, group=2, local_rank=0, nproc=1)
+    s = [summary(tmp_path, g) for g in range(3)]
+    for g in (0, 1):
+        assert s[g]["restart_count"] == 0 and s[g]["pids"] == list(others[g].values())
+        # Every step committed once; a survivor whose step failed may take that one step
+        # from the other survivor by a heal (it never commits a step twice).
+        assert s[g]["final_step"] == STEPS
+        healed = sum(h["step"] - h["from_step"] for h in s[g]["heals"] if h["step"] > killed)
+        assert s[g]["committed_steps"] + healed == STEPS, s[g]
+        steps = [r["step"] for r in train_records(tmp_path, g)]
+        assert steps == sorted(set(steps)), steps
+        assert s[g]["min_groups_in_step"] == 2  # carried on as two while group 2 was down
+    assert s[2]["restart_count"] >= 1
+    late = [h for h in s[2]["heals"] if h["step"] > killed]
+    assert late and late[-1]["from_group"] in (0, 1), s[2]["heals"]
+    assert s[0]["state_digests"] == s[1]["state_digests"] == s[2]["state_digests"]
+
+
+def test_relaunch_after_every_group_was_lost_resumes_from_checkpoints(tmp_path) -> None:
+    """Every group gone (here: the job ended at step 40): a new launch with
+    train.resume=auto loads each group's own DCP checkpoint (or heals from the group that
+    did) and continues; the groups end bit-identical."""
+    first = launch(tmp_path, 2, "train.steps=40", "checkpoint.every=20")
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, out[-3000:]
+    again = launch(tmp_path, 2, "train.steps=60", "checkpoint.every=20", "train.resume=auto")
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out[-3000:]
+    s = [summary(tmp_path, g) for g in (0, 1)]
+    assert "[resume] replica=" in out and "step=40" in out, out[-3000:]
+    for g in (0, 1):
+        assert s[g]["final_step"] == 60 and s[g]["committed_steps"] == 20, s[g]
+    assert s[0]["state_digests"] == s[1]["state_digests"]

@@ -1,0 +1,68 @@
+"""The fault-tolerant trainer loop (sparse2d.train.ft_loop) on bad input and lost coordination:
+one line on every rank, in time.
+
+One group (torchrun, 2 gloo ranks) of a job planned for 2 groups.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from sparse2d.ft.lighthouse import start_lighthouse
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _group(*overrides: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, float]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+               PYTHONPATH=ROOT)  # fmt: skip
+    env.pop("TORCHFT_LIGHTHOUSE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "sparse2d.train", "--config", "configs/ft_tiny_cpu.yaml", "train.steps=5",
+           *overrides]  # fmt: skip
+    start = time.monotonic()
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return run, time.monotonic() - start
+
+
+def _lines(run: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in run.stderr.splitlines() if line.startswith("sparse2d.train: rank ")]
+
+
+def test_unreachable_lighthouse_stops_every_rank_in_one_line(tmp_path) -> None:
+    with socket.socket() as s:  # bound, never listening: refused, and nobody else takes it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        run, _ = _group(f"fault_tolerance.lighthouse=http://127.0.0.1:{port}",
+                        "fault_tolerance.connect_timeout_s=2", f"run_dir={tmp_path}")  # fmt: skip
+    assert run.returncode != 0
+    lines = _lines(run)
+    assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], run.stderr[
+        -3000:
+    ]
+    for line in lines:
+        assert (
+            f"FaultToleranceError: lighthouse http://127.0.0.1:{port} unreachable within 2 s"
+            in line
+        )
+
+
+def test_quorum_below_min_replica_size_stops_every_rank_within_the_timeout(tmp_path) -> None:
+    lighthouse = start_lighthouse(min_replicas=2)  # the other group never comes
+    try:
+        run, _ = _group(f"fault_tolerance.lighthouse={lighthouse.address()}",
+                        "fault_tolerance.min_replica_size=2", "fault_tolerance.quorum_timeout_s=5",
+                        f"run_dir={tmp_path}")  # fmt: skip
+    finally:
+        lighthouse.shutdown()
+    assert run.returncode != 0
+    lines = _lines(run)
+    assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], run.stderr[
+        -3000:
+    ]
+    for line in lines:
+        assert "no quorum of >= 2 group(s) within fault_tolerance.quorum_timeout_s=5" in line, line
