@@ -46,6 +46,7 @@ def test_bad_values(override: str, message: str) -> None:
         ("parallel.sync.check_finite=false", "check_finite=False"),
         ("parallel.sync.include_optimizer_state=false", "include_optimizer_state=False"),
         ("train.pipeline=sparse_dist", "train.pipeline='sparse_dist'"),
+        ("model.managed_collision.enabled=true", "identity tables are not merged or healed"),
     ],
 )
 def test_unsupported_options_are_refused_before_anything_starts(

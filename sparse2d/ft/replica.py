@@ -36,6 +36,7 @@ from sparse2d.errors import ConfigError, FaultToleranceError, SyncError
 from sparse2d.ft import state as heal_state
 from sparse2d.ft.lighthouse import check_reachable
 from sparse2d.ft.options import FTOptions
+from sparse2d.sync.mc.tables import sharded_mc_table_names
 from sparse2d.sync.tensors import by_dtype, live_tensors
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,14 @@ class FaultTolerance:
             raise ConfigError(
                 "fault tolerance with sharding_strategy=FULLY_SHARDED is not supported: a group "
                 "holds only 1/G of the buffers, so no live group could heal a lost one"
+            )
+        managed = sharded_mc_table_names(model)
+        if managed:
+            raise ConfigError(
+                f"fault tolerance does not merge or heal the identity tables (raw id -> row) of "
+                f"managed-collision tables {managed}: averaging their rows across groups would "
+                "mix different ids in one slot. Drop fault tolerance or the managed-collision "
+                "modules."
             )
         contexts = getattr(model, "contexts", None) or [model]  # per-module group sizes too
         replicated = [

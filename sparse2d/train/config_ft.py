@@ -83,6 +83,11 @@ def refusals(cfg: Any) -> list[str]:
             "parallel.sync.include_optimizer_state=False (a heal and the average carry the "
             "optimizer state; groups must agree on it)"
         )
+    if cfg.model.managed_collision.enabled:
+        out.append(
+            "model.managed_collision.enabled=True (groups would average rows whose slots hold "
+            "different ids: identity tables are not merged or healed across groups)"
+        )
     if cfg.train.pipeline != "none":
         out.append(
             f"train.pipeline={cfg.train.pipeline!r} (the commit vote sits between backward and dense step)"

@@ -131,15 +131,20 @@ def find_mc_tables(model: nn.Module, shards: list[ShardState]) -> list[MCTable]:
     return tables
 
 
-def refuse_managed_collision(model: nn.Module, action: str) -> None:
-    """Raise ``ConfigError`` if ``model`` holds sharded managed-collision tables: ``action``
-    does not carry their identity tables yet. Pure (the same answer on every rank)."""
-    names = sorted(
+def sharded_mc_table_names(model: nn.Module) -> list[str]:
+    """Names of the sharded managed-collision tables in ``model`` (sorted; pure)."""
+    return sorted(
         table
         for sub in model.modules()
         if isinstance(sub, ShardedManagedCollisionCollection)
         for table in sub._managed_collision_modules
     )
+
+
+def refuse_managed_collision(model: nn.Module, action: str) -> None:
+    """Raise ``ConfigError`` if ``model`` holds sharded managed-collision tables: ``action``
+    does not carry their identity tables yet. Pure (the same answer on every rank)."""
+    names = sharded_mc_table_names(model)
     if names:
         raise ConfigError(
             f"{action} does not carry the identity tables (raw id -> row) of managed-collision "
