@@ -30,6 +30,9 @@ def one_run(index: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="sparse2d-suite-") as tmp:
         clone = Path(tmp) / "sparse2d"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True
+        ).stdout.strip()
         threads = Path(tmp) / "threads.json"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
         env.update(CI="true", SPARSE2D_THREAD_LOG=str(threads))
@@ -46,6 +49,7 @@ def one_run(index: int) -> dict:
         peak = json.loads(threads.read_text()) if threads.exists() else {}
         return {
             "run": index,
+            "commit": commit,
             "returncode": run.returncode,
             "total_s": round(seconds, 1),
             "pytest_s": float(tests.group(1)) if tests else None,
@@ -57,21 +61,21 @@ def one_run(index: int) -> dict:
         }
 
 
-def markdown(runs: list[dict], commit: str) -> str:
+def markdown(runs: list[dict]) -> str:
     rows = "\n".join(
-        f"| {r['run']} | {r['total_s'] / 60:.1f} min ({r['total_s']:.0f} s) | "
+        f"| {r['run']} | `{r['commit']}` | {r['total_s'] / 60:.1f} min ({r['total_s']:.0f} s) | "
         f"{r['pytest_s']} s | {r['summary']} | {r['load_before']} -> {r['load_after']} | "
         f"{r['peak_worker_threads']} ({r['thread_samples']} samples) | {r['returncode']} |"
         for r in runs
     )
     return f"""## Test suite: `make test` from a fresh clone (bench/suite_bench.py)
 
-Commit `{commit}`; each run clones the repository, then `bash .ci/run` (= `make test`:
+Each run clones the repository at the commit shown, then `bash .ci/run` (= `make test`:
 new `.venv`, install, ruff, the whole suite with the slow tests). {os.cpu_count()} cores.
 Peak threads: the most any shared test worker held at a sample (every 0.5 s).
 
-| run | with install | pytest | result | load avg before -> after | peak worker threads | exit |
-|---|---|---|---|---|---|---|
+| run | commit | with install | pytest | result | load avg before -> after | peak worker threads | exit |
+|---|---|---|---|---|---|---|---|
 {rows}
 
 Regenerate: `PYTHONPATH=. .venv/bin/python bench/suite_bench.py --runs 3`.
@@ -82,16 +86,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-results-md", action="store_true")
+    parser.add_argument(
+        "--keep", type=Path, help="earlier runs (a suite.json) to list before the new ones"
+    )
     args = parser.parse_args()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    runs = []
-    for index in range(1, args.runs + 1):
+    runs = json.loads(args.keep.read_text()) if args.keep else []
+    for index in range(len(runs) + 1, len(runs) + args.runs + 1):
         runs.append(one_run(index))
         print(json.dumps(runs[-1]), flush=True)
     (ROOT / "bench" / "suite.json").write_text(json.dumps(runs, indent=1))
-    text = markdown(runs, commit)
+    text = markdown(runs)
     print(text)
     if not args.no_results_md:
         write_section(text, "suite")
