@@ -24,6 +24,7 @@ from pathlib import Path
 from bench_util import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
+LOG_DIR: Path | None = None
 
 
 def one_run(index: int) -> dict:
@@ -44,6 +45,8 @@ def one_run(index: int) -> dict:
         seconds = time.monotonic() - start
         load_after = os.getloadavg()[0]
         out = run.stdout + run.stderr
+        if LOG_DIR is not None:  # the whole output, to see what failed
+            (LOG_DIR / f"suite_run{index}.log").write_text(out)
         summary = [line for line in out.splitlines() if re.search(r"\d+ passed", line)]
         tests = re.search(r"in ([\d.]+)s", summary[-1]) if summary else None
         peak = json.loads(threads.read_text()) if threads.exists() else {}
@@ -89,7 +92,10 @@ def main() -> None:
     parser.add_argument(
         "--keep", type=Path, help="earlier runs (a suite.json) to list before the new ones"
     )
+    parser.add_argument("--log-dir", type=Path, help="keep each run's whole output there")
     args = parser.parse_args()
+    global LOG_DIR
+    LOG_DIR = args.log_dir
     runs = json.loads(args.keep.read_text()) if args.keep else []
     for index in range(len(runs) + 1, len(runs) + args.runs + 1):
         runs.append(one_run(index))
