@@ -76,6 +76,7 @@ from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.sync.mc.cpu_reset import install_cpu_reset
 from sparse2d.sync.mc.pipelines import install_pipeline_guard
 from sparse2d.sync.mc.tables import check_managed_collision
+from sparse2d.sync.mc.zch_insert import install_cpu_insert
 from sparse2d.sync.multi import PolicySet, merge_reports
 from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
 from sparse2d.sync.tensors import live_tensors
@@ -289,6 +290,8 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
             data_parallel_wrapper=call.data_parallel_wrapper,
         )
         self._contexts = contexts
+        if has_mc:
+            install_cpu_insert(self)  # MP-ZCH on CPU: FBGEMM's CPU kernel only looks up
         self._assign_shards()
         sliced = [c for c in contexts if c.strategy == FS and c.num_replicas > 1]
         for ctx in contexts:

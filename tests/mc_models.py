@@ -10,6 +10,8 @@ import torch.nn as nn
 from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
 from torchrec import EmbeddingBagCollection, EmbeddingCollection, KeyedJaggedTensor
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+from torchrec.modules.hash_mc_evictions import HashZchEvictionConfig, HashZchEvictionPolicyName
+from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
 from torchrec.modules.mc_embedding_modules import (
     ManagedCollisionEmbeddingBagCollection,
     ManagedCollisionEmbeddingCollection,
@@ -30,6 +32,8 @@ MC_DIM = 8
 RAW_IDS = 400
 """Raw id space: ~10x the slots, as a managed-collision table sees in production."""
 DENSE = 4
+ZCH_PROBE = 4
+"""MP-ZCH probe window: short, so that windows fill and replicas' ids compete."""
 BUCKETS = 4
 """TorchRec's planner needs a table's buckets to divide evenly over the group's ranks."""
 
@@ -44,7 +48,12 @@ class MCModel(nn.Module):
     """An MC-EC (``bagged=False``) or MC-EBC in front of a dense layer."""
 
     def __init__(
-        self, bagged: bool, policy: str = "lfu", device: str = "cpu", plain: bool = False
+        self,
+        bagged: bool,
+        policy: str = "lfu",
+        device: str = "cpu",
+        plain: bool = False,
+        kind: str = "mch",
     ) -> None:
         super().__init__()
         self.bagged = bagged
@@ -68,7 +77,9 @@ class MCModel(nn.Module):
         ]
         mcc = ManagedCollisionCollection(
             managed_collision_modules={
-                n: MCHManagedCollisionModule(
+                n: zch_module(n, rows, dev)
+                if kind == "zch"
+                else MCHManagedCollisionModule(
                     zch_size=rows,
                     device=dev,
                     eviction_policy=POLICIES[policy](),
@@ -107,6 +118,20 @@ class MCModel(nn.Module):
         return self.dense(torch.cat([*features, dense], dim=1)).squeeze(1)
 
 
+def zch_module(name: str, rows: int, device: torch.device) -> HashZchManagedCollisionModule:
+    """TorchRec's MP-ZCH remapper with TTL metadata and a short probe window (collisions)."""
+    return HashZchManagedCollisionModule(
+        zch_size=rows,
+        device=device,
+        total_num_buckets=BUCKETS,
+        max_probe=ZCH_PROBE,
+        input_hash_size=RAW_IDS,
+        name=name,
+        eviction_policy_name=HashZchEvictionPolicyName.SINGLE_TTL_EVICTION,
+        eviction_config=HashZchEvictionConfig(features=[f"f_{name}"], single_ttl=1),
+    )
+
+
 def build_mc_model(
     bagged: bool = False,
     policy: str = "lfu",
@@ -114,10 +139,12 @@ def build_mc_model(
     lr: float = 0.1,
     seed: int = 0,
     plain: bool = False,
+    kind: str = "mch",
 ) -> MCModel:
-    """``plain``: a plain EBC table ``p0`` beside the MC tables (feature ``f_p0`` last)."""
+    """``plain``: a plain EBC table ``p0`` beside the MC tables (feature ``f_p0`` last);
+    ``kind``: ``mch`` (MCHManagedCollisionModule) or ``zch`` (MP-ZCH)."""
     torch.manual_seed(seed)
-    model = MCModel(bagged, policy, plain=plain)
+    model = MCModel(bagged, policy, plain=plain, kind=kind)
     apply_optimizer_in_backward(optimizer, model.mc._embedding_module.parameters(), {"lr": lr})
     if model.plain is not None:
         apply_optimizer_in_backward(optimizer, model.plain.parameters(), {"lr": lr})

@@ -38,19 +38,33 @@ def test_plain_model_has_no_mc_tables() -> None:
     )
 
 
-def test_mp_zch_is_refused_with_one_clear_line() -> None:
+def _zch_collection(**options: object) -> ManagedCollisionCollection:
     config = EmbeddingConfig(name="h", embedding_dim=8, num_embeddings=16, feature_names=["f_h"])
-    mcc = ManagedCollisionCollection(
-        managed_collision_modules={
-            "h": HashZchManagedCollisionModule(
-                zch_size=16, device=torch.device("cpu"), total_num_buckets=4, input_hash_size=100
-            )
-        },
-        embedding_configs=[config],
+    module = HashZchManagedCollisionModule(
+        zch_size=16,
+        device=torch.device("cpu"),
+        total_num_buckets=4,
+        input_hash_size=100,
+        **options,  # type: ignore[arg-type]
     )
-    with pytest.raises(ConfigError, match="HashZchManagedCollisionModule.*read-only") as error:
-        check_managed_collision(mcc, momentum_scaling=False, hook=None, strategies=DEFAULT)
-    assert "\n" not in str(error.value)
+    return ManagedCollisionCollection(
+        managed_collision_modules={"h": module}, embedding_configs=[config]
+    )
+
+
+def test_mp_zch_is_accepted_and_its_unsynced_options_refused_in_one_line() -> None:
+    assert check_managed_collision(
+        _zch_collection(), momentum_scaling=False, hook=None, strategies=DEFAULT
+    )
+    for options, words in (
+        ({"opt_in_prob": 50, "percent_reserved_slots": 10}, "opt_in_prob=50"),
+        ({"track_id_freq": True}, "runtime metadata"),
+    ):
+        with pytest.raises(ConfigError, match=f"HashZchManagedCollisionModule.*{words}") as error:
+            check_managed_collision(
+                _zch_collection(**options), momentum_scaling=False, hook=None, strategies=DEFAULT
+            )
+        assert "\n" not in str(error.value)
 
 
 def test_unknown_eviction_policy_is_refused() -> None:

@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from sparse2d.sync.mc.sync import ManagedCollisionSync, identity_buffers
 from sparse2d.sync.mc.tables import find_mc_tables
+from sparse2d.sync.mc.zch_sync import find_zch_tables, zch_identity_buffers
 from sparse2d.sync.tensors import ShardState
 
 __all__ = ["ManagedCollisionSync", "mc_identity_buffers", "mc_sync_for", "plain_shards"]
@@ -24,7 +25,9 @@ def mc_sync_for(
 ) -> ManagedCollisionSync:
     """The MC sync of the MCH tables among ``shards`` (possibly none: every rank of a model
     with MC tables runs the same collectives at each sync)."""
-    return ManagedCollisionSync(find_mc_tables(model, shards), replica_pg)
+    return ManagedCollisionSync(
+        find_mc_tables(model, shards), replica_pg, find_zch_tables(model, shards)
+    )
 
 
 def plain_shards(shards: list[ShardState], mc: ManagedCollisionSync | None) -> list[ShardState]:
@@ -38,4 +41,6 @@ def plain_shards(shards: list[ShardState], mc: ManagedCollisionSync | None) -> l
 def mc_identity_buffers(policy: Any) -> list[torch.Tensor]:
     """The identity buffers of ``policy``'s MC tables (none without), for broadcasts."""
     mc = getattr(policy, "mc", None)
-    return identity_buffers(mc.tables) if mc is not None else []
+    if mc is None:
+        return []
+    return identity_buffers(mc.tables) + zch_identity_buffers(mc.zch_tables)

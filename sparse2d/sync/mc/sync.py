@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from sparse2d.sync.mc.merge import Identity, Merged, merge
 from sparse2d.sync.mc.tables import MCTable
+from sparse2d.sync.mc.zch_sync import ZchTable, sync_zch
 from sparse2d.sync.tensors import ShardState, by_dtype
 
 
@@ -55,15 +56,22 @@ def identity_buffers(tables: list[MCTable]) -> list[torch.Tensor]:
 class ManagedCollisionSync:
     """Merges identities and averages rows by id for the MCH tables of one replica group."""
 
-    def __init__(self, tables: list[MCTable], replica_pg: dist.ProcessGroup) -> None:
+    def __init__(
+        self,
+        tables: list[MCTable],
+        replica_pg: dist.ProcessGroup,
+        zch_tables: list[ZchTable] | None = None,
+    ) -> None:
         self.tables = tables
+        self.zch_tables = zch_tables or []
+        """MP-ZCH tables (``sync.mc.zch_sync``): merged TorchRec's way, rows averaged here."""
         self.replica_pg = replica_pg
         self.baselines: list[Identity | None] = [None] * len(tables)
         self.last_seconds = 0.0
 
     @property
     def shards(self) -> list[ShardState]:
-        return [s for t in self.tables for s in t.shards]
+        return [s for t in [*self.tables, *self.zch_tables] for s in t.shards]
 
     def reset(self) -> None:
         """Take the current (replica-identical) identities as the count baseline."""
@@ -94,7 +102,10 @@ class ManagedCollisionSync:
             merges.append(
                 merge(replicas, self.baselines[index], table.policy, current, table.decay)
             )
-        sent += self._average_rows(merges, me)
+        zch_merges, zch_sent = sync_zch(self.zch_tables, self.replica_pg)
+        rows = [(t.shards, m.sources[me], m.holders) for t, m in zip(self.tables, merges)]
+        rows += [(t.shards, m.sources[me], m.holders) for t, m in zip(self.zch_tables, zch_merges)]
+        sent += zch_sent + self._average_rows(rows)
         with torch.no_grad():
             for table, merged in zip(self.tables, merges, strict=True):
                 _adopt(table, merged.identity)
@@ -102,22 +113,22 @@ class ManagedCollisionSync:
         self.last_seconds = time.perf_counter() - begin
         return sent
 
-    def _average_rows(self, merges: list[Merged], me: int) -> int:
-        """Contribute each new row's id as held here, SUM over replicas, divide by holders."""
+    def _average_rows(self, rows: list[tuple[list[ShardState], torch.Tensor, torch.Tensor]]) -> int:
+        """Per ``(shards, source, holders)``: contribute each new row's id as held here
+        (``source``: local row, -1 none), SUM over replicas, divide by ``holders``."""
         live: list[torch.Tensor] = []
         parts: list[torch.Tensor] = []
         divisors: list[torch.Tensor] = []
         with torch.no_grad():
-            for table, merged in zip(self.tables, merges, strict=True):
-                source = merged.sources[me]
+            for shards, source, holders in rows:
                 held = source >= 0
-                for shard in table.shards:
+                for shard in shards:
                     for tensor in [shard.weight, *shard.optimizer_states]:
                         part = torch.zeros_like(tensor)
                         part[held] = tensor[source[held]]
                         live.append(tensor)
                         parts.append(part)
-                        divisors.append(merged.holders)
+                        divisors.append(holders)
             sent = 0
             for dtype, group in by_dtype(parts).items():
                 flat = torch.cat([p.reshape(-1) for p in group])

@@ -13,6 +13,7 @@ from typing import Any
 import torch.nn as nn
 from torchrec.distributed.mc_modules import ShardedManagedCollisionCollection
 from torchrec.distributed.types import ShardingStrategy
+from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
 from torchrec.modules.mc_modules import (
     DistanceLFU_EvictionPolicy,
     LFU_EvictionPolicy,
@@ -71,6 +72,22 @@ def mc_modules(module: nn.Module) -> dict[str, nn.Module]:
     return found
 
 
+def check_zch(name: str, mc: HashZchManagedCollisionModule) -> None:
+    """Refuse MP-ZCH options whose state the 2D sync and the CPU insert do not carry."""
+    if mc._opt_in_prob != -1:
+        raise ConfigError(
+            f"MP-ZCH module {name} (HashZchManagedCollisionModule) uses opt_in_prob="
+            f"{mc._opt_in_prob} (reserved slots): sparse2d's CPU insert and 2D sync do not "
+            "implement reserved slots; leave opt_in_prob=-1."
+        )
+    if mc._hash_zch_runtime_meta is not None:
+        raise ConfigError(
+            f"MP-ZCH module {name} (HashZchManagedCollisionModule) keeps runtime metadata "
+            "(track_id_freq / write_runtime_meta_dim), which sparse2d's 2D sync would not "
+            "move with its ids; turn both off."
+        )
+
+
 def check_managed_collision(
     module: nn.Module,
     *,
@@ -84,12 +101,13 @@ def check_managed_collision(
     if not found:
         return False
     for name, mc in found.items():
+        if isinstance(mc, HashZchManagedCollisionModule):
+            check_zch(name, mc)
+            continue
         if not isinstance(mc, MCHManagedCollisionModule):
             raise ConfigError(
                 f"managed-collision module {name} is a {type(mc).__name__}: sparse2d syncs "
-                "MCHManagedCollisionModule only. MP-ZCH (HashZchManagedCollisionModule) needs "
-                "FBGEMM's CUDA zero_collision_hash to insert ids (the CPU kernel is read-only) "
-                "and its 2D sync is not built here yet; use MCHManagedCollisionModule."
+                "MCHManagedCollisionModule and HashZchManagedCollisionModule only."
             )
         policy_name(mc)
     if momentum_scaling:
@@ -120,6 +138,8 @@ def find_mc_tables(model: nn.Module, shards: list[ShardState]) -> list[MCTable]:
         if not isinstance(sub, ShardedManagedCollisionCollection):
             continue
         for name, mc in sub._managed_collision_modules.items():
+            if not isinstance(mc, MCHManagedCollisionModule):
+                continue  # MP-ZCH: sync.mc.zch_sync
             offset, size = int(mc._output_global_offset), int(mc._zch_size)
             mine = [
                 s for s in shards if s.table == name and s.row_offset == offset and s.rows == size

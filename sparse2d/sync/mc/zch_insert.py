@@ -178,3 +178,18 @@ def zero_collision_hash_cpu(module: Any, **kwargs: Any) -> tuple[torch.Tensor, A
         eviction_policy=kwargs["eviction_policy"],
         disable_fallback=kwargs["disable_fallback"],
     )
+
+
+def install_cpu_insert(model: torch.nn.Module) -> int:
+    """Route the inserts of every CPU MP-ZCH module in ``model`` through ``zch_insert``
+    while FBGEMM's CPU kernel cannot insert; returns how many modules were routed."""
+    from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
+
+    if cpu_kernel_inserts():
+        return 0
+    routed = 0
+    for sub in model.modules():
+        if isinstance(sub, HashZchManagedCollisionModule) and sub.device.type == "cpu":
+            sub._zero_collision_hash = functools.partial(zero_collision_hash_cpu, sub)
+            routed += 1
+    return routed
