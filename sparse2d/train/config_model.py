@@ -82,20 +82,28 @@ class TableSpec:
 
 @dataclass(kw_only=True, slots=True)
 class ManagedCollisionConfig:
-    """TorchRec managed collision (``MCHManagedCollisionModule``) in front of every table."""
+    """TorchRec managed collision (MCH or MP-ZCH) in front of every table."""
 
     enabled: bool = False
     """Remap raw ids to rows by an identity table that evolves with the data (MC-EBC); the
     tables are then row-wise (TorchRec's MC sharders offer nothing else)."""
     raw_id_factor: int = 10
     """Raw id space of each table, in multiples of its rows (synthetic data draws from it)."""
+    kind: Literal["mch", "zch"] = "mch"
+    """``mch``: ``MCHManagedCollisionModule`` (sorted identity table, LFU/LRU eviction);
+    ``zch``: ``HashZchManagedCollisionModule`` (TorchRec's MP-ZCH: hashed probe windows,
+    TTL metadata)."""
     eviction: Literal["lfu", "lru", "distance_lfu"] = "lfu"
-    """Eviction policy of the identity tables."""
+    """Eviction policy of the identity tables (``mch`` only)."""
     eviction_interval: int = 1
-    """Steps between the identity tables' insert/evict rounds."""
+    """Steps between the identity tables' insert/evict rounds (``mch`` only)."""
+    max_probe: int = 128
+    """Probe window of each id (``zch`` only; TorchRec's default)."""
+    ttl_hours: int = 1
+    """Hours an unseen id keeps its slot before a new id may take it (``zch`` only)."""
 
     def __post_init__(self) -> None:
-        positive(self, "raw_id_factor", "eviction_interval")
+        positive(self, "raw_id_factor", "eviction_interval", "max_probe", "ttl_hours")
 
 
 @dataclass(kw_only=True, slots=True)

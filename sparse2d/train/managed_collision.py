@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 from torchrec import EmbeddingBagCollection, KeyedJaggedTensor, KeyedTensor
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.hash_mc_evictions import HashZchEvictionConfig, HashZchEvictionPolicyName
+from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
 from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
 from torchrec.modules.mc_modules import (
     DistanceLFU_EvictionPolicy,
@@ -49,10 +51,28 @@ class ManagedEmbeddingBags(nn.Module):
         return self.mc_ebc._embedding_module  # type: ignore[return-value]
 
 
+def zch(
+    config: EmbeddingBagConfig, cfg: ManagedCollisionConfig, buckets: int
+) -> HashZchManagedCollisionModule:
+    """TorchRec's MP-ZCH remapper for ``config``, with TTL metadata (merged at each 2D sync)."""
+    return HashZchManagedCollisionModule(
+        zch_size=config.num_embeddings,
+        device=torch.device("cpu"),
+        total_num_buckets=buckets,
+        max_probe=cfg.max_probe,
+        input_hash_size=config.num_embeddings * cfg.raw_id_factor,
+        name=config.name,
+        eviction_policy_name=HashZchEvictionPolicyName.SINGLE_TTL_EVICTION,
+        eviction_config=HashZchEvictionConfig(
+            features=list(config.feature_names), single_ttl=cfg.ttl_hours
+        ),
+    )
+
+
 def managed(
     ebc: EmbeddingBagCollection, cfg: ManagedCollisionConfig, buckets: int
 ) -> ManagedEmbeddingBags:
-    """Put one MCH module per table of ``ebc`` in front of it; ``buckets`` must divide every
+    """Put one MCH (or MP-ZCH) module per table of ``ebc`` in front of it; ``buckets`` must divide every
     table's rows and be a multiple of the sharding group size (TorchRec's planner)."""
     configs = ebc.embedding_bag_configs()
     for config in configs:
@@ -62,7 +82,9 @@ def managed(
                 f"not a multiple of {buckets} (the world size): give it a multiple of {buckets}"
             )
     modules = {
-        c.name: MCHManagedCollisionModule(
+        c.name: zch(c, cfg, buckets)
+        if cfg.kind == "zch"
+        else MCHManagedCollisionModule(
             zch_size=c.num_embeddings,
             device=torch.device("cpu"),
             eviction_policy=POLICIES[cfg.eviction](),

@@ -94,57 +94,73 @@ def zch_insert(
     bases = offsets.tolist() if offsets is not None else [0] * len(ids)
     cur_hour = (int(time.time()) // 3600) % _MAX_HOURS
     stamps = input_metadata.reshape(-1).tolist() if input_metadata is not None else None
-    table = identities.view(-1)
-    meta = metadata.view(-1) if metadata is not None else None
+    table = identities.view(-1).tolist()  # Python lists: one id after the other is a loop
+    meta = metadata.view(-1).tolist() if metadata is not None else None
     out: list[int] = []
     evicted: list[int] = []
     for index, item in enumerate(ids):
         size, base = int(sizes[index]), int(bases[index])
         first = int(start[index]) - base
         stamp = int(stamps[index]) if stamps is not None else cur_hour
-        window = [base + (first + step) % size for step in range(max_probe)]
+        window = _Window(base, first, size, max_probe)
         slot = _probe(table, meta, item, window, stamp, eviction_threshold, eviction_policy)
         if slot is None:
             out.append(-1 if disable_fallback else base + first)
             continue
-        if int(table[slot]) != item and int(table[slot]) != _EMPTY:
+        if table[slot] != item and table[slot] != _EMPTY:
             evicted.append(slot)
         table[slot] = item
         if meta is not None:
-            meta[slot] = max(int(meta[slot]), stamp)
+            meta[slot] = max(meta[slot], stamp)
         out.append(slot)
+    identities.view(-1).copy_(torch.tensor(table, dtype=identities.dtype))
+    if metadata is not None and meta is not None:
+        metadata.view(-1).copy_(torch.tensor(meta, dtype=metadata.dtype))
     slots = torch.tensor(out, dtype=torch.int64)
     if not evict:
         return slots, None
     return slots, torch.unique(torch.tensor(evicted, dtype=torch.int64))
 
 
+class _Window:
+    """The ``max_probe`` slots probed circularly from ``first`` in ``[base, base + size)``."""
+
+    __slots__ = ("base", "first", "size", "probe")
+
+    def __init__(self, base: int, first: int, size: int, probe: int) -> None:
+        self.base, self.first, self.size, self.probe = base, first, size, probe
+
+    def __iter__(self):  # noqa: ANN204 - a plain generator of slots
+        base, first, size = self.base, self.first, self.size
+        return (base + (first + step) % size for step in range(self.probe))
+
+
 def _probe(
-    table: torch.Tensor,
-    meta: torch.Tensor | None,
+    table: list[int],
+    meta: list[int] | None,
     item: int,
-    window: list[int],
+    window: _Window,
     stamp: int,
     threshold: int,
     policy: int,
 ) -> int | None:
     """The slot ``item`` takes in ``window`` (None: fall back), FBGEMM's CUDA order."""
-    held = [int(table[s]) for s in window]
     # FBGEMM pre-checks the window up to the first empty slot: a held id is never evicted for.
     present = False
-    for value in held:
-        if value == _EMPTY:
+    for slot in window:
+        if table[slot] == _EMPTY:
             break
-        if value == item:
+        if table[slot] == item:
             present = True
             break
     oldest, oldest_stamp = None, _MAX_HOURS
-    for slot, value in zip(window, held, strict=True):
+    for slot in window:
+        value = table[slot]
         if value == item or value == _EMPTY:
             return slot
         if meta is None:
             continue
-        seen = int(meta[slot])
+        seen = meta[slot]
         expired = threshold > seen and seen < stamp
         if policy == 0 and not present and expired:
             return slot
