@@ -31,9 +31,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MC = ["model.managed_collision.enabled=true"]
 
 
-def quality(steps: int, eval_batches: int) -> list[dict[str, Any]]:
+def quality(steps: int, eval_batches: int, kind: str = "mch") -> list[dict[str, Any]]:
     common = [
         *MC,
+        f"model.managed_collision.kind={kind}",
         f"train.steps={steps}",
         "train.eval_every=0",
         f"train.eval_batches={eval_batches}",
@@ -70,7 +71,7 @@ def quality(steps: int, eval_batches: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _model(managed: bool, rows: int, dim: int) -> Any:
+def _model(managed: bool, rows: int, dim: int, kind: str = "mch") -> Any:
     import torch
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec import EmbeddingBagCollection
@@ -90,6 +91,25 @@ def _model(managed: bool, rows: int, dim: int) -> Any:
     _apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.01})
     if not managed:
         return ebc
+    if kind == "zch":
+        from torchrec.modules.hash_mc_evictions import (
+            HashZchEvictionConfig,
+            HashZchEvictionPolicyName,
+        )
+        from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
+
+        policy = HashZchEvictionPolicyName.SINGLE_TTL_EVICTION
+        zch = HashZchManagedCollisionModule(
+            zch_size=rows,
+            device=torch.device("cpu"),
+            total_num_buckets=4,
+            input_hash_size=rows * 10,
+            name="t",
+            eviction_policy_name=policy,
+            eviction_config=HashZchEvictionConfig(features=["f"], single_ttl=1),
+        )
+        mcc = ManagedCollisionCollection({"t": zch}, embedding_configs=configs)
+        return ManagedCollisionEmbeddingBagCollection(ebc, mcc)
     mch = MCHManagedCollisionModule(
         zch_size=rows,
         device=torch.device("cpu"),
@@ -118,7 +138,9 @@ def _batch(step: int, rows: int, batch: int, managed: bool) -> Any:
     )
 
 
-def measure_sync(rows: int, dim: int, repeats: int, batch: int) -> dict[str, Any]:
+def measure_sync(
+    rows: int, dim: int, repeats: int, batch: int, mc_kind: str = "mch"
+) -> dict[str, Any]:
     """Alternate plain/MC: one training step on each rank's own batch, then a timed sync."""
     import torch
     import torch.distributed as dist
@@ -130,7 +152,7 @@ def measure_sync(rows: int, dim: int, repeats: int, batch: int) -> dict[str, Any
     row_wise = {"t": ParameterConstraints(sharding_types=["row_wise"])}
     models = {
         kind: DMPCollection(
-            _model(kind == "mc", rows, dim),
+            _model(kind == "mc", rows, dim, mc_kind),
             2,
             device="cpu",
             constraints=row_wise,
@@ -160,11 +182,18 @@ def measure_sync(rows: int, dim: int, repeats: int, batch: int) -> dict[str, Any
 
 def section(q: list[dict[str, Any]], cost: dict[str, Any], args: Any, note: str) -> str:
     base = next(r for r in q if r["strategy"] == "1D")["eval_auc"]
+    zch = args.kind == "zch"
+    module = (
+        "an MP-ZCH module (`HashZchManagedCollisionModule`, TTL metadata, sparse2d's CPU insert)"
+        if zch
+        else "an LFU MCH module"
+    )
     lines = [
-        "## Managed collision (MCH) in 2D (bench/mc_bench.py)",
+        f"## Managed collision ({'MP-ZCH' if zch else 'MCH'}) in 2D (bench/mc_bench.py)",
         "",
-        "Quality: `configs/tiny_cpu.yaml` with `model.managed_collision.enabled=true` (an LFU "
-        "MCH module in front of each of the 8 tables; synthetic raw ids Zipf over 10x each "
+        f"Quality: `configs/tiny_cpu.yaml` with `model.managed_collision.enabled=true "
+        f"model.managed_collision.kind={args.kind}` ({module} in front of each of the 8 "
+        "tables; synthetic raw ids Zipf over 10x each "
         f"table's rows), world 4 gloo CPU, {args.steps} steps, eval on {args.eval_batches} "
         "batches per rank. 1D = one group of 4; 2D = L=2 (2 replicas), identities merged and "
         "rows averaged by id at every sync.",
@@ -198,7 +227,7 @@ def section(q: list[dict[str, Any]], cost: dict[str, Any], args: Any, note: str)
         f"Machine: {note}.",
         "",
         f"Reproduce: `.venv/bin/python bench/mc_bench.py --steps {args.steps} --rows {args.rows} "
-        f"--repeats {args.repeats}`",
+        f"--repeats {args.repeats}" + (" --kind zch`" if zch else "`"),
     ]
     return "\n".join(lines)
 
@@ -211,21 +240,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--kind", choices=["mch", "zch"], default="mch")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
-    cost = spawn(4, measure_sync, args.rows, args.dim, args.repeats, args.batch)
-    q = [] if args.skip_quality else quality(args.steps, args.eval_batches)
+    cost = spawn(4, measure_sync, args.rows, args.dim, args.repeats, args.batch, args.kind)
+    q = [] if args.skip_quality else quality(args.steps, args.eval_batches, args.kind)
     result = {"quality": q, "sync_cost": cost}
     print(json.dumps(result, indent=1))
     if args.no_write or args.skip_quality:
         return 0
     text = section(q, cost, args, machine_note(load))
     print(text)
-    with open(os.path.join(HERE, "mc.json"), "w") as f:
+    suffix = "_zch" if args.kind == "zch" else ""
+    with open(os.path.join(HERE, f"mc{suffix}.json"), "w") as f:
         json.dump(result, f, indent=1)
-    write_section(text, "managed_collision")
+    write_section(text, f"managed_collision{suffix}")
     return 0
 
 

@@ -7,6 +7,7 @@ import torch
 from torchrec import EmbeddingBagCollection
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from sparse2d.errors import ConfigError
 from sparse2d.train.config import load_config
 from sparse2d.train.config_io import KeyValueError
 from sparse2d.train.config_model import ManagedCollisionConfig
@@ -47,3 +48,19 @@ def test_trainer_runs_2d_with_managed_collision(tmp_path) -> None:
     summary = _summary(tmp_path)
     assert summary["num_replicas"] == 2 and summary["sync_bytes_per_step"] > 0
     assert summary["eval_auc"] > 0.6
+
+
+def test_kind_zch_puts_mp_zch_in_front_of_every_table() -> None:
+    from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
+
+    cfg = load_config(
+        TINY, [ON, "model.managed_collision.kind=zch", "model.managed_collision.max_probe=16"]
+    )
+    configs = [EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=8, feature_names=["f"])]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+    wrapped = managed(ebc, cfg.model.managed_collision, buckets=4)
+    mc = wrapped.mc_ebc._managed_collision_collection._managed_collision_modules["t"]
+    assert isinstance(mc, HashZchManagedCollisionModule)
+    assert mc.max_probe == 16 and mc._input_hash_size == 80 and mc._hash_zch_metadata is not None
+    with pytest.raises(ConfigError, match="kind=.hash. must be one of .mch., .zch."):
+        load_config(TINY, [ON, "model.managed_collision.kind=hash"])
