@@ -44,8 +44,8 @@ def _children(pid: int) -> list[int]:
     return sorted(found)
 
 
-def _launch(run_dir, *extra: str, restarts: int = 3) -> subprocess.Popen:
-    env = dict(os.environ, PYTHON=sys.executable, NPROC="4", MAX_RESTARTS=str(restarts))
+def _launch(run_dir, *extra: str, restarts: int = 3, nproc: int = 2) -> subprocess.Popen:
+    env = dict(os.environ, PYTHON=sys.executable, NPROC=str(nproc), MAX_RESTARTS=str(restarts))
     return subprocess.Popen(
         ["launch/local.sh", *TINY, f"run_dir={run_dir}", *extra],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -53,15 +53,17 @@ def _launch(run_dir, *extra: str, restarts: int = 3) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_sigkill_of_a_worker_restarts_and_resumes_exactly(tmp_path, world4) -> None:
+def test_sigkill_of_a_worker_restarts_and_resumes_exactly(tmp_path, world2) -> None:
     """Acceptance: SIGKILL of one worker at step >= 120 of 200 (checkpoints every 50): the job
     restarts by itself, resumes from the newest checkpoint it kept (step 100 or 150) and ends
-    with the uninterrupted run's train and eval loss (within 1e-6). The uninterrupted run is
-    the same loop in the shared world (no launch), so this also checks that a torchrun
-    launch and the in-process loop compute the same numbers."""
-    clean, _ = trainer_world.train(world4, *TINY, f"run_dir={tmp_path / 'clean'}")
+    with the uninterrupted run's train and eval loss (within 1e-6). 2 ranks, L=1: two
+    replicas that sync. The uninterrupted run is the same loop in the shared world (no
+    launch), so this also checks that a torchrun launch and the in-process loop compute the
+    same numbers."""
+    two_d = "parallel.sharding_group_size=1"
+    clean, _ = trainer_world.train(world2, *TINY, two_d, f"run_dir={tmp_path / 'clean'}")
 
-    job = _launch(tmp_path / "killed")
+    job = _launch(tmp_path / "killed", two_d)
     lines, killed = [], None
     deadline = time.monotonic() + 600
     for line in job.stdout:  # type: ignore[union-attr]
@@ -70,7 +72,7 @@ def test_sigkill_of_a_worker_restarts_and_resumes_exactly(tmp_path, world4) -> N
             step = int(line.split("step=")[1].split()[0])
             if step >= 120:
                 workers = _children(job.pid)
-                assert len(workers) == 4, (workers, "".join(lines[-20:]))
+                assert len(workers) == 2, (workers, "".join(lines[-20:]))
                 killed = (step, workers[1])
                 os.kill(workers[1], signal.SIGKILL)
         assert time.monotonic() < deadline, "".join(lines[-50:])
@@ -84,7 +86,7 @@ def test_sigkill_of_a_worker_restarts_and_resumes_exactly(tmp_path, world4) -> N
     assert resumed[-1].rstrip().endswith(("step 100", "step 150")), resumed
     with open(tmp_path / "killed" / "summary.json") as f:
         after = json.load(f)
-    assert after["steps"] == 200
+    assert after["steps"] == 200 and after["num_replicas"] == 2
     for key in ("train_loss", "eval_loss"):
         torch.testing.assert_close(after[key], clean[key], rtol=0, atol=1e-6)
 
