@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +64,21 @@ def run_trainer(
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
-def measure(settings: dict[str, list[str]], steps: int, rounds: int) -> dict[str, list[dict]]:
+def measure(
+    settings: dict[str, list[str]],
+    steps: int,
+    rounds: int,
+    runner: Callable[..., dict[str, Any]] = run_trainer,
+) -> dict[str, list[dict]]:
+    """``rounds`` runs per setting, alternating their order; ``runner`` launches one run
+    (the test's smoke run passes one that reuses its live gloo world)."""
     out: dict[str, list[dict]] = {name: [] for name in settings}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             names = list(settings) if r % 2 == 0 else list(reversed(settings))
             for i, name in enumerate(names):
                 run_dir = os.path.join(tmp, f"{r}_{i}")
-                summary = run_trainer(settings[name], steps, run_dir, env=ENV.get(name))
+                summary = runner(settings[name], steps, run_dir, env=ENV.get(name))
                 out[name].append(
                     {
                         k: summary[k]

@@ -8,7 +8,6 @@ SGD and a sync every step, the whole trajectory) is the same in both worlds.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -316,92 +315,3 @@ def test_killed_save_keeps_last_good_checkpoint(world2, tmp_path) -> None:
 
 if __name__ == "__main__":
     _kill_worker(sys.argv[1])
-
-
-# ---- trainer: SIGKILL one rank mid-run, relaunch with train.resume=auto ----------------
-TRAIN_ARGS = [
-    "train.steps=20",
-    "train.eval_every=0",
-    "train.log_every=1",
-    "train.eval_batches=2",
-    "train.progress_bar=false",
-    "checkpoint.every=5",
-    "checkpoint.keep=2",
-    "optimizer.sparse.kind=sgd",
-    "optimizer.dense.kind=sgd",
-    "parallel.sync.every=1",
-    "data.batch_size_per_rank=32",
-]
-
-
-def _torchrun(run_dir: str, *extra: str) -> subprocess.Popen:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-        "-m", "sparse2d.train", "--config", os.path.join(root, "configs", "tiny_cpu.yaml"),
-        *TRAIN_ARGS, f"run_dir={run_dir}", *extra,
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == pid:
-                found.append(int(entry))
-    return found
-
-
-def _last_step(run_dir: str) -> int:
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        return 0
-    with open(path) as f:
-        steps = [json.loads(line).get("step", 0) for line in f if line.strip()]
-    return max(steps, default=0)
-
-
-def _summary(proc: subprocess.Popen, run_dir: str) -> tuple[dict, str]:
-    output = proc.communicate(timeout=900)[0].decode()
-    assert proc.returncode == 0, output[-4000:]
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        return json.load(f), output
-
-
-@pytest.mark.slow
-def test_trainer_resumes_after_sigkill(tmp_path) -> None:
-    reference_dir, run_dir = str(tmp_path / "reference"), str(tmp_path / "run")
-    reference, _ = _summary(_torchrun(reference_dir), reference_dir)
-
-    proc = _torchrun(run_dir, "train.resume=auto")
-    deadline = time.monotonic() + 600
-    while proc.poll() is None and time.monotonic() < deadline and _last_step(run_dir) < 13:
-        time.sleep(0.02)
-    workers = _children(proc.pid)
-    assert workers and proc.poll() is None, "trainer ended before step 13"
-    os.kill(workers[-1], signal.SIGKILL)  # one rank dies between checkpoints 10 and 15
-    output = proc.communicate(timeout=300)[0].decode()
-    assert proc.returncode != 0, output[-3000:]
-    killed_at = _last_step(run_dir)
-    assert killed_at < 20, "the run finished before the kill"
-    survivor = latest(os.path.join(run_dir, "checkpoints"))
-    assert survivor is not None
-
-    resumed_proc = _torchrun(run_dir, "train.resume=auto")
-    resumed, output = _summary(resumed_proc, run_dir)
-    resumed_from = _step(survivor)
-    resume_lines = [line for line in output.splitlines() if line.startswith("[resume]")]
-    assert resume_lines and survivor in resume_lines[0], output[-3000:]
-    assert resumed_from in (10, 15) and resumed_from <= killed_at
-    assert resumed["steps"] == 20
-    torch.testing.assert_close(resumed["eval_loss"], reference["eval_loss"], rtol=0, atol=1e-6)
-    torch.testing.assert_close(resumed["train_loss"], reference["train_loss"], rtol=0, atol=1e-6)

@@ -3,16 +3,21 @@
 A link is ``[text](target)`` outside code fences; ``target`` may be a file or directory
 relative to the page, with an optional ``#anchor`` that must match a heading of the target
 Markdown file (GitHub's slugs). A snippet marked runnable is a ```` ```python ```` fence on
-the line right after ``<!-- runnable -->``; each runs in a fresh CPU process from the
-repository root (single process, seconds), so what a reader copies works.
+the line right after ``<!-- runnable -->``; each runs in its own CPU process from the
+repository root (forked from one that imported torch once: ``tests/snippet_runner.py``),
+so what a reader copies works.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import re
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -109,22 +114,41 @@ def test_layout_readme_short_and_every_topic_page_runnable() -> None:
 RUNNABLE = [(page, i) for page in PAGES for i, _ in enumerate(snippets(page))]
 
 
+@pytest.fixture(scope="module")
+def snippet_runner() -> Iterator[subprocess.Popen]:
+    """One interpreter that imports torch once and forks a fresh child per snippet."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT"):  # fmt: skip
+        env.pop(var, None)  # a snippet is a reader's fresh process, not a rank of ours
+    runner = subprocess.Popen([sys.executable, "-m", "tests.snippet_runner"], cwd=ROOT, env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    yield runner
+    runner.kill()
+    runner.wait(timeout=30)
+
+
+def _answer(runner: subprocess.Popen, timeout: float) -> dict:
+    answers: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: answers.put(runner.stdout.readline()), daemon=True)
+    reader.start()
+    try:
+        line = answers.get(timeout=timeout)
+    except queue.Empty:
+        runner.kill()
+        raise AssertionError(f"snippet did not finish within {timeout}s") from None
+    assert line, f"the snippet runner died (exit {runner.wait(timeout=30)})"
+    return json.loads(line)
+
+
 @pytest.mark.parametrize(
     "page,index", RUNNABLE, ids=[f"{p.relative_to(ROOT)}[{i}]" for p, i in RUNNABLE]
 )
-def test_runnable_snippet_runs(page: Path, index: int) -> None:
-    code = snippets(page)[index]
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    for var in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ):
-        env.pop(var, None)  # a snippet is a reader's fresh process, not a rank of ours
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
-    assert done.returncode == 0, f"{page.name} snippet {index}:\n{done.stderr[-3000:]}"
+def test_runnable_snippet_runs(page: Path, index: int, snippet_runner, tmp_path) -> None:
+    log = tmp_path / "snippet.log"
+    request = {"code": snippets(page)[index], "log": str(log)}
+    snippet_runner.stdin.write(json.dumps(request) + "\n")
+    snippet_runner.stdin.flush()
+    done = _answer(snippet_runner, timeout=300)
+    assert done["returncode"] == 0, f"{page.name} snippet {index}:\n{log.read_text()[-3000:]}"

@@ -1,4 +1,5 @@
-"""The trainer end to end under torchrun (real gloo processes, real TorchRec sharding)."""
+"""The trainer end to end: under torchrun where the launch itself is tested (one-line failures,
+``--profile``), otherwise its loop in the shared gloo worlds (``tests/trainer_world.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 import pytest
 
+from tests import trainer_world
 from tests.test_data import _write_tsv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,7 +115,7 @@ def test_local_launcher_checks_config_before_starting(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_2d_matches_1d_auc(tmp_path) -> None:
+def test_2d_matches_1d_auc(tmp_path, world4) -> None:
     """Acceptance: the default config reaches a good AUC, within 0.02 of the same run in 1D.
 
     500 of the config's 1000 steps: AUC 0.8565 (2D) vs 0.8567 (1D) there, planted 0.8636,
@@ -121,10 +123,9 @@ def test_2d_matches_1d_auc(tmp_path) -> None:
     runs = {}
     for group in (2, 4):
         out = tmp_path / f"l{group}"
-        run = _torchrun(4, f"parallel.sharding_group_size={group}", "train.steps=500",
-                        f"run_dir={out}", timeout=600)  # fmt: skip
-        assert run.returncode == 0, run.stderr[-3000:]
-        runs[group] = _summary(out)
+        runs[group], _ = trainer_world.train(
+            world4, f"parallel.sharding_group_size={group}", "train.steps=500", f"run_dir={out}"
+        )
     two_d, one_d = runs[2], runs[4]
     assert two_d["eval_auc"] > 0.8 and one_d["eval_auc"] > 0.8
     assert abs(two_d["eval_auc"] - one_d["eval_auc"]) < 0.02
@@ -132,15 +133,13 @@ def test_2d_matches_1d_auc(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_checkpoint_and_auto_resume(tmp_path) -> None:
+def test_checkpoint_and_auto_resume(tmp_path, world4) -> None:
     common = ("train.log_every=10", "checkpoint.every=10", "checkpoint.keep=1",
               "train.eval_batches=2", f"run_dir={tmp_path}")  # fmt: skip
-    first = _torchrun(4, "train.steps=20", *common)
-    assert first.returncode == 0, first.stderr[-3000:]
+    trainer_world.train(world4, "train.steps=20", *common)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["latest", "step_00000020"]
-    second = _torchrun(4, "train.steps=30", "train.resume=auto", *common)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "[resume]" in second.stdout and "step 20" in second.stdout
+    _, stdout = trainer_world.train(world4, "train.steps=30", "train.resume=auto", *common)
+    assert "[resume]" in stdout and "step 20" in stdout
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     train_steps = [r["step"] for r in records if r["kind"] == "train"]
     assert train_steps == [10, 20, 30]  # the resumed run continued at step 21
@@ -160,7 +159,7 @@ def test_non_finite_sync_stops_the_trainer_in_one_line(tmp_path) -> None:
     assert not os.path.exists(tmp_path / "summary.json")
 
 
-def test_auto_group_size_and_balance_at_start_up(tmp_path) -> None:
+def test_auto_group_size_and_balance_at_start_up(tmp_path, world4) -> None:
     import torch
 
     from sparse2d.planner.auto import topology_for_device
@@ -168,9 +167,8 @@ def test_auto_group_size_and_balance_at_start_up(tmp_path) -> None:
     from sparse2d.train.config import load_config
     from sparse2d.train.plan import workload_from_config
 
-    run = _torchrun(4, "parallel.sharding_group_size=auto", "train.steps=4", "train.eval_batches=1",
-                    "checkpoint.every=0", f"run_dir={tmp_path}")  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
+    trainer_world.train(world4, "parallel.sharding_group_size=auto", "train.steps=4",
+                        "train.eval_batches=1", "checkpoint.every=0", f"run_dir={tmp_path}")  # fmt: skip
     cfg = load_config("configs/tiny_cpu.yaml")
     expected = recommend_group_size(
         workload_from_config(cfg), topology_for_device(torch.device("cpu"), 4)
@@ -185,7 +183,7 @@ def test_auto_group_size_and_balance_at_start_up(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_torchrec_pipelines_drive_the_trainer(tmp_path) -> None:
+def test_torchrec_pipelines_drive_the_trainer(tmp_path, world4) -> None:
     """``train.pipeline``: TrainPipelineSparseDist trains bit-identically to plain steps, with
     evaluations and checkpoints mid-run; TrainPipelineSemiSync trains too."""
     common = ("train.steps=20", "train.log_every=10", "train.eval_every=10",
@@ -193,8 +191,7 @@ def test_torchrec_pipelines_drive_the_trainer(tmp_path) -> None:
     curves, summaries = {}, {}
     for kind in ("none", "sparse_dist", "semi_sync"):
         out = tmp_path / kind
-        run = _torchrun(4, *common, f"train.pipeline={kind}", f"run_dir={out}")
-        assert run.returncode == 0, run.stderr[-3000:]
+        trainer_world.train(world4, *common, f"train.pipeline={kind}", f"run_dir={out}")
         records = [json.loads(line) for line in open(out / "metrics.jsonl")]
         curves[kind] = [
             (r["kind"], r["step"], r.get("train_loss", r.get("eval_loss")))
@@ -214,39 +211,37 @@ def test_torchrec_pipelines_drive_the_trainer(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_resume_skips_a_damaged_newest_checkpoint(tmp_path) -> None:
+def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, world2) -> None:
     """A flipped byte in the newest checkpoint: resume=auto names it and takes the older one."""
     common = ("parallel.sharding_group_size=1", "train.log_every=5", "checkpoint.every=5",
               "checkpoint.keep=2", "train.eval_batches=2", "train.resume=auto",
               f"run_dir={tmp_path}")  # fmt: skip
-    first = _torchrun(2, "train.steps=10", *common)
-    assert first.returncode == 0, first.stderr[-3000:]
+    trainer_world.train(world2, "train.steps=10", *common)
     newest = tmp_path / "checkpoints" / "step_00000010"
     victim = max(newest.glob("*.distcp"), key=lambda p: p.stat().st_size)
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))
-    second = _torchrun(2, "train.steps=15", *common)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert f"[resume] skipping damaged {newest}" in second.stdout
-    assert f"{victim.name} does not match its sha256" in second.stdout
-    assert "step_00000005: step 5" in second.stdout
+    _, stdout = trainer_world.train(world2, "train.steps=15", *common)
+    assert f"[resume] skipping damaged {newest}" in stdout
+    assert f"{victim.name} does not match its sha256" in stdout
+    assert "step_00000005: step 5" in stdout
     assert _summary(tmp_path)["steps"] == 15
 
 
 @pytest.mark.slow
-def test_fully_sharded_trains_and_resumes_as_default(tmp_path) -> None:
+def test_fully_sharded_trains_and_resumes_as_default(tmp_path, world4) -> None:
     """parallel.sharding_strategy=fully_sharded end to end; its checkpoint resumes in DEFAULT."""
     common = ("train.log_every=10", "checkpoint.every=10", "train.eval_batches=2",
               f"run_dir={tmp_path}")  # fmt: skip
-    first = _torchrun(4, "train.steps=20", "parallel.sharding_strategy=fully_sharded", *common)
-    assert first.returncode == 0, first.stderr[-3000:]
+    trainer_world.train(
+        world4, "train.steps=20", "parallel.sharding_strategy=fully_sharded", *common
+    )
     summary = _summary(tmp_path)
     assert summary["steps"] == 20 and summary["sync_bytes_per_step"] > 0
     assert summary["eval_auc"] > 0.6
-    second = _torchrun(4, "train.steps=30", "train.resume=auto", *common)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "[resume]" in second.stdout and "step 20" in second.stdout
+    _, stdout = trainer_world.train(world4, "train.steps=30", "train.resume=auto", *common)
+    assert "[resume]" in stdout and "step 20" in stdout
     assert _summary(tmp_path)["steps"] == 30
 
 

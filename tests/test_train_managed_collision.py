@@ -12,7 +12,7 @@ from sparse2d.train.config import load_config
 from sparse2d.train.config_io import KeyValueError
 from sparse2d.train.config_model import ManagedCollisionConfig
 from sparse2d.train.managed_collision import ManagedEmbeddingBags, managed
-from tests.test_train import _summary, _torchrun
+from tests import trainer_world
 
 TINY = "configs/tiny_cpu.yaml"
 ON = "model.managed_collision.enabled=true"
@@ -39,13 +39,11 @@ def test_wrapper_gives_dlrm_an_ebc_face() -> None:
         managed(ebc, ManagedCollisionConfig(enabled=True), buckets=3)
 
 
-def test_trainer_runs_2d_with_managed_collision(tmp_path) -> None:
-    run = _torchrun(
-        4, ON, "train.steps=20", "train.log_every=10", "train.eval_every=0",
+def test_trainer_runs_2d_with_managed_collision(tmp_path, world4) -> None:
+    summary, _ = trainer_world.train(
+        world4, ON, "train.steps=20", "train.log_every=10", "train.eval_every=0",
         "train.eval_batches=2", f"run_dir={tmp_path}",
     )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    summary = _summary(tmp_path)
     assert summary["num_replicas"] == 2 and summary["sync_bytes_per_step"] > 0
     assert summary["eval_auc"] > 0.6
 

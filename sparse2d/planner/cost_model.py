@@ -21,9 +21,11 @@ Every per-rank term is taken at the most loaded rank of the real plan.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 from sparse2d.mesh import rank_layout, replica_groups
 from sparse2d.planner import cost_terms as ct
@@ -96,6 +98,25 @@ class CostModel(ABC):
     def estimate(self, group_size: int) -> Candidate: ...
 
 
+@functools.lru_cache(maxsize=4096)
+def _zipf_buckets(rows: int, exponent: float, buckets: int) -> tuple[Any, Any]:
+    """(rows per bucket, probability of one row of the bucket): the same for every draw count,
+    so it is built once per table shape (the advisor asks ~40k times for a large config)."""
+    import numpy as np
+
+    if rows <= 4 * buckets:
+        i = np.arange(1, rows + 1, dtype=np.float64)
+        count = np.ones_like(i)
+    else:
+        edges = np.unique(np.geomspace(1, rows + 1, buckets).astype(np.int64))
+        count = np.diff(edges).astype(np.float64)
+        i = np.sqrt(edges[:-1] * (edges[1:] - 1.0).clip(min=edges[:-1]))
+    weight = i**-exponent
+    p = weight / float((weight * count).sum())
+    count.flags.writeable = p.flags.writeable = False  # shared by every caller
+    return count, p
+
+
 def zipf_unique(rows: int, draws: float, exponent: float, buckets: int = 2048) -> float:
     """Expected distinct rows among ``draws`` ids with ``P(i) ~ i^-exponent`` over ``rows``.
 
@@ -106,15 +127,7 @@ def zipf_unique(rows: int, draws: float, exponent: float, buckets: int = 2048) -
 
     if draws <= 0:
         return 0.0
-    if rows <= 4 * buckets:
-        i = np.arange(1, rows + 1, dtype=np.float64)
-        count = np.ones_like(i)
-    else:
-        edges = np.unique(np.geomspace(1, rows + 1, buckets).astype(np.int64))
-        count = np.diff(edges).astype(np.float64)
-        i = np.sqrt(edges[:-1] * (edges[1:] - 1.0).clip(min=edges[:-1]))
-    weight = i**-exponent
-    p = weight / float((weight * count).sum())
+    count, p = _zipf_buckets(int(rows), float(exponent), int(buckets))
     return float((count * -np.expm1(-draws * p)).sum())
 
 

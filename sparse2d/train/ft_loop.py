@@ -25,7 +25,7 @@ import torch.distributed as dist
 from sparse2d.errors import FaultToleranceError
 from sparse2d.train.config import Config, dump_yaml
 from sparse2d.train.data import DataSource
-from sparse2d.train.metrics import TrainWindow, eval_metrics
+from sparse2d.train.metrics import TrainWindow, evaluate_batches
 
 
 def config_digest(cfg: Config) -> str:
@@ -104,18 +104,8 @@ class FTLoop:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        self.model.eval()
-        logits, labels, truth = [], [], []
-        for i in range(self.cfg.train.eval_batches):
-            batch, true_logits = self.eval_data.eval(i)
-            _, (_, out, label) = self.model(batch.to(self.device))
-            logits.append(out.float().cpu())
-            labels.append(label.float().cpu())
-            if true_logits is not None:
-                truth.append(true_logits)
-        self.model.train()
-        return eval_metrics(
-            torch.cat(logits), torch.cat(labels), torch.cat(truth) if truth else None
+        return evaluate_batches(
+            self.model, self.eval_data, self.cfg.train.eval_batches, self.device
         )
 
     @property

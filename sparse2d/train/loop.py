@@ -16,7 +16,7 @@ from sparse2d.environment import environment, one_line
 from sparse2d.train.config import Config, dump_yaml
 from sparse2d.train.data import DataSource
 from sparse2d.train.failure import gather_peers
-from sparse2d.train.metrics import TrainWindow, eval_metrics
+from sparse2d.train.metrics import TrainWindow, evaluate_batches
 from sparse2d.train.pipeline import make_steps
 from sparse2d.train.profiling import StepProfiler
 
@@ -96,20 +96,10 @@ class Loop:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         self.model.sync_policy.finish()
-        logits, labels, truth = [], [], []
         with self.steps.paused():
-            self.model.eval()
-            for i in range(self.cfg.train.eval_batches):
-                batch, true_logits = self.data.eval(i)
-                _, (_, out, label) = self.model(batch.to(self.device))
-                logits.append(out.float().cpu())
-                labels.append(label.float().cpu())
-                if true_logits is not None:
-                    truth.append(true_logits)
-            self.model.train()
-        metrics = eval_metrics(
-            torch.cat(logits), torch.cat(labels), torch.cat(truth) if truth else None
-        )
+            metrics = evaluate_batches(
+                self.model, self.data, self.cfg.train.eval_batches, self.device
+            )
         for key in ("planted_auc", "planted_ne"):
             if key in metrics:
                 self.planted[key] = metrics.pop(key)

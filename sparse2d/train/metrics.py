@@ -10,6 +10,7 @@ NE = mean log loss / entropy of the base rate (1.0 = no better than predicting t
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -120,3 +121,24 @@ class TrainWindow:
             "train_auc": auc_from_histograms(hist[0], hist[1]),
             "train_ne": ne_from_sums(ce, count, positives),
         }
+
+
+@torch.no_grad()
+def evaluate_batches(
+    model: torch.nn.Module, data: Any, batches: int, device: torch.device
+) -> dict[str, float]:
+    """Eval forward over ``batches`` of ``data.eval(i)`` (the model in eval mode meanwhile),
+    then :func:`eval_metrics` over every rank's predictions (collective)."""
+    logits, labels, truth = [], [], []
+    model.eval()
+    try:
+        for i in range(batches):
+            batch, true_logits = data.eval(i)
+            _, (_, out, label) = model(batch.to(device))
+            logits.append(out.float().cpu())
+            labels.append(label.float().cpu())
+            if true_logits is not None:
+                truth.append(true_logits)
+    finally:
+        model.train()
+    return eval_metrics(torch.cat(logits), torch.cat(labels), torch.cat(truth) if truth else None)
