@@ -103,8 +103,13 @@ class ManagedCollisionSync:
                 merge(replicas, self.baselines[index], table.policy, current, table.decay)
             )
         zch_merges, zch_sent = sync_zch(self.zch_tables, self.replica_pg)
-        rows = [(t.shards, m.sources[me], m.holders) for t, m in zip(self.tables, merges)]
-        rows += [(t.shards, m.sources[me], m.holders) for t, m in zip(self.zch_tables, zch_merges)]
+        rows = [
+            (t.shards, m.sources[me], m.holders)
+            for t, m in [
+                *zip(self.tables, merges, strict=True),
+                *zip(self.zch_tables, zch_merges, strict=True),
+            ]
+        ]
         sent += zch_sent + self._average_rows(rows)
         with torch.no_grad():
             for table, merged in zip(self.tables, merges, strict=True):
