@@ -31,9 +31,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MC = ["model.managed_collision.enabled=true"]
 
 
-def quality(steps: int, eval_batches: int, kind: str = "mch") -> list[dict[str, Any]]:
+def quality(
+    steps: int, eval_batches: int, kind: str = "mch", seed: int = 0
+) -> list[dict[str, Any]]:
     common = [
         *MC,
+        f"data.seed={seed}",
+        f"model.init_seed={seed}",
         f"model.managed_collision.kind={kind}",
         f"train.steps={steps}",
         "train.eval_every=0",
@@ -241,12 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--kind", choices=["mch", "zch"], default="mch")
+    parser.add_argument("--seed", type=int, default=0, help="data and init seed (quality)")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
     cost = spawn(4, measure_sync, args.rows, args.dim, args.repeats, args.batch, args.kind)
-    q = [] if args.skip_quality else quality(args.steps, args.eval_batches, args.kind)
+    q = [] if args.skip_quality else quality(args.steps, args.eval_batches, args.kind, args.seed)
     result = {"quality": q, "sync_cost": cost}
     print(json.dumps(result, indent=1))
     if args.no_write or args.skip_quality:
