@@ -178,3 +178,37 @@ def test_eviction_never_duplicates_a_held_id() -> None:
     assert evicted is not None and evicted.numel() == 0
     assert int((identities.view(-1) == last).sum()) == 1
     torch.testing.assert_close(lookup(last, identities), slots)
+
+
+def test_module_trains_through_the_insert_and_evaluates_through_fbgemm() -> None:
+    """A TorchRec MP-ZCH module on CPU: training remaps insert here, eval remaps (FBGEMM's
+    read-only kernel) find every inserted id in the same slot."""
+    from torchrec.modules.hash_mc_evictions import HashZchEvictionConfig, HashZchEvictionPolicyName
+    from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
+    from torchrec.sparse.jagged_tensor import JaggedTensor
+
+    from sparse2d.sync.mc.zch_insert import install_cpu_insert
+
+    module = HashZchManagedCollisionModule(
+        zch_size=SIZE,
+        device=torch.device("cpu"),
+        total_num_buckets=4,
+        max_probe=PROBE,
+        input_hash_size=4000,
+        name="t",
+        eviction_policy_name=HashZchEvictionPolicyName.SINGLE_TTL_EVICTION,
+        eviction_config=HashZchEvictionConfig(features=["f"], single_ttl=1),
+    )
+    with pytest.raises(RuntimeError, match="readonly"):  # TorchRec alone cannot train on CPU
+        module({"f": JaggedTensor(values=torch.tensor([1, 2]), lengths=torch.tensor([2]))})
+    assert install_cpu_insert(module) == 1
+    values = torch.randint(0, 4000, (120,), generator=torch.Generator().manual_seed(9))
+    feature = {"f": JaggedTensor(values=values, lengths=torch.tensor([60, 60]))}
+    trained = module(feature)["f"].values()
+    assert int((module._hash_zch_identities != -1).sum()) > 0
+    assert bool((module._hash_zch_metadata[module._hash_zch_identities != -1] > 0).all())
+    module.eval()
+    looked_up = module(feature)["f"].values()
+    held = module._hash_zch_identities.view(-1)[trained] == values
+    assert bool(held.any()) and not bool(held.all())  # some ids fell back: windows filled
+    torch.testing.assert_close(looked_up[held], trained[held])
