@@ -14,6 +14,7 @@ import os
 import queue
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -151,17 +152,26 @@ class DistWorld:
         for q in self._tasks:
             q.put((fn, args, kwargs))
         results: dict[int, tuple[bool, Any]] = {}
-        try:
-            while len(results) < self.world_size:
-                rank, ok, value, threads = self._results.get(timeout=timeout)
-                results[rank] = (ok, value)
-                self.threads[rank] = threads
-        except queue.Empty:
-            missing = sorted(set(range(self.world_size)) - set(results))
-            self.restart()
-            raise CheckFailed(
-                f"{fn.__name__} did not finish on ranks {missing} within {timeout}s (hang)"
-            ) from None
+        deadline = time.monotonic() + timeout
+        while len(results) < self.world_size:
+            try:  # short waits: a rank that died (a segfault) fails the check at once
+                rank, ok, value, threads = self._results.get(timeout=1.0)
+            except queue.Empty:
+                dead = {r: p.exitcode for r, p in enumerate(self._procs) if not p.is_alive()}
+                if not dead and time.monotonic() < deadline:
+                    continue
+                missing = sorted(set(range(self.world_size)) - set(results))
+                self.restart()
+                if dead:
+                    raise CheckFailed(
+                        f"{fn.__name__}: ranks {sorted(dead)} died (exit codes "
+                        f"{list(dead.values())}; -11 is a segfault); world restarted"
+                    ) from None
+                raise CheckFailed(
+                    f"{fn.__name__} did not finish on ranks {missing} within {timeout}s (hang)"
+                ) from None
+            results[rank] = (ok, value)
+            self.threads[rank] = threads
         failures = {r: v for r, (ok, v) in results.items() if not ok}
         if failures:
             text = "\n".join(f"--- rank {r} ---\n{v}" for r, v in sorted(failures.items()))

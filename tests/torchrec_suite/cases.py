@@ -33,6 +33,14 @@ RW_VBS_REASON = (
     "TorchRec's own 1D DistributedModelParallel fails the same case "
     "(test_rw_variable_batch_fails_in_torchrec_1d)"
 )
+DYNAMIC_VBS_REASON = (
+    "TorchRec's test data: with variable_batch_size and global_constant_batch the "
+    "mixed EBC+EC model's local inputs carry 4 dense rows but 1-3 KJT rows, so the "
+    "UNSHARDED model fails on them too (test_dynamic_variable_batch_inputs_fail_unsharded)"
+)
+DMP_ENV = "SPARSE2D_TORCHREC_DMP"
+"""Which model the cases build: ``sparse2d`` (default) or ``sparse2d-no-sync`` (replicas
+never averaged: the cases that still pass cannot detect a missing sync)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,10 @@ def label(params: dict[str, Any]) -> str:
     }
     parts = [short[k](v) for k, v in params.items() if k in short]
     return "-".join(p for p in parts if p) or "base"
+
+
+def dmp() -> str:
+    return os.environ.get(DMP_ENV, "sparse2d")
 
 
 def fully_sharded_enabled() -> bool:

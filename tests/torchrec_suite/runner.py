@@ -14,6 +14,7 @@ TorchRec's).
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import sys
@@ -79,9 +80,11 @@ def _torchrec_rank_context(world_size: int, local_size: int | None) -> Iterator[
 def run_case(payload: bytes, dmp: str = "sparse2d") -> float:
     """Worker side: run one case's ``sharding_single_rank_test`` body on this rank.
 
-    ``dmp="sparse2d"`` swaps ``DMPCollection``; ``dmp="torchrec-1d"`` drops the 2D
-    arguments so the same body builds TorchRec's own ``DistributedModelParallel`` over
-    the whole world (the 1D reference for failures that are TorchRec's). Returns seconds.
+    ``dmp="sparse2d"`` swaps ``DMPCollection``; ``"sparse2d-no-sync"`` swaps in one whose
+    ``sync()`` does nothing (which cases would notice a missing sync); ``"torchrec-1d"``
+    drops the 2D arguments so the same body builds TorchRec's own
+    ``DistributedModelParallel`` over the whole world (the 1D reference for failures that
+    are TorchRec's). Returns seconds.
     """
     install_vendored()
     import torch
@@ -105,11 +108,13 @@ def run_case(payload: bytes, dmp: str = "sparse2d") -> float:
             kwargs.pop(key, None)
         kwargs.pop("custom_all_reduce", None)
         kwargs.pop("use_inter_host_allreduce", None)
-    elif dmp != "sparse2d":
+    elif dmp not in DMPS:
         raise ValueError(dmp)
     meshes: list[Any] = []
     original = test_sharding.DMPCollection, test_sharding.DeviceMesh
-    test_sharding.DMPCollection = sparse2d.DMPCollection
+    test_sharding.DMPCollection = (
+        _no_sync_class() if dmp == "sparse2d-no-sync" else sparse2d.DMPCollection
+    )
     test_sharding.DeviceMesh = _cpu_mesh(original[1], meshes)
     start = time.perf_counter()
     try:
@@ -121,6 +126,22 @@ def run_case(payload: bytes, dmp: str = "sparse2d") -> float:
         test_sharding.DMPCollection, test_sharding.DeviceMesh = original
         _release_case_groups(meshes, one_d=dmp == "torchrec-1d")
     return time.perf_counter() - start
+
+
+DMPS = ("sparse2d", "sparse2d-no-sync", "torchrec-1d")
+
+
+@functools.cache
+def _no_sync_class() -> type:
+    import sparse2d
+
+    class NoSyncDMPCollection(sparse2d.DMPCollection):
+        """Never averages replicas: a case that passes with it cannot see a missing sync."""
+
+        def sync(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    return NoSyncDMPCollection
 
 
 def _cpu_mesh(device_mesh: type, made: list[Any]) -> Callable[..., Any]:
