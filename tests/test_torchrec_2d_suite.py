@@ -15,10 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torchrec
 
 from tests.harness import CheckFailed, DistWorld
 from tests.torchrec_suite import cases, runner
 from tests.torchrec_suite.cases import Case
+
+if not torchrec.__version__.startswith(runner.TORCHREC_RELEASE):
+    pytest.skip(
+        f"the vendored cases are TorchRec {runner.TORCHREC_RELEASE}x's (tests/torchrec_suite/"
+        f"vendored/PROVENANCE); torchrec {torchrec.__version__} is installed",
+        allow_module_level=True,
+    )
 
 
 def _marks(case: Case, params: dict[str, Any]) -> list[pytest.MarkDecorator]:

@@ -31,6 +31,8 @@ PACKAGE = "torchrec.distributed.tests"
 """The vendored files' upstream package: the wheel omits it, and the files import each
 other by that name (``test_2d_sharding`` imports ``...tests.test_sequence_model``)."""
 
+TORCHREC_RELEASE = "1.8."
+"""The release the vendored files come from: they run against that release's test_utils."""
 WORLD_SIZE = 4
 WORLD_SIZE_2D = 2
 
