@@ -65,7 +65,10 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> 
         LOCAL_RANK=str(rank),
     )
     os.environ.pop("LOCAL_WORLD_SIZE", None)
+    import faulthandler
     import logging
+
+    faulthandler.enable()  # a segfaulting check prints its Python stack (the test's stderr)
     import warnings
 
     import torch
