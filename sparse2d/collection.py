@@ -68,10 +68,11 @@ from sparse2d.resources import GroupRecorder, Resources
 from sparse2d.sync import AllReduceHook, ShardState, broadcast_, collect_shard_states
 from sparse2d.sync.ddp_vote import EarlySync
 from sparse2d.sync.fully_sharded import FullyShardedEmbeddings, materialized
-from sparse2d.sync.fully_sharded_checks import (
+from sparse2d.sync.fully_sharded.checks import (
     check_fully_sharded_options,
     check_fully_sharded_plan,
 )
+from sparse2d.sync.fully_sharded.surfaces import FullyShardedSurfaces, install_surfaces
 from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.sync.mc.cpu_reset import install_cpu_reset
 from sparse2d.sync.mc.pipelines import install_pipeline_guard
@@ -85,7 +86,7 @@ logger = logging.getLogger(__name__)
 FS = ShardingStrategy.FULLY_SHARDED
 
 
-class DMPCollection(DefaultContextView, TorchRecDMPCollection):
+class DMPCollection(FullyShardedSurfaces, DefaultContextView, TorchRecDMPCollection):
     """Shard embedding tables over groups of ``sharding_group_size`` ranks; replicate the groups.
 
     Two call forms (``sparse2d.compat``): ``DMPCollection(module, L, *, device=..., ...)``
@@ -210,7 +211,7 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         )
         contexts = describe_contexts(module, world_size, default, call.submodule_configs, sharders)
         for ctx in contexts:
-            check_fully_sharded_options(ctx.strategy, call.sync_options, hook)
+            check_fully_sharded_options(ctx.strategy, call.sync_options)
         has_mc = check_managed_collision(
             module,
             momentum_scaling=(call.sync_options or SyncOptions()).momentum_scaling,
@@ -321,6 +322,9 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
             groups = [(c.shards, c.replica_pg) for c in sliced]
             self._fully_sharded = FullyShardedEmbeddings(groups, pg)
             self._resources.callback(self._fully_sharded.close)
+            self._optim, handles = install_surfaces(self, self._optim, self._fully_sharded)
+            for handle in handles:
+                self._resources.callback(handle.remove)
             logger.info("[sparse2d] FULLY_SHARDED: %s", [(c.name, c.num_replicas) for c in sliced])
 
     # ---- lifetime ----------------------------------------------------------------------
@@ -417,13 +421,19 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         compression apply; blocking, and it first lands any transfer still in flight from
         ``maybe_sync``. TorchRec's train pipelines call this every
         ``dmp_collection_sync_interval_batches`` batches. FULLY_SHARDED contexts were averaged
-        by every step's reduce-scatter: for them only the NaN/inf check runs here.
+        by every step's reduce-scatter: for them the NaN/inf check runs here, and a custom
+        all-reduce hook gets their full weights and states (TorchRec's semantics).
         """
         self._resources.check_open("sync")
         report = self.sync_policy.sync_now(include_optimizer_state=include_optimizer_state)
         if self._fully_sharded is None:
             return report
-        return merge_reports([report, self._fully_sharded.report(-1)])
+        reports = [report, self._fully_sharded.report(-1)]
+        if self.sync_policy.hook is not None:  # TorchRec calls the hook under FULLY_SHARDED too
+            reports.append(
+                self._fully_sharded.run_hook(self.sync_policy.hook, include_optimizer_state)
+            )
+        return merge_reports(reports)
 
     def repair_from_replicas(self, ranks: list[int], include_dense: bool = True) -> None:
         """Refill ``ranks`` (e.g. restarted with fresh weights) from a healthy replica.
