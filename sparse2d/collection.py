@@ -72,7 +72,11 @@ from sparse2d.sync.fully_sharded.checks import (
     check_fully_sharded_options,
     check_fully_sharded_plan,
 )
-from sparse2d.sync.fully_sharded.surfaces import FullyShardedSurfaces, install_surfaces
+from sparse2d.sync.fully_sharded.surfaces import (
+    GuardedOptimizer,
+    GuardedSurfaces,
+    guard_sharded_modules,
+)
 from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.sync.mc.cpu_reset import install_cpu_reset
 from sparse2d.sync.mc.pipelines import install_pipeline_guard
@@ -86,7 +90,7 @@ logger = logging.getLogger(__name__)
 FS = ShardingStrategy.FULLY_SHARDED
 
 
-class DMPCollection(FullyShardedSurfaces, DefaultContextView, TorchRecDMPCollection):
+class DMPCollection(GuardedSurfaces, DefaultContextView, TorchRecDMPCollection):
     """Shard embedding tables over groups of ``sharding_group_size`` ranks; replicate the groups.
 
     Two call forms (``sparse2d.compat``): ``DMPCollection(module, L, *, device=..., ...)``
@@ -322,10 +326,10 @@ class DMPCollection(FullyShardedSurfaces, DefaultContextView, TorchRecDMPCollect
             groups = [(c.shards, c.replica_pg) for c in sliced]
             self._fully_sharded = FullyShardedEmbeddings(groups, pg)
             self._resources.callback(self._fully_sharded.close)
-            self._optim, handles = install_surfaces(self, self._optim, self._fully_sharded)
-            for handle in handles:
+            for handle in guard_sharded_modules(self, self._fully_sharded):
                 self._resources.callback(handle.remove)
             logger.info("[sparse2d] FULLY_SHARDED: %s", [(c.name, c.num_replicas) for c in sliced])
+        self._optim = GuardedOptimizer(self._optim, self._materialize_for)
 
     # ---- lifetime ----------------------------------------------------------------------
     def close(self) -> None:

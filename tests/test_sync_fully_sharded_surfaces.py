@@ -238,3 +238,51 @@ def test_custom_all_reduce_hook_gets_full_tensors(world4) -> None:
         weights = sorted(r["calls"][0][: len(r["shapes"])])
         assert weights == r["shapes"] and len(r["calls"][0]) == 2 * len(r["shapes"])
         assert r["same"] and r["replicas"] == 0.0 and r["at_rest"] == 0
+
+
+SYNC_OPTIONS = {
+    "overlap": {"overlap": True},
+    "hide": {"hide": True},
+    "bf16": {"compression": "bf16"},
+    "delayed_state": {"delayed_optimizer_state": True},
+}
+
+
+def check_default_load_between_syncs(options: dict) -> dict:
+    """DEFAULT with a sync option that keeps transfers or references between steps: a
+    ``load_state_dict`` while a transfer is in flight trains on exactly like a fresh model
+    that loads the same state dict (nothing lands on the loaded values, no stale reference)."""
+    from tests.models import MIXED_TABLES, adagrad_2d, train
+
+    model = adagrad_2d(2, **options)
+    train(model, MIXED_TABLES, 2, after_step=model.maybe_sync)
+    buffer = io.BytesIO()
+    torch.save((model.state_dict(), model.fused_optimizer.state_dict()), buffer)
+    train(model, MIXED_TABLES, 2, after_step=model.maybe_sync, seed=1)
+    in_flight = len(model.sync_policy._pending) + len(model.sync_policy._hidden)
+    fresh = adagrad_2d(2, **options)
+    for target in (model, fresh):
+        buffer.seek(0)
+        weights, states = torch.load(buffer, weights_only=False)
+        target.fused_optimizer.load_state_dict(states)  # before the model: a landing after
+        target.load_state_dict(weights)  # this load must not overwrite the loaded states
+        train(target, MIXED_TABLES, 2, after_step=target.maybe_sync, seed=2)
+        target.sync()
+    got = _flat({"m": model.state_dict(), "o": model.fused_optimizer.state_dict()})
+    want = _flat({"m": fresh.state_dict(), "o": fresh.fused_optimizer.state_dict()})
+    return {
+        "in_flight": in_flight,
+        "diff": max(float((got[k] - want[k]).abs().max()) for k in want),
+        "replicas": replica_max_diff(model, model.replica_pg),
+    }
+
+
+@pytest.mark.parametrize("option", sorted(SYNC_OPTIONS))
+def test_default_load_between_syncs_keeps_the_loaded_values(world4, option: str) -> None:
+    results = world4.run(check_default_load_between_syncs, SYNC_OPTIONS[option])
+    for r in results:  # not bit-exact: DDP rebuilds its buckets after the first step, so the
+        # dense gradients of the trained model and the fresh one are summed in another order
+        # (1.5e-8 measured); the bug this guards against moved values by ~0.1.
+        assert r["diff"] < 1e-6 and r["replicas"] == 0.0, r
+    # bf16 keeps references; overlap and delayed state had a transfer in flight at the load.
+    assert option in ("bf16", "hide") or all(r["in_flight"] for r in results), results

@@ -77,6 +77,7 @@ class FullyShardedEmbeddings:
         self.groups = groups
         self.materialized_for: str | None = None
         """The surface that last materialized the full buffers (None: 1/G at rest)."""
+        self._surfaces_logged: set[str] = set()
         self.kernels: list[Kernel] = []
         for shards, replica_pg in groups:  # one (shards, replica group) per sharding context
             self.kernels += slice_kernels(shards, replica_pg)
@@ -217,8 +218,9 @@ class FullyShardedEmbeddings:
                 buffer.mark()
         self.materialized_for = surface
         full = sum(b.nbytes for k in self.kernels for b in (k.weights, *k.states))
-        log = logger.debug if surface.startswith("library") else logger.info
-        log(
+        first = surface not in self._surfaces_logged and not surface.startswith("library")
+        self._surfaces_logged.add(surface)
+        (logger.info if first else logger.debug)(
             "[sparse2d] FULLY_SHARDED: %s gathered the full embedding buffers (%.1f MiB on this "
             "rank) until the next forward",
             surface,

@@ -13,7 +13,7 @@ until the next forward re-slices them and keeps what was written meanwhile
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -24,14 +24,19 @@ from torchrec.optim.keyed import KeyedOptimizer, OptimizerWrapper
 from sparse2d.sync.fully_sharded.schedule import FullyShardedEmbeddings
 
 
-class FullyShardedSurfaces:
-    """``DMPCollection`` mixin: the tensor-handing surfaces materialize first.
+class GuardedSurfaces:
+    """``DMPCollection`` mixin: the tensor-handing surfaces land in-flight syncs (state dict
+    and load only) and, under FULLY_SHARDED, materialize first.
 
-    Cost: a surface called between steps gathers the full buffers once (the memory of
-    DEFAULT until the next forward); repeated calls before that forward are free.
+    Cost under FULLY_SHARDED: a surface called between steps gathers the full buffers once
+    (the memory of DEFAULT until the next forward); repeated calls before that are free.
     """
 
-    def _materialize_for(self, surface: str) -> None:
+    def _materialize_for(self, surface: str, land: bool = False) -> None:
+        if land and "_resources" in self.__dict__ and not self.closed:  # type: ignore[attr-defined]
+            # Overlapped/hidden/delayed syncs land first (local waits): a state dict shows the
+            # values the next forward will use, and a load is not overwritten by a landing.
+            self.sync_policy.finish()  # type: ignore[attr-defined]
         fully_sharded = self.__dict__.get("_fully_sharded")  # absent while constructing
         if fully_sharded is None:
             return
@@ -39,12 +44,16 @@ class FullyShardedSurfaces:
         fully_sharded.materialize(surface)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        self._materialize_for("state_dict()")
+        self._materialize_for("state_dict()", land=True)
         return super().state_dict(*args, **kwargs)  # type: ignore[misc]
 
     def load_state_dict(self, state_dict: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
-        self._materialize_for("load_state_dict()")
-        return super().load_state_dict(state_dict, *args, **kwargs)  # type: ignore[misc]
+        """Load, then forget the sync references (bf16 deltas, momentum scaling, managed
+        collision) taken from the old values. Call it on every rank, as every load."""
+        self._materialize_for("load_state_dict()", land=True)
+        result = super().load_state_dict(state_dict, *args, **kwargs)  # type: ignore[misc]
+        self.sync_policy.reset()  # type: ignore[attr-defined]
+        return result
 
     def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
         self._materialize_for("named_parameters()")
@@ -59,17 +68,19 @@ class FullyShardedSurfaces:
         return super().named_buffers(*args, **kwargs)  # type: ignore[misc]
 
 
-class FullyShardedOptimizer(OptimizerWrapper):
-    """The model's fused optimizer: its per-table state and parameter views are materialized
-    before they are handed out (``state``, ``params``, ``state_dict``, ``load_state_dict``)."""
+class GuardedOptimizer(OptimizerWrapper):
+    """The model's fused optimizer behind the same guard as the model's surfaces: in-flight
+    syncs land before its state is read or loaded, and under FULLY_SHARDED the per-table
+    state and parameter views are materialized first (``state``, ``params``, ``state_dict``,
+    ``load_state_dict``)."""
 
-    def __init__(self, optimizer: KeyedOptimizer, fully_sharded: FullyShardedEmbeddings) -> None:
-        self._fully_sharded = fully_sharded
+    def __init__(self, optimizer: KeyedOptimizer, guard: Callable[[str, bool], None]) -> None:
+        self._guard = guard
         super().__init__(optimizer)
 
     @property  # type: ignore[override]
     def state(self) -> Mapping[Any, Any]:
-        self._fully_sharded.materialize("fused_optimizer.state")
+        self._guard("fused_optimizer.state", False)
         return self._state
 
     @state.setter
@@ -78,7 +89,7 @@ class FullyShardedOptimizer(OptimizerWrapper):
 
     @property  # type: ignore[override]
     def params(self) -> Mapping[str, Any]:
-        self._fully_sharded.materialize("fused_optimizer.params")
+        self._guard("fused_optimizer.params", False)
         return self._params
 
     @params.setter
@@ -86,11 +97,11 @@ class FullyShardedOptimizer(OptimizerWrapper):
         self._params = value
 
     def state_dict(self) -> dict[str, Any]:
-        self._fully_sharded.materialize("fused_optimizer.state_dict()")
+        self._guard("fused_optimizer.state_dict()", True)
         return super().state_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        self._fully_sharded.materialize("fused_optimizer.load_state_dict()")
+        self._guard("fused_optimizer.load_state_dict()", True)
         super().load_state_dict(state_dict)
 
     def __getattr__(self, name: str) -> Any:
@@ -101,11 +112,11 @@ class FullyShardedOptimizer(OptimizerWrapper):
         return getattr(self.__dict__["_optimizer"], name)
 
 
-def install_surfaces(
-    model: nn.Module, optimizer: KeyedOptimizer, fully_sharded: FullyShardedEmbeddings
-) -> tuple[KeyedOptimizer, list[torch.utils.hooks.RemovableHandle]]:
-    """Guard the sharded modules reached directly (``model.module.ebc.state_dict()``) and wrap
-    the fused optimizer; returns the wrapped optimizer and the hook handles."""
+def guard_sharded_modules(
+    model: nn.Module, fully_sharded: FullyShardedEmbeddings
+) -> list[torch.utils.hooks.RemovableHandle]:
+    """Materialize when a sharded module is reached directly (``model.module.ebc.state_dict()``);
+    returns the hook handles."""
     tbes = {id(k.tbe) for k in fully_sharded.kernels}
     handles = []
     for module in model.modules():
@@ -123,4 +134,4 @@ def install_surfaces(
                 lambda *_: fully_sharded.materialize("a sharded module's load_state_dict()")
             )
         )
-    return FullyShardedOptimizer(optimizer, fully_sharded), handles
+    return handles
