@@ -52,7 +52,7 @@ def local_tensors(value: object) -> list[torch.Tensor]:
     return [value] if isinstance(value, torch.Tensor) else []
 
 
-def _flat(state: dict[str, object]) -> dict[str, torch.Tensor]:
+def flat_state(state: dict[str, object]) -> dict[str, torch.Tensor]:
     """Every local tensor of a (model or optimizer) state dict, cloned, by a stable key."""
     out: dict[str, torch.Tensor] = {}
 
@@ -94,7 +94,7 @@ def check_surfaces(path: str) -> dict:
     fs = models[FS]
     out: dict = {"at_rest": _tbe_bytes(fs)}
     # 1. Read right after construction: state_dict, parameters, buffers, the fused optimizer.
-    read = {s: _flat(m.state_dict()) for s, m in models.items()}
+    read = {s: flat_state(m.state_dict()) for s, m in models.items()}
     out["keys"] = len(read[FS])
     for key, value in read[DEFAULT].items():
         torch.testing.assert_close(read[FS][key], value, atol=0, rtol=0)
@@ -106,7 +106,7 @@ def check_surfaces(path: str) -> dict:
     norms = {s: float(sum(p.detach().norm() for p in m.parameters())) for s, m in models.items()}
     assert norms[FS] == norms[DEFAULT], norms
     list(fs.named_buffers())
-    out["submodule"] = len(_flat(fs.module.ebc.state_dict()))
+    out["submodule"] = len(flat_state(fs.module.ebc.state_dict()))
     # 2. Write the state dict in place (TorchRec's harness: local_shard.copy_) and train on.
     for model in models.values():
         with torch.no_grad():
@@ -119,8 +119,8 @@ def check_surfaces(path: str) -> dict:
     torch.testing.assert_close(losses[FS], losses[DEFAULT], atol=1e-5, rtol=0)
     out["between_steps"] = _tbe_bytes(fs)  # re-sliced by the first forward, freed again
     # 3. After a step: state dict, fused optimizer state (row-wise AdaGrad), eval forward.
-    read = {s: _flat(m.state_dict()) for s, m in models.items()}
-    optim = {s: _flat(m.fused_optimizer.state_dict()) for s, m in models.items()}
+    read = {s: flat_state(m.state_dict()) for s, m in models.items()}
+    optim = {s: flat_state(m.fused_optimizer.state_dict()) for s, m in models.items()}
     out["optim_keys"] = len(optim[FS])
     for got, want in ((read[FS], read[DEFAULT]), (optim[FS], optim[DEFAULT])):
         assert got.keys() == want.keys()
@@ -138,7 +138,7 @@ def check_surfaces(path: str) -> dict:
     # after more training brings those values back.
     with open(f"{path}.{dist.get_rank()}", "wb") as file:
         torch.save(fs.state_dict(), file)
-    saved = _flat(fs.state_dict())
+    saved = flat_state(fs.state_dict())
     _step(fs, 3, opts[FS])
     with open(f"{path}.{dist.get_rank()}", "rb") as file:
         fs.load_state_dict(torch.load(file, weights_only=False))
@@ -147,7 +147,7 @@ def check_surfaces(path: str) -> dict:
     with torch.no_grad():
         fs(kjt, dense)
     fs.train()
-    loaded = _flat(fs.state_dict())
+    loaded = flat_state(fs.state_dict())
     embedding_keys = [k for k in saved if "embedding" in k]
     changed = [k for k in embedding_keys if not torch.equal(loaded[k], saved[k])]
     out["changed_by_step_4"] = len(changed)  # step 4 trained from the loaded values
@@ -189,7 +189,7 @@ def check_replicas_write_different_values() -> dict:
     kjt, dense, _ = make_batch(TABLES, 0, dist.get_rank())
     with torch.no_grad():
         model(kjt, dense)  # settles: averages the replicas' writes
-    values = {k: v for k, v in _flat(model.state_dict()).items() if "embedding" in k}
+    values = {k: v for k, v in flat_state(model.state_dict()).items() if "embedding" in k}
     return {
         "written": len(written),
         "values": sorted({round(float(v.mean()), 6) for v in values.values() if v.numel()}),
@@ -217,9 +217,9 @@ def check_custom_hook() -> dict:
     model = _model(FS, custom_all_reduce=hook)
     opt = _dense_opt(model)
     _step(model, 0, opt)
-    before = {k: v for k, v in _flat(model.state_dict()).items() if "embedding" in k}
+    before = {k: v for k, v in flat_state(model.state_dict()).items() if "embedding" in k}
     model.sync()
-    after = {k: v for k, v in _flat(model.state_dict()).items() if "embedding" in k}
+    after = {k: v for k, v in flat_state(model.state_dict()).items() if "embedding" in k}
     shapes = sorted(tuple(s.weight.shape) for s in model.shard_states)
     replicas = replica_max_diff(model, model.replica_pg)  # still materialized by state_dict
     _step(model, 1, opt)
@@ -268,8 +268,8 @@ def check_default_load_between_syncs(options: dict) -> dict:
         target.load_state_dict(weights)  # this load must not overwrite the loaded states
         train(target, MIXED_TABLES, 2, after_step=target.maybe_sync, seed=2)
         target.sync()
-    got = _flat({"m": model.state_dict(), "o": model.fused_optimizer.state_dict()})
-    want = _flat({"m": fresh.state_dict(), "o": fresh.fused_optimizer.state_dict()})
+    got = flat_state({"m": model.state_dict(), "o": model.fused_optimizer.state_dict()})
+    want = flat_state({"m": fresh.state_dict(), "o": fresh.fused_optimizer.state_dict()})
     return {
         "in_flight": in_flight,
         "diff": max(float((got[k] - want[k]).abs().max()) for k in want),
