@@ -258,8 +258,10 @@ def _measure_world(world: int, series: list[Series], rounds: int, steps: int) ->
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAVED = {"holdout": os.path.join(HERE, "planner_holdout.json"),
          "fit": os.path.join(HERE, "planner_fit_set.json"),
-         "repeat": os.path.join(HERE, "planner_holdout_repeat.json")}  # fmt: skip
-"""``repeat``: held-out series measured a second time, as a noise check (reported beside run 1)."""
+         "repeat": os.path.join(HERE, "planner_holdout_repeat.json"),
+         "run3": os.path.join(HERE, "planner_holdout_run3.json")}  # fmt: skip
+"""``repeat``, ``run3``: held-out series measured again, as a noise check (reported beside
+run 1, and pooled with it)."""
 
 
 def measure_all(
@@ -269,7 +271,8 @@ def measure_all(
     first; save ``SAVED[kind]`` after each world."""
     import json
 
-    chosen = [s for s in (FIT_SERIES if kind == "fit" else SERIES) if not names or s.name in names]
+    series = FIT_SERIES if kind == "fit" else SERIES
+    chosen = [s for s in series if not names or s.name in names]
     measured = {}
     if names and os.path.exists(SAVED[kind]):  # measuring some series again: keep the others
         with open(SAVED[kind]) as f:

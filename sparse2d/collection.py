@@ -64,28 +64,33 @@ from sparse2d.mesh import Mesh2D, build_mesh, validate_group_size, validate_layo
 from sparse2d.planner import default_sharders, remap_plan
 from sparse2d.planner.auto import AUTO, auto_group_size
 from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes, forget_destroyed_groups
+from sparse2d.replica_sync import ReplicaSync
 from sparse2d.resources import GroupRecorder, Resources
-from sparse2d.sync import AllReduceHook, ShardState, broadcast_, collect_shard_states
+from sparse2d.sync import AllReduceHook, ShardState, collect_shard_states
 from sparse2d.sync.ddp_vote import EarlySync
-from sparse2d.sync.fully_sharded import FullyShardedEmbeddings, materialized
-from sparse2d.sync.fully_sharded_checks import (
+from sparse2d.sync.fully_sharded import FullyShardedEmbeddings
+from sparse2d.sync.fully_sharded.checks import (
     check_fully_sharded_options,
     check_fully_sharded_plan,
 )
-from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
+from sparse2d.sync.fully_sharded.surfaces import (
+    GuardedOptimizer,
+    GuardedSurfaces,
+    guard_sharded_modules,
+)
+from sparse2d.sync.mc import mc_sync_for, plain_shards
 from sparse2d.sync.mc.cpu_reset import install_cpu_reset
 from sparse2d.sync.mc.pipelines import install_pipeline_guard
 from sparse2d.sync.mc.tables import check_managed_collision
 from sparse2d.sync.mc.zch_insert import install_cpu_insert
-from sparse2d.sync.multi import PolicySet, merge_reports
-from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
-from sparse2d.sync.tensors import live_tensors
+from sparse2d.sync.multi import PolicySet
+from sparse2d.sync.policy import SyncOptions, SyncPolicy
 
 logger = logging.getLogger(__name__)
 FS = ShardingStrategy.FULLY_SHARDED
 
 
-class DMPCollection(DefaultContextView, TorchRecDMPCollection):
+class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDMPCollection):
     """Shard embedding tables over groups of ``sharding_group_size`` ranks; replicate the groups.
 
     Two call forms (``sparse2d.compat``): ``DMPCollection(module, L, *, device=..., ...)``
@@ -210,7 +215,7 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
         )
         contexts = describe_contexts(module, world_size, default, call.submodule_configs, sharders)
         for ctx in contexts:
-            check_fully_sharded_options(ctx.strategy, call.sync_options, hook)
+            check_fully_sharded_options(ctx.strategy, call.sync_options)
         has_mc = check_managed_collision(
             module,
             momentum_scaling=(call.sync_options or SyncOptions()).momentum_scaling,
@@ -321,7 +326,10 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
             groups = [(c.shards, c.replica_pg) for c in sliced]
             self._fully_sharded = FullyShardedEmbeddings(groups, pg)
             self._resources.callback(self._fully_sharded.close)
+            for handle in guard_sharded_modules(self, self._fully_sharded):
+                self._resources.callback(handle.remove)
             logger.info("[sparse2d] FULLY_SHARDED: %s", [(c.name, c.num_replicas) for c in sliced])
+        self._optim = GuardedOptimizer(self._optim, self._materialize_for)
 
     # ---- lifetime ----------------------------------------------------------------------
     def close(self) -> None:
@@ -396,69 +404,6 @@ class DMPCollection(DefaultContextView, TorchRecDMPCollection):
     def fully_sharded(self) -> FullyShardedEmbeddings | None:
         """The FULLY_SHARDED machinery (``None`` without a FULLY_SHARDED context with replicas)."""
         return self._fully_sharded
-
-    # ---- replica consistency ---------------------------------------------------------
-    def align_replicas(self, include_optimizer_state: bool = True) -> None:
-        """Overwrite every replica's shards with replica-rank 0's copy (every context)."""
-        self._resources.check_open("align replicas")
-        for ctx in self._contexts:
-            if ctx.num_replicas == 1:
-                continue
-            tensors = live_tensors(ctx.shards, weights=True, states=include_optimizer_state)
-            tensors += mc_identity_buffers(ctx.policy)
-            with materialized(self), torch.no_grad():
-                broadcast_(tensors, ctx.replica_pg, src_group_rank=0)
-        self.sync_policy.reset()
-
-    def sync(self, include_optimizer_state: bool = True) -> SyncReport:
-        """Average embedding weights and all fused optimizer state over the replica group.
-
-        Covers every context. Routed through the sync policy so its engine, hook and
-        compression apply; blocking, and it first lands any transfer still in flight from
-        ``maybe_sync``. TorchRec's train pipelines call this every
-        ``dmp_collection_sync_interval_batches`` batches. FULLY_SHARDED contexts were averaged
-        by every step's reduce-scatter: for them only the NaN/inf check runs here.
-        """
-        self._resources.check_open("sync")
-        report = self.sync_policy.sync_now(include_optimizer_state=include_optimizer_state)
-        if self._fully_sharded is None:
-            return report
-        return merge_reports([report, self._fully_sharded.report(-1)])
-
-    def repair_from_replicas(self, ranks: list[int], include_dense: bool = True) -> None:
-        """Refill ``ranks`` (e.g. restarted with fresh weights) from a healthy replica.
-
-        Collective over the world: every rank calls it with the same ``ranks``. No storage is
-        read; see ``sparse2d.checkpoint.repair``.
-        """
-        self._resources.check_open("repair replicas")
-        from sparse2d.checkpoint.repair import repair_from_replicas
-
-        repair_from_replicas(self, ranks, include_dense)
-
-    def maybe_sync(self, step: int) -> SyncReport | None:
-        """Sync if the policy's cadence says step ``step`` (0-based) ends an interval.
-
-        FULLY_SHARDED contexts report their step's reduce-scatters (and run the job-wide
-        NaN/inf check) at every step.
-        """
-        self._resources.check_open("sync")
-        report = self._early.take()
-        if report is None:
-            report = self.sync_policy.step(step)
-        self._early.arm(step)
-        if self._fully_sharded is None:
-            return report
-        return merge_reports([r for r in (report, self._fully_sharded.report(step)) if r])
-
-    def set_all_reduce_hook(self, reduce_hook: Any) -> None:  # type: ignore[override]
-        """Replace the averaging all-reduce: ``hook(tensors, replica_pg)``, or TorchRec's
-        ``hook(tensors)`` (1.8) / ``hook(pg, tensors)`` (1.9); ``None`` restores the default."""
-        self.sync_policy.hook = adapt_all_reduce(reduce_hook)
-
-    def ensure_reduce_scatter_complete(self) -> None:
-        """TorchRec's FULLY_SHARDED wait. Nothing to wait for: our FULLY_SHARDED lands its
-        reduce-scatters at the end of each backward (see ``sparse2d.sync.fully_sharded``)."""
 
     def extra_repr(self) -> str:
         sizes = ", ".join(f"{c.name}: L={c.sharding_group_size}" for c in self._contexts[1:])

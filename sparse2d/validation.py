@@ -147,8 +147,10 @@ def resolve_node_group_size(
 
     Default: from ``LOCAL_WORLD_SIZE`` — a host holds ``local // G`` ranks of a group in
     the strided intra-host layout and ``local`` in the contiguous layout — else ``L``.
+    ``0`` means "not set", as in TorchRec (its TWRW sharding falls back to the local size
+    when ``env.node_group_size`` is falsy).
     """
-    if node_group_size is not None:
+    if node_group_size is not None and node_group_size != 0:
         if node_group_size < 1 or sharding_group_size % node_group_size != 0:
             raise ConfigError(
                 f"node_group_size={node_group_size} must divide sharding_group_size="

@@ -27,6 +27,7 @@ from tests.models import (
     shard_1d,
 )
 from tests.test_checkpoint import snapshot
+from tests.test_sync_fully_sharded_surfaces import flat_state
 
 STEPS = 6
 FS = ShardingStrategy.FULLY_SHARDED
@@ -311,7 +312,15 @@ def check_mixed_contexts() -> dict:
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), atol=1e-5, rtol=0)
-    return {"sliced": sliced, "storage": _tbe_weight_bytes(model)}
+    storage = _tbe_weight_bytes(model)
+    with materialized(model):  # the library's access vs the user's surfaces at rest
+        inside = flat_state(model.state_dict())
+    outside = flat_state(model.state_dict())
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    assert inside.keys() == outside.keys() and len(params) > 0
+    for key in inside:
+        torch.testing.assert_close(outside[key], inside[key], atol=0, rtol=0)
+    return {"sliced": sliced, "storage": storage}
 
 
 @pytest.mark.slow

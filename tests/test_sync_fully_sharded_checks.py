@@ -6,7 +6,7 @@ import pytest
 from torchrec.distributed.types import ParameterSharding, ShardingPlan, ShardingStrategy
 
 from sparse2d import ConfigError
-from sparse2d.sync.fully_sharded_checks import (
+from sparse2d.sync.fully_sharded.checks import (
     check_fully_sharded_options,
     check_fully_sharded_plan,
 )
@@ -17,12 +17,10 @@ FS = ShardingStrategy.FULLY_SHARDED
 
 def test_options_that_do_not_apply_are_refused() -> None:
     with pytest.raises(ConfigError, match="every=4"):
-        check_fully_sharded_options(FS, SyncOptions(every=4), None)
-    with pytest.raises(ConfigError, match="custom_all_reduce"):
-        check_fully_sharded_options(FS, None, lambda tensors, pg: None)
-    check_fully_sharded_options(ShardingStrategy.PER_MODULE, SyncOptions(every=4), None)
-    check_fully_sharded_options(FS, SyncOptions(), None)  # the defaults are fine
-    check_fully_sharded_options(ShardingStrategy.DEFAULT, SyncOptions(every=4), None)
+        check_fully_sharded_options(FS, SyncOptions(every=4))
+    check_fully_sharded_options(ShardingStrategy.PER_MODULE, SyncOptions(every=4))
+    check_fully_sharded_options(FS, SyncOptions())  # the defaults are fine
+    check_fully_sharded_options(ShardingStrategy.DEFAULT, SyncOptions(every=4))
 
 
 def _plan(kernel: str) -> ShardingPlan:

@@ -3,8 +3,8 @@
 Handled: the touched-rows and auto engines, bf16 deltas, overlap, hidden sync, delayed
 optimizer state (they apply to the plain tables; MC tables are merged by id, blocking, at
 the same sync), the NaN/inf guard, repair_from_replicas, TorchRec's call form.
-Refused (``ConfigError`` on every rank, nothing sent): momentum scaling, custom all-reduce,
-FULLY_SHARDED, sparse2d checkpoints, MP-ZCH (HashZch) modules.
+Both MCH and MP-ZCH (HashZch) tables. Refused (``ConfigError`` on every rank, nothing sent):
+momentum scaling, custom all-reduce, FULLY_SHARDED, sparse2d checkpoints.
 """
 
 from __future__ import annotations
@@ -38,7 +38,10 @@ def mc_max_diff(model: Any, policy: Any = None) -> float:
     worst = torch.zeros((), dtype=torch.float64)
     tensors: list[torch.Tensor] = []
     for mc in _mch_modules(model).values():
-        tensors += [mc._mch_sorted_raw_ids, mc._mch_remapped_ids_mapping, mc._mch_counts]
+        if hasattr(mc, "_hash_zch_identities"):  # MP-ZCH
+            tensors += [mc._hash_zch_identities, mc._hash_zch_metadata]
+        else:
+            tensors += [mc._mch_sorted_raw_ids, mc._mch_remapped_ids_mapping, mc._mch_counts]
     tensors += [t for s in policy.mc.shards for t in (s.weight, *s.optimizer_states)]
     for tensor in tensors:
         ref = tensor.clone()
@@ -48,14 +51,14 @@ def mc_max_diff(model: Any, policy: Any = None) -> float:
     return float(worst)
 
 
-def check_path(options: dict[str, Any]) -> list[float]:
+def check_path(options: dict[str, Any], kind: str = "mch") -> list[float]:
     from torchrec.optim import RowWiseAdagrad
 
     from sparse2d import DMPCollection
     from sparse2d.sync.options import SyncOptions
 
     model = DMPCollection(
-        build_mc_model(optimizer=RowWiseAdagrad, lr=0.05, plain=True),
+        build_mc_model(optimizer=RowWiseAdagrad, lr=0.05, plain=True, kind=kind),
         2,
         device="cpu",
         sync_options=SyncOptions(every=2, **options),
@@ -74,9 +77,12 @@ def check_path(options: dict[str, Any]) -> list[float]:
     return diffs
 
 
+@pytest.mark.parametrize("kind", ["mch", "zch"])
 @pytest.mark.parametrize("options", PATHS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
-def test_paths_keep_mc_replicas_identical(world4: DistWorld, options: dict[str, Any]) -> None:
-    diffs = world4.run(check_path, options)[0]
+def test_paths_keep_mc_replicas_identical(
+    world4: DistWorld, options: dict[str, Any], kind: str
+) -> None:
+    diffs = world4.run(check_path, options, kind)[0]
     assert len(diffs) >= 3 and all(d == 0.0 for d in diffs), diffs
 
 

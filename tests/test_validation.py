@@ -94,3 +94,16 @@ def test_cuda_requested_without_cuda_is_a_clear_error() -> None:
         pytest.skip("this machine has CUDA")
     with pytest.raises(ConfigError, match="CUDA is not available"):
         DMPCollection(build_model(MIXED_TABLES), 1, device="cuda")
+
+
+def test_node_group_size_zero_means_not_set_as_in_torchrec(monkeypatch) -> None:
+    from sparse2d.validation import resolve_node_group_size
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert resolve_node_group_size(0, 4, 2, "intra_host") == resolve_node_group_size(
+        None, 4, 2, "intra_host"
+    )
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert resolve_node_group_size(0, 4, 2, "intra_host") == 2  # 4 local ranks / 2 groups
+    with pytest.raises(ConfigError, match="node_group_size=-1 must divide"):
+        resolve_node_group_size(-1, 4, 2, "intra_host")

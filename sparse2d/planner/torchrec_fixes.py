@@ -6,6 +6,7 @@ every case it does not fix, and is installed only while the installed TorchRec s
 shows the problem (feature detection, no version numbers), so an upstream fix wins.
 Re-checked against TorchRec 1.8.0 and 1.9.2: all are still needed on both. Regression
 tests: ``tests/test_collection.py`` (TWCW with empty ranks; two 2D layouts in one process),
+``tests/test_planner_torchrec_fixes.py`` (row-wise with a different batch size per rank),
 ``tests/test_torchrec_compat.py`` (``TrainPipelineSemiSync`` on CPU).
 """
 
@@ -89,6 +90,55 @@ def _record_stream_skipping_cpu(original: Callable[..., Any]) -> Callable[..., A
 
     setattr(record_stream, _ORIGINAL, original)
     return record_stream
+
+
+class _Completed:
+    """A finished request: what TorchRec's ``Request.req.wait()`` expects."""
+
+    def wait(self) -> bool:
+        return True
+
+
+def _uneven_all_gather_on_gloo(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torchrec/distributed/comm_ops.py::ReduceScatterV_Wait.backward`` all-gathers the
+    gradient of a row-wise (or TWRW) output with uneven splits, i.e. different batch sizes
+    per rank, through ``dist.all_gather``; gloo refuses uneven blocks ("invalid tensor
+    size"), so such a backward fails on CPU, TorchRec's 1D included. On gloo: gather blocks
+    padded to the largest split (blocking) and keep each rank's rows."""
+
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
+        import torch.distributed as dist
+
+        rsi = ctx.myreq.rsi
+        if rsi.equal_splits or dist.get_backend(ctx.pg) != "gloo":
+            return original(ctx, grad_output)
+        if rsi.codecs is not None:
+            grad_output = rsi.codecs.backward.encode(grad_output)
+        grad_input = grad_output.new_empty(rsi.total_input_size)
+        splits = list(rsi.input_splits)
+        padded = grad_output.new_zeros((max(splits), *grad_output.shape[1:]))
+        padded[: grad_output.shape[0]].copy_(grad_output)
+        blocks = [torch.empty_like(padded) for _ in splits]
+        dist.all_gather(blocks, padded, group=ctx.pg)
+        for out, block, rows in zip(torch.split(grad_input, splits), blocks, splits, strict=True):
+            out.copy_(block[:rows])
+        ctx.myreq.req = _Completed()
+        ctx.myreq.tensor = grad_input
+        return (None, None, ctx.myreq.dummy_tensor)
+
+    setattr(backward, _ORIGINAL, original)
+    return backward
+
+
+def uneven_all_gather_used(backward: Callable[..., Any]) -> bool:
+    """Whether TorchRec's reduce-scatter-v backward still calls ``dist.all_gather`` on uneven
+    splits (gloo supports only equal blocks)."""
+    import inspect
+
+    try:
+        return "dist.all_gather(" in inspect.getsource(backward)
+    except (OSError, TypeError):
+        return False
 
 
 def twcw_shape_missing(original: Callable[..., Any]) -> bool:
@@ -192,8 +242,12 @@ def _registered(group: Any) -> bool:
 
 def apply_torchrec_fixes() -> None:
     """Install the workarounds still needed (safe to call many times)."""
-    from torchrec.distributed import comm
+    from torchrec.distributed import comm, comm_ops
     from torchrec.distributed.sharding import grid_sharding, twrw_sharding
+
+    wait = comm_ops.ReduceScatterV_Wait
+    if not hasattr(wait.backward, _ORIGINAL) and uneven_all_gather_used(wait.backward):
+        wait.backward = staticmethod(_uneven_all_gather_on_gloo(wait.backward))  # type: ignore[method-assign]
 
     current = comm.intra_and_cross_node_pg_2D
     if not hasattr(current, _ORIGINAL) and groups_2d_cached_per_process(comm):

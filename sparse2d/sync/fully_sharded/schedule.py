@@ -28,158 +28,36 @@ average. Blocking parts: the backward all-gather (the update needs the values) a
 end-of-backward wait for the reduce-scatters; the forward gather blocks only if no prefetch
 was started (e.g. a train pipeline calling the sharded modules directly).
 
-Anything reading the live shard views between steps (checkpoint, repair, tests) must do it
-inside ``gathered()``, which restores the full buffers and re-slices afterwards.
+Between steps the per-table views (``state_dict()``, ``named_parameters()``, the fused
+optimizer's state) point at freed storage. Every public surface that hands them out
+materializes first (``materialize``: the full buffers come back, collective over each replica
+group, and stay until the next forward re-slices them with ``settle``); see
+``sparse2d.sync.fully_sharded.surfaces``. Library code (checkpoint, repair) uses
+``gathered()``, which restores the full buffers for one block.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import logging
-import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
-from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-    SplitTableBatchedEmbeddingBagsCodegen,
-)
 
-from sparse2d.errors import ConfigError
+from sparse2d.sync.collectives import AllReduceHook, average_
+from sparse2d.sync.finite import all_finite
+from sparse2d.sync.fully_sharded.slices import (
+    FlatSlice,
+    Kernel,
+    return_freed_memory_to_os,
+    slice_kernels,
+)
 from sparse2d.sync.policy import SyncReport
-from sparse2d.sync.tensors import ShardState
+from sparse2d.sync.tensors import ShardState, live_tensors
 
 logger = logging.getLogger(__name__)
-_M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
-
-STATE_PREFIXES = ("momentum1", "momentum2")
-"""FBGEMM's flat optimizer-state buffers (each ``{prefix}_{dev,host,uvm}``)."""
-
-
-def _flat_buffer_names(tbe: SplitTableBatchedEmbeddingBagsCodegen, states: int) -> list[str]:
-    """Attributes holding the weights and the ``states`` optimizer-state buffers: ``_dev``
-    (GPU HBM) or ``_host`` (CPU). UVM/caching placements are refused."""
-    managed = {int(EmbeddingLocation.MANAGED.value), int(EmbeddingLocation.MANAGED_CACHING.value)}
-    if any(int(p) in managed for p in tbe.weights_placements.tolist()):
-        raise ConfigError(
-            "sharding_strategy=FULLY_SHARDED needs every embedding table in device (or CPU "
-            "host) memory; a TBE holds tables in UVM/managed caching. Use compute kernel "
-            "'fused' (HBM), or sharding_strategy=DEFAULT."
-        )
-    if states > len(STATE_PREFIXES):
-        raise ConfigError(
-            f"sharding_strategy=FULLY_SHARDED shards up to {len(STATE_PREFIXES)} fused optimizer "
-            f"states per table; {tbe.optimizer} keeps {states}. Use SGD/AdaGrad/row-wise AdaGrad "
-            "or sharding_strategy=DEFAULT."
-        )
-    names = []
-    for prefix in ("weights", *STATE_PREFIXES[:states]):
-        dev = getattr(tbe, f"{prefix}_dev")
-        names.append(f"{prefix}_dev" if dev.numel() > 0 else f"{prefix}_host")
-    return names
-
-
-class FlatSlice:
-    """One flat TBE buffer cut into ``count`` slices; this replica keeps slice ``index``."""
-
-    def __init__(self, tbe: torch.nn.Module, attr: str, index: int, count: int) -> None:
-        self.tbe, self.attr = tbe, attr
-        full = getattr(tbe, attr)
-        if full.storage_offset() != 0 or not full.is_contiguous():
-            raise ConfigError(
-                f"FULLY_SHARDED expects {attr} to own its storage (offset 0, contiguous)."
-            )
-        self.numel = full.numel()
-        self.per_slice = -(-self.numel // count)
-        self.padded = self.per_slice * count
-        self.nbytes = self.padded * full.element_size()
-        start = min(index * self.per_slice, self.numel)
-        stop = min(start + self.per_slice, self.numel)
-        with torch.no_grad():
-            self.shard = torch.zeros(self.per_slice, dtype=full.dtype, device=full.device)
-            self.shard[: stop - start].copy_(full.detach().reshape(-1)[start:stop])
-        self.index = index
-        self.is_full = True
-
-    @property
-    def full(self) -> torch.Tensor:
-        return getattr(self.tbe, self.attr)
-
-    def _padded_view(self) -> torch.Tensor:
-        """A flat tensor over the whole (padded) storage with its own version counter, so
-        writing through it does not trip autograd's saved-tensor check on the parameter."""
-        full = self.full
-        view = torch.empty(0, dtype=full.dtype, device=full.device)
-        return view.set_(full.untyped_storage(), 0, (self.padded,))
-
-    def gather(self, pg: dist.ProcessGroup) -> dist.Work | None:
-        """Restore the full buffer from every replica's slice (async; returns the work)."""
-        if self.is_full:
-            return None
-        self.full.untyped_storage().resize_(self.nbytes)
-        self.is_full = True
-        return dist.all_gather_into_tensor(self._padded_view(), self.shard, group=pg, async_op=True)
-
-    def reduce_scatter(self, pg: dist.ProcessGroup) -> dist.Work:
-        """Average the full buffers of all replicas into this replica's slice (async)."""
-        view = self._padded_view()
-        view[self.numel :].zero_()
-        return dist.reduce_scatter_tensor(
-            self.shard, view, op=dist.ReduceOp.AVG, group=pg, async_op=True
-        )
-
-    def keep_local_slice(self) -> None:
-        """Re-slice from the local full copy (valid when every replica holds the same values)."""
-        with torch.no_grad():
-            self.shard.copy_(self._padded_view()[self.index * self.per_slice :][: self.per_slice])
-
-    def release(self) -> None:
-        self.full.untyped_storage().resize_(0)
-        self.is_full = False
-
-    def resident_bytes(self) -> int:
-        """Bytes this buffer holds now: the TBE storage (0 at rest) plus the slice."""
-        return self.full.untyped_storage().nbytes() + self.shard.untyped_storage().nbytes()
-
-
-@dataclass(slots=True)
-class _Kernel:
-    """The slices of one TBE and what is in flight for it."""
-
-    tbe: SplitTableBatchedEmbeddingBagsCodegen
-    pg: dist.ProcessGroup
-    """The replica group the slices are spread over."""
-    tables: list[str]
-    weights: FlatSlice
-    states: list[FlatSlice]
-    gathers: list[dist.Work] = field(default_factory=list)
-    poisoned: bool = False
-    """A replica met NaN/inf at the last update: nothing was averaged, the step must stop."""
-    bad_here: bool = False
-    """This rank's own updated values held the NaN/inf."""
-
-
-def _slice_kernels(shards: list[ShardState], pg: dist.ProcessGroup) -> list[_Kernel]:
-    """Cut every fused kernel of ``shards`` into its replicas' slices over ``pg``."""
-    index, count = dist.get_rank(pg), dist.get_world_size(pg)
-    tables: dict[int, list[str]] = {}
-    states: dict[int, int] = {}
-    tbes: dict[int, SplitTableBatchedEmbeddingBagsCodegen] = {}
-    for shard in shards:
-        if shard.kernel is not None:
-            tbes.setdefault(id(shard.kernel), shard.kernel)
-            tables.setdefault(id(shard.kernel), []).append(shard.table)
-            states[id(shard.kernel)] = len(shard.optimizer_states)
-    kernels = []
-    for key, tbe in tbes.items():
-        slices = [FlatSlice(tbe, n, index, count) for n in _flat_buffer_names(tbe, states[key])]
-        kernels.append(_Kernel(tbe, pg, tables[key], slices[0], slices[1:]))
-    return kernels
 
 
 class FullyShardedEmbeddings:
@@ -196,9 +74,13 @@ class FullyShardedEmbeddings:
     ) -> None:
         self.global_pg = global_pg
         self.check_finite = check_finite
-        self.kernels: list[_Kernel] = []
+        self.groups = groups
+        self.materialized_for: str | None = None
+        """The surface that last materialized the full buffers (None: 1/G at rest)."""
+        self._surfaces_logged: set[str] = set()
+        self.kernels: list[Kernel] = []
         for shards, replica_pg in groups:  # one (shards, replica group) per sharding context
-            self.kernels += _slice_kernels(shards, replica_pg)
+            self.kernels += slice_kernels(shards, replica_pg)
         self._reducing: list[tuple[FlatSlice, dist.Work]] = []
         self._callback_queued = False
         self.bytes_last_step = 0
@@ -221,33 +103,35 @@ class FullyShardedEmbeddings:
     # ---- the schedule ---------------------------------------------------------------
     def prefetch(self) -> None:
         """Start the weight all-gathers of every TBE at rest (called at model forward)."""
+        self.settle()
         for kernel in self.kernels:
             self._raise_if_poisoned(kernel)
             work = kernel.weights.gather(kernel.pg)
             if work is not None:
                 kernel.gathers.append(work)
 
-    def _before_lookup(self, kernel: _Kernel) -> None:
+    def _before_lookup(self, kernel: Kernel) -> None:
+        self.settle()  # a train pipeline may call the sharded modules without our forward
         self._raise_if_poisoned(kernel)
         work = kernel.weights.gather(kernel.pg)
         for pending in [*kernel.gathers, *([work] if work else [])]:
             pending.wait()
         kernel.gathers.clear()
 
-    def _after_lookup(self, kernel: _Kernel, output: torch.Tensor) -> None:
+    def _after_lookup(self, kernel: Kernel, output: torch.Tensor) -> None:
         kernel.weights.release()
         if isinstance(output, torch.Tensor) and output.requires_grad and output.grad_fn:
             output.register_hook(lambda _grad, k=kernel: self._before_update(k))
             output.grad_fn.register_hook(lambda _gi, _go, k=kernel: self._after_update(k))
 
-    def _before_update(self, kernel: _Kernel) -> None:
+    def _before_update(self, kernel: Kernel) -> None:
         works = [kernel.weights.gather(kernel.pg)]
         works += [s.gather(kernel.pg) for s in kernel.states]
         for work in works:
             if work is not None:
                 work.wait()
 
-    def _after_update(self, kernel: _Kernel) -> None:
+    def _after_update(self, kernel: Kernel) -> None:
         buffers = [kernel.weights, *kernel.states]
         if self.check_finite and self._replicas_disagree_finite(kernel):
             kernel.poisoned = True  # keep the local values, average nothing (see sync_check)
@@ -268,6 +152,7 @@ class FullyShardedEmbeddings:
         self._callback_queued = False
 
     def _release_all(self) -> None:
+        self.settle()
         for kernel in self.kernels:
             for pending in kernel.gathers:
                 pending.wait()
@@ -277,16 +162,16 @@ class FullyShardedEmbeddings:
                     buffer.release()
 
     # ---- NaN/inf guard --------------------------------------------------------------
-    def _replicas_disagree_finite(self, kernel: _Kernel) -> bool:
+    def _replicas_disagree_finite(self, kernel: Kernel) -> bool:
         """True if any replica's updated values hold a NaN/inf (agreed over the replicas)."""
         kernel.bad_here = not all(
-            _all_finite(b._padded_view()[: b.numel]) for b in (kernel.weights, *kernel.states)
+            all_finite(b._padded_view()[: b.numel]) for b in (kernel.weights, *kernel.states)
         )
         flag = torch.tensor([int(kernel.bad_here)], device=kernel.weights.full.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=kernel.pg)
         return bool(flag.item())
 
-    def _raise_if_poisoned(self, kernel: _Kernel) -> None:
+    def _raise_if_poisoned(self, kernel: Kernel) -> None:
         if kernel.poisoned:
             raise _sync_error(-1, kernel.tables, dist.get_rank())
 
@@ -316,28 +201,89 @@ class FullyShardedEmbeddings:
         return report
 
     # ---- access between steps -------------------------------------------------------
+    def materialize(self, surface: str) -> None:
+        """Bring back every full buffer (weights and states) until the next forward.
+
+        Collective over each replica group: every rank of the job calls the surface (as with
+        ``torch.distributed.checkpoint``). A no-op while already materialized.
+        """
+        if self.materialized_for is not None:
+            return
+        self._release_all()
+        for kernel in self.kernels:
+            for buffer in (kernel.weights, *kernel.states):
+                work = buffer.gather(kernel.pg)
+                if work is not None:
+                    work.wait()
+                buffer.mark()
+        self.materialized_for = surface
+        full = sum(b.nbytes for k in self.kernels for b in (k.weights, *k.states))
+        first = surface not in self._surfaces_logged and not surface.startswith("library")
+        self._surfaces_logged.add(surface)
+        (logger.info if first else logger.debug)(
+            "[sparse2d] FULLY_SHARDED: %s gathered the full embedding buffers (%.1f MiB on this "
+            "rank) until the next forward",
+            surface,
+            full / 2**20,
+        )
+
+    def settle(self) -> None:
+        """Back to 1/G after ``materialize``. A buffer no replica wrote keeps its slice; one
+        written anywhere (``load_state_dict``, a state-dict tensor set in place, a sync hook)
+        keeps its slice if every replica holds the same values, else the replicas' values are
+        averaged (what every step's reduce-scatter does). Collective over each replica group."""
+        if self.materialized_for is None:
+            return
+        self.materialized_for = None
+        for kernel in self.kernels:
+            buffers = [kernel.weights, *kernel.states]
+            device = kernel.weights.full.device
+            flags = torch.tensor([int(b.written()) for b in buffers], device=device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=kernel.pg)
+            for buffer, written in zip(buffers, flags.tolist(), strict=True):
+                if written and not buffer.same_on_every_replica(kernel.pg):
+                    buffer.reduce_scatter(kernel.pg).wait()
+                else:
+                    buffer.keep_local_slice()
+                buffer.release()
+
+    def run_hook(self, hook: AllReduceHook, include_optimizer_state: bool) -> SyncReport:
+        """TorchRec's ``sync()`` with a custom all-reduce under FULLY_SHARDED: the hook gets the
+        full per-table weights (and optimizer states), one call per dtype per replica group;
+        then each replica re-slices (averaging first if the hook left replicas apart)."""
+        start = time.perf_counter()
+        self.materialize("sync() with a custom all-reduce hook")
+        moved = 0
+        for shards, pg in self.groups:
+            tensors = live_tensors(shards, weights=True, states=include_optimizer_state)
+            average_(tensors, pg, hook)
+            moved += sum(t.numel() * t.element_size() for t in tensors)
+        self.settle()
+        return SyncReport(-1, moved, time.perf_counter() - start)
+
     @contextlib.contextmanager
     def gathered(self, states: bool = True) -> Iterator[None]:
         """Full buffers inside the block (the live shard views are valid there).
 
-        On exit each replica keeps its slice of its local full copy: whatever the block
-        wrote must be identical on every replica (a checkpoint load, a repair broadcast).
+        On exit the buffers go back to 1/G by ``settle``: what the block wrote is kept (and
+        averaged if replicas wrote different values); views a surface handed out before are
+        freed again, as at the next forward. ``states`` is accepted for callers that need
+        only the weights; both come back. If the block raises, each replica keeps its slice
+        of its local copy (no collective: the other ranks may not get there).
         """
-        self._release_all()
-        for kernel in self.kernels:
-            for work in [kernel.weights.gather(kernel.pg)] + [
-                s.gather(kernel.pg) for s in (kernel.states if states else [])
-            ]:
-                if work is not None:
-                    work.wait()
+        del states
+        self.materialize("library access (checkpoint, repair)")
         try:
             yield
-        finally:
+        except BaseException:
+            self.materialized_for = None
             for kernel in self.kernels:
                 for buffer in (kernel.weights, *kernel.states):
                     if buffer.is_full:
                         buffer.keep_local_slice()
                         buffer.release()
+            raise
+        self.settle()
 
     def resident_bytes(self, weights: bool = True, states: bool = False) -> int:
         """Bytes the TBE buffers (and their slices) hold on this rank now."""
@@ -367,14 +313,6 @@ class FullyShardedEmbeddings:
         self._handles.clear()
 
 
-def _all_finite(flat: torch.Tensor) -> bool:
-    """One ``sum`` proves a float buffer finite (NaN/inf make it non-finite); only a
-    non-finite sum (maybe an overflow of large finite values) pays the exact scan."""
-    if not flat.is_floating_point() or bool(torch.isfinite(flat.sum(dtype=torch.float32))):
-        return True
-    return bool(torch.isfinite(flat).all())
-
-
 def _sync_error(step: int, tables: list[str], ranks: object) -> Exception:
     from sparse2d.errors import SyncError
 
@@ -385,27 +323,6 @@ def _sync_error(step: int, tables: list[str], ranks: object) -> Exception:
         "skipped so no replica was poisoned. Restore from the last checkpoint "
         "(sparse2d.checkpoint.load)."
     )
-
-
-def return_freed_memory_to_os(threshold: int = 1 << 20) -> bool:
-    """Fix glibc's mmap threshold so freed large CPU buffers go back to the OS.
-
-    glibc raises its mmap threshold dynamically each time a large mmapped block is freed;
-    after the first step the full TBE buffers (and gloo's temporaries) come from the heap
-    and stay resident after ``resize_(0)``, so the memory FULLY_SHARDED frees would not be
-    returned (measured: RSS between steps above DEFAULT). Process-wide; skipped when
-    ``MALLOC_MMAP_THRESHOLD_`` is set or the C library is not glibc.
-    """
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is not None:
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        done = bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
-    except (OSError, AttributeError):
-        return False
-    if done:
-        logger.info("[sparse2d] FULLY_SHARDED: glibc mmap threshold fixed at %d bytes", threshold)
-    return done
 
 
 def materialized(model: torch.nn.Module, states: bool = True) -> contextlib.AbstractContextManager:

@@ -11,23 +11,19 @@ from __future__ import annotations
 from torchrec.distributed.types import ShardingPlan, ShardingStrategy
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.policy import SyncOptions
 
 
 def check_fully_sharded_options(
-    strategy: ShardingStrategy,
-    sync_options: SyncOptions | None,
-    custom_all_reduce: AllReduceHook | None,
+    strategy: ShardingStrategy, sync_options: SyncOptions | None
 ) -> None:
-    """Refuse what FULLY_SHARDED replaces (pure: runs on every rank before any collective)."""
+    """Refuse what FULLY_SHARDED replaces (pure: runs on every rank before any collective).
+
+    A ``custom_all_reduce`` hook is kept, as TorchRec does: ``sync()`` hands it the full
+    weights and optimizer states (see ``FullyShardedEmbeddings.run_hook``).
+    """
     if strategy != ShardingStrategy.FULLY_SHARDED:
         return
-    if custom_all_reduce is not None:
-        raise ConfigError(
-            "custom_all_reduce does not apply with sharding_strategy=FULLY_SHARDED: replicas "
-            "are averaged by a reduce-scatter every step. Drop custom_all_reduce or use DEFAULT."
-        )
     if sync_options is None:
         return
     default = SyncOptions()

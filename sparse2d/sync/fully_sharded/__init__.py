@@ -1,0 +1,11 @@
+"""FULLY_SHARDED 2D: each replica keeps 1/G of its group's fused embedding buffers at rest.
+
+``slices`` cuts FBGEMM's flat buffers, ``schedule`` runs the per-step gathers and
+reduce-scatters, ``surfaces`` keeps every ``nn.Module`` surface valid between steps, and
+``checks`` refuses what the schedule cannot honour (pure, before any collective).
+"""
+
+from sparse2d.sync.fully_sharded.schedule import FullyShardedEmbeddings, materialized
+from sparse2d.sync.fully_sharded.slices import FlatSlice, return_freed_memory_to_os
+
+__all__ = ["FlatSlice", "FullyShardedEmbeddings", "materialized", "return_freed_memory_to_os"]
