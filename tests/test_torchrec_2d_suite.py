@@ -33,19 +33,9 @@ def _marks(case: Case, params: dict[str, Any]) -> list[pytest.MarkDecorator]:
     if case.needs_ranks:
         return [pytest.mark.skip(reason=f"hard-codes world_size={case.needs_ranks}; the "
                                         "shared worlds have 2 and 4 ranks")]  # fmt: skip
-    if case.fully_sharded:
-        if not cases.fully_sharded_enabled():
-            return [pytest.mark.skip(reason=cases.FS_REASON)]
-        if params.get("custom_all_reduce"):
-            return [
-                pytest.mark.xfail(raises=CheckFailed, strict=False, reason=cases.FS_HOOK_REASON)
-            ]
-        return [pytest.mark.xfail(strict=False, reason=cases.FS_REASON)]
     if cases.dmp() != "sparse2d":
         return []  # a measurement run (docs/torchrec_suite.md): report what happens
-    if case.method == "test_sharding_rw_2D" and params["variable_batch_size"]:
-        return [pytest.mark.xfail(raises=CheckFailed, strict=True, reason=cases.RW_VBS_REASON)]
-    if case.method == "test_sharding_dynamic_2D" and params["variable_batch_size"]:
+    if "dynamic_2D" in case.method and params["variable_batch_size"]:
         return [pytest.mark.xfail(raises=CheckFailed, strict=True, reason=cases.DYNAMIC_VBS_REASON)]
     return []
 
@@ -104,18 +94,20 @@ def test_a_missing_sync_fails_a_case(world4: DistWorld, torchrec_env: None) -> N
         run_vendored(world4, case, params, "sparse2d-no-sync")
 
 
-def test_rw_variable_batch_fails_in_torchrec_1d(world4: DistWorld, torchrec_env: None) -> None:
+def test_rw_variable_batch_is_a_torchrec_bug_fixed_on_gloo(
+    world4: DistWorld, torchrec_env: None
+) -> None:
     """The row-wise per-rank-batch case fails with TorchRec's own 1D
-    ``DistributedModelParallel`` on gloo too, with the same error in the same place as in
-    2D: ``ReduceScatterV``'s backward in ``comm_ops`` gathers unequal per-rank sizes, which
-    gloo's allgather refuses. The xfail of its 2D runs is TorchRec's, not sparse2d's."""
+    ``DistributedModelParallel`` on gloo: ``ReduceScatterV``'s backward in ``comm_ops``
+    gathers unequal per-rank sizes, which gloo's allgather refuses. With sparse2d's fix
+    (``torchrec_fixes``: a padded all-gather on gloo) TorchRec's 1D passes the case too, as
+    sparse2d's 2D does in ``test_torchrec_2d_case``."""
     case = next(c for c in cases.CASES if c.method == "test_sharding_rw_2D")
     params = next(p for p in cases.combinations(case) if p["variable_batch_size"])
-    error = "ProcessGroupGloo::allgather: invalid tensor size"
-    for dmp in ("torchrec-1d", "sparse2d"):
-        with pytest.raises(CheckFailed, match=error) as failure:
-            run_vendored(world4, case, params, dmp)
-        assert "comm_ops.py" in str(failure.value), dmp
+    with pytest.raises(CheckFailed, match="ProcessGroupGloo::allgather: invalid tensor size") as e:
+        run_vendored(world4, case, params, "torchrec-1d-unfixed")
+    assert "comm_ops.py" in str(e.value)
+    run_vendored(world4, case, params, "torchrec-1d")
 
 
 def test_dynamic_variable_batch_inputs_fail_unsharded(torchrec_env: None) -> None:

@@ -16,23 +16,9 @@ from typing import Any
 
 from tests.torchrec_suite import runner
 
-FULLY_SHARDED_ENV = "SPARSE2D_TORCHREC_FULLY_SHARDED"
-"""Set to 1 to run the FULLY_SHARDED cases (off by default: issue 21, they segfault a
-worker in ``state_dict`` today, which costs the shared world a restart per case)."""
-
 CPU_KERNELS = {"fused"}
 """``EmbeddingComputeKernel`` values a CPU runs (UVM / UVM caching are CUDA-only)."""
 
-FS_REASON = (
-    "issue 21: FULLY_SHARDED segfaults in state_dict (views of 0-byte storage); being "
-    f"fixed on main. Run with {FULLY_SHARDED_ENV}=1"
-)
-FS_HOOK_REASON = "issue 21: FULLY_SHARDED with custom_all_reduce is refused today (ConfigError)"
-RW_VBS_REASON = (
-    "TorchRec: row-wise with per-rank batch sizes fails in comm_ops backward on gloo; "
-    "TorchRec's own 1D DistributedModelParallel fails the same case "
-    "(test_rw_variable_batch_fails_in_torchrec_1d)"
-)
 DYNAMIC_VBS_REASON = (
     "TorchRec's test data: with variable_batch_size and global_constant_batch the "
     "mixed EBC+EC model's local inputs carry 4 dense rows but 1-3 KJT rows, so the "
@@ -134,7 +120,3 @@ def label(params: dict[str, Any]) -> str:
 
 def dmp() -> str:
     return os.environ.get(DMP_ENV, "sparse2d")
-
-
-def fully_sharded_enabled() -> bool:
-    return os.environ.get(FULLY_SHARDED_ENV) == "1"

@@ -86,7 +86,9 @@ def run_case(payload: bytes, dmp: str = "sparse2d") -> float:
     ``sync()`` does nothing (which cases would notice a missing sync); ``"torchrec-1d"``
     drops the 2D arguments so the same body builds TorchRec's own
     ``DistributedModelParallel`` over the whole world (the 1D reference for failures that
-    are TorchRec's). Returns seconds.
+    are TorchRec's); ``"torchrec-1d-unfixed"`` is that with TorchRec's own
+    ``ReduceScatterV_Wait.backward`` put back in place of sparse2d's gloo fix
+    (``sparse2d.planner.torchrec_fixes``) for the run. Returns seconds.
     """
     install_vendored()
     import torch
@@ -105,13 +107,22 @@ def run_case(payload: bytes, dmp: str = "sparse2d") -> float:
             f"case wants {kwargs['world_size']} ranks, world has {dist.get_world_size()}"
         )
     kwargs["rank"] = dist.get_rank()
-    if dmp == "torchrec-1d":
+    if dmp.startswith("torchrec-1d"):
         for key in ("world_size_2D", "node_group_size", "submodule_configs"):
             kwargs.pop(key, None)
         kwargs.pop("custom_all_reduce", None)
         kwargs.pop("use_inter_host_allreduce", None)
     elif dmp not in DMPS:
         raise ValueError(dmp)
+    from torchrec.distributed import comm_ops
+
+    from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes
+
+    apply_torchrec_fixes()
+    wait = comm_ops.ReduceScatterV_Wait
+    fixed_backward = wait.__dict__["backward"]
+    if dmp == "torchrec-1d-unfixed":
+        wait.backward = staticmethod(getattr(wait.backward, "_sparse2d_original", wait.backward))
     meshes: list[Any] = []
     original = test_sharding.DMPCollection, test_sharding.DeviceMesh
     test_sharding.DMPCollection = (
@@ -126,11 +137,12 @@ def run_case(payload: bytes, dmp: str = "sparse2d") -> float:
             )
     finally:
         test_sharding.DMPCollection, test_sharding.DeviceMesh = original
-        _release_case_groups(meshes, one_d=dmp == "torchrec-1d")
+        wait.backward = fixed_backward
+        _release_case_groups(meshes, one_d=dmp.startswith("torchrec-1d"))
     return time.perf_counter() - start
 
 
-DMPS = ("sparse2d", "sparse2d-no-sync", "torchrec-1d")
+DMPS = ("sparse2d", "sparse2d-no-sync", "torchrec-1d", "torchrec-1d-unfixed")
 
 
 @functools.cache
