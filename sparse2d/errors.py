@@ -24,3 +24,8 @@ class SyncError(RuntimeError):
 class FaultToleranceError(RuntimeError):
     """Fault-tolerant training cannot go on (no quorum in time, lighthouse lost, every group
     lost); one line naming the cause and the timeout that expired."""
+
+
+class CollectiveCallError(RuntimeError):
+    """A collective model call (e.g. a FULLY_SHARDED ``state_dict()``) reached by only some
+    ranks; raised on the ranks that waited, before any collective, instead of a hang."""

@@ -286,3 +286,27 @@ def test_default_load_between_syncs_keeps_the_loaded_values(world4, option: str)
         assert r["diff"] < 1e-6 and r["replicas"] == 0.0, r
     # bf16 keeps references; overlap and delayed state had a transfer in flight at the load.
     assert option in ("bf16", "hide") or all(r["in_flight"] for r in results), results
+
+
+def check_one_rank_alone() -> dict:
+    """A FULLY_SHARDED surface called on rank 0 only raises there (after the timeout, before
+    any collective) instead of hanging or pairing with another rank's collective."""
+    from sparse2d.errors import CollectiveCallError
+
+    model = _model(FS)
+    model.fully_sharded.surface_timeout_s = 1.0
+    message = ""
+    if dist.get_rank() == 0:
+        with pytest.raises(CollectiveCallError) as error:
+            model.state_dict()
+        message = str(error.value)
+    dist.barrier()  # the world is still usable: nothing was half-sent
+    model.close()
+    return {"message": message, "tbe": _tbe_bytes(model)}
+
+
+def test_a_surface_called_on_one_rank_raises_instead_of_hanging(world4) -> None:
+    results = world4.run(check_one_rank_alone)
+    assert "1 of 4 ranks did within 1 s" in results[0]["message"], results[0]
+    assert "every rank must call it" in results[0]["message"]
+    assert all(r["tbe"] == 0 for r in results)  # rank 0 never gathered

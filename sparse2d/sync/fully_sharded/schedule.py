@@ -39,7 +39,9 @@ group, and stay until the next forward re-slices them with ``settle``); see
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import os
 import time
 from collections.abc import Iterator
 
@@ -58,6 +60,8 @@ from sparse2d.sync.policy import SyncReport
 from sparse2d.sync.tensors import ShardState, live_tensors
 
 logger = logging.getLogger(__name__)
+_INSTANCES = itertools.count()
+"""Models built in this process, in order (the same order on every rank): store keys."""
 
 
 class FullyShardedEmbeddings:
@@ -78,6 +82,10 @@ class FullyShardedEmbeddings:
         self.materialized_for: str | None = None
         """The surface that last materialized the full buffers (None: 1/G at rest)."""
         self._surfaces_logged: set[str] = set()
+        self.surface_timeout_s = float(os.environ.get("SPARSE2D_SURFACE_TIMEOUT_S", "300"))
+        """How long a surface waits for the other ranks to call it too (then raises)."""
+        self._calls = 0
+        self._name = f"{global_pg.group_name}/{next(_INSTANCES)}"
         self.kernels: list[Kernel] = []
         for shards, replica_pg in groups:  # one (shards, replica group) per sharding context
             self.kernels += slice_kernels(shards, replica_pg)
@@ -205,10 +213,13 @@ class FullyShardedEmbeddings:
         """Bring back every full buffer (weights and states) until the next forward.
 
         Collective over each replica group: every rank of the job calls the surface (as with
-        ``torch.distributed.checkpoint``). A no-op while already materialized.
+        ``torch.distributed.checkpoint``); checked first on the store (``_all_ranks_reach``),
+        so a surface called on some ranks only raises there instead of hanging or pairing
+        with another collective. A no-op while already materialized.
         """
         if self.materialized_for is not None:
             return
+        self._all_ranks_reach(surface)
         self._release_all()
         for kernel in self.kernels:
             for buffer in (kernel.weights, *kernel.states):
@@ -226,6 +237,29 @@ class FullyShardedEmbeddings:
             surface,
             full / 2**20,
         )
+
+    def _all_ranks_reach(self, surface: str) -> None:
+        """Count this call on the default store; wait until every rank of ``global_pg`` has
+        counted it, or raise ``CollectiveCallError`` after ``surface_timeout_s``."""
+        from sparse2d.errors import CollectiveCallError
+
+        store = dist.distributed_c10d._get_default_store()
+        self._calls += 1
+        key = f"sparse2d/fully_sharded/{self._name}/{self._calls}"
+        world = dist.get_world_size(self.global_pg)
+        arrived = store.add(key, 1)
+        deadline, pause = time.monotonic() + self.surface_timeout_s, 0.0005
+        while arrived < world:
+            if time.monotonic() > deadline:
+                raise CollectiveCallError(
+                    f"FULLY_SHARDED {surface} gathers the embedding buffers from the replicas, "
+                    f"so every rank must call it; {arrived} of {world} ranks did within "
+                    f"{self.surface_timeout_s:.0f} s. Call it on every rank (as "
+                    "torch.distributed.checkpoint), or use sharding_strategy=DEFAULT."
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            arrived = store.add(key, 0)
 
     def settle(self) -> None:
         """Back to 1/G after ``materialize``. A buffer no replica wrote keeps its slice; one
