@@ -310,3 +310,18 @@ def test_a_surface_called_on_one_rank_raises_instead_of_hanging(world4) -> None:
     assert "1 of 4 ranks did within 1 s" in results[0]["message"], results[0]
     assert "every rank must call it" in results[0]["message"]
     assert all(r["tbe"] == 0 for r in results)  # rank 0 never gathered
+
+
+def test_fingerprint_sees_every_change() -> None:
+    from sparse2d.sync.fully_sharded.slices import _CHUNK, fingerprint
+
+    x = torch.randn(2 * _CHUNK + 5)
+    base = fingerprint(x)
+    assert fingerprint(x.clone()) == base
+    swapped = x.clone()  # the same position in two chunks, swapped
+    swapped[3], swapped[_CHUNK + 3] = x[_CHUNK + 3], x[3]
+    nudged = x.clone()
+    nudged[-1] = torch.nextafter(x[-1], torch.tensor(float("inf")))  # one ulp
+    assert fingerprint(swapped) != base and fingerprint(nudged) != base
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        assert fingerprint(x.to(dtype)) != fingerprint((x * 2).to(dtype))

@@ -136,20 +136,21 @@ _INT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def fingerprint(flat: torch.Tensor) -> int:
-    """A position-weighted sum of the bits of ``flat`` (int64, wrapping): any write that
-    changes a value changes it but for a ~2^-64 chance. Chunked: 8 bytes of scratch per
-    element of one chunk, never a copy of the buffer."""
+    """A position-weighted sum of the bits of ``flat`` (int64, wrapping) per chunk, the chunks
+    chained by a multiply: any write that changes a value (or moves one) changes it but for
+    a ~2^-64 chance. Chunked: the scratch is one chunk's worth, never a copy of the buffer."""
     multipliers = _MULTIPLIERS.get(flat.device)
     if multipliers is None:
         generator = torch.Generator().manual_seed(0x5EED)
         odd = torch.randint(1, 2**62, (_CHUNK,), generator=generator, dtype=torch.int64) | 1
         multipliers = _MULTIPLIERS.setdefault(flat.device, odd.to(flat.device))
     bits = flat.view(_INT_VIEWS[flat.element_size()])
-    total = torch.zeros((), dtype=torch.int64, device=flat.device)
+    total = bits.numel()
     for start in range(0, bits.numel(), _CHUNK):
         chunk = bits[start : start + _CHUNK].to(torch.int64)
-        total += (chunk * multipliers[: chunk.numel()]).sum() + start
-    return int(total)
+        weighted = int((chunk * multipliers[: chunk.numel()]).sum())
+        total = (total * 0x9E3779B97F4A7C15 + weighted) & 0xFFFFFFFFFFFFFFFF
+    return total
 
 
 @dataclass(slots=True)
