@@ -140,7 +140,7 @@ class FullyShardedEmbeddings:
                 work.wait()
 
     def _after_update(self, kernel: Kernel) -> None:
-        buffers = [kernel.weights, *kernel.states]
+        buffers = kernel.buffers
         if self.check_finite and self._replicas_disagree_finite(kernel):
             kernel.poisoned = True  # keep the local values, average nothing (see sync_check)
             return
@@ -165,16 +165,23 @@ class FullyShardedEmbeddings:
             for pending in kernel.gathers:
                 pending.wait()
             kernel.gathers.clear()
-            for buffer in (kernel.weights, *kernel.states):
+            for buffer in kernel.buffers:
                 if buffer.is_full:
                     buffer.release()
+
+    def _gather_all(self) -> None:
+        """Every buffer full again, from the replicas' slices (blocking, collective)."""
+        self._release_all()
+        for kernel in self.kernels:
+            for buffer in kernel.buffers:
+                work = buffer.gather(kernel.pg)
+                if work is not None:
+                    work.wait()
 
     # ---- NaN/inf guard --------------------------------------------------------------
     def _replicas_disagree_finite(self, kernel: Kernel) -> bool:
         """True if any replica's updated values hold a NaN/inf (agreed over the replicas)."""
-        kernel.bad_here = not all(
-            all_finite(b._padded_view()[: b.numel]) for b in (kernel.weights, *kernel.states)
-        )
+        kernel.bad_here = not all(all_finite(b._padded_view()[: b.numel]) for b in kernel.buffers)
         flag = torch.tensor([int(kernel.bad_here)], device=kernel.weights.full.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=kernel.pg)
         return bool(flag.item())
@@ -220,15 +227,12 @@ class FullyShardedEmbeddings:
         if self.materialized_for is not None:
             return
         self._all_ranks_reach(surface)
-        self._release_all()
+        self._gather_all()
         for kernel in self.kernels:
-            for buffer in (kernel.weights, *kernel.states):
-                work = buffer.gather(kernel.pg)
-                if work is not None:
-                    work.wait()
+            for buffer in kernel.buffers:
                 buffer.mark()
         self.materialized_for = surface
-        full = sum(b.nbytes for k in self.kernels for b in (k.weights, *k.states))
+        full = sum(b.nbytes for k in self.kernels for b in k.buffers)
         first = surface not in self._surfaces_logged and not surface.startswith("library")
         self._surfaces_logged.add(surface)
         (logger.info if first else logger.debug)(
@@ -270,7 +274,7 @@ class FullyShardedEmbeddings:
             return
         self.materialized_for = None
         for kernel in self.kernels:
-            buffers = [kernel.weights, *kernel.states]
+            buffers = kernel.buffers
             device = kernel.weights.full.device
             flags = torch.tensor([int(b.written()) for b in buffers], device=device)
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=kernel.pg)
@@ -296,23 +300,22 @@ class FullyShardedEmbeddings:
         return SyncReport(-1, moved, time.perf_counter() - start)
 
     @contextlib.contextmanager
-    def gathered(self, states: bool = True) -> Iterator[None]:
+    def gathered(self) -> Iterator[None]:
         """Full buffers inside the block (the live shard views are valid there).
 
         On exit the buffers go back to 1/G by ``settle``: what the block wrote is kept (and
         averaged if replicas wrote different values); views a surface handed out before are
-        freed again, as at the next forward. ``states`` is accepted for callers that need
-        only the weights; both come back. If the block raises, each replica keeps its slice
-        of its local copy (no collective: the other ranks may not get there).
+        freed again, as at the next forward. Weights and optimizer states both come back.
+        If the block raises, each replica keeps its slice of its local copy (no collective:
+        the other ranks may not get there).
         """
-        del states
         self.materialize("library access (checkpoint, repair)")
         try:
             yield
         except BaseException:
             self.materialized_for = None
             for kernel in self.kernels:
-                for buffer in (kernel.weights, *kernel.states):
+                for buffer in kernel.buffers:
                     if buffer.is_full:
                         buffer.keep_local_slice()
                         buffer.release()
@@ -336,12 +339,7 @@ class FullyShardedEmbeddings:
 
     def remove(self) -> None:
         """Gather everything back and uninstall the hooks (DEFAULT layout again)."""
-        self._release_all()
-        for kernel in self.kernels:
-            for buffer in (kernel.weights, *kernel.states):
-                work = buffer.gather(kernel.pg)
-                if work is not None:
-                    work.wait()
+        self._gather_all()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -359,10 +357,10 @@ def _sync_error(step: int, tables: list[str], ranks: object) -> Exception:
     )
 
 
-def materialized(model: torch.nn.Module, states: bool = True) -> contextlib.AbstractContextManager:
+def materialized(model: torch.nn.Module) -> contextlib.AbstractContextManager:
     """``model``'s full embedding buffers inside the block: ``gathered()`` under
     FULLY_SHARDED, nothing to do otherwise (checkpoint, repair and tests use it)."""
     fully_sharded = getattr(model, "fully_sharded", None)
     if isinstance(fully_sharded, FullyShardedEmbeddings):
-        return fully_sharded.gathered(states)
+        return fully_sharded.gathered()
     return contextlib.nullcontext()

@@ -169,6 +169,11 @@ class Kernel:
     bad_here: bool = False
     """This rank's own updated values held the NaN/inf."""
 
+    @property
+    def buffers(self) -> list[FlatSlice]:
+        """The weights, then each optimizer-state buffer."""
+        return [self.weights, *self.states]
+
 
 def slice_kernels(shards: list[ShardState], pg: dist.ProcessGroup) -> list[Kernel]:
     """Cut every fused kernel of ``shards`` into its replicas' slices over ``pg``."""
