@@ -26,8 +26,8 @@ from tests.models import (
     replica_max_diff,
     shard_1d,
 )
+from tests.state_views import flat_state, tbe_weight_bytes
 from tests.test_checkpoint import snapshot
-from tests.test_sync_fully_sharded_surfaces import flat_state
 
 STEPS = 6
 FS = ShardingStrategy.FULLY_SHARDED
@@ -55,12 +55,6 @@ def _fs_model(tables, group, layout="intra_host", kind="pooled", optimizer=torch
         node_group_size=min(group, 2),
         **kw,
     )
-
-
-def _tbe_weight_bytes(model: DMPCollection) -> int:
-    """Bytes the TBE weight buffers' storage holds now (the slices excluded)."""
-    tbes = {id(s.kernel): s.kernel for s in model.shard_states if s.kernel is not None}
-    return sum(k.weights_host.untyped_storage().nbytes() for k in tbes.values())
 
 
 def _full_weight_bytes(model: DMPCollection) -> int:
@@ -105,10 +99,10 @@ def check_fully_sharded_equals_1d(group: int, layout: str, kind: str, tables) ->
         model,
         tables,
         STEPS,
-        window=lambda s: (probe(s), storage.append(_tbe_weight_bytes(model))),
+        window=lambda s: (probe(s), storage.append(tbe_weight_bytes(model))),
         after=lambda s: (
             probe(s),
-            storage.append(_tbe_weight_bytes(model)),
+            storage.append(tbe_weight_bytes(model)),
             reports.append(model.maybe_sync(s).bytes),
         ),
     )
@@ -127,7 +121,7 @@ def check_fully_sharded_equals_1d(group: int, layout: str, kind: str, tables) ->
         "resident": resident,
         "storage": storage,
         "reports": reports,
-        "after": _tbe_weight_bytes(model),
+        "after": tbe_weight_bytes(model),
         "G": model.num_replicas,
     }
 
@@ -266,7 +260,7 @@ def check_checkpoint_reshards(path: str) -> dict:
     back = _fs_model(FOUR_TYPES, 2, sharding_strategy=FS, **adagrad)
     load(f"{path}/b", back)
     out = {"continued": (_snapshot(saved), _snapshot(default)), "back": _snapshot(back)}
-    out["storage"] = _tbe_weight_bytes(back)  # a load leaves the buffers at rest
+    out["storage"] = tbe_weight_bytes(back)  # a load leaves the buffers at rest
     return {"at_save": at_save, "loaded": loaded, "loaded_wide": loaded_wide, **out}
 
 
@@ -312,7 +306,7 @@ def check_mixed_contexts() -> dict:
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), atol=1e-5, rtol=0)
-    storage = _tbe_weight_bytes(model)
+    storage = tbe_weight_bytes(model)
     with materialized(model):  # the library's access vs the user's surfaces at rest
         inside = flat_state(model.state_dict())
     outside = flat_state(model.state_dict())

@@ -19,6 +19,7 @@ from torchrec.optim import RowWiseAdagrad
 
 from sparse2d import DMPCollection
 from tests.models import Table, build_model, constraints_for, make_batch, replica_max_diff
+from tests.state_views import flat_state, local_tensors, tbe_weight_bytes
 
 FS, DEFAULT = ShardingStrategy.FULLY_SHARDED, ShardingStrategy.DEFAULT
 TABLES = (  # TW, CW, RW, TWRW; odd sizes so the 1/G slices need padding
@@ -42,32 +43,6 @@ def _model(strategy: ShardingStrategy, **kw: object) -> DMPCollection:
     )
 
 
-def local_tensors(value: object) -> list[torch.Tensor]:
-    """The tensors this rank holds for one state-dict entry (DTensor, ShardedTensor, plain)."""
-    if hasattr(value, "to_local"):
-        local = value.to_local()
-        return list(local.local_shards()) if hasattr(local, "local_shards") else [local]
-    if hasattr(value, "local_shards"):
-        return [shard.tensor for shard in value.local_shards()]
-    return [value] if isinstance(value, torch.Tensor) else []
-
-
-def flat_state(state: dict[str, object]) -> dict[str, torch.Tensor]:
-    """Every local tensor of a (model or optimizer) state dict, cloned, by a stable key."""
-    out: dict[str, torch.Tensor] = {}
-
-    def walk(prefix: str, value: object) -> None:
-        if isinstance(value, dict):
-            for key, sub in value.items():
-                walk(f"{prefix}.{key}", sub)
-            return
-        for i, tensor in enumerate(local_tensors(value)):
-            out[f"{prefix}[{i}]"] = tensor.detach().clone()
-
-    walk("", state)
-    return out
-
-
 def _step(model: DMPCollection, step: int, dense_opt: torch.optim.Optimizer) -> float:
     kjt, dense, target = make_batch(TABLES, step, dist.get_rank())
     loss = ((model(kjt, dense) - target) ** 2).mean()
@@ -84,15 +59,10 @@ def _dense_opt(model: DMPCollection) -> torch.optim.Optimizer:
     return torch.optim.SGD(names, lr=0.1)
 
 
-def _tbe_bytes(model: DMPCollection) -> int:
-    tbes = {id(s.kernel): s.kernel for s in model.shard_states if s.kernel is not None}
-    return sum(k.weights_host.untyped_storage().nbytes() for k in tbes.values())
-
-
 def check_surfaces(path: str) -> dict:
     models = {s: _model(s) for s in (DEFAULT, FS)}
     fs = models[FS]
-    out: dict = {"at_rest": _tbe_bytes(fs)}
+    out: dict = {"at_rest": tbe_weight_bytes(fs)}
     # 1. Read right after construction: state_dict, parameters, buffers, the fused optimizer.
     read = {s: flat_state(m.state_dict()) for s, m in models.items()}
     out["keys"] = len(read[FS])
@@ -117,7 +87,7 @@ def check_surfaces(path: str) -> dict:
     opts = {s: _dense_opt(m) for s, m in models.items()}
     losses = {s: [_step(m, i, opts[s]) for i in range(3)] for s, m in models.items()}
     torch.testing.assert_close(losses[FS], losses[DEFAULT], atol=1e-5, rtol=0)
-    out["between_steps"] = _tbe_bytes(fs)  # re-sliced by the first forward, freed again
+    out["between_steps"] = tbe_weight_bytes(fs)  # re-sliced by the first forward, freed again
     # 3. After a step: state dict, fused optimizer state (row-wise AdaGrad), eval forward.
     read = {s: flat_state(m.state_dict()) for s, m in models.items()}
     optim = {s: flat_state(m.fused_optimizer.state_dict()) for s, m in models.items()}
@@ -228,7 +198,7 @@ def check_custom_hook() -> dict:
         "shapes": shapes,
         "same": all(torch.equal(before[k], after[k]) for k in before),
         "replicas": replicas,
-        "at_rest": _tbe_bytes(model),
+        "at_rest": tbe_weight_bytes(model),
     }
 
 
@@ -302,7 +272,7 @@ def check_one_rank_alone() -> dict:
         message = str(error.value)
     dist.barrier()  # the world is still usable: nothing was half-sent
     model.close()
-    return {"message": message, "tbe": _tbe_bytes(model)}
+    return {"message": message, "tbe": tbe_weight_bytes(model)}
 
 
 def test_a_surface_called_on_one_rank_raises_instead_of_hanging(world4) -> None:
