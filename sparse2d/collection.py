@@ -329,7 +329,7 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
             for handle in guard_sharded_modules(self, self._fully_sharded):
                 self._resources.callback(handle.remove)
             logger.info("[sparse2d] FULLY_SHARDED: %s", [(c.name, c.num_replicas) for c in sliced])
-        self._optim = GuardedOptimizer(self._optim, self._materialize_for)
+        self._optim = GuardedOptimizer(self._optim, self._before_surface)
 
     # ---- lifetime ----------------------------------------------------------------------
     def close(self) -> None:

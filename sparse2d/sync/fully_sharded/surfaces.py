@@ -32,7 +32,7 @@ class GuardedSurfaces:
     (the memory of DEFAULT until the next forward); repeated calls before that are free.
     """
 
-    def _materialize_for(self, surface: str, land: bool = False) -> None:
+    def _before_surface(self, surface: str, land: bool = False) -> None:
         if land and "_resources" in self.__dict__ and not self.closed:  # type: ignore[attr-defined]
             # Overlapped/hidden/delayed syncs land first (local waits): a state dict shows the
             # values the next forward will use, and a load is not overwritten by a landing.
@@ -44,27 +44,27 @@ class GuardedSurfaces:
         fully_sharded.materialize(surface)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        self._materialize_for("state_dict()", land=True)
+        self._before_surface("state_dict()", land=True)
         return super().state_dict(*args, **kwargs)  # type: ignore[misc]
 
     def load_state_dict(self, state_dict: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
         """Load, then forget the sync references (bf16 deltas, momentum scaling, managed
         collision) taken from the old values. Call it on every rank, as every load."""
-        self._materialize_for("load_state_dict()", land=True)
+        self._before_surface("load_state_dict()", land=True)
         result = super().load_state_dict(state_dict, *args, **kwargs)  # type: ignore[misc]
         self.sync_policy.reset()  # type: ignore[attr-defined]
         return result
 
     def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
-        self._materialize_for("named_parameters()")
+        self._before_surface("named_parameters()")
         return super().named_parameters(*args, **kwargs)  # type: ignore[misc]
 
     def bare_named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
-        self._materialize_for("bare_named_parameters()")
+        self._before_surface("bare_named_parameters()")
         return super().bare_named_parameters(*args, **kwargs)  # type: ignore[misc]
 
     def named_buffers(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, torch.Tensor]]:
-        self._materialize_for("named_buffers()")
+        self._before_surface("named_buffers()")
         return super().named_buffers(*args, **kwargs)  # type: ignore[misc]
 
 
