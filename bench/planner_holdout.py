@@ -80,13 +80,32 @@ SERIES: tuple[Series, ...] = (
 )
 
 
-FIT_SERIES: tuple[Series, ...] = tuple(
-    Series(f"fit_{rows}x{batch}_w{world}", world, ((8, rows, 32, "table_wise"),), batch)
-    for rows, batch in ((20_000, 256), (2_000, 2048))
-    for world in (4, 8)
+FIT_SERIES: tuple[Series, ...] = (
+    tuple(
+        Series(f"fit_{rows}x{batch}_w{world}", world, ((8, rows, 32, "table_wise"),), batch)
+        for rows, batch in ((20_000, 256), (2_000, 2048))
+        for world in (4, 8)
+    )
+    + tuple(
+        Series(f"fit_rw_5000x512_w{world}", world, ((8, 5_000, 32, "row_wise"),), 512)
+        for world in (4, 8)
+    )
+    + tuple(
+        Series(
+            f"fit_fp16_2000x2048_w{world}",
+            world,
+            ((8, 2_000, 32, "table_wise"),),
+            2048,
+            fwd="fp16",
+            bwd="fp16",
+        )  # fmt: skip
+        for world in (4, 8)
+    )
 )
-"""The fit set, measured by the same harness: the workloads of ``planner_calibration.py``
-(8 table-wise fp32 tables of dim 32; sync-heavy and all-to-all-heavy), 14 points."""
+"""The fit set, measured by the same harness: 8 tables of dim 32, table-wise in two
+workloads (sync-heavy and all-to-all-heavy), the all-to-all-heavy one again with fp16
+qcomms (what the wire precision saves and what it does not), and row-wise in one (a
+reduce-scatter output dist); worlds 4 and 8: 28 points."""
 
 
 def _model(series: Series) -> Any:
@@ -259,9 +278,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SAVED = {"holdout": os.path.join(HERE, "planner_holdout.json"),
          "fit": os.path.join(HERE, "planner_fit_set.json"),
          "repeat": os.path.join(HERE, "planner_holdout_repeat.json"),
-         "run3": os.path.join(HERE, "planner_holdout_run3.json")}  # fmt: skip
-"""``repeat``, ``run3``: held-out series measured again, as a noise check (reported beside
-run 1, and pooled with it)."""
+         "run3": os.path.join(HERE, "planner_holdout_run3.json"),
+         "run4": os.path.join(HERE, "planner_holdout_run4.json"),
+         "run5": os.path.join(HERE, "planner_holdout_run5.json"),
+         "run6": os.path.join(HERE, "planner_holdout_run6.json")}  # fmt: skip
+"""``repeat`` .. ``run6``: held-out series measured again (reported beside run 1, and pooled
+with it). ``run4`` was measured while issue 25's new terms were being chosen; ``run5`` after
+a first version froze (it showed row-wise mispriced: the reduce-scatter then got its own
+bandwidth); ``run6`` after the final version was committed."""
 
 
 def measure_all(

@@ -14,20 +14,17 @@ import planner_fit as pf
 from planner_holdout import FIT_SERIES, SERIES
 
 from sparse2d.planner.topology import PRESETS
-from sparse2d.planner.workload import TableLoad, Workload
 
 
 def _points(truth) -> list[pf.Point]:
     points = []
     for s in FIT_SERIES:
-        tables = tuple(TableLoad(n, r, d, 1, 2.0, t) for n, r, d, t in s.table_list())
-        w = Workload(tables=tables, batch_size_per_rank=s.batch)
         topo = PRESETS["cpu_gloo"].with_world_size(s.world)
         for L in [d for d in (1, 2, 4, 8) if s.world % d == 0]:
-            points.append(pf.Point(w, topo, L, {}))
-    for p in points:  # "measure" with the true constants: a2a = fwd+bwd at L minus at L=1
+            points.append(pf.Point(pf.series_workload(s, L), topo, L, {}))
+    for p in points:  # "measure" with the true constants
         c = p.predict(dataclasses.replace(truth, world_size=p.topology.world_size))
-        p.measured = {"sync": c.sync_s, "a2a": c.a2a_s, "step": c.step_s}
+        p.measured = {"sync": c.sync_s, "step": c.step_s}
     return points
 
 
@@ -35,10 +32,11 @@ def test_fit_recovers_the_constants_that_made_the_times() -> None:
     truth = dataclasses.replace(
         PRESETS["cpu_gloo"], intra_host_bw=4e8, inter_host_bw=4e8, intra_host_latency_s=1e-3,
         inter_host_latency_s=1e-3, a2a_bw_factor=0.3, lookup_bw=9e8, step_overhead_s=0.01,
-        sync_overhead_s=0.004,
+        sync_overhead_s=0.004, a2a_value_s=3e-8,
     )  # fmt: skip
-    fitted = pf.fit(_points(truth), PRESETS["cpu_gloo"])
-    for key in ("intra_host_bw", "intra_host_latency_s", "a2a_bw_factor", "sync_overhead_s"):
+    fitted = pf.fit(_points(truth), PRESETS["cpu_gloo"])  # row_update_s: measured, kept
+    for key in ("intra_host_bw", "intra_host_latency_s", "a2a_bw_factor", "sync_overhead_s",
+                "a2a_value_s"):  # fmt: skip
         assert getattr(fitted, key) == pytest.approx(getattr(truth, key), rel=1e-3), key
     assert fitted.lookup_bw == pytest.approx(truth.lookup_bw, rel=0.05)
     assert fitted.step_overhead_s == pytest.approx(truth.step_overhead_s, rel=0.05)

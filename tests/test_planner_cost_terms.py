@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sparse2d.planner import cost_terms as ct
@@ -131,3 +133,60 @@ def test_presets_are_yaml_with_their_sources() -> None:
     links = ("intra_host_bw", "inter_host_bw", "intra_host_latency_s", "ranks_per_host")
     assert all(getattr(h200, k) == getattr(h100, k) for k in links)
     assert h200.device_memory_bytes > h100.device_memory_bytes
+
+
+# ---- CPU boxes: distinct-row updates, shared cores, per-value work -----------------------
+def test_lookup_prices_bytes_and_distinct_rows() -> None:
+    topo = load_topology("cpu_gloo", 4)
+    assert ct.lookup_s(3e6, 0, topo) == pytest.approx(3 * 3e6 / topo.lookup_bw)
+    assert ct.lookup_s(3e6, 1000, topo) - ct.lookup_s(3e6, 0, topo) == pytest.approx(
+        1000 * topo.row_update_s
+    )
+
+
+def test_shared_cores_slow_every_cpu_constant_and_leave_gpus_alone() -> None:
+    cpu = load_topology("cpu_gloo", 8)  # 8 ranks on 2 cores: 4 per core
+    assert ct.cpu_share(cpu) == 4.0
+    seen = ct.on_shared_cores(cpu)
+    assert seen.intra_host_bw == pytest.approx(cpu.intra_host_bw / 4)
+    assert seen.intra_host_latency_s == pytest.approx(cpu.intra_host_latency_s * 4)
+    assert seen.lookup_bw == pytest.approx(cpu.lookup_bw / 4)
+    assert seen.row_update_s == pytest.approx(cpu.row_update_s * 4)
+    assert seen.step_overhead_s == pytest.approx(cpu.step_overhead_s * 4)
+    assert ct.cpu_share(load_topology("cpu_gloo", 2)) == 1.0  # a core each
+    h100 = load_topology("h100_8x", 64)
+    assert ct.cpu_share(h100) == 1.0 and ct.on_shared_cores(h100) is h100
+
+
+def test_row_updates_make_every_table_on_every_rank_cost_more() -> None:
+    """The held-out miss of issue 25: at L=1 a rank looks up the same ids as at L=8 but over
+    8x the tables, so it updates far more distinct rows (uniform ids, 3,000-row tables)."""
+    tables = tuple(TableLoad(f"t{i}", 3000, 32, 1, 2.0, "table_wise") for i in range(16))
+    w = Workload(tables=tables, batch_size_per_rank=2048, zipf_exponent=0.0)
+    topo = load_topology("cpu_gloo", 8)
+    model = AnalyticCostModel(w, topo, default_planner())
+    one, eight = model.estimate(1), model.estimate(8)
+    bytes_only = AnalyticCostModel(w, load_topology("cpu_gloo", 8, ["row_update_s=0"]),
+                                   default_planner())  # fmt: skip
+    assert bytes_only.estimate(1).compute_s == pytest.approx(bytes_only.estimate(8).compute_s)
+    assert one.compute_s > 1.5 * eight.compute_s
+
+
+def test_wire_precision_saves_bytes_not_the_per_value_work() -> None:
+    topo = load_topology("cpu_gloo", 4)
+    fp32 = AnalyticCostModel(Workload(tables=TABLES, batch_size_per_rank=256), topo,
+                             default_planner()).estimate(4)  # fmt: skip
+    fp16 = AnalyticCostModel(
+        Workload(tables=TABLES, batch_size_per_rank=256, qcomm_forward="fp16",
+                 qcomm_backward="fp16"), topo, default_planner(),
+    ).estimate(4)  # fmt: skip
+    free = dataclasses.replace(topo, a2a_value_s=0.0)
+    values_free = AnalyticCostModel(
+        Workload(tables=TABLES, batch_size_per_rank=256), free, default_planner()
+    ).estimate(4)
+    per_value = fp32.term("output_a2a") - values_free.term("output_a2a")
+    latency = ct.a2a_latency_s(0, 2, ct.on_shared_cores(topo))
+    wire = fp32.term("output_a2a") - per_value - latency
+    assert per_value > 0 and wire > 0
+    # fp16 halves the wire bytes in both directions and keeps the per-value work
+    assert fp32.term("output_a2a") - fp16.term("output_a2a") == pytest.approx(wire / 2)

@@ -35,6 +35,9 @@ def test_yaml_with_base_and_overrides(tmp_path) -> None:
         ("h100_8x", ["ranks_per_host=2.5"], "must be an integer"),
         ("h100_8x", ["reserved_fraction=1"], r"reserved_fraction=1.0 must be in \[0, 1\)"),
         ("h100_8x", ["lookup_bw"], "must look like key=value"),
+        ("cpu_gloo", ["cores_per_host=-2"], "cores_per_host=-2.0 must be >= 0"),
+        ("cpu_gloo", ["row_update_s=-1e-7"], "row_update_s=-1e-07 must be >= 0"),
+        ("cpu_gloo", ["a2a_value_s=-1"], "a2a_value_s=-1.0 must be >= 0"),
     ],
 )
 def test_bad_topologies_name_the_key(name: str, overrides: list[str], match: str) -> None:

@@ -23,6 +23,7 @@ def test_state_values_per_row_and_weight_bytes() -> None:
         ({"sync_every": 0}, "sync_every=0 must be >= 1"),
         ({"engine": "fast"}, "engine='fast' must be one of"),
         ({"replica_layout": "diagonal"}, "replica_layout='diagonal' must be one of"),
+        ({"zipf_exponent": -0.5}, "zipf_exponent=-0.5 must be >= 0"),
     ],
 )
 def test_bad_workloads_name_the_value(kwargs: dict, match: str) -> None:

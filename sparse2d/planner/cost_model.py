@@ -8,12 +8,15 @@ sharding type of a table changes with ``L`` where that is cheaper), the terms of
 * memory per rank: shard weights + fused optimizer state + TorchRec's I/O buffer estimate,
   most loaded rank; FULLY_SHARDED keeps ``1/G`` of weights and state;
 * output all-to-all (pooled embeddings forward, gradients backward) per sharding type, split
-  into intra- and inter-host bytes, at the qcomm wire precision of each direction;
+  into intra- and inter-host bytes, at the qcomm wire precision of each direction, plus the
+  CPU work per all-to-all value that no wire precision saves; the row-wise reduce-scatter
+  part at its own bandwidth;
 * input all-to-all of the ids: serial, or overlapped with the previous step when pipelined;
 * replica sync per step: folded into DDP's all-reduce when small, else a dense or
   touched-rows all-reduce plus a fixed cost and the NaN/inf vote, over ``sync_every``; hidden
   behind the dense step when ``hide``; FULLY_SHARDED's three collectives every step;
-* lookup compute of the most loaded rank (stragglers) and the dense part.
+* lookup compute of the most loaded rank (stragglers): bytes streamed plus the distinct rows
+  its fused optimizer updates (Zipf-expected over the group's ids), and the dense part.
 
 The step is ``compute + output a2a + exposed input a2a + exposed sync + dense + overhead``.
 Every per-rank term is taken at the most loaded rank of the real plan.
@@ -165,7 +168,8 @@ class AnalyticCostModel(CostModel):
     def __init__(
         self, workload: Workload, topology: ClusterTopology, planner: GroupLayoutPlanner
     ) -> None:
-        self.workload, self.topology, self.planner = workload, topology, planner
+        self.workload, self.planner = workload, planner
+        self.topology = ct.on_shared_cores(topology)
         self._by_name = {t.name: t for t in workload.tables}
 
     def layouts(self, group_size: int) -> list[Candidate]:
@@ -192,8 +196,9 @@ class AnalyticCostModel(CostModel):
         local_peers, remote_peers = _peers(topo, group)
         H = local_peers + 1
         per_rank = layout.per_rank()
-        memory, state, synced, lookup, full = ([0.0] * L for _ in range(5))
-        links = [ct.LinkBytes() for _ in range(L)]
+        memory, state, synced, lookup, full, touched = ([0.0] * L for _ in range(6))
+        links = [ct.LinkBytes() for _ in range(L)]  # all-to-all part of the output dist
+        scatters = [ct.LinkBytes() for _ in range(L)]  # its reduce-scatter part
         ids_send, ids_recv = [0.0] * L, [0.0] * L
         host_out = [0.0] * L  # received output values served from each host (by first rank)
         own_out = [0.0] * L
@@ -211,13 +216,17 @@ class AnalyticCostModel(CostModel):
                 share = s.rows / t.rows
                 ids = L * B * t.features * t.pooling_factor * share  # group ids hitting s
                 lookup[rank] += n * ids * s.cols * eb
+                touched[rank] += n * self._touched_rows(t.rows, ids / share) * share
                 values = B * t.features * s.cols  # one rank's samples, these columns
+                scattered = ct.scattered_values(s.sharding_type, values, L, H)
                 links[rank].add(ct.output_values_sent(s.sharding_type, values, L, H), n)
+                links[rank].add(scattered, -n)
+                scatters[rank].add(scattered, n)
                 if s.sharding_type in ct.TW_LIKE:  # others receive from this holder
                     served = n * values
                 elif s.sharding_type in ct.HOST_RW_LIKE:  # the host serves it, 1/H each
                     served = n * values / H
-                else:  # row-wise: symmetric, counted in its own LinkBytes
+                else:  # row-wise: symmetric, all of it in its reduce-scatter
                     served = 0.0
                 out_total += served
                 host_out[rank // H * H] += served
@@ -232,16 +241,20 @@ class AnalyticCostModel(CostModel):
             lb = links[r]
             lb.recv_intra += here - own_out[r]
             lb.recv_inter += out_total - here
+            sc = scatters[r]
             out_s[r] = ct.link_time_s(lb.intra * wire, lb.inter * wire, topo)
+            out_s[r] += ct.output_values_s(2 * (lb.intra + lb.inter), topo)
+            out_s[r] += ct.scatter_s(sc.intra * wire, sc.inter * wire, topo)
             ids_bytes = max(ids_send[r] + ids_total, ids_recv[r])
             ids_s[r] = self._split_s(ids_bytes, local_peers, remote_peers)
-            a2a_bytes[r] = (lb.intra + lb.inter) * wire + ids_bytes
+            a2a_bytes[r] = (lb.intra + lb.inter + sc.intra + sc.inter) * wire + ids_bytes
         if L > 1:  # output: forward values + backward gradients; input: splits, then ids
             out_a2a = max(out_s) + ct.a2a_latency_s(remote_peers, 2, topo)
             ids_a2a = max(ids_s) + ct.a2a_latency_s(remote_peers, 2, topo)
         else:
             out_a2a = ids_a2a = 0.0
-        compute_s = 3 * max(lookup) / topo.lookup_bw + 6 * w.dense_params * B / topo.dense_flops
+        busiest = max(ct.lookup_s(lookup[r], touched[r], topo) for r in range(L))
+        compute_s = busiest + 6 * w.dense_params * B / topo.dense_flops
         ids_exposed = (
             ct.exposed_s(ids_a2a, compute_s + out_a2a, topo.comm_overlap) if w.pipeline else ids_a2a
         )
@@ -267,7 +280,7 @@ class AnalyticCostModel(CostModel):
             sync_bytes=int(max(synced)),
             sync_s=sync_s,
             compute_s=compute_s,
-            imbalance=ct.straggler(lookup),
+            imbalance=ct.straggler([ct.lookup_s(b, n, topo) for b, n in zip(lookup, touched)]),
             dense_s=dense_s,
             step_s=sum(v for _, v in terms),
             proposal=layout.proposal,
@@ -275,6 +288,13 @@ class AnalyticCostModel(CostModel):
             terms=terms,
             sync_kind=sync_kind,
         )
+
+    def _touched_rows(self, rows: int, ids: float) -> float:
+        """Expected distinct rows among one step's ``ids`` into a table of ``rows`` (only
+        when the topology prices row updates: the advisor asks this ~40k times at scale)."""
+        if not self.topology.row_update_s:
+            return 0.0
+        return zipf_unique(rows, ids, self.workload.zipf_exponent)
 
     def _split_s(self, nbytes: float, local: int, remote: int) -> float:
         """Bandwidth time of an all-to-all whose peers split ``local``/``remote``."""

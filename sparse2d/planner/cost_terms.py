@@ -8,6 +8,7 @@ nothing in this module is tuned to reach a published number.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -95,6 +96,76 @@ def output_values_sent(
     raise ValueError(f"sharding type {sharding_type!r} has no output cost term.")
 
 
+def scattered_values(
+    sharding_type: str, values: float, group_size: int, host_ranks: int
+) -> LinkBytes:
+    """The part of ``output_values_sent`` that is a reduce-scatter, not an all-to-all: all
+    of row-wise's output, the intra-host scatter of table-row-wise and grid, none of
+    table/column-wise's (TorchRec: ``reduce_scatter`` forward, ``all_gather`` backward)."""
+    L, H = group_size, max(1, min(host_ranks, group_size))
+    if sharding_type in RW_LIKE:
+        return output_values_sent(sharding_type, values, L, H)
+    if sharding_type in HOST_RW_LIKE:
+        scatter = (H - 1) / H * L * values
+        return LinkBytes(send_intra=scatter, recv_intra=scatter)
+    return LinkBytes()
+
+
+def scatter_s(intra_bytes: float, inter_bytes: float, topology: ClusterTopology) -> float:
+    """Bandwidth time of the reduce-scatter part of an output dist: the slower link class at
+    the topology's bandwidths times ``scatter_bw_factor``. Fitted on gloo apart from the
+    all-to-all (``bench/planner_fit.py``): with one cost for both, the fit set's own
+    row-wise series ranked its L backwards."""
+    f = topology.scatter_bw_factor
+    return max(
+        intra_bytes / (f * topology.intra_host_bw), inter_bytes / (f * topology.inter_host_bw)
+    )
+
+
+def cpu_share(topo: ClusterTopology) -> float:
+    """How many ranks share one core of a host (``cores_per_host``; 1 where not shared)."""
+    if not topo.cores_per_host:
+        return 1.0
+    return max(1.0, min(topo.world_size, topo.ranks_per_host) / topo.cores_per_host)
+
+
+def on_shared_cores(topo: ClusterTopology) -> ClusterTopology:
+    """The topology one rank sees when the ranks of a host outnumber its cores: every
+    constant that is CPU work (lookups, row updates, dense FLOPs, the fixed step and sync
+    costs, the per-value work around the all-to-all, and on a CPU box the collectives
+    themselves: gloo copies and reduces on the cores) runs at ``1 / cpu_share`` speed. Measured on the 2-core box: FBGEMM's per-id cost
+    with 4 and 8 concurrent ranks is 2.1x and 4.2x one rank's (``bench/lookup_cost.py``); the
+    fit set's sync per byte at world 8 is ~2x world 4's. Identity where cores are not shared
+    (GPU presets), so their constants stay as cited."""
+    share = cpu_share(topo)
+    if share == 1.0:
+        return topo
+    return dataclasses.replace(
+        topo, intra_host_bw=topo.intra_host_bw / share, inter_host_bw=topo.inter_host_bw / share,
+        intra_host_latency_s=topo.intra_host_latency_s * share,
+        inter_host_latency_s=topo.inter_host_latency_s * share,
+        lookup_bw=topo.lookup_bw / share, row_update_s=topo.row_update_s * share,
+        dense_flops=topo.dense_flops / share, step_overhead_s=topo.step_overhead_s * share,
+        sync_overhead_s=topo.sync_overhead_s * share, a2a_value_s=topo.a2a_value_s * share,
+        cores_per_host=0.0,
+    )  # fmt: skip
+
+
+def lookup_s(lookup_bytes: float, touched_rows: float, topo: ClusterTopology) -> float:
+    """Forward + backward embedding work of one rank in one step.
+
+    Bytes: each looked-up value is read in the forward, its gradient written in the backward
+    and the row read and written by the fused optimizer (3 passes at ``lookup_bw``). Rows:
+    the backward groups ids by row and the fused optimizer updates each *distinct* row once,
+    a per-row cost that does not shrink with the row's width. FBGEMM's CPU kernels, one
+    thread (``bench/lookup_cost.py``): 0.5 us per distinct row at dim 8 to 128 and a few
+    hundredths of a us per id. ``row_update_s`` is that measurement; ``lookup_bw`` (which
+    also carries TorchRec's per-id work around the kernel) is fitted on the fit set
+    (``bench/planner_fit.py``).
+    """
+    return 3 * lookup_bytes / topo.lookup_bw + touched_rows * topo.row_update_s
+
+
 def link_time_s(intra_bytes: float, inter_bytes: float, topology: ClusterTopology) -> float:
     """Bandwidth time of an all-to-all whose intra- and inter-host parts run concurrently
     (NVLink and the NICs are separate links): the slower part. Bandwidths are the
@@ -105,6 +176,14 @@ def link_time_s(intra_bytes: float, inter_bytes: float, topology: ClusterTopolog
     return max(
         intra_bytes / (f * topology.intra_host_bw), inter_bytes / (f * topology.inter_host_bw)
     )
+
+
+def output_values_s(values: float, topo: ClusterTopology) -> float:
+    """CPU time of the pooled ``values`` one rank moves through a step's output all-to-all
+    (forward values and backward gradients together), apart from their wire bytes: on the
+    gloo box an fp16 all-to-all measured no faster than fp32 although it sends half the
+    bytes. Fitted on the fit set's fp32 and fp16 twins (``bench/planner_fit.py``)."""
+    return values * topo.a2a_value_s
 
 
 def a2a_latency_s(remote_peers: int, collectives: int, topo: ClusterTopology) -> float:

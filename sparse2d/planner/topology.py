@@ -47,8 +47,14 @@ class ClusterTopology:
     """Per-message latency across hosts (seconds)."""
     lookup_bw: float = 1.3e12
     """Bytes/s one rank streams through embedding lookups (forward + backward)."""
+    row_update_s: float = 0.0
+    """Seconds per distinct embedding row one rank's fused optimizer updates in a step: the
+    backward groups ids by row and updates each touched row once. 0: not priced."""
     dense_flops: float = 2.0e14
     """Effective FLOP/s of the dense (MLP) part on one rank."""
+    cores_per_host: float = 0.0
+    """CPU cores the ranks of one host share for embedding compute and framework work; when
+    ranks outnumber them (a CPU box), that work slows by ranks / cores. 0: not shared (GPUs)."""
     step_overhead_s: float = 0.0
     """Fixed per-step time not modelled elsewhere (framework, launches)."""
     sync_overhead_s: float = 0.0
@@ -59,6 +65,13 @@ class ClusterTopology:
     a2a_bw_factor: float = 1.0
     """All-to-all bandwidth as a fraction of the all-reduce bandwidth above (pairwise
     exchange, and on CPU the embedding permutes and splits around it)."""
+    a2a_value_s: float = 0.0
+    """CPU seconds per pooled-embedding value one rank moves through the output all-to-all
+    whatever the wire precision (TorchRec's permutes, splits and copies around it, a qcomm
+    codec's encode and decode). 0: not priced (on GPUs the device does it in-stream)."""
+    scatter_bw_factor: float = 1.0
+    """Bandwidth of the row-wise output dist (a reduce-scatter forward, an all-gather
+    backward; TWRW/grid's intra-host part too) as a fraction of the all-reduce bandwidth."""
     comm_overlap: float = 1.0
     """Fraction of concurrent work a background transfer (pipelined input all-to-all, hidden
     sync) can hide behind: 1 with separate CUDA streams, 0 on a CPU box where ranks share cores."""
@@ -75,11 +88,18 @@ class ClusterTopology:
             "inter_host_latency_s",
             "step_overhead_s",
             "sync_overhead_s",
+            "row_update_s",
+            "a2a_value_s",
         ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"topology.{key}={getattr(self, key)} must be >= 0.")
-        if not 0 < self.a2a_bw_factor <= 10:
-            raise ConfigError(f"topology.a2a_bw_factor={self.a2a_bw_factor} must be in (0, 10].")
+        if self.cores_per_host < 0:
+            raise ConfigError(
+                f"topology.cores_per_host={self.cores_per_host} must be >= 0 (0: not shared)."
+            )
+        for key in ("a2a_bw_factor", "scatter_bw_factor"):
+            if not 0 < getattr(self, key) <= 10:
+                raise ConfigError(f"topology.{key}={getattr(self, key)} must be in (0, 10].")
         if not 0 <= self.comm_overlap <= 1:
             raise ConfigError(f"topology.comm_overlap={self.comm_overlap} must be in [0, 1].")
         if not 0 <= self.reserved_fraction < 1:

@@ -60,7 +60,8 @@ class Workload:
     engine: Literal["dense", "sparse", "auto"] = "dense"
     """Sync engine: every row, touched rows only, or touched rows with dense fallback at 1/2."""
     zipf_exponent: float = 1.1
-    """Id popularity skew; sets the expected touched rows for the sparse engine."""
+    """Id popularity skew (0: uniform ids); sets the expected touched rows of the sparse
+    engine and of the fused optimizer's per-row work."""
     replica_layout: Literal["intra_host", "inter_host"] = "intra_host"
     """Where the replicas of a shard sit (adjacent ranks or across hosts)."""
     sharding_strategy: Literal["default", "fully_sharded"] = "default"
@@ -93,6 +94,11 @@ class Workload:
             raise ConfigError(
                 f"batch_size_per_rank={self.batch_size_per_rank} and sync_every="
                 f"{self.sync_every} must be >= 1."
+            )
+        if not self.zipf_exponent >= 0:
+            raise ConfigError(
+                f"zipf_exponent={self.zipf_exponent} must be >= 0 (0: uniform ids, ~1.1: "
+                "typical recsys skew)."
             )
         if self.optimizer not in OPTIMIZER_STATE_PER_ROW:
             raise ConfigError(
