@@ -8,12 +8,17 @@ backward, one thread, 16 tables) over a grid of dim x rows x batch, and fits
 ``time = ids x per_id + distinct rows x per_row`` (relative least squares): the backward
 groups ids by row and the fused optimizer updates each distinct row once.
 
-Run: ``PYTHONPATH=. .venv/bin/python bench/lookup_cost.py`` (~2 minutes).
+Second table: the same step in 1, 4 and 8 processes at once on this 2-core box (each one
+thread): how much slower a rank's CPU work runs when ranks outnumber cores, which the
+advisor prices as ``ranks / cores_per_host`` (``cost_terms.on_shared_cores``).
+
+Run: ``PYTHONPATH=. .venv/bin/python bench/lookup_cost.py`` (~3 minutes).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -61,6 +66,29 @@ def fit_per_id_and_row(points: list[tuple[int, int, float]]) -> tuple[float, flo
     return float(per_id), float(per_row), error
 
 
+def _concurrent_worker(rows: int, reps: int, barrier: object, out: object) -> None:
+    torch.set_num_threads(1)
+    barrier.wait()  # type: ignore[attr-defined]
+    ms, ids, _ = median_ms(TABLES, 2048, rows, 32, reps)
+    out.put(ms / ids)  # type: ignore[attr-defined]
+
+
+def concurrent_us_per_id(procs: int, rows: int, reps: int) -> float:
+    """Median over ``procs`` processes, started together, of their us per id."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    barrier, out = ctx.Barrier(procs), ctx.Queue()
+    workers = [ctx.Process(target=_concurrent_worker, args=(rows, reps, barrier, out))
+               for _ in range(procs)]  # fmt: skip
+    for w in workers:
+        w.start()
+    results = [out.get(timeout=600) for _ in workers]
+    for w in workers:
+        w.join()
+    return statistics.median(results) * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=15)
@@ -94,6 +122,17 @@ def main() -> None:
               "|---:|---:|---:|---:|"]  # fmt: skip
     lines += [f"| {d} | {i * 1e6:.3f} | {r * 1e6:.3f} | {e:.2f} |" for d, i, r, e in fits]
     per_row = statistics.median(r for _, _, r, _ in fits)
+    cores = os.cpu_count() or 1
+    lines += ["", f"Concurrent processes on this {cores}-core box (dim 32, batch 2048, us per id):",
+              "", "| rows | 1 process | 4 processes | 8 processes | 4 / 1 | 8 / 1 | ranks per core at 4, 8 |",
+              "|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for rows in (1000, 64000):
+        one, four, eight = (concurrent_us_per_id(n, rows, args.reps) for n in (1, 4, 8))
+        lines.append(
+            f"| {rows} | {one:.3f} | {four:.3f} | {eight:.3f} | {four / one:.2f} | "
+            f"{eight / one:.2f} | {max(1, 4 / cores):g}, {max(1, 8 / cores):g} |"
+        )
+        print(lines[-1], flush=True)
     lines += [
         "",
         f"Reading it: a distinct row costs {per_row * 1e6:.2f} us whatever its width (median "

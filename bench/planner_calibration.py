@@ -166,18 +166,19 @@ def _all_runs(topo_for: Any) -> list[str]:
     runs = {k: _load(k) for k in RUNS if os.path.exists(SAVED[k])}
     rows = [
         "",
-        "Every held-out run (same harness; run 1 = `planner_holdout.json`, then `repeat`, "
-        "`run3`, `run4` measured while this model was chosen, `run5` after a first version "
-        "froze, `run6` after the final one); "
-        "each run alone and all runs pooled (mean step per L):",
+        "Every held-out run (same harness; run 1 = `planner_holdout.json`, 2 = `repeat`, "
+        "3 = `run3`, 4 = `run4` measured while this model was being chosen, 5 = `run5` after "
+        "a first version froze, 6 = `run6` after the final one was committed); each run "
+        "alone and all runs pooled (mean step per L):",
         "",
-        "| series | ms by L, run 1 / 2 / ... | Spearman per run / pooled | regret per run / "
+        "| series | runs | ms by L, per run | Spearman per run / pooled | regret per run / "
         "pooled |",
-        "|---|---|---|---|",
+        "|---|---|---|---|---|",
     ]
     pooled = {}
     for name in runs["holdout"]:
-        have = [r for r in runs.values() if "points" in r.get(name, {})]
+        names = [k for k, r in runs.items() if "points" in r.get(name, {})]
+        have = [runs[k] for k in names]
         verdicts = [pf.series_verdict(pf.holdout_points({name: r[name]})[name], topo_for)
                     for r in have]  # fmt: skip
         pts = pf.holdout_points({name: have[0][name]})[name]
@@ -188,11 +189,22 @@ def _all_runs(topo_for: Any) -> list[str]:
         ms = " / ".join(", ".join(f"{m * 1e3:.0f}" for m in v["meas"]) for v in verdicts)
         rho = " / ".join(f"{v['spearman']:.2f}" for v in verdicts)
         regret = " / ".join(f"{v['regret']:.3f}" for v in verdicts)
+        label = ", ".join(str(RUNS.index(k) + 1) for k in names)
         rows.append(
-            f"| {name} | {ms} | {rho} / **{vp['spearman']:.2f}** | {regret} / "
+            f"| {name} | {label} | {ms} | {rho} / **{vp['spearman']:.2f}** | {regret} / "
             f"**{vp['regret']:.3f}** |"
         )
     rows += ["", f"- every run pooled: {pf.summary(pooled)}; {_acceptance(pooled)}"]
+    if os.path.exists(SAVED["long"]):  # a series whose L's tie within the runs' noise
+        for name, entry in _load("long").items():
+            v = pf.series_verdict(pf.holdout_points({name: entry})[name], topo_for)
+            meas = ", ".join(f"L={p.L}: {m * 1e3:.1f}" for p, m in
+                             zip(pf.holdout_points({name: entry})[name], v["meas"]))  # fmt: skip
+            pred = ", ".join(f"{m * 1e3:.1f}" for m in v["pred"])
+            rows.append(
+                f"- `{name}` measured once more with 20 rounds x 2 steps per L (`long`): {meas} "
+                f"ms (predicted {pred}); Spearman {v['spearman']:.2f}, regret {v['regret']:.3f}."
+            )
     return rows
 
 
@@ -256,12 +268,14 @@ def main(argv: list[str] | None = None) -> int:
         header = (
             "## Group-size advisor: calibration, fit vs held-out (bench/planner_calibration.py)\n\n"
             "Command: `PYTHONPATH=. .venv/bin/python bench/planner_calibration.py --holdout` "
-            "(reads `bench/planner_fit_set.json` and `bench/planner_holdout.json`; `--measure` "
-            "re-measures both with `bench/planner_holdout.py`). gloo CPU processes on the shared "
-            "2-core box; every series alternates its L within one run (3 rounds x 2 steps per L "
-            "after a warm-up round), median step, slowest rank; load = 1-minute load average "
-            "before -> after the series. Tables of rows x dim with 1-3 ids per bag (mean 2), "
-            "row-wise AdaGrad, dense sync after every step; L=1 runs every table table-wise.\n\n"
+            "(reads `bench/planner_fit_set.json` and `bench/planner_holdout*.json`; "
+            "`bench/planner_holdout.py KIND ROUNDS STEPS [SERIES...]` measures). gloo CPU "
+            "processes on the shared 2-core box; every series alternates its L within one run "
+            "(ROUNDS x 2 steps per L after a warm-up round: 4 rounds for the fit set and runs "
+            "4-6, 3 for runs 1-2, 5 for run 3), median step, slowest rank; load = 1-minute "
+            "load average before -> after the series. Tables of rows x dim with 1-3 uniform "
+            "ids per bag (mean 2), row-wise AdaGrad, dense sync after every step; L=1 runs "
+            "every table table-wise.\n\n"
         )
         write_section(header + text, "planner-holdout")
     return 0

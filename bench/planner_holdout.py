@@ -281,11 +281,13 @@ SAVED = {"holdout": os.path.join(HERE, "planner_holdout.json"),
          "run3": os.path.join(HERE, "planner_holdout_run3.json"),
          "run4": os.path.join(HERE, "planner_holdout_run4.json"),
          "run5": os.path.join(HERE, "planner_holdout_run5.json"),
-         "run6": os.path.join(HERE, "planner_holdout_run6.json")}  # fmt: skip
+         "run6": os.path.join(HERE, "planner_holdout_run6.json"),
+         "long": os.path.join(HERE, "planner_holdout_long.json")}  # fmt: skip
 """``repeat`` .. ``run6``: held-out series measured again (reported beside run 1, and pooled
 with it). ``run4`` was measured while issue 25's new terms were being chosen; ``run5`` after
 a first version froze (it showed row-wise mispriced: the reduce-scatter then got its own
-bandwidth); ``run6`` after the final version was committed."""
+bandwidth); ``run6`` after the final version was committed. ``long``: one series measured with
+many more rounds, where its L's measured within noise of each other across runs."""
 
 
 def measure_all(

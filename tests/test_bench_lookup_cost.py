@@ -24,3 +24,9 @@ def test_fit_recovers_per_id_and_per_row_costs() -> None:
     assert per_id == pytest.approx(3e-8, rel=1e-6)
     assert per_row == pytest.approx(5e-7, rel=1e-6)
     assert error < 1e-9
+
+
+def test_concurrent_processes_each_report_their_cost() -> None:
+    from lookup_cost import concurrent_us_per_id
+
+    assert concurrent_us_per_id(procs=2, rows=100, reps=1) > 0

@@ -59,3 +59,11 @@ def test_auto_picks_the_advisors_group_size_on_every_rank(world4) -> None:
 def test_auto_without_a_fit_raises_the_fixes_on_every_rank(world4) -> None:
     for message in world4.run(check_auto_without_fit, timeout=600):
         assert "No sharding group size fits" in message and "1. use at least" in message
+
+
+def test_cpu_topology_carries_this_hosts_cores() -> None:
+    import os
+
+    topo = topology_for_device(torch.device("cpu"), 8)
+    assert topo.cores_per_host == (os.cpu_count() or 1)
+    assert topo.name == "cpu_gloo" and topo.world_size == 8

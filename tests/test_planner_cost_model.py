@@ -63,6 +63,18 @@ def test_row_wise_shards_by_hand() -> None:
     assert c.sync_s == pytest.approx((c.sync_bytes / 1e9 + 2 * 1e-5) / 4)  # every 4 steps
 
 
+def test_row_wise_table_smaller_than_the_group_leaves_empty_shards_priced() -> None:
+    # 3 rows over a group of 8: TorchRec gives 5 ranks an empty shard (the CI crash was a
+    # division by that shard's share of the table)
+    tiny = (TableLoad("t", 3, DIM, sharding="row_wise"),)
+    w = workload(tiny, zipf_exponent=1.0)
+    c = AnalyticCostModel(w, topology(8, row_update_s=5e-7), PLANNER).estimate(8)
+    assert math.isfinite(c.step_s) and c.compute_s > 0
+    # 8 B ids into 3 rows touch all of them; the busiest rank holds one: one row update
+    plain = AnalyticCostModel(w, topology(8), PLANNER).estimate(8)
+    assert c.compute_s - plain.compute_s == pytest.approx(5e-7, rel=1e-3)
+
+
 def test_one_group_never_syncs_and_one_rank_never_exchanges() -> None:
     w = workload(TW2)
     full = AnalyticCostModel(w, topology(2), PLANNER).estimate(2)

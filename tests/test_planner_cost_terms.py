@@ -190,3 +190,14 @@ def test_wire_precision_saves_bytes_not_the_per_value_work() -> None:
     assert per_value > 0 and wire > 0
     # fp16 halves the wire bytes in both directions and keeps the per-value work
     assert fp32.term("output_a2a") - fp16.term("output_a2a") == pytest.approx(wire / 2)
+
+
+def test_reduce_scatter_part_of_each_output_dist() -> None:
+    assert ct.scattered_values("table_wise", V, 16, 8) == ct.LinkBytes()
+    rw = ct.scattered_values("row_wise", V, 16, 8)
+    assert rw == ct.output_values_sent("row_wise", V, 16, 8)  # all of it
+    twrw = ct.scattered_values("table_row_wise", V, 16, 8)
+    assert twrw.send_intra == twrw.recv_intra == pytest.approx(7 / 8 * 16 * V)
+    assert twrw.send_inter == twrw.recv_inter == 0  # the scatter stays on the host
+    topo = load_topology("h100_8x", 16)
+    assert ct.scatter_s(8e9, 0, topo) == pytest.approx(8e9 / topo.intra_host_bw)

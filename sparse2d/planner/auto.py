@@ -90,7 +90,8 @@ def workload_from_module(
 
 
 def topology_for_device(device: torch.device, world_size: int) -> ClusterTopology:
-    """``h100_8x`` sized to this GPU's memory on CUDA, the fitted ``cpu_gloo`` on CPU."""
+    """``h100_8x`` sized to this GPU's memory on CUDA, the fitted ``cpu_gloo`` on CPU with
+    this host's cores (its constants are per core)."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None
     if device.type == "cuda":
         import torch
@@ -99,7 +100,9 @@ def topology_for_device(device: torch.device, world_size: int) -> ClusterTopolog
         per_host = local or max(1, torch.cuda.device_count())
         overrides = [f"device_memory_bytes={memory}", f"ranks_per_host={per_host}"]
         return load_topology("h100_8x", world_size, overrides)
-    return load_topology("cpu_gloo", world_size, [f"ranks_per_host={local or world_size}"])
+    cores = os.cpu_count() or 1  # the host's, not this rank's affinity (ranks may be pinned)
+    overrides = [f"ranks_per_host={local or world_size}", f"cores_per_host={cores}"]
+    return load_topology("cpu_gloo", world_size, overrides)
 
 
 def auto_group_size(

@@ -213,10 +213,11 @@ class AnalyticCostModel(CostModel):
                 memory[rank] += n * (weights + opt + s.io_bytes)
                 synced[rank] += n * self._synced_bytes(s, replicas)
                 full[rank] += n * s.rows * (s.cols + w.row_state_values(s.cols)) * eb
-                share = s.rows / t.rows
-                ids = L * B * t.features * t.pooling_factor * share  # group ids hitting s
+                share = s.rows / t.rows  # 0 for a row-wise shard left empty (rows < L)
+                table_ids = L * B * t.features * t.pooling_factor  # the group's ids into t
+                ids = table_ids * share  # group ids hitting s
                 lookup[rank] += n * ids * s.cols * eb
-                touched[rank] += n * self._touched_rows(t.rows, ids / share) * share
+                touched[rank] += n * self._touched_rows(t.rows, table_ids) * share
                 values = B * t.features * s.cols  # one rank's samples, these columns
                 scattered = ct.scattered_values(s.sharding_type, values, L, H)
                 links[rank].add(ct.output_values_sent(s.sharding_type, values, L, H), n)

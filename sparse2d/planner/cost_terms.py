@@ -133,10 +133,10 @@ def on_shared_cores(topo: ClusterTopology) -> ClusterTopology:
     """The topology one rank sees when the ranks of a host outnumber its cores: every
     constant that is CPU work (lookups, row updates, dense FLOPs, the fixed step and sync
     costs, the per-value work around the all-to-all, and on a CPU box the collectives
-    themselves: gloo copies and reduces on the cores) runs at ``1 / cpu_share`` speed. Measured on the 2-core box: FBGEMM's per-id cost
-    with 4 and 8 concurrent ranks is 2.1x and 4.2x one rank's (``bench/lookup_cost.py``); the
-    fit set's sync per byte at world 8 is ~2x world 4's. Identity where cores are not shared
-    (GPU presets), so their constants stay as cited."""
+    themselves: gloo copies and reduces on the cores) runs at ``1 / cpu_share`` speed.
+    Measured on the 2-core box: FBGEMM's per-id cost with 4 and 8 concurrent ranks is
+    2.0-2.2x and 4.2-4.6x one rank's (``bench/lookup_cost.py``); the fit set's sync per byte
+    at world 8 is ~2x world 4's. Identity where cores are not shared (GPU presets)."""
     share = cpu_share(topo)
     if share == 1.0:
         return topo

@@ -49,13 +49,24 @@ def _single_process_env() -> None:
     )  # fmt: skip
 
 
+def _say(rank: int, text: str) -> None:
+    """One ``sparse2d.train: rank R: ...`` line in a single write: ranks share the launcher's
+    stderr pipe, and ``print`` writes the text and its newline apart, so two ranks' lines
+    could land glued on one line (seen in CI)."""
+    line = f"sparse2d.train: rank {rank}: " + text.replace("\n", " ") + "\n"
+    sys.stderr.flush()
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # captured (pytest's capsys): no descriptor
+        sys.stderr.write(line)
+        return
+    os.write(fd, line.encode("utf-8", "replace"))
+
+
 def _report(rank: int, error: BaseException, with_traceback: bool) -> None:
-    text = str(error).replace("\n", " ")
     if with_traceback:
         traceback.print_exc()
-    print(
-        f"sparse2d.train: rank {rank}: {type(error).__name__}: {text}", file=sys.stderr, flush=True
-    )
+    _say(rank, f"{type(error).__name__}: {error}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         if dist.is_initialized() and is_peer_failure(error):  # one line per survivor
             line = describe(error, getattr(loop, "step", None), getattr(loop, "peers", None))
-            print(f"sparse2d.train: rank {rank}: {line}", file=sys.stderr, flush=True)
+            _say(rank, line)
         else:
             _report(rank, error, with_traceback=True)
     finally:
