@@ -10,7 +10,6 @@ import pytest
 from sparse2d.errors import ConfigError
 from sparse2d.train.config import (
     Config,
-    SyncConfig,
     apply_override,
     field_docs,
     load_config,
@@ -126,16 +125,6 @@ def test_missing_data_path(tmp_path) -> None:
     cfg.check_runtime(world_size=4, check_paths=False)
 
 
-def test_sync_section_maps_one_to_one_onto_sync_options() -> None:
-    from sparse2d.sync.policy import SyncOptions
-
-    mine = [f.name for f in dataclasses.fields(SyncConfig)]
-    theirs = [f.name for f in dataclasses.fields(SyncOptions)]
-    assert mine == theirs
-    options = load_config(TINY, ["parallel.sync.every=4"]).parallel.sync.options()
-    assert isinstance(options, SyncOptions) and options.every == 4
-
-
 def test_apply_override_creates_sections() -> None:
     data: dict = {}
     apply_override(data, "a.b.c=[1, 2]")
@@ -168,16 +157,3 @@ def test_cli_config_subcommand(capsys) -> None:
     assert main(["config", "--check", TINY, "--world-size", "4"]) == 0
     assert main(["config", "--check", TINY, "--world-size", "3"]) == 1
     assert "does not divide world_size=3" in capsys.readouterr().err
-
-
-def test_fully_sharded_strategy_and_the_sync_options_it_replaces() -> None:
-    from torchrec.distributed.types import ShardingStrategy
-
-    cfg = load_config(TINY, ["parallel.sharding_strategy=fully_sharded"])
-    assert cfg.parallel.strategy() == ShardingStrategy.FULLY_SHARDED
-    assert load_config(TINY).parallel.strategy() == ShardingStrategy.DEFAULT
-    message = _error(["parallel.sharding_strategy=fully_sharded", "parallel.sync.every=4"])
-    assert "parallel.sharding_strategy" in message and "sync.every=4" in message
-    message = _error(["parallel.sharding_strategy=fully_sharded", "parallel.sync.overlap=true"])
-    assert "sync.overlap=True" in message
-    assert "fully_sharded" in _error(["parallel.sharding_strategy=full"])

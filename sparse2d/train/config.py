@@ -22,9 +22,9 @@ import yaml
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import divisors
 from sparse2d.train.config_criteo import check_features, missing_files, unreadable
+from sparse2d.train.config_data import CriteoConfig, DataConfig, SyntheticConfig
 from sparse2d.train.config_ft import FaultToleranceConfig, refusals
 from sparse2d.train.config_io import (
-    KeyValueError,
     apply_override,
     bad,
     build,
@@ -33,10 +33,16 @@ from sparse2d.train.config_io import (
 )
 from sparse2d.train.config_io import reference as _reference
 from sparse2d.train.config_model import SHARDING_TYPES, ModelConfig, TableConfig, TableSpec
+from sparse2d.train.config_parallel import ParallelConfig, SyncConfig
 
 __all__ = [
     "SHARDING_TYPES",
     "Config",
+    "CriteoConfig",
+    "DataConfig",
+    "ParallelConfig",
+    "SyncConfig",
+    "SyntheticConfig",
     "ModelConfig",
     "TableConfig",
     "TableSpec",
@@ -48,160 +54,6 @@ __all__ = [
     "load_config",
     "reference",
 ]
-
-
-@dataclass(kw_only=True, slots=True)
-class SyntheticConfig:
-    """Planted-signal synthetic CTR data (a deterministic function of seed and sample index)."""
-
-    zipf_exponent: float = 1.1
-    """Exponent of the Zipf-like id frequencies (real CTR ids: about 1.0-1.2)."""
-    ids_per_feature: int = 1
-    """Most ids in one feature's bag; bag lengths are uniform in 1..this."""
-    signal_rows: int = 32
-    """Hottest rows per table that carry a planted effect on the logit; the rest carry none."""
-    sparse_weight: float = 0.6
-    """Standard deviation of the planted per-row effects."""
-    dense_signal: int = 4
-    """Dense features with a planted linear effect (the first N)."""
-    dense_weight: float = 0.5
-    """Standard deviation of the planted dense coefficients."""
-    bias: float = -1.0
-    """Planted logit bias (sets the click rate; -1.0 gives about 30%)."""
-
-    def __post_init__(self) -> None:
-        positive(self, "zipf_exponent", "ids_per_feature", "signal_rows")
-        positive(self, "sparse_weight", "dense_weight", "dense_signal", allow_zero=True)
-
-
-@dataclass(kw_only=True, slots=True)
-class CriteoConfig:
-    """Criteo 1TB / Kaggle TSV files: label, 13 integer and 26 hex categorical columns."""
-
-    train_files: list[str] = field(default_factory=list)
-    """TSV files read in order (or torchrec ``*_dense.npy`` files with ``_sparse``/``_labels`` beside)."""
-    eval_files: list[str] = field(default_factory=list)
-    """Held-out TSV (or ``*_dense.npy``) files for evaluation."""
-    cache_dir: str | None = None
-    """Where TSV files are converted to npy once (TorchRec's ``tsv_to_npys``); default ``RUN_DIR/criteo_cache``."""
-
-
-@dataclass(kw_only=True, slots=True)
-class DataConfig:
-    """Where batches come from and how the global batch is split."""
-
-    source: Literal["synthetic", "criteo"] = "synthetic"
-    """``synthetic`` (planted signal) or ``criteo`` (TSV files)."""
-    batch_size_per_rank: int = 256
-    """Samples per rank per step; the global batch is ``world_size`` times this."""
-    seed: int = 0
-    """Seed of the synthetic data (the same data for any world or group size)."""
-    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
-    """Synthetic data options."""
-    criteo: CriteoConfig = field(default_factory=CriteoConfig)
-    """Criteo data options."""
-
-    def __post_init__(self) -> None:
-        positive(self, "batch_size_per_rank")
-        if self.source == "criteo" and not self.criteo.train_files:
-            raise bad("criteo.train_files", [], "is empty; data.source=criteo needs TSV files")
-        if self.source == "criteo" and not self.criteo.eval_files:
-            raise bad("criteo.eval_files", [], "is empty; data.source=criteo needs held-out files")
-
-
-@dataclass(kw_only=True, slots=True)
-class SyncConfig:
-    """Replica sync; maps 1:1 onto ``sparse2d.sync.options.SyncOptions`` (same names and meaning)."""
-
-    every: int = 1
-    """Average replicas every N optimizer steps (local SGD in between); 1 = exact 1D semantics."""
-    include_optimizer_state: bool = True
-    """Average fused optimizer state (accumulators, momenta) along with the weights."""
-    delayed_optimizer_state: bool = False
-    """Average optimizer state one sync behind the weights (overlapped with the next interval)."""
-    momentum_scaling: bool = False
-    """Scale the averaged AdaGrad accumulator growth by the number of replica groups (1D-like growth)."""
-    overlap: bool = False
-    """Overlap the sync all-reduce with the next interval, with delta correction (not bit-exact)."""
-    hide: bool = True
-    """Run each sync's all-reduce in the background and land it just before the next embedding
-    lookup (behind the dense optimizer step and the next batch); exact, same values as blocking."""
-    compression: Literal["none", "bf16"] = "none"
-    """``none`` (fp32 average) or ``bf16`` (bf16 deltas since the last sync, fp32 master values)."""
-    engine: Literal["dense", "sparse", "auto"] = "auto"
-    """Values a sync covers: ``dense`` (every row), ``sparse`` (only rows some replica looked up
-    since the last sync), ``auto`` (per sync the cheaper of the two by a cost model measured over
-    the replica group at start-up and refined from timed syncs; dense with bf16)."""
-    divergence_every: int = 0
-    """Measure replica divergence before every k-th sync (0 = off)."""
-    divergence_rows: int = 32
-    """Rows sampled per local shard for the divergence metric."""
-    check_finite: bool = True
-    """Refuse to average NaN/inf: every rank stops with ``SyncError`` naming the table and rank."""
-
-    def __post_init__(self) -> None:
-        positive(self, "every", "divergence_rows")
-        positive(self, "divergence_every", allow_zero=True)
-        try:
-            self.options()
-        except ConfigError as error:
-            raise KeyValueError("", f": {error}") from None
-
-    def options(self) -> Any:
-        """The ``SyncOptions`` these settings describe."""
-        from sparse2d.sync.options import SyncOptions
-
-        return SyncOptions(**dataclasses.asdict(self))
-
-
-@dataclass(kw_only=True, slots=True)
-class ParallelConfig:
-    """The 2D layout: sharding groups of ``L`` ranks, replicated ``world / L`` times."""
-
-    sharding_group_size: int | Literal["auto"] | None = None
-    """Ranks per sharding group ``L``; must divide the world size. null: the whole world (1D);
-    ``auto``: the group-size advisor's pick at start-up (``sparse2d plan`` shows why)."""
-    replica_layout: Literal["intra_host", "inter_host"] = "intra_host"
-    """``intra_host``: replicas of a shard on adjacent ranks; ``inter_host``: contiguous groups."""
-    node_group_size: int | None = None
-    """Ranks of one group sharing a host (table-row-wise/grid); null: from ``LOCAL_WORLD_SIZE``."""
-    sync: SyncConfig = field(default_factory=SyncConfig)
-    """Replica sync cadence and options (``parallel.sync.every`` is the sync interval)."""
-    sharding_strategy: Literal["default", "fully_sharded"] = "default"
-    """``default``: each replica holds its group's embedding shards; ``fully_sharded``: between
-    steps each replica holds 1/G of them and every step averages weights and optimizer state
-    by reduce-scatter (exact; ``parallel.sync`` must stay at every=1 without overlap,
-    compression, delay or scaling; its engine and divergence metric are ignored)."""
-    timeout_s: float = 300.0
-    """Process-group timeout: a rank stuck this long in a collective fails instead of hanging."""
-
-    def __post_init__(self) -> None:
-        if self.sharding_group_size not in (None, "auto"):
-            positive(self, "sharding_group_size")
-        if self.node_group_size is not None:
-            positive(self, "node_group_size")
-        positive(self, "timeout_s")
-        if self.sharding_strategy == "fully_sharded":
-            default = SyncConfig()
-            changed = [
-                f"sync.{k}={v!r}"
-                for k, v in dataclasses.asdict(self.sync).items()
-                if k not in ("engine", "divergence_every", "divergence_rows")
-                and v != getattr(default, k)
-            ] + (["sync.engine='sparse'"] if self.sync.engine == "sparse" else [])
-            if changed:
-                raise bad(
-                    "sharding_strategy",
-                    self.sharding_strategy,
-                    f"averages every step by a dense reduce-scatter; {', '.join(changed)} "
-                    "does not apply: drop it or use sharding_strategy=default",
-                )
-
-    def strategy(self) -> Any:
-        """TorchRec's ``ShardingStrategy`` for ``sharding_strategy``."""
-        from torchrec.distributed.types import ShardingStrategy
-
-        return ShardingStrategy[self.sharding_strategy.upper()]
 
 
 @dataclass(kw_only=True, slots=True)
