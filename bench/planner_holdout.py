@@ -3,8 +3,12 @@
 Each *series* is one (workload, world, sharding, qcomm) over every divisor ``L`` of the world:
 ``DMPCollection`` models for all its ``L`` are built side by side and their steps are
 **alternated** (round-robin, ``--rounds`` x ``--steps`` per ``L``), so the machine's load at any
-moment hits every ``L`` alike. Per step: forward+backward (lookup, all-to-all, fused update)
-and ``sync()`` timed separately after a barrier; medians over the timed steps, max over ranks.
+moment hits every ``L`` alike. Per step, after a barrier: forward+backward (lookup,
+all-to-all, fused update), then ``sync()``, timed apart; medians over the timed steps, each
+part's max over ranks, ``step`` = their sum. The sync is the first collective after the
+backward, so a fast rank's sync time includes its wait for the slowest one: where ranks are
+uneven, ``step`` counts that spread twice (once in the slowest forward+backward, once in the
+waiting rank's sync). No barrier before the sync, because every saved run was measured this way.
 1-minute load averages are recorded before and after each series.
 
 The series differ on purpose from the fit set (``planner_calibration.json``: 8 table-wise
