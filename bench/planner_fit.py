@@ -8,8 +8,9 @@ on *unit* topologies (bandwidth 1 and no latency gives the bytes; latency 1 and 
 bandwidth gives the message count), so the fit uses exactly the formulas the advisor uses
 (ranks per core included), with nothing re-derived here.
 
-Fit set: ``planner_fit_set.json`` (``planner_holdout.FIT_SERIES``: 8 tables of dim 32,
-table-wise fp32 and fp16 and row-wise, worlds 4 and 8). Held-out runs:
+Fit set: ``planner_fit_set*.json`` (``planner_holdout.FIT_SERIES``: 8 tables of dim 32,
+table-wise fp32 and fp16 and row-wise, worlds 4 and 8; three runs, each point's mean, read by
+``planner_calibration``). Held-out runs:
 ``planner_holdout*.json`` (row-wise, TWRW, grid with ``node_group_size``, fp16/bf16 qcomms,
 other sizes and batches). Per held-out series: Spearman of step time over ``L`` and the
 regret of the advisor's pick (measured step of the predicted-fastest ``L`` / measured best).

@@ -4,11 +4,12 @@ Each *series* is one (workload, world, sharding, qcomm) over every divisor ``L``
 ``DMPCollection`` models for all its ``L`` are built side by side and their steps are
 **alternated** (round-robin, ``--rounds`` x ``--steps`` per ``L``), so the machine's load at any
 moment hits every ``L`` alike. Per step, after a barrier: forward+backward (lookup,
-all-to-all, fused update), then ``sync()``, timed apart; medians over the timed steps, each
-part's max over ranks, ``step`` = their sum. The sync is the first collective after the
-backward, so a fast rank's sync time includes its wait for the slowest one: where ranks are
-uneven, ``step`` counts that spread twice (once in the slowest forward+backward, once in the
-waiting rank's sync). No barrier before the sync, because every saved run was measured this way.
+all-to-all, fused update), then ``sync()``, timed apart on every rank. ``step`` is the
+slowest rank's median forward+backward+sync, ``fwdbwd`` the slowest rank's median
+forward+backward and ``sync`` the rest: the sync is the first collective after the backward,
+so a fast rank's sync includes its wait for the slowest one, which belongs to the step once.
+Runs saved before 2026-11-25 (no ``"timing"`` key) summed each part's max over ranks, which
+counted an uneven step's spread twice.
 1-minute load averages are recorded before and after each series.
 
 The series differ on purpose from the fit set (``planner_calibration.json``: 8 table-wise
@@ -216,7 +217,7 @@ def _worker(rank: int, world: int, port: int, series: list[Series], rounds: int,
                     end = time.perf_counter()
                     if r:
                         times[L][0].append(middle - begin)
-                        times[L][1].append(end - middle)
+                        times[L][1].append(end - begin)
         for model in models.values():
             model.close()
         result[s.name] = {
@@ -272,20 +273,26 @@ def _measure_world(world: int, series: list[Series], rounds: int, steps: int) ->
         points = {}
         for L in ranks[0][s.name]["L"]:
             fwdbwd = max(r[s.name]["L"][L][0] for r in ranks)
-            sync = max(r[s.name]["L"][L][1] for r in ranks)
-            points[int(L)] = {"fwdbwd": fwdbwd, "sync": sync, "step": fwdbwd + sync}
-        measured[s.name] = {"world": world, "load": ranks[0][s.name]["load"], "points": points}
+            step = max(r[s.name]["L"][L][1] for r in ranks)
+            points[int(L)] = {"fwdbwd": fwdbwd, "sync": max(0.0, step - fwdbwd), "step": step}
+        measured[s.name] = {
+            "world": world, "load": ranks[0][s.name]["load"], "points": points,
+            "timing": "slowest rank's step",
+        }  # fmt: skip
     return measured
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAVED = {"holdout": os.path.join(HERE, "planner_holdout.json"),
          "fit": os.path.join(HERE, "planner_fit_set.json"),
+         "fit2": os.path.join(HERE, "planner_fit_set2.json"),
+         "fit3": os.path.join(HERE, "planner_fit_set3.json"),
          "repeat": os.path.join(HERE, "planner_holdout_repeat.json"),
          "run3": os.path.join(HERE, "planner_holdout_run3.json"),
          "run4": os.path.join(HERE, "planner_holdout_run4.json"),
          "run5": os.path.join(HERE, "planner_holdout_run5.json"),
          "run6": os.path.join(HERE, "planner_holdout_run6.json"),
+         "run7": os.path.join(HERE, "planner_holdout_run7.json"),
          "long": os.path.join(HERE, "planner_holdout_long.json")}  # fmt: skip
 """``repeat`` .. ``run6``: held-out series measured again (reported beside run 1, and pooled
 with it). ``run4`` was measured while issue 25's new terms were being chosen; ``run5`` after
@@ -297,11 +304,11 @@ many more rounds, where its L's measured within noise of each other across runs.
 def measure_all(
     kind: str, rounds: int, steps: int, names: list[str] | None = None
 ) -> dict[str, Any]:
-    """Measure every series of ``kind`` (``fit`` or ``holdout``; or those named), world 4
-    first; save ``SAVED[kind]`` after each world."""
+    """Measure every series of ``kind`` (``fit``/``fit2``/``fit3``: the fit set, or a
+    held-out run; or those named), world 4 first; save ``SAVED[kind]`` after each world."""
     import json
 
-    series = FIT_SERIES if kind == "fit" else SERIES
+    series = FIT_SERIES if kind.startswith("fit") else SERIES
     chosen = [s for s in series if not names or s.name in names]
     measured = {}
     if names and os.path.exists(SAVED[kind]):  # measuring some series again: keep the others
