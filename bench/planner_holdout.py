@@ -285,8 +285,9 @@ def _measure_world(world: int, series: list[Series], rounds: int, steps: int) ->
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAVED = {"holdout": os.path.join(HERE, "planner_holdout.json"),
          "fit": os.path.join(HERE, "planner_fit_set.json"),
-         "fit2": os.path.join(HERE, "planner_fit_set2.json"),
-         "fit3": os.path.join(HERE, "planner_fit_set3.json"),
+         "fit_retimed1": os.path.join(HERE, "planner_fit_set_retimed1.json"),
+         "fit_retimed2": os.path.join(HERE, "planner_fit_set_retimed2.json"),
+         "fit_retimed3": os.path.join(HERE, "planner_fit_set_retimed3.json"),
          "repeat": os.path.join(HERE, "planner_holdout_repeat.json"),
          "run3": os.path.join(HERE, "planner_holdout_run3.json"),
          "run4": os.path.join(HERE, "planner_holdout_run4.json"),
@@ -304,8 +305,8 @@ many more rounds, where its L's measured within noise of each other across runs.
 def measure_all(
     kind: str, rounds: int, steps: int, names: list[str] | None = None
 ) -> dict[str, Any]:
-    """Measure every series of ``kind`` (``fit``/``fit2``/``fit3``: the fit set, or a
-    held-out run; or those named), world 4 first; save ``SAVED[kind]`` after each world."""
+    """Measure every series of ``kind`` (``fit...``: the fit set, else a held-out run; or
+    those named), world 4 first; save ``SAVED[kind]`` after each world."""
     import json
 
     series = FIT_SERIES if kind.startswith("fit") else SERIES
