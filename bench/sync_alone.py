@@ -1,39 +1,89 @@
-"""The replica sync timed on its own: a barrier between the backward and ``sync()``.
+"""The replica sync timed on its own (a barrier before it), and split into its parts.
 
 ``planner_holdout.py`` times the sync as the first collective after the backward, so a
 fast rank's sync also holds its wait for the slowest rank. Here the wait is timed apart
 (the barrier) and the sync alone after it, per rank, for one series at every ``L`` (steps
-alternated as in the holdout harness). Used to find what the advisor's sync term misses.
+alternated as in the holdout harness). Inside the sync, timers wrapped around the dense
+engine's payload build, the NaN/inf scan, the wait for the job-wide vote, starting the
+transfer and landing it say which part the advisor's sync term misses (the advisor prices
+an all-reduce, the vote and a fixed cost).
+
+``--crossover SERIES...`` times each series' sync with every dense payload averaged in
+place (after the vote) and with every payload copied (the vote beside the transfer): where
+one overtakes the other is ``sparse2d.sync.engine.IN_PLACE_MIN_BYTES``.
 
 Usage: ``PYTHONPATH=. .venv/bin/python bench/sync_alone.py [SERIES] [ROUNDS]`` (default
-``rw_a2a_w4``, 8 rounds x 2 steps per L after a warm-up round).
+``rw_a2a_w4``, 8 rounds x 2 steps per L after a warm-up round), or
+``bench/sync_alone.py --crossover [SERIES...]``.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch.multiprocessing as mp
 from bench_util import free_port, rendezvous_env
 from planner_holdout import FIT_SERIES, SERIES, Series
 
+CROSSOVER_SERIES = ("fit_2000x2048_w4", "fit_rw_5000x512_w4", "fit_20000x256_w4")
+"""Fit-set series whose payloads (2.1, 2.6 / 5.3, 10.6 / 21 MB per rank at L=2 / L=1) bracket
+the in-place crossover on the gloo box."""
 
-def _worker(rank: int, world: int, port: int, series: Series, rounds: int, out: Any) -> None:
+PARTS = ("payload", "scan", "vote_wait", "start", "land")
+"""The sync's timed parts: build the payload, scan it for NaN/inf, wait for the job-wide
+vote, start the all-reduce, wait for it and write the average back."""
+
+
+def _instrument(models: dict[int, Any], spent: dict[str, float]) -> None:
+    """Time the sync's parts into ``spent`` (seconds, summed per sync) by wrapping the
+    functions the sync policy calls; nothing else changes."""
+    import sparse2d.sync.finite as finite
+    import sparse2d.sync.overlap as overlap
+    import sparse2d.sync.policy as policy
+
+    def timed(part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            begin = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[part] += time.perf_counter() - begin
+
+        return run
+
+    finite.all_finite = timed("scan", finite.all_finite)
+    finite.Verdict.wait = timed("vote_wait", finite.Verdict.wait)
+    policy.start_average = timed("start", policy.start_average)
+    overlap.Pending.complete = timed("land", overlap.Pending.complete)
+    for model in models.values():
+        engine = model.sync_policy.engine
+        engine.payload = timed("payload", engine.payload)
+
+
+def _worker(rank: int, world: int, port: int, series: Series, rounds: int, in_place_min: int | None,
+            out: Any) -> None:  # fmt: skip
     rendezvous_env(rank, world, port)
     import torch
     import torch.distributed as dist
     from planner_holdout import _batch, _build
 
+    import sparse2d.sync.engine as engine
     from sparse2d.mesh import divisors
 
+    if in_place_min is not None:
+        engine.IN_PLACE_MIN_BYTES = in_place_min
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
     models = {L: _build(series, L) for L in divisors(world)}
-    times: dict[int, tuple[list[float], ...]] = {L: ([], [], []) for L in models}
+    spent: dict[str, float] = collections.defaultdict(float)
+    _instrument(models, spent)
+    times: dict[int, dict[str, list[float]]] = {L: collections.defaultdict(list) for L in models}
     step = 0
     for r in range(rounds + 1):  # round 0 warms up every L
         for L, model in models.items():
@@ -46,13 +96,16 @@ def _worker(rank: int, world: int, port: int, series: Series, rounds: int, out: 
                 backward = time.perf_counter()
                 dist.barrier()
                 waited = time.perf_counter()
+                spent.clear()
                 model.sync()
                 end = time.perf_counter()
                 if r:
-                    for part, t in zip(times[L], (backward - begin, waited - backward,
-                                                  end - waited)):  # fmt: skip
-                        part.append(t)
-    mine = {L: tuple(statistics.median(p) for p in parts) for L, parts in times.items()}
+                    times[L]["fwdbwd"].append(backward - begin)
+                    times[L]["wait"].append(waited - backward)
+                    times[L]["sync"].append(end - waited)
+                    for part in PARTS:
+                        times[L][part].append(spent[part])
+    mine = {L: {k: statistics.median(v) for k, v in parts.items()} for L, parts in times.items()}
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank == 0:
@@ -62,12 +115,15 @@ def _worker(rank: int, world: int, port: int, series: Series, rounds: int, out: 
     dist.destroy_process_group()
 
 
-def measure(series: Series, rounds: int) -> dict[int, list[tuple[float, float, float]]]:
-    """``{L: [(forward+backward, wait, sync alone) seconds, per rank]}`` (medians)."""
+def measure(
+    series: Series, rounds: int, in_place_min: int | None = None
+) -> dict[int, list[dict[str, float]]]:
+    """``{L: [per rank {"fwdbwd", "wait", "sync", *PARTS: median seconds}]}``; with
+    ``in_place_min``, dense payloads from that many bytes on are averaged in place."""
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_worker, args=(r, series.world, port, series, rounds, out))
-             for r in range(series.world)]  # fmt: skip
+    args = (series.world, port, series, rounds, in_place_min, out)
+    procs = [ctx.Process(target=_worker, args=(r, *args)) for r in range(series.world)]
     for p in procs:
         p.start()
     try:
@@ -80,14 +136,46 @@ def measure(series: Series, rounds: int) -> dict[int, list[tuple[float, float, f
     return {L: [r[L] for r in ranks] for L in ranks[0]}
 
 
+def payload_mb(series: Series, L: int) -> float:
+    """MB one rank's dense sync sends at ``L``: its shards' weights and row-wise Adagrad
+    state (one value per row), fp32; the harness balances its shards evenly."""
+    per_group = sum(count * rows * (dim + 1) * 4 for count, rows, dim, _ in series.tables)
+    return per_group / L / 1e6
+
+
+def crossover(names: list[str], rounds: int = 8) -> None:
+    """Each series' sync alone (slowest rank's median) with payloads in place vs copied."""
+    print("series, L, payload MB: sync ms in place / copied (slowest rank's median)")
+    for name in names:
+        series = next(s for s in SERIES + FIT_SERIES if s.name == name)
+        timed = {how: measure(series, rounds, limit) for how, limit in (("in place", 0),
+                                                                     ("copied", 1 << 62))}  # fmt: skip
+        for L in timed["copied"]:
+            if L == series.world:
+                continue
+            ms = {how: max(r["sync"] for r in by_L[L]) * 1e3 for how, by_L in timed.items()}
+            faster = "in place" if ms["in place"] < ms["copied"] else "copied"
+            print(f"  {name} L={L} {payload_mb(series, L):.2f} MB: {ms['in place']:.1f} / "
+                  f"{ms['copied']:.1f} ({faster} faster)")  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--crossover":
+        crossover(argv[1:] or list(CROSSOVER_SERIES), 8)
+        return 0
     name = argv[0] if argv else "rw_a2a_w4"
     rounds = int(argv[1]) if len(argv) > 1 else 8
     series = next(s for s in SERIES + FIT_SERIES if s.name == name)
-    print(f"{name}: per rank, median ms (forward+backward, wait at the barrier, sync alone)")
+    keys = ("fwdbwd", "wait", "sync", *PARTS)
+    print(f"{name}: per-rank medians, ms, mean over ranks [min-max]")
     for L, ranks in measure(series, rounds).items():
-        parts = ", ".join("(" + ", ".join(f"{v * 1e3:.1f}" for v in r) + ")" for r in ranks)
-        print(f"  L={L}: {parts}")
+        cells = []
+        for key in keys:
+            values = [r[key] * 1e3 for r in ranks]
+            cells.append(
+                f"{key} {statistics.mean(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
+            )
+        print(f"  L={L}: " + ", ".join(cells))
     return 0
 
 

@@ -38,10 +38,13 @@ class Payload:
         return sum(b.numel() * b.element_size() for b in self.buffers)
 
 
-IN_PLACE_MIN_BYTES = 8 << 20
-"""Dense payloads from this size on are averaged in place when the policy allows it: two
-copies of the payload cost more than waiting for the NaN/inf vote before sending (measured
-with ``bench/sync_vs_raw_bench.py``: 67 MB, 17 ms per copy vs a vote of about 1 ms)."""
+IN_PLACE_MIN_BYTES = 4 << 20
+"""Dense payloads from this size on are averaged in place when the policy allows it: they
+wait for the NaN/inf vote, then send. Smaller ones go through copies so the vote runs beside
+the transfer. Measured crossover on the 2-core gloo box (``bench/sync_alone.py
+--crossover``, 4 ranks): copies win at 1.1-2.6 MB per rank (0.4-1.2 ms faster), in place
+wins at 5.3 MB (2.6 ms, 12%) and beyond (8-18 ms at 11-21 MB): there the vote beside a
+transfer contends with it for the cores and two copies cost more than the vote's wait."""
 
 
 def flat_views(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
