@@ -187,7 +187,7 @@ def _acceptance(verdicts: dict[str, dict[str, Any]]) -> str:
     )
 
 
-RUNS = ("holdout", "repeat", "run3", "run4", "run5", "run6", "run7")
+RUNS = ("holdout", "repeat", "run3", "run4", "run5", "run6", "run7", "run8")
 """Every held-out run, oldest first (``planner_holdout.SAVED``)."""
 
 
