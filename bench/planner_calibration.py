@@ -153,8 +153,9 @@ def report(holdout: bool) -> str:
         lines += [
             "",
             f"### Held-out set, `{primary}` (never used by the fit"
-            + ("; measured after the model and its fit set were frozen)"
-               if primary in ("run6", "run7") else ")"),
+            + ("; measured after the model and its fit set were frozen"
+               + (", on the product as shipped)" if primary in SHIPPED_RUNS else ")")
+               if primary in ("run6", "run7", *SHIPPED_RUNS) else ")"),
             "",
             *HEADER,
         ]  # fmt: skip
@@ -187,8 +188,26 @@ def _acceptance(verdicts: dict[str, dict[str, Any]]) -> str:
     )
 
 
-RUNS = ("holdout", "repeat", "run3", "run4", "run5", "run6", "run7", "run8")
+RUNS = ("holdout", "repeat", "run3", "run4", "run5", "run6", "run7", "run8", "run9")
 """Every held-out run, oldest first (``planner_holdout.SAVED``)."""
+
+SHIPPED_RUNS = ("run8", "run9")
+"""The runs of the product as shipped: since them, dense payloads of 4-8 MiB sync in place,
+which changed the measured sync of some series at L=2 (the model did not change)."""
+
+LONG_RUNS = {"long": "before", "long8": "after"}
+"""One series measured with 20 rounds, before and after the in-place change."""
+
+
+def _pool(name: str, have: list[dict[str, Any]], topo_for: Any) -> dict[str, Any]:
+    """One series' verdict on the mean step per L over the runs ``have``."""
+    import planner_fit as pf
+
+    pts = pf.holdout_points({name: have[0][name]})[name]
+    for p in pts:
+        steps = [r[name]["points"][str(p.L)]["step"] for r in have]
+        p.measured = {**p.measured, "step": sum(steps) / len(steps)}
+    return pf.series_verdict(pts, topo_for)
 
 
 def _all_runs(topo_for: Any) -> list[str]:
@@ -203,24 +222,24 @@ def _all_runs(topo_for: Any) -> list[str]:
         "3 = `run3`, 4 = `run4` measured while this model was being chosen, 5 = `run5` after "
         "a first version froze, 6 = `run6` after the final one was committed, 7 = `run7` "
         "after the retimed refit below was frozen too, timed as the slowest rank's step where "
-        "runs 1-6 summed each part's max over ranks); each run alone and all runs pooled "
-        "(mean step per L):",
+        "runs 1-6 summed each part's max over ranks; 8 = `run8` and 9 = `run9` on the product "
+        "as shipped, after dense payloads of 4-8 MiB began to sync in place, the model "
+        "unchanged); each run alone and all runs pooled (mean step per L):",
         "",
         "| series | runs | ms by L, per run | Spearman per run / pooled | regret per run / "
         "pooled |",
         "|---|---|---|---|---|",
     ]
-    pooled = {}
+    pooled, shipped = {}, {}
     for name in runs["holdout"]:
         names = [k for k, r in runs.items() if "points" in r.get(name, {})]
         have = [runs[k] for k in names]
         verdicts = [pf.series_verdict(pf.holdout_points({name: r[name]})[name], topo_for)
                     for r in have]  # fmt: skip
-        pts = pf.holdout_points({name: have[0][name]})[name]
-        for p in pts:
-            steps = [r[name]["points"][str(p.L)]["step"] for r in have]
-            p.measured = {**p.measured, "step": sum(steps) / len(steps)}
-        pooled[name] = vp = pf.series_verdict(pts, topo_for)
+        pooled[name] = vp = _pool(name, have, topo_for)
+        now = [runs[k] for k in SHIPPED_RUNS if k in names]
+        if now:
+            shipped[name] = _pool(name, now, topo_for)
         ms = " / ".join(", ".join(f"{m * 1e3:.0f}" for m in v["meas"]) for v in verdicts)
         rho = " / ".join(f"{v['spearman']:.2f}" for v in verdicts)
         regret = " / ".join(f"{v['regret']:.3f}" for v in verdicts)
@@ -230,15 +249,23 @@ def _all_runs(topo_for: Any) -> list[str]:
             f"**{vp['regret']:.3f}** |"
         )
     rows += ["", f"- every run pooled: {pf.summary(pooled)}; {_acceptance(pooled)}"]
-    if os.path.exists(SAVED["long"]):  # a series whose L's tie within the runs' noise
-        for name, entry in _load("long").items():
-            v = pf.series_verdict(pf.holdout_points({name: entry})[name], topo_for)
-            meas = ", ".join(f"L={p.L}: {m * 1e3:.1f}" for p, m in
-                             zip(pf.holdout_points({name: entry})[name], v["meas"]))  # fmt: skip
+    if shipped:
+        rows.append(
+            f"- the product as shipped ({', '.join(f'`{k}`' for k in SHIPPED_RUNS)} pooled): "
+            f"{pf.summary(shipped)}; {_acceptance(shipped)}"
+        )
+    for kind, when in LONG_RUNS.items():  # a series whose L's tie within the runs' noise
+        if not os.path.exists(SAVED[kind]):
+            continue
+        for name, entry in _load(kind).items():
+            pts = pf.holdout_points({name: entry})[name]
+            v = pf.series_verdict(pts, topo_for)
+            meas = ", ".join(f"L={p.L}: {m * 1e3:.1f}" for p, m in zip(pts, v["meas"]))
             pred = ", ".join(f"{m * 1e3:.1f}" for m in v["pred"])
             rows.append(
-                f"- `{name}` measured once more with 20 rounds x 2 steps per L (`long`): {meas} "
-                f"ms (predicted {pred}); Spearman {v['spearman']:.2f}, regret {v['regret']:.3f}."
+                f"- `{name}` measured once more with 20 rounds x 2 steps per L (`{kind}`, {when} "
+                f"the in-place change): {meas} ms (predicted {pred}); Spearman "
+                f"{v['spearman']:.2f}, regret {v['regret']:.3f}."
             )
     return rows
 
@@ -352,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             "`bench/planner_holdout.py KIND ROUNDS STEPS [SERIES...]` measures). gloo CPU "
             "processes on the shared 2-core box; every series alternates its L within one run "
             "(ROUNDS x 2 steps per L after a warm-up round: 4 rounds for the fit set and runs "
-            "4-7, 3 for runs 1-2, 5 for run 3), medians; step = the slowest rank's step in "
-            "run 7 and the retimed fit runs, each part's slowest rank summed in the fit set "
+            "4-9, 3 for runs 1-2, 5 for run 3), medians; step = the slowest rank's step in "
+            "runs 7-9 and the retimed fit runs, each part's slowest rank summed in the fit set "
             "and runs 1-6; load = 1-minute "
             "load average before -> after the series. Tables of rows x dim with 1-3 uniform "
             "ids per bag (mean 2), row-wise AdaGrad, dense sync after every step; L=1 runs "
