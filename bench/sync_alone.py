@@ -66,8 +66,12 @@ def _instrument(models: dict[int, Any], spent: dict[str, float]) -> None:
         engine.payload = timed("payload", engine.payload)
 
 
-def _worker(rank: int, world: int, port: int, series: Series, rounds: int, in_place_min: int | None,
-            out: Any) -> None:  # fmt: skip
+NEVER = 1 << 62
+"""An ``IN_PLACE_MIN_BYTES`` no payload reaches: every payload copied."""
+
+
+def _worker(rank: int, world: int, port: int, series: Series, rounds: int,
+            limits: tuple[int | None, ...], out: Any) -> None:  # fmt: skip
     rendezvous_env(rank, world, port)
     import torch
     import torch.distributed as dist
@@ -76,36 +80,40 @@ def _worker(rank: int, world: int, port: int, series: Series, rounds: int, in_pl
     import sparse2d.sync.engine as engine
     from sparse2d.mesh import divisors
 
-    if in_place_min is not None:
-        engine.IN_PLACE_MIN_BYTES = in_place_min
+    shipped = engine.IN_PLACE_MIN_BYTES
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
     models = {L: _build(series, L) for L in divisors(world)}
     spent: dict[str, float] = collections.defaultdict(float)
     _instrument(models, spent)
-    times: dict[int, dict[str, list[float]]] = {L: collections.defaultdict(list) for L in models}
+    times: dict[tuple[int | None, int], dict[str, list[float]]] = {
+        (limit, L): collections.defaultdict(list) for limit in limits for L in models
+    }
     step = 0
     for r in range(rounds + 1):  # round 0 warms up every L
-        for L, model in models.items():
+        for (limit, L), into in times.items():  # settings and L alternate within a round
+            engine.IN_PLACE_MIN_BYTES = shipped if limit is None else limit
             for _ in range(2):
                 batch = _batch(series, step, rank)
                 step += 1
                 dist.barrier()
                 begin = time.perf_counter()
-                model(batch).values().square().mean().backward()
+                models[L](batch).values().square().mean().backward()
                 backward = time.perf_counter()
                 dist.barrier()
                 waited = time.perf_counter()
                 spent.clear()
-                model.sync()
+                models[L].sync()
                 end = time.perf_counter()
                 if r:
-                    times[L]["fwdbwd"].append(backward - begin)
-                    times[L]["wait"].append(waited - backward)
-                    times[L]["sync"].append(end - waited)
+                    into["fwdbwd"].append(backward - begin)
+                    into["wait"].append(waited - backward)
+                    into["sync"].append(end - waited)
                     for part in PARTS:
-                        times[L][part].append(spent[part])
-    mine = {L: {k: statistics.median(v) for k, v in parts.items()} for L, parts in times.items()}
+                        into[part].append(spent[part])
+    mine = {
+        key: {k: statistics.median(v) for k, v in parts.items()} for key, parts in times.items()
+    }
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank == 0:
@@ -115,14 +123,14 @@ def _worker(rank: int, world: int, port: int, series: Series, rounds: int, in_pl
     dist.destroy_process_group()
 
 
-def measure(
-    series: Series, rounds: int, in_place_min: int | None = None
-) -> dict[int, list[dict[str, float]]]:
-    """``{L: [per rank {"fwdbwd", "wait", "sync", *PARTS: median seconds}]}``; with
-    ``in_place_min``, dense payloads from that many bytes on are averaged in place."""
+def measure_settings(
+    series: Series, rounds: int, limits: tuple[int | None, ...]
+) -> dict[int | None, dict[int, list[dict[str, float]]]]:
+    """``{limit: {L: [per rank {"fwdbwd", "wait", "sync", *PARTS: median seconds}]}}``, each
+    ``limit`` an ``IN_PLACE_MIN_BYTES`` (None: the shipped one), alternated in one world."""
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_port()
-    args = (series.world, port, series, rounds, in_place_min, out)
+    args = (series.world, port, series, rounds, limits, out)
     procs = [ctx.Process(target=_worker, args=(r, *args)) for r in range(series.world)]
     for p in procs:
         p.start()
@@ -133,7 +141,15 @@ def measure(
             p.join(timeout=60)
             if p.is_alive():
                 p.kill()
-    return {L: [r[L] for r in ranks] for L in ranks[0]}
+    return {
+        limit: {L: [r[(limit, L)] for r in ranks] for (lim, L) in ranks[0] if lim == limit}
+        for limit in limits
+    }
+
+
+def measure(series: Series, rounds: int) -> dict[int, list[dict[str, float]]]:
+    """``{L: [per rank {"fwdbwd", "wait", "sync", *PARTS: median seconds}]}`` as shipped."""
+    return measure_settings(series, rounds, (None,))[None]
 
 
 def payload_mb(series: Series, L: int) -> float:
@@ -143,20 +159,23 @@ def payload_mb(series: Series, L: int) -> float:
     return per_group / L / 1e6
 
 
-def crossover(names: list[str], rounds: int = 8) -> None:
-    """Each series' sync alone (slowest rank's median) with payloads in place vs copied."""
-    print("series, L, payload MB: sync ms in place / copied (slowest rank's median)")
+def crossover(names: list[str], rounds: int = 8) -> list[str]:
+    """Each series' sync alone (slowest rank's median) with payloads in place vs copied,
+    alternated in one world; returns the printed lines."""
+    lines = ["series, L, payload MB: sync ms in place / copied (slowest rank's median)"]
+    print(lines[0])
     for name in names:
         series = next(s for s in SERIES + FIT_SERIES if s.name == name)
-        timed = {how: measure(series, rounds, limit) for how, limit in (("in place", 0),
-                                                                     ("copied", 1 << 62))}  # fmt: skip
-        for L in timed["copied"]:
+        timed = measure_settings(series, rounds, (0, NEVER))
+        for L in timed[NEVER]:
             if L == series.world:
                 continue
-            ms = {how: max(r["sync"] for r in by_L[L]) * 1e3 for how, by_L in timed.items()}
-            faster = "in place" if ms["in place"] < ms["copied"] else "copied"
-            print(f"  {name} L={L} {payload_mb(series, L):.2f} MB: {ms['in place']:.1f} / "
-                  f"{ms['copied']:.1f} ({faster} faster)")  # fmt: skip
+            place, copied = (max(r["sync"] for r in timed[k][L]) * 1e3 for k in (0, NEVER))
+            faster = "in place" if place < copied else "copied"
+            lines.append(f"  {name} L={L} {payload_mb(series, L):.2f} MB: {place:.1f} / "
+                         f"{copied:.1f} ({faster} faster)")  # fmt: skip
+            print(lines[-1])
+    return lines
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,5 @@
-"""bench/sync_alone.py: a real 2-rank series with the sync timed after a barrier, in parts."""
+"""bench/sync_alone.py: a real 2-rank series with the sync timed after a barrier and split
+into its parts, with payloads in place and copied alternated in one world."""
 
 from __future__ import annotations
 
@@ -7,12 +8,22 @@ import pytest
 import tests.bench_path  # noqa: F401  (bench/ on sys.path)
 
 # isort: split
+import planner_holdout
+import sync_alone
 from planner_holdout import Series
-from sync_alone import PARTS, measure
+from sync_alone import NEVER, PARTS, measure_settings
+
+SMOKE = Series("smoke", 2, ((2, 200, 8, "table_wise"),), 16)
 
 
-def test_the_sync_is_timed_apart_from_the_wait_and_split_into_its_parts() -> None:
-    times = measure(Series("smoke", 2, ((2, 200, 8, "table_wise"),), 16), rounds=1)
+@pytest.fixture(scope="module")
+def timed() -> dict:
+    return measure_settings(SMOKE, rounds=1, limits=(0, NEVER))
+
+
+@pytest.mark.parametrize("limit", [0, NEVER])
+def test_the_sync_is_timed_apart_from_the_wait_and_split_into_its_parts(timed, limit) -> None:
+    times = timed[limit]
     assert sorted(times) == [1, 2]
     for ranks in times.values():
         assert len(ranks) == 2
@@ -26,19 +37,12 @@ def test_the_sync_is_timed_apart_from_the_wait_and_split_into_its_parts() -> Non
         assert all(rank[p] == 0 for p in PARTS), rank
 
 
-def test_crossover_times_each_replicated_L_in_place_and_copied(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    import planner_holdout
-    import sync_alone
-
-    smoke = Series("smoke_crossover", 2, ((2, 200, 8, "table_wise"),), 16)
-    original = planner_holdout.SERIES
-    sync_alone.SERIES = (*original, smoke)
-    try:
-        sync_alone.crossover([smoke.name], rounds=1)
-    finally:
-        sync_alone.SERIES = original
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and "smoke_crossover L=1 0.01 MB" in lines[1], lines
-    assert "faster" in lines[1]
+def test_crossover_prints_each_replicated_L_in_place_and_copied(timed, monkeypatch) -> None:
+    """The crossover table from the smoke world's real timings (measured once, above)."""
+    monkeypatch.setattr(sync_alone, "SERIES", (*planner_holdout.SERIES, SMOKE))
+    monkeypatch.setattr(sync_alone, "measure_settings", lambda series, rounds, limits: timed)
+    lines = sync_alone.crossover([SMOKE.name], rounds=1)
+    assert len(lines) == 2  # the header and L=1 (at L=2 = world nothing is averaged)
+    place, copied = (max(r["sync"] for r in timed[k][1]) * 1e3 for k in (0, NEVER))
+    faster = "in place" if place < copied else "copied"
+    assert lines[1] == f"  smoke L=1 0.01 MB: {place:.1f} / {copied:.1f} ({faster} faster)"

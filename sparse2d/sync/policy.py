@@ -23,11 +23,12 @@ from sparse2d.sync.compression import Bf16DeltaCompressor
 from sparse2d.sync.divergence import DivergenceSampler
 from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine
 from sparse2d.sync.finite import FiniteGuard, Verdict
-from sparse2d.sync.fold import Folded, write_back
+from sparse2d.sync.fold import Folded
+from sparse2d.sync.fold_policy import FoldingPolicy
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.overlap import Pending, Reduction, start_average
 from sparse2d.sync.scaling import AccumulatorScaler
-from sparse2d.sync.tensors import ShardState, flush_caches, live_tensors
+from sparse2d.sync.tensors import ShardState, live_tensors
 
 if TYPE_CHECKING:
     from sparse2d.sync.ddp_vote import DdpVote
@@ -54,7 +55,7 @@ def _metadata_bytes(engine: SyncEngine) -> int:
     return int(getattr(stats, "metadata_bytes", 0))
 
 
-class SyncPolicy:
+class SyncPolicy(FoldingPolicy):
     """Runs replica syncs for a ``DMPCollection`` according to ``SyncOptions``."""
 
     def __init__(
@@ -192,84 +193,6 @@ class SyncPolicy:
         states = self.options.include_optimizer_state
         tensors = self.engine.early_scan(weights=True, states=states)
         return None if tensors is None else (tensors, states)
-
-    # ---- folded into DDP's gradient all-reduce (``sync.fold``) -------------------------
-    @property
-    def may_fold(self) -> bool:
-        """Cadence syncs may ride DDP's all-reduce: plain averages (dense or auto engine; no
-        user all-reduce hook, bf16 deltas, overlap or delayed state)."""
-        opts = self.options
-        return (
-            self.num_replicas > 1
-            and self.mc is None  # MC rows need their identities merged first
-            and opts.engine in ("dense", "auto")
-            and self.hook is None
-            and self.compressor is None
-            and not (opts.overlap or opts.delayed_optimizer_state)
-        )
-
-    def fold_numel(self, dtype: torch.dtype) -> int:
-        """Elements a folded cadence sync sends from this rank; -1 if some are not ``dtype``."""
-        tensors = live_tensors(self.shards, True, self.options.include_optimizer_state)
-        if any(t.dtype != dtype for t in tensors):
-            return -1
-        return sum(t.numel() for t in tensors)
-
-    def fold_due(self, step: int) -> bool:
-        return (step + 1) % self.options.every == 0
-
-    def fold_begin(self, step: int) -> Folded | None:
-        """Begin cadence sync ``step`` as a fold: land what is in flight, measure divergence
-        when due, name the live values (the dense engine's payload); ``step()`` lands the
-        average. None when this policy cannot fold now. Never raises: the all-reduce must
-        go on, so an error is kept in the result and raised by ``step()``."""
-        if not self.may_fold:
-            return None
-        folded = Folded(step=step, states=self.options.include_optimizer_state)
-        self._folded = folded
-        try:
-            folded.waited = self.finish()
-            landed, self._hidden_wait = self._hidden_wait, 0.0
-            folded.waited += landed
-            self._syncs += 1
-            every = self.options.divergence_every
-            if every and self._syncs % every == 0:
-                folded.divergence = self.measure_divergence()
-            flush_caches(self.shards)
-            folded.tensors = live_tensors(self.shards, True, folded.states)
-        except Exception as error:  # noqa: BLE001 (raised again by ``step``)
-            folded.error = error
-        folded.build_s = time.perf_counter() - folded.began
-        return folded
-
-    def _land_folded(self, folded: Folded) -> SyncReport:
-        if folded.error is not None:
-            raise folded.error
-        carried = self.carrier[0].take(self.carrier[1], folded.states) if self.carrier else None
-        if self.guard is not None:
-            if carried is None:
-                raise RuntimeError(f"sync of step {folded.step}: folded, but no vote came back")
-            self.votes_carried += 1
-            carried.settle(self.guard, folded.step, folded.states)
-        if folded.mean is None:
-            raise RuntimeError(
-                f"sync of step {folded.step}: some rank could not fold its values into DDP's "
-                "all-reduce (its own error says why); no replica changed."
-            )
-        begin = time.perf_counter()
-        write_back(folded)
-        self.engine.synced(weights=True, states=folded.states)
-        self.engine.track_rows(False)  # until a sync that is not folded (``_sync``)
-        if folded.states and self.scaler is not None:
-            self.scaler.apply()
-        self.folds += 1
-        return SyncReport(
-            step=folded.step,
-            bytes=folded.mean.numel() * folded.mean.element_size(),
-            seconds=folded.build_s + time.perf_counter() - begin,
-            divergence=folded.divergence,
-            wait_seconds=folded.waited,
-        )
 
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
         self.land()
