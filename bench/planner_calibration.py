@@ -59,9 +59,9 @@ def _pooled_fit() -> dict[str, Any]:
     runs = [_load(k) for k in RETIMED_FIT_RUNS if os.path.exists(SAVED[k])]
     pooled: dict[str, Any] = {}
     for name, entry in runs[0].items():
-        have = [r[name] for r in runs if "points" in r.get(name, {})]
         if "points" not in entry:
             continue
+        have = [r[name] for r in runs if "points" in r.get(name, {})]
         points = {
             L: {key: statistics.mean(h["points"][L][key] for h in have) for key in m}
             for L, m in entry["points"].items()
@@ -71,6 +71,20 @@ def _pooled_fit() -> dict[str, Any]:
         pooled[name] = {"world": entry["world"], "points": points, "load": load,
                         "runs": len(have)}  # fmt: skip
     return pooled
+
+
+def _topology_for(constants: Any) -> Any:
+    """``point -> topology``: fitted ``constants`` at the point's world, ranks per host and
+    cores (a series' shape, e.g. the pretend hosts of ``node_group_size``)."""
+
+    def topo_for(p: Any) -> Any:
+        t = p.topology
+        return dataclasses.replace(
+            constants, world_size=t.world_size, ranks_per_host=t.ranks_per_host,
+            cores_per_host=t.cores_per_host,
+        )  # fmt: skip
+
+    return topo_for
 
 
 def _fit_series(saved: dict[str, Any]) -> dict[str, list[Any]]:
@@ -123,13 +137,7 @@ def report(holdout: bool) -> str:
     fit_set = _fit_series(fit_saved)
     fitted = pf.fit([p for pts in fit_set.values() for p in pts], PRESETS["cpu_gloo"])
 
-    def topo_for(p: Any) -> Any:
-        t = p.topology
-        return dataclasses.replace(
-            fitted, world_size=t.world_size, ranks_per_host=t.ranks_per_host,
-            cores_per_host=t.cores_per_host,
-        )  # fmt: skip
-
+    topo_for = _topology_for(fitted)
     lines = ["### Fit set (the constants are fitted on these points)", "", *HEADER]
     fit_v = {}
     for name, pts in fit_set.items():
@@ -152,10 +160,7 @@ def report(holdout: bool) -> str:
         saved = _load(primary)
         lines += [
             "",
-            f"### Held-out set, `{primary}` (never used by the fit"
-            + ("; measured after the model and its fit set were frozen"
-               + (", on the product as shipped)" if primary in SHIPPED_RUNS else ")")
-               if primary in ("run6", "run7", *SHIPPED_RUNS) else ")"),
+            f"### Held-out set, `{primary}` (never used by the fit{_when(primary)})",
             "",
             *HEADER,
         ]  # fmt: skip
@@ -208,6 +213,15 @@ def _pool(name: str, have: list[dict[str, Any]], topo_for: Any) -> dict[str, Any
         steps = [r[name]["points"][str(p.L)]["step"] for r in have]
         p.measured = {**p.measured, "step": sum(steps) / len(steps)}
     return pf.series_verdict(pts, topo_for)
+
+
+def _when(run: str) -> str:
+    """When a held-out run was measured, for its table's heading."""
+    if run in SHIPPED_RUNS:
+        return "; measured after the model and its fit set were frozen, on the product as shipped"
+    if run in ("run6", "run7"):
+        return "; measured after the model and its fit set were frozen"
+    return ""
 
 
 def _all_runs(topo_for: Any) -> list[str]:
@@ -282,13 +296,7 @@ def _retimed(primary: str) -> list[str]:
     pooled = _fit_series(_pooled_fit())
     refit = pf.fit([p for pts in pooled.values() for p in pts], PRESETS["cpu_gloo"])
 
-    def topo_for(p: Any) -> Any:
-        t = p.topology
-        return dataclasses.replace(
-            refit, world_size=t.world_size, ranks_per_host=t.ranks_per_host,
-            cores_per_host=t.cores_per_host,
-        )  # fmt: skip
-
+    topo_for = _topology_for(refit)
     inside = {n: pf.series_verdict(pts, topo_for) for n, pts in pooled.items()}
     held = {n: pf.series_verdict(pts, topo_for)
             for n, pts in pf.holdout_points(_load(primary)).items()}  # fmt: skip

@@ -20,15 +20,13 @@ Usage: ``PYTHONPATH=. .venv/bin/python bench/sync_alone.py [SERIES] [ROUNDS]`` (
 from __future__ import annotations
 
 import collections
-import datetime
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-import torch.multiprocessing as mp
-from bench_util import free_port, rendezvous_env
+from bench_util import spawn
 from planner_holdout import FIT_SERIES, SERIES, Series
 
 CROSSOVER_SERIES = ("fit_2000x2048_w4", "fit_rw_5000x512_w4", "fit_20000x256_w4")
@@ -70,10 +68,8 @@ NEVER = 1 << 62
 """An ``IN_PLACE_MIN_BYTES`` no payload reaches: every payload copied."""
 
 
-def _worker(rank: int, world: int, port: int, series: Series, rounds: int,
-            limits: tuple[int | None, ...], out: Any) -> None:  # fmt: skip
-    rendezvous_env(rank, world, port)
-    import torch
+def _rank(series: Series, rounds: int, limits: tuple[int | None, ...]) -> list[Any]:
+    """One rank of ``measure_settings`` (run by ``bench_util.spawn``): every rank's medians."""
     import torch.distributed as dist
     from planner_holdout import _batch, _build
 
@@ -81,9 +77,8 @@ def _worker(rank: int, world: int, port: int, series: Series, rounds: int,
     from sparse2d.mesh import divisors
 
     shipped = engine.IN_PLACE_MIN_BYTES
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
-    models = {L: _build(series, L) for L in divisors(world)}
+    rank = dist.get_rank()
+    models = {L: _build(series, L) for L in divisors(series.world)}
     spent: dict[str, float] = collections.defaultdict(float)
     _instrument(models, spent)
     times: dict[tuple[int | None, int], dict[str, list[float]]] = {
@@ -114,13 +109,11 @@ def _worker(rank: int, world: int, port: int, series: Series, rounds: int,
     mine = {
         key: {k: statistics.median(v) for k, v in parts.items()} for key, parts in times.items()
     }
-    gathered: list[Any] = [None] * world
+    gathered: list[Any] = [None] * series.world
     dist.all_gather_object(gathered, mine)
-    if rank == 0:
-        out.put(gathered)
     for model in models.values():
         model.close()
-    dist.destroy_process_group()
+    return gathered
 
 
 def measure_settings(
@@ -128,19 +121,7 @@ def measure_settings(
 ) -> dict[int | None, dict[int, list[dict[str, float]]]]:
     """``{limit: {L: [per rank {"fwdbwd", "wait", "sync", *PARTS: median seconds}]}}``, each
     ``limit`` an ``IN_PLACE_MIN_BYTES`` (None: the shipped one), alternated in one world."""
-    ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    args = (series.world, port, series, rounds, limits, out)
-    procs = [ctx.Process(target=_worker, args=(r, *args)) for r in range(series.world)]
-    for p in procs:
-        p.start()
-    try:
-        ranks = out.get(timeout=900)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
+    ranks = spawn(series.world, _rank, series, rounds, limits)
     return {
         limit: {L: [r[(limit, L)] for r in ranks] for (lim, L) in ranks[0] if lim == limit}
         for limit in limits
