@@ -279,9 +279,9 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
             plan.plan.update(remap_plan(ctx.plan, ctx.sharding_group, resolved).plan)
         # 4. Shard: TorchRec's DMP, each module type with its context's ShardingEnv2D.
         apply_torchrec_fixes()
+        install_pipeline_guard()
         if has_mc:
             install_cpu_reset()
-            install_pipeline_guard()
         self._envs_by_type = {c.module_type: sharding_env(c, pg) for c in contexts}
         DistributedModelParallel.__init__(
             self,

@@ -321,7 +321,8 @@ class EarlySync:
             single = self.carrier.backwards - self._seen == 1
             self._seen = self.carrier.backwards
             due = (step + 2) % self.policy.options.every == 0
-            self.carrier.armed = self.enabled and due and single
+            ahead = self.policy.lookahead  # the embedding update lands after the backward
+            self.carrier.armed = self.enabled and due and single and not ahead
             self._step = self.carrier.sync_step = step + 1
 
     def take(self) -> Any:

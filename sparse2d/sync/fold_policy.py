@@ -40,6 +40,7 @@ class FoldingPolicy:
     guard: FiniteGuard | None
     scaler: AccumulatorScaler | None
     carrier: tuple[DdpVote, int] | None
+    lookahead: bool
     votes_carried: int
     folds: int
     _folded: Folded | None
@@ -58,6 +59,7 @@ class FoldingPolicy:
             and self.hook is None
             and self.compressor is None
             and not (opts.overlap or opts.delayed_optimizer_state)
+            and not self.lookahead  # the embedding update lands after DDP's backward
         )
 
     def fold_numel(self, dtype: torch.dtype) -> int:

@@ -78,6 +78,14 @@ class PolicySet:
     def finish(self) -> float:
         return sum(p.finish() for p in self.policies)
 
+    def look_ahead(self) -> None:
+        for policy in self.policies:
+            policy.look_ahead()
+
+    @property
+    def lookahead(self) -> bool:
+        return any(p.lookahead for p in self.policies)
+
     def measure_divergence(self) -> float:
         return max(p.measure_divergence() for p in self.policies)
 

@@ -107,6 +107,8 @@ class SyncPolicy(FoldingPolicy):
         self._hidden_wait = 0.0
         self._hidden_exposed = 0.0  # build + start time of the hidden sync in flight
         self._syncs = 0
+        self.lookahead = False
+        """Set by ``look_ahead`` (an early-lookup pipeline drives the model)."""
         kernels = {id(s.kernel): s.kernel for s in shards if s.kernel is not None}
         self._land_hooks = [k.register_forward_pre_hook(self._land_hook) for k in kernels.values()]
 
@@ -180,6 +182,7 @@ class SyncPolicy(FoldingPolicy):
             and opts.engine in ("dense", "auto")
             and self.compressor is None
             and not (opts.overlap or opts.delayed_optimizer_state)
+            and not self.lookahead  # the embedding update lands after DDP's backward
         )
 
     def early_scan(self) -> tuple[list[torch.Tensor], bool] | None:
@@ -193,6 +196,16 @@ class SyncPolicy(FoldingPolicy):
         states = self.options.include_optimizer_state
         tensors = self.engine.early_scan(weights=True, states=states)
         return None if tensors is None else (tensors, states)
+
+    def look_ahead(self) -> None:
+        """A pipeline looks up the next batch before this batch's sync and applies the
+        embedding update after DDP's backward (TorchRec's ``TrainPipelineSemiSync``):
+        touched-row engines keep those rows pending one more sync, and nothing runs inside
+        DDP's backward (no early sync, carried vote or fold: they would see the embeddings
+        before their update)."""
+        self.lookahead = True
+        if hasattr(self.engine, "lookahead"):
+            self.engine.lookahead = True
 
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
         self.land()

@@ -95,6 +95,10 @@ class SparseEngine(SyncEngine):
         self.stats = SparseStats()
         self._base = {WEIGHTS: 0, STATES: 0}
         self._pending: dict[str, int] = {}
+        self.lookahead = False
+        """A pipeline looks up batch ``i+1`` before batch ``i``'s sync and updates those rows
+        after it (``TrainPipelineSemiSync``): each base then lags one sync (``synced``)."""
+        self._previous_cut = {WEIGHTS: 0, STATES: 0}
         self._replicas = dist.get_world_size(replica_pg)
         self._device = shards[0].weight.device if shards else torch.device("cpu")
         """Where the metadata collectives run (the kernels' device: NCCL needs CUDA tensors)."""
@@ -152,10 +156,15 @@ class SparseEngine(SyncEngine):
         return _build_payload(entries, pool=(self.pool, tuple(kinds)))
 
     def synced(self, weights: bool, states: bool) -> None:
+        """Advance each synced kind's base to the cut of its payload; under ``lookahead``
+        to the cut before it, since rows looked up just before this sync are updated after
+        it and so must stay pending for the next one."""
         for kind, on in ((WEIGHTS, weights), (STATES, states)):
             if on:
                 cut = self._pending.pop(kind, None)
-                self._base[kind] = cut if cut is not None else self.tracker.cut()
+                cut = cut if cut is not None else self.tracker.cut()
+                previous, self._previous_cut[kind] = self._previous_cut[kind], cut
+                self._base[kind] = previous if self.lookahead else cut
 
     def piggyback(self) -> list[int]:
         """Integers sent along with the touched-row counts (none here; see ``AutoEngine``)."""

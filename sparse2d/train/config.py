@@ -194,6 +194,21 @@ class Config:
                 "must be 0 with model.managed_collision.enabled: sparse2d checkpoints do not "
                 "carry managed-collision identity tables yet",
             )
+        mc = self.model.managed_collision
+        if mc.enabled:
+            from sparse2d.sync.mc.rules import refusals as mc_refusals
+
+            refused = mc_refusals(
+                momentum_scaling=self.parallel.sync.momentum_scaling,
+                fully_sharded=self.parallel.sharding_strategy == "fully_sharded",
+                pipeline=self.train.pipeline,
+            )
+            if refused:
+                raise ConfigError(
+                    f"model.managed_collision.enabled=true (kind={mc.kind}) cannot run with "
+                    + "; ".join(refused)
+                    + ": drop the option or the managed-collision tables"
+                )
         refused = refusals(self)
         if refused:
             raise ConfigError(

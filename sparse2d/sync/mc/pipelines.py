@@ -1,10 +1,15 @@
-"""Refuse TorchRec pipelines that look up the next batch before this batch's sync.
+"""TorchRec pipelines that look up the next batch before this batch's sync.
 
 ``TrainPipelineSemiSync`` and ``TrainPipelineFusedSparseDist`` start batch ``i+1``'s
-embedding lookup (managed-collision remap included) before batch ``i``'s backward and
-``sync_embeddings``. A sync of managed-collision tables moves ids between rows, so that
-lookup would have read, and its backward would update, rows that now hold other ids.
-``TrainPipelineSparseDist`` pipelines only the input all-to-all (raw ids) and is fine.
+embedding lookup before batch ``i``'s backward and ``sync_embeddings``; batch ``i+1``'s fused
+update then lands after that sync. When such a pipeline is built over a sparse2d model:
+
+- managed-collision tables are refused: a sync of them moves ids between rows, so the
+  early lookup would have read, and its backward would update, rows that now hold other ids
+  (``TrainPipelineSparseDist`` pipelines only the input all-to-all of raw ids and is fine);
+- touched-row sync engines are told to keep rows pending one more sync
+  (``SyncPolicy.look_ahead``): rows looked up before sync ``i`` are updated after it.
+
 The check runs when the pipeline is built: pure, on every rank, before any collective.
 """
 
@@ -14,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparse2d.errors import ConfigError
+from sparse2d.sync.mc import rules
 
 _ORIGINAL = "_sparse2d_original"
 
@@ -34,15 +40,17 @@ def refuse_early_lookup(model: Any, pipeline: str) -> None:
     tables = mc_tables_with_replicas(model)
     if tables:
         raise ConfigError(
-            f"{pipeline} looks up the next batch's embeddings before this batch's sync; a sync "
-            f"of managed-collision tables {tables} moves ids between rows, so that lookup would "
-            "read and update the wrong rows. Use TrainPipelineSparseDist."
+            f"{pipeline} cannot drive managed-collision tables {tables}: {rules.EARLY_LOOKUP}. "
+            "Use TrainPipelineSparseDist."
         )
 
 
 def _guarded(init: Callable[..., Any], name: str) -> Callable[..., Any]:
     def guarded(self: Any, model: Any, *args: Any, **kwargs: Any) -> None:
         refuse_early_lookup(model, name)
+        policy = getattr(model, "sync_policy", None)
+        if policy is not None:
+            policy.look_ahead()
         init(self, model, *args, **kwargs)
 
     setattr(guarded, _ORIGINAL, init)
@@ -50,7 +58,8 @@ def _guarded(init: Callable[..., Any], name: str) -> Callable[..., Any]:
 
 
 def install_pipeline_guard() -> None:
-    """Make the early-lookup pipelines refuse models with replicated MC tables."""
+    """Make the early-lookup pipelines refuse models with replicated MC tables and switch
+    the model's touched-row tracking to look-ahead (idempotent)."""
     from torchrec.distributed.train_pipeline import train_pipelines as pipelines
 
     for name in ("TrainPipelineSemiSync", "TrainPipelineFusedSparseDist"):

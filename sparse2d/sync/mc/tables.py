@@ -23,6 +23,7 @@ from torchrec.modules.mc_modules import (
 )
 
 from sparse2d.errors import ConfigError
+from sparse2d.sync.mc import rules
 from sparse2d.sync.tensors import ShardState
 
 
@@ -113,8 +114,7 @@ def check_managed_collision(
     if momentum_scaling:
         raise ConfigError(
             "sync momentum_scaling=True with managed-collision tables "
-            f"({', '.join(sorted(found))}): the scaled accumulators would not follow ids that "
-            "move between rows at a sync. Set momentum_scaling=False."
+            f"({', '.join(sorted(found))}): {rules.MOMENTUM_SCALING}. Set momentum_scaling=False."
         )
     if hook is not None:
         raise ConfigError(
@@ -125,8 +125,8 @@ def check_managed_collision(
     if ShardingStrategy.FULLY_SHARDED in strategies:
         raise ConfigError(
             "sharding_strategy=FULLY_SHARDED with managed-collision tables "
-            f"({', '.join(sorted(found))}): each replica would hold 1/G of rows whose ids "
-            "differ per replica between syncs. Use sharding_strategy=DEFAULT for them."
+            f"({', '.join(sorted(found))}): {rules.FULLY_SHARDED}. Use "
+            "sharding_strategy=DEFAULT for them."
         )
     return True
 
