@@ -46,6 +46,18 @@ class ThreadSampler:
 
 SAMPLER: ThreadSampler | None = None
 
+RERUN_ONCE = ("test_launch.py", "test_ft_launch.py", "test_train.py")
+"""The only tests that may run twice: they start real launchers (torchrun, a torchft
+lighthouse, SIGKILLed workers restarted by torchrun), whose start-up on a loaded 2-core box
+can outlast a test's bounded waits. A rerun is named in the summary (``-rR``); a second
+failure fails. Every other test gets one chance: a flaky one is a bug to find."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in RERUN_ONCE:
+            item.add_marker(pytest.mark.flaky(reruns=1))
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     global SAMPLER
