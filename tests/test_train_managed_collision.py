@@ -24,9 +24,18 @@ def test_data_draws_raw_ids_from_a_space_ten_times_the_table() -> None:
     assert load_config(TINY, []).model.data_specs() == load_config(TINY, []).model.specs()
 
 
-def test_checkpoints_refused_with_managed_collision() -> None:
-    with pytest.raises(KeyValueError, match="managed-collision identity tables"):
-        load_config(TINY, [ON, "checkpoint.every=10"])
+def test_checkpoints_with_managed_collision_save_at_eviction_rounds() -> None:
+    """Checkpoints work with MC tables; with MCH they fall on eviction rounds (the ids seen
+    since the last round are not saved)."""
+    assert load_config(TINY, [ON, "checkpoint.every=10"]).checkpoint.every == 10
+    every = "model.managed_collision.eviction_interval=4"
+    assert load_config(TINY, [ON, every, "checkpoint.every=8"]).checkpoint.every == 8
+    with pytest.raises(
+        KeyValueError, match="multiple of model.managed_collision.eviction_interval=4"
+    ):
+        load_config(TINY, [ON, every, "checkpoint.every=10"])
+    zch = "model.managed_collision.kind=zch"
+    assert load_config(TINY, [ON, zch, every, "checkpoint.every=10"]).checkpoint.every == 10
 
 
 def test_wrapper_gives_dlrm_an_ebc_face() -> None:
