@@ -131,7 +131,8 @@ class CheckpointConfig:
     dir: str | None = None
     """Checkpoint directory; default ``RUN_DIR/checkpoints``."""
     every: int = 0
-    """Save every N steps (0: never)."""
+    """Save every N steps (0: never); a multiple of ``parallel.sync.every`` and, with MCH
+    managed-collision tables, of ``model.managed_collision.eviction_interval``."""
     keep: int = 2
     """Keep the newest K checkpoints."""
 
