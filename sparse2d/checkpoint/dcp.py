@@ -15,8 +15,8 @@ live model. Keys: ``emb.T.weight`` ``(rows, dim)``, ``emb.T.stateI`` for an
 element-wise optimizer state ``(rows, dim)``, ``emb.T.stateI.cC`` for a row-wise
 state ``(rows,)`` of the column block starting at ``C`` (column-wise shards keep
 one accumulator each), ``dense.NAME`` for every plain tensor of
-``model.state_dict()``, and pickled blobs ``extra``, ``dense_optimizer``,
-``rng.rankR``.
+``model.state_dict()``, ``mc.T.*`` for managed-collision identity tables
+(``checkpoint.mc``), and pickled blobs ``extra``, ``dense_optimizer``, ``rng.rankR``.
 """
 
 from __future__ import annotations
