@@ -49,12 +49,19 @@ def test_wrapper_gives_dlrm_an_ebc_face() -> None:
 
 
 def test_trainer_runs_2d_with_managed_collision(tmp_path, world4) -> None:
-    summary, _ = trainer_world.train(
-        world4, ON, "train.steps=20", "train.log_every=10", "train.eval_every=0",
-        "train.eval_batches=2", f"run_dir={tmp_path}",
-    )  # fmt: skip
+    """Trains at L=2 saving checkpoints with identity tables, then resumes at L=4 (each MCH
+    shard rebuilt by id) and trains on."""
+    common = (ON, "train.log_every=10", "train.eval_every=0", "train.eval_batches=2",
+              f"run_dir={tmp_path}", "checkpoint.every=10", "train.resume=auto")  # fmt: skip
+    summary, _ = trainer_world.train(world4, *common, "train.steps=20")
     assert summary["num_replicas"] == 2 and summary["sync_bytes_per_step"] > 0
     assert summary["eval_auc"] > 0.6
+    resumed, out = trainer_world.train(
+        world4, *common, "train.steps=30", "parallel.sharding_group_size=4"
+    )
+    assert "[resume] " in out and out.split("[resume] ")[1].split("\n")[0].endswith("step 20")
+    assert resumed["steps"] == 30 and resumed["num_replicas"] == 1
+    assert resumed["eval_auc"] > 0.6
 
 
 def test_kind_zch_puts_mp_zch_in_front_of_every_table() -> None:
