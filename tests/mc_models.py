@@ -54,9 +54,12 @@ class MCModel(nn.Module):
         device: str = "cpu",
         plain: bool = False,
         kind: str = "mch",
+        tables: tuple[tuple[str, int], ...] = MC_TABLES,
+        init_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.bagged = bagged
+        self.tables = tables
         self.plain = (
             EmbeddingBagCollection(
                 tables=[
@@ -72,8 +75,14 @@ class MCModel(nn.Module):
         dev = torch.device(device)
         config = EmbeddingBagConfig if bagged else EmbeddingConfig
         configs = [
-            config(name=n, embedding_dim=MC_DIM, num_embeddings=rows, feature_names=[f"f_{n}"])
-            for n, rows in MC_TABLES
+            config(
+                name=n,
+                embedding_dim=MC_DIM,
+                num_embeddings=rows,
+                feature_names=[f"f_{n}"],
+                init_fn=init_fn,
+            )
+            for n, rows in tables
         ]
         mcc = ManagedCollisionCollection(
             managed_collision_modules={
@@ -87,7 +96,7 @@ class MCModel(nn.Module):
                     input_hash_size=RAW_IDS,
                     buckets=BUCKETS,
                 )
-                for n, rows in MC_TABLES
+                for n, rows in tables
             },
             embedding_configs=configs,
         )
@@ -98,17 +107,17 @@ class MCModel(nn.Module):
             ec = EmbeddingCollection(tables=configs, device=dev)  # type: ignore[arg-type]
             self.mc = ManagedCollisionEmbeddingCollection(ec, mcc)
         extra = MC_DIM if plain else 0
-        self.dense = nn.Linear(len(MC_TABLES) * MC_DIM + extra + DENSE, 1, device=dev)
+        self.dense = nn.Linear(len(tables) * MC_DIM + extra + DENSE, 1, device=dev)
 
     def forward(self, kjt: KeyedJaggedTensor, dense: torch.Tensor) -> torch.Tensor:
-        mc_keys = [f"f_{n}" for n, _ in MC_TABLES]
+        mc_keys = [f"f_{n}" for n, _ in self.tables]
         features = []
         if self.plain is not None:
             split = kjt.split([len(mc_keys), 1])
             kjt = split[0]
             features.append(self.plain(split[1]).to_dict()["f_p0"])
         out, _ = self.mc(kjt)
-        for name, _rows in MC_TABLES:
+        for name, _rows in self.tables:
             if self.bagged:
                 features.append(out.to_dict()[f"f_{name}"])
                 continue
@@ -140,11 +149,15 @@ def build_mc_model(
     seed: int = 0,
     plain: bool = False,
     kind: str = "mch",
+    tables: tuple[tuple[str, int], ...] = MC_TABLES,
+    init_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> MCModel:
     """``plain``: a plain EBC table ``p0`` beside the MC tables (feature ``f_p0`` last);
-    ``kind``: ``mch`` (MCHManagedCollisionModule) or ``zch`` (MP-ZCH)."""
+    ``kind``: ``mch`` (MCHManagedCollisionModule) or ``zch`` (MP-ZCH); ``tables``: other
+    ``(name, slots)`` (``mc_batch`` draws features for the names of ``MC_TABLES``);
+    ``init_fn``: the tables' initializer, which TorchRec also applies to rows it hands a new id."""
     torch.manual_seed(seed)
-    model = MCModel(bagged, policy, plain=plain, kind=kind)
+    model = MCModel(bagged, policy, plain=plain, kind=kind, tables=tables, init_fn=init_fn)
     apply_optimizer_in_backward(optimizer, model.mc._embedding_module.parameters(), {"lr": lr})
     if model.plain is not None:
         apply_optimizer_in_backward(optimizer, model.plain.parameters(), {"lr": lr})

@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from sparse2d.checkpoint import latest
 from tests import trainer_world
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,13 +58,15 @@ def test_sigkill_of_a_worker_restarts_and_resumes_exactly(tmp_path, world2) -> N
     """Acceptance: SIGKILL of one worker at step >= 120 of 200 (checkpoints every 50): the job
     restarts by itself, resumes from the newest checkpoint it kept (step 100 or 150) and ends
     with the uninterrupted run's train and eval loss (within 1e-6). 2 ranks, L=1: two
-    replicas that sync. The uninterrupted run is the same loop in the shared world (no
-    launch), so this also checks that a torchrun launch and the in-process loop compute the
-    same numbers."""
-    two_d = "parallel.sharding_group_size=1"
-    clean, _ = trainer_world.train(world2, *TINY, two_d, f"run_dir={tmp_path / 'clean'}")
+    replicas that sync. Every table has an MCH managed-collision module in front (issue 31:
+    MC models checkpoint), so the checkpoints carry identity tables and the resume is exact
+    only if identities, their metadata and counters come back with the rows. The
+    uninterrupted run is the same loop in the shared world (no launch), so this also checks
+    that a torchrun launch and the in-process loop compute the same numbers."""
+    two_d = ("parallel.sharding_group_size=1", "model.managed_collision.enabled=true")
+    clean, _ = trainer_world.train(world2, *TINY, *two_d, f"run_dir={tmp_path / 'clean'}")
 
-    job = _launch(tmp_path / "killed", two_d)
+    job = _launch(tmp_path / "killed", *two_d)
     lines, killed = [], None
     deadline = time.monotonic() + 600
     for line in job.stdout:  # type: ignore[union-attr]
@@ -87,6 +90,10 @@ def test_sigkill_of_a_worker_restarts_and_resumes_exactly(tmp_path, world2) -> N
     with open(tmp_path / "killed" / "summary.json") as f:
         after = json.load(f)
     assert after["steps"] == 200 and after["num_replicas"] == 2
+    with open(os.path.join(latest(str(checkpoints)), "COMPLETE.json")) as f:
+        identity_tables = json.load(f)["managed_collision"]
+    assert sorted(identity_tables) == [f"t_{i}" for i in range(4)]
+    assert {t["kind"] for t in identity_tables.values()} == {"mch"}
     for key in ("train_loss", "eval_loss"):
         torch.testing.assert_close(after[key], clean[key], rtol=0, atol=1e-6)
 

@@ -24,9 +24,18 @@ def test_data_draws_raw_ids_from_a_space_ten_times_the_table() -> None:
     assert load_config(TINY, []).model.data_specs() == load_config(TINY, []).model.specs()
 
 
-def test_checkpoints_refused_with_managed_collision() -> None:
-    with pytest.raises(KeyValueError, match="managed-collision identity tables"):
-        load_config(TINY, [ON, "checkpoint.every=10"])
+def test_checkpoints_with_managed_collision_save_at_eviction_rounds() -> None:
+    """Checkpoints work with MC tables; with MCH they fall on eviction rounds (the ids seen
+    since the last round are not saved)."""
+    assert load_config(TINY, [ON, "checkpoint.every=10"]).checkpoint.every == 10
+    every = "model.managed_collision.eviction_interval=4"
+    assert load_config(TINY, [ON, every, "checkpoint.every=8"]).checkpoint.every == 8
+    with pytest.raises(
+        KeyValueError, match="multiple of model.managed_collision.eviction_interval=4"
+    ):
+        load_config(TINY, [ON, every, "checkpoint.every=10"])
+    zch = "model.managed_collision.kind=zch"
+    assert load_config(TINY, [ON, zch, every, "checkpoint.every=10"]).checkpoint.every == 10
 
 
 def test_wrapper_gives_dlrm_an_ebc_face() -> None:
@@ -40,12 +49,19 @@ def test_wrapper_gives_dlrm_an_ebc_face() -> None:
 
 
 def test_trainer_runs_2d_with_managed_collision(tmp_path, world4) -> None:
-    summary, _ = trainer_world.train(
-        world4, ON, "train.steps=20", "train.log_every=10", "train.eval_every=0",
-        "train.eval_batches=2", f"run_dir={tmp_path}",
-    )  # fmt: skip
+    """Trains at L=2 saving checkpoints with identity tables, then resumes at L=4 (each MCH
+    shard rebuilt by id) and trains on."""
+    common = (ON, "train.log_every=10", "train.eval_every=0", "train.eval_batches=2",
+              f"run_dir={tmp_path}", "checkpoint.every=10", "train.resume=auto")  # fmt: skip
+    summary, _ = trainer_world.train(world4, *common, "train.steps=20")
     assert summary["num_replicas"] == 2 and summary["sync_bytes_per_step"] > 0
     assert summary["eval_auc"] > 0.6
+    resumed, out = trainer_world.train(
+        world4, *common, "train.steps=30", "parallel.sharding_group_size=4"
+    )
+    assert "[resume] " in out and out.split("[resume] ")[1].split("\n")[0].endswith("step 20")
+    assert resumed["steps"] == 30 and resumed["num_replicas"] == 1
+    assert resumed["eval_auc"] > 0.6
 
 
 def test_kind_zch_puts_mp_zch_in_front_of_every_table() -> None:

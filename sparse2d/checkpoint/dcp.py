@@ -15,8 +15,8 @@ live model. Keys: ``emb.T.weight`` ``(rows, dim)``, ``emb.T.stateI`` for an
 element-wise optimizer state ``(rows, dim)``, ``emb.T.stateI.cC`` for a row-wise
 state ``(rows,)`` of the column block starting at ``C`` (column-wise shards keep
 one accumulator each), ``dense.NAME`` for every plain tensor of
-``model.state_dict()``, and pickled blobs ``extra``, ``dense_optimizer``,
-``rng.rankR``.
+``model.state_dict()``, ``mc.T.*`` for managed-collision identity tables
+(``checkpoint.mc``), and pickled blobs ``extra``, ``dense_optimizer``, ``rng.rankR``.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ from sparse2d.checkpoint.layout import (
     dense_entries,
     table_specs,
 )
+from sparse2d.checkpoint.mc import check_identities, describe, load_entries, save_entries
 from sparse2d.sync.fully_sharded import materialized
-from sparse2d.sync.mc.tables import refuse_managed_collision
 from sparse2d.sync.tensors import flush_caches
 
 FORMAT_VERSION = 1
@@ -159,6 +159,8 @@ def build_save_state(
         prefix = "" if dedup else f"replica{replica_index}."
         for key, value in build_embedding_state(model, specs, shards).items():
             state[prefix + key] = value
+        for key, value in save_entries(model, shards).items():  # MC identity tables
+            state[prefix + key] = value
     for name, tensor in dense_entries(model).items():
         state[f"dense.{name}"] = tensor
     state["extra"] = _blob(dict(extra or {}))
@@ -189,7 +191,6 @@ def save(
     SGD (``sync_every > 1``) save right after a sync: replica-rank 0's copy is written.
     Returns the checkpoint directory.
     """
-    refuse_managed_collision(model, "sparse2d.checkpoint.save")
     root = os.fspath(path)
     policy = getattr(model, "sync_policy", None)
     if policy is not None:  # land any overlapped/delayed transfer before reading the shards
@@ -219,8 +220,10 @@ def save(
     with materialized(model):  # FULLY_SHARDED: the full buffers while DCP reads them
         state = build_save_state(model, dense_optimizer, extra)
         specs = table_specs(model)
-        iters: list[int] = [0] * dist.get_world_size()
-        dist.all_gather_object(iters, _fused_iter(model))
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (_fused_iter(model), describe(model)))
+        iters = [fused for fused, _ in gathered]
+        managed = {t: info for _, part in gathered for t, info in part.items()}
         failure: dict[int, str] = {}
         try:
             dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True))
@@ -250,6 +253,7 @@ def save(
                 "num_replicas": model.num_replicas,
                 "fused_iter": max(iters),
                 "tables": {t: [s.rows, s.cols] for t, s in specs.items()},
+                "managed_collision": managed,
                 "save_seconds": time.perf_counter() - start,
                 MARKER_KEY: files,
             }
@@ -308,7 +312,6 @@ def load(
     buffers and are copied into the live shards only after every rank read everything.
     RNG states are restored when the world size is unchanged (they are per rank).
     """
-    refuse_managed_collision(model, "sparse2d.checkpoint.load")
     ckpt = resolve_checkpoint(os.fspath(path))
     marker = _read_marker(ckpt)
     try:  # truncation first: its message names the tables that lost data
@@ -320,6 +323,8 @@ def load(
         except CorruptCheckpointError as corrupt:
             raise CorruptCheckpointError(f"{damaged} [{corrupt}]") from None
         raise
+    saved_mc = marker.get("managed_collision", {})  # checked before the first collective
+    check_identities(ckpt, saved_mc, metadata, describe(model), CheckpointError)
     verify_files(ckpt, marker, CorruptCheckpointError)  # flipped bytes DCP would load silently
     specs = table_specs(model)  # collective, reached unconditionally by every rank
     dense = dense_entries(model)
@@ -329,7 +334,12 @@ def load(
         raise CheckpointError(
             f"checkpoint {ckpt!r} has no dense optimizer state; load without dense_optimizer"
         )
-    state, commit = build_load_state(model, specs, metadata)
+    mc_state, mc_commit, rebuilt = load_entries(
+        model, model.shard_states, saved_mc, specs, metadata
+    )
+    positional = [s for s in model.shard_states if id(s) not in rebuilt]
+    state, commit = build_load_state(model, specs, metadata, positional)
+    state.update(mc_state)
     scratch_dense = {name: torch.empty_like(t) for name, t in dense.items()}
     state.update({f"dense.{name}": t for name, t in scratch_dense.items()})
     state["extra"] = b""
@@ -356,6 +366,7 @@ def load(
         )
     with materialized(model), torch.no_grad():  # identical values land on every replica
         commit()
+        mc_commit()  # identity tables, and the rows of MC tables rebuilt by id
         for name, tensor in dense.items():
             tensor.copy_(scratch_dense[name])
         iteration = int(marker.get("fused_iter", 0))

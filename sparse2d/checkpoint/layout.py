@@ -84,7 +84,7 @@ def _dtensor(
     )
 
 
-class _Collector:
+class Collector:
     """Groups (tensor, global offset) pieces per key, then wraps each key once."""
 
     def __init__(self) -> None:
@@ -107,7 +107,7 @@ def build_embedding_state(
 ) -> dict[str, DTensor]:
     """This rank's shards (default: all of them; weights and optimizer states) as
     DTensors of the global tables."""
-    out = _Collector()
+    out = Collector()
     for s in model.shard_states if shards is None else shards:
         spec = specs[s.table]
         full = (spec.rows, spec.cols)
@@ -135,18 +135,19 @@ def row_blocks(metadata: Metadata, table: str, index: int, cols: int) -> list[tu
 
 
 def build_load_state(
-    model: nn.Module, specs: dict[str, TableSpec], metadata: Metadata
+    model: nn.Module, specs: dict[str, TableSpec], metadata: Metadata, shards: list | None = None
 ) -> tuple[dict[str, DTensor], Callable[[], None]]:
-    """Scratch buffers for this rank's new shards, and ``commit()`` copying them in place.
+    """Scratch buffers for this rank's new shards (default: all of them), and ``commit()``
+    copying them in place.
 
     A row-wise state of a new shard spanning several saved column blocks gets their
     width-weighted mean (exact for row-wise Adagrad, whose accumulator is a mean
     over the block's columns); a shard inside one saved block copies it exactly.
     """
-    out = _Collector()
+    out = Collector()
     copies: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]] = []
     shared: dict[tuple[str, int, int], torch.Tensor] = {}
-    for s in model.shard_states:
+    for s in model.shard_states if shards is None else shards:
         spec = specs[s.table]
         full = (spec.rows, spec.cols)
         buffer = torch.empty_like(s.weight)
@@ -184,12 +185,19 @@ def _blend(parts: list[tuple[torch.Tensor, int]], cols: int) -> torch.Tensor:
     return (total / cols).to(parts[0][0].dtype)
 
 
+MC_MODULES = "._managed_collision_modules."
+
+
 def dense_entries(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Plain (replicated) tensors of ``model.state_dict()``: dense params and buffers."""
+    """Plain (replicated) tensors of ``model.state_dict()``: dense params and buffers.
+
+    Managed-collision modules' plain buffers (iteration counter, shard segments) are per
+    shard, not replicated: ``checkpoint.mc`` carries what of them is state."""
     return {
         name: value
         for name, value in model.state_dict().items()
-        if type(value) is torch.Tensor or type(value) is nn.Parameter
+        if (type(value) is torch.Tensor or type(value) is nn.Parameter)
+        and MC_MODULES not in f".{name}"
     }
 
 

@@ -131,7 +131,8 @@ class CheckpointConfig:
     dir: str | None = None
     """Checkpoint directory; default ``RUN_DIR/checkpoints``."""
     every: int = 0
-    """Save every N steps (0: never)."""
+    """Save every N steps (0: never); a multiple of ``parallel.sync.every`` and, with MCH
+    managed-collision tables, of ``model.managed_collision.eviction_interval``."""
     keep: int = 2
     """Keep the newest K checkpoints."""
 
@@ -187,12 +188,14 @@ class Config:
             )
         if self.data.source == "criteo":
             check_features(self.model.feature_names, self.model.dense_in_features)
-        if self.model.managed_collision.enabled and every:
+        mc = self.model.managed_collision
+        if mc.enabled and mc.kind == "mch" and every % mc.eviction_interval:
             raise bad(
                 "checkpoint.every",
                 every,
-                "must be 0 with model.managed_collision.enabled: sparse2d checkpoints do not "
-                "carry managed-collision identity tables yet",
+                f"must be a multiple of model.managed_collision.eviction_interval="
+                f"{mc.eviction_interval} (ids seen since the last eviction round are not in "
+                "checkpoints, as in TorchRec's own state dict)",
             )
         mc = self.model.managed_collision
         if mc.enabled:

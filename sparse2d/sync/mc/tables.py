@@ -159,15 +159,3 @@ def sharded_mc_table_names(model: nn.Module) -> list[str]:
         if isinstance(sub, ShardedManagedCollisionCollection)
         for table in sub._managed_collision_modules
     )
-
-
-def refuse_managed_collision(model: nn.Module, action: str) -> None:
-    """Raise ``ConfigError`` if ``model`` holds sharded managed-collision tables: ``action``
-    does not carry their identity tables yet. Pure (the same answer on every rank)."""
-    names = sharded_mc_table_names(model)
-    if names:
-        raise ConfigError(
-            f"{action} does not carry the identity tables (raw id -> row) of managed-collision "
-            f"tables {names} yet; their rows alone would be wrong after a load. Save "
-            "model.state_dict() with torch.distributed.checkpoint at the same sharding instead."
-        )
