@@ -55,3 +55,53 @@ def test_a_table_too_big_for_one_rank_is_split() -> None:
     )
     big = plan.plan[""]["t0"]
     assert big.sharding_type != "table_wise" and len(set(big.ranks)) > 1, big
+
+
+def test_shared_estimates_equal_torchrecs_own() -> None:
+    """Identical tables share one estimate; differing ones (rows, dim, pooling constraint)
+    are estimated apart: every shard's perf and storage equals TorchRec's enumerator's."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    from sparse2d.planner.fast_planner import SharedEstimateEnumerator
+
+    module = tables([5_000, 5_000, 5_000, 8_000, 5_000])
+    constraints = {"t4": ParameterConstraints(pooling_factors=[7.0])}
+    topology = Topology(world_size=4, compute_device="cpu", local_world_size=2)
+    ours = SharedEstimateEnumerator(topology, 256, constraints).enumerate(
+        module, default_sharders()
+    )
+    theirs = EmbeddingEnumerator(topology, 256, constraints).enumerate(module, default_sharders())
+    assert len(ours) == len(theirs) > 5
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert (mine.name, mine.sharding_type) == (reference.name, reference.sharding_type)
+        for a, b in zip(mine.shards, reference.shards, strict=True):
+            assert (a.perf, a.storage) == (b.perf, b.storage), (mine.name, mine.sharding_type)
+
+
+def test_fewer_tables_than_ranks_spread_over_every_rank() -> None:
+    """4 tables of dim 32 on 8 ranks: column shards of 16 give every rank one (TorchRec's
+    planner alone leaves half the ranks empty) and rate at least as fast."""
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    from sparse2d.planner.fast_planner import spread_constraints
+
+    module = tables([50_000] * 4)
+    spread = spread_constraints(
+        module, 8, {"t3": ParameterConstraints(sharding_types=["row_wise"])}
+    )
+    assert (
+        spread["t0"] == ParameterConstraints(min_partition=16)
+        and spread["t3"].min_partition is None
+    )
+    assert spread_constraints(module, 4, None) is None  # as many tables as ranks: as given
+    topology = Topology(world_size=8, compute_device="cpu", local_world_size=8)
+    plain = group_planner(topology, 512, None)
+    plain.plan(module, default_sharders())
+    spread = spread_constraints(module, 8, None)
+    planner = group_planner(topology, 512, spread)
+    plan = planner.plan(module, default_sharders())
+    assert {s.sharding_type for s in plan.plan[""].values()} == {"column_wise"}
+    assert sorted(r for s in plan.plan[""].values() for r in s.ranks) == list(range(8))
+    mine, before = balance(planner, 8), balance(plain, 8)
+    assert mine[2] == 1.0 and before[2] == 2.0 and mine[0] <= before[0]

@@ -27,7 +27,7 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
 
 from sparse2d.errors import PlanError, StoredPlanError
-from sparse2d.planner.fast_planner import group_planner
+from sparse2d.planner.fast_planner import group_planner, spread_constraints
 from sparse2d.planner.plan_context import describe_context
 from sparse2d.planner.plan_store import PlanStore
 
@@ -158,7 +158,8 @@ def _plan_locally(
         compute_device=device_type,
         local_world_size=node_group_size,
     )
-    return group_planner(topology, batch_size, constraints).plan(module, sharders)
+    spread = spread_constraints(module, sharding_group_size, constraints)
+    return group_planner(topology, batch_size, spread).plan(module, sharders)
 
 
 def validate_plan(plan: ShardingPlan, sharding_group_size: int) -> None:
