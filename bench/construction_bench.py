@@ -1,6 +1,7 @@
 """Construction seconds by phase at 64 / 1,024 / 4,096 ranks, cold and from the stored plan.
 
-Rank 0 of each job is built in its own process on torch's fake process group
+Rank 0 (cold, then from the stored plan) and the last rank (stored) of each job are built
+each in its own process on torch's fake process group
 (``sparse2d.dryrun.init_fake_world``): an ``EmbeddingBagCollection`` on ``meta``,
 ``device="cpu"``, ``LOCAL_WORLD_SIZE=8``, ``DMPCollection(..., plan_store=DIR)``. The first
 build plans (cold) and stores; the second loads the stored plan. Also: this rank's embedding
@@ -27,8 +28,8 @@ JOBS = {  # world: (L, tables, rows, dim)
 }
 
 
-def build_one(world: int, store: str) -> dict:
-    """In this process: rank 0 of ``world``; returns the construction record and bytes."""
+def build_one(world: int, store: str, rank: int = 0) -> dict:
+    """In this process: rank ``rank`` of ``world``; returns the construction record and bytes."""
     import logging
     import time
     import warnings
@@ -43,7 +44,7 @@ def build_one(world: int, store: str) -> dict:
     warnings.filterwarnings("ignore")
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     size, count, rows, dim = JOBS[world]
-    init_fake_world(0, world, 8)
+    init_fake_world(rank, world, 8)
     configs = [
         EmbeddingBagConfig(
             name=f"t{i}", embedding_dim=dim, num_embeddings=rows, feature_names=[f"f{i}"]
@@ -54,15 +55,16 @@ def build_one(world: int, store: str) -> dict:
     start = time.perf_counter()
     model = DMPCollection(ebc, size, device="cpu", plan_store=store)
     total = time.perf_counter() - start
-    mine = sum(s.weight.numel() * s.weight.element_size() for s in model.shard_states)
+    mine = sum(s.weight.numel() * s.weight.element_size() for s in model.shard_states)  # this rank
     types: dict[str, int] = {}
     for sharding in model.group_plan.plan[""].values():
         types[sharding.sharding_type] = types.get(sharding.sharding_type, 0) + 1
     return {
         "world": world,
+        "rank": rank,
         "construction": model.construction.record(),
         "wall_s": total,
-        "rank0_bytes": mine,
+        "rank_bytes": mine,
         "total_over_L": count * rows * dim * 4 / size,
         "sharding_types": types,
     }
@@ -100,10 +102,12 @@ def torchrec_default(world: int) -> dict:
     return {"world": world, "plan_s": time.perf_counter() - start}
 
 
-def run(world: int, store: str, what: str = "build_one") -> dict:
+def run(world: int, store: str, what: str = "build_one", rank: int = 0) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", LOCAL_WORLD_SIZE="8")
     call = (
-        f"b.{what}({world})" if what == "torchrec_default" else f"b.build_one({world}, {store!r})"
+        f"b.{what}({world})"
+        if what == "torchrec_default"
+        else f"b.build_one({world}, {store!r}, {rank})"
     )
     code = f"import json, sys; sys.path.insert(0, {HERE!r}); import construction_bench as b; print('RESULT', json.dumps({call}))"
     out = subprocess.run(
@@ -115,14 +119,14 @@ def run(world: int, store: str, what: str = "build_one") -> dict:
     return json.loads(line[0][7:])
 
 
-def table(rows: list[tuple[dict, dict]], baseline: dict[int, float]) -> str:
+def table(rows: list[tuple[dict, dict, dict]], baseline: dict[int, float]) -> str:
     lines = [
         "| world | L | tables | build | plan s | mesh s | shard s | align s | total s | plan cache |",
         "|---:|---:|---|---|---:|---:|---:|---:|---:|---|",
     ]
-    for cold, warm in rows:
+    for cold, warm, last in rows:
         size, count, nrows, dim = JOBS[cold["world"]]
-        for label, r in (("cold", cold), ("stored plan", warm)):
+        for label, r in (("cold", cold), ("stored plan", warm), ("stored, last rank", last)):
             c = r["construction"]
             lines.append(
                 f"| {r['world']:,} | {size} | {count} x ({nrows // 1000}k x {dim}) | {label} | "
@@ -132,19 +136,20 @@ def table(rows: list[tuple[dict, dict]], baseline: dict[int, float]) -> str:
     if baseline:
         lines += ["", "| world | TorchRec's default planner, plan s | sparse2d cold plan s | ratio |",
                   "|---:|---:|---:|---:|"]  # fmt: skip
-        for cold, _ in rows:
+        for cold, *_ in rows:
             if cold["world"] in baseline:
                 base, ours = baseline[cold["world"]], cold["construction"]["plan_s"]
                 lines.append(
                     f"| {cold['world']:,} | {base:.2f} | {ours:.2f} | {base / ours:.1f}x |"
                 )
-    lines += ["", "| world | rank 0 embedding bytes | total / L | ratio | plan's sharding types |",
-              "|---:|---:|---:|---:|---|"]  # fmt: skip
-    for cold, _ in rows:
-        lines.append(
-            f"| {cold['world']:,} | {cold['rank0_bytes']:,} | {cold['total_over_L']:,.0f} | "
-            f"{cold['rank0_bytes'] / cold['total_over_L']:.3f} | {cold['sharding_types']} |"
-        )
+    lines += ["", "| world | rank | embedding bytes | total / L | ratio | plan's sharding types |",
+              "|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for cold, _, last in rows:
+        for r in (cold, last):
+            lines.append(
+                f"| {r['world']:,} | {r['rank']:,} | {r['rank_bytes']:,} | {r['total_over_L']:,.0f} "
+                f"| {r['rank_bytes'] / r['total_over_L']:.3f} | {r['sharding_types']} |"
+            )
     return "\n".join(lines)
 
 
@@ -169,12 +174,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as store:
             cold = run(world, store)
             warm = run(world, store)
-        print(json.dumps([cold, warm]), flush=True)
-        rows.append((cold, warm))
+            last = run(world, store, rank=world - 1)
+        print(json.dumps([cold, warm, last]), flush=True)
+        rows.append((cold, warm, last))
     text = (
         "## Construction at scale: seconds by phase, cold and from the stored plan "
         "(bench/construction_bench.py)\n\n"
-        "Rank 0 of each job built alone on torch's fake process group (EBC on meta, device cpu, "
+        "Rank 0 (cold, then from the stored plan) and the last rank (from the stored plan) of each "
+        "job, each built alone on torch's fake process group (EBC on meta, device cpu, "
         "LOCAL_WORLD_SIZE=8), one process per build, one round (no alternation). 'total s' is "
         "the whole DMPCollection constructor. The box is shared with other agents "
         f"({machine_note(load)}): absolute seconds are upper bounds; the TorchRec-default "

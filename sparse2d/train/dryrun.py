@@ -42,6 +42,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _local_ddp_hooks(model: Any) -> None:
+    """DDP's default gradient all-reduce hook fails under the fake backend (its future holds
+    no tensor); a hook returning the bucket as is moves no data either, like the fake group."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    def keep(_, bucket):  # type: ignore[no-untyped-def]  # DDP checks unannotated or real types
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    for module in model.modules():
+        if isinstance(module, DistributedDataParallel):
+            module.register_comm_hook(None, keep)
+
+
 def _try_step(cfg: Any, model: Any, device: Any, rank: int, world: int) -> dict[str, Any]:
     """One forward and backward of a real batch through the fake collectives, in a forked
     child: their outputs are uninitialized memory (the fake backend moves no data), and ids
@@ -53,12 +69,15 @@ def _try_step(cfg: Any, model: Any, device: Any, rank: int, world: int) -> dict[
     pid = os.fork()
     if pid == 0:  # the child: run, say how it went, exit without cleanup
         os.close(read)
+        said = "forward: "
         try:
+            _local_ddp_hooks(model)
             loss, _ = model(batch)
+            said = "backward: "
             loss.backward()
             said = "ok"
         except BaseException as error:  # noqa: BLE001 (reported to the parent)
-            said = f"{type(error).__name__}: {error}"[:500]
+            said += f"{type(error).__name__}: {error}"[:500]
         os.write(write, said.encode("utf-8", "replace"))
         os._exit(0)
     os.close(write)
@@ -66,10 +85,10 @@ def _try_step(cfg: Any, model: Any, device: Any, rank: int, world: int) -> dict[
         said = f.read().decode("utf-8", "replace")
     _, status = os.waitpid(pid, 0)
     if said == "ok" and os.WIFEXITED(status):
-        return {"ran": True}
+        return {"ran": True, "forward": True}
     if not said:
         said = f"the step's process died (status {status}): fake collectives carry no data"
-    return {"ran": False, "error": said}
+    return {"ran": False, "forward": said.startswith("backward: "), "error": said}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
