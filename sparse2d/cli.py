@@ -4,8 +4,9 @@
 torchrun for more than one process: see ``launch/``); ``sparse2d config --reference``
 prints the configuration reference, ``sparse2d config --check C [--world-size N]``
 validates a config; ``sparse2d report RUN_DIR [RUN_DIR ...] [-o out.png]`` compares
-runs (a table and loss / AUC / samples/s curves). Other tools (e.g. a group-size advisor)
-add subcommands here.
+runs (a table and loss / AUC / samples/s curves); ``sparse2d plan`` is the group-size
+advisor; ``sparse2d dryrun --config C --world-size N [--rank r]`` builds one rank of an
+``N``-rank job on torch's fake process group and describes it (``sparse2d.train.dryrun``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 
 COMMANDS = {
     "config": "sparse2d.train.config",
+    "dryrun": "sparse2d.train.dryrun",
     "plan": "sparse2d.train.plan",
     "report": "sparse2d.train.report",
     "train": "sparse2d.train.main",

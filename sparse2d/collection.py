@@ -25,6 +25,7 @@ TorchRec's class reachable after construction is overridden here (``sync``,
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from typing import Any, overload
 
@@ -52,6 +53,7 @@ from sparse2d.compat import (
     resolve_layout,
     resolve_strategy,
 )
+from sparse2d.construction import ConstructionReport
 from sparse2d.contexts import (
     DefaultContextView,
     ShardingContext,
@@ -63,6 +65,7 @@ from sparse2d.errors import ConfigError
 from sparse2d.mesh import Mesh2D, build_mesh, validate_group_size, validate_layout
 from sparse2d.planner import default_sharders, remap_plan
 from sparse2d.planner.auto import AUTO, auto_group_size
+from sparse2d.planner.plan_store import PlanStore, as_plan_store
 from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes, forget_destroyed_groups
 from sparse2d.replica_sync import ReplicaSync
 from sparse2d.resources import GroupRecorder, Resources
@@ -125,6 +128,12 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
         init_data_parallel, init_parameters, data_parallel_wrapper: as in TorchRec's DMP.
         planner_batch_size: per-rank batch size the planner assumes.
         sync_options: cadence and strategy of ``maybe_sync`` (default: every step, dense).
+        plan_store: a directory (or ``PlanStore``) where the plan for ``L`` is stored and
+            reused by every later construction with the same tables, sharders, constraints,
+            ``L`` and TorchRec version (a restart plans no more); another setup replans with a
+            log line saying what changed. A ``.json`` file is one stored plan that must match
+            (``StoredPlanError`` otherwise). ``model.construction`` reports the phases' seconds
+            and whether the plan was loaded.
     """
 
     @overload
@@ -143,6 +152,7 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
         custom_all_reduce: AllReduceHook | None = None,
         planner_batch_size: int | None = None,
         sync_options: SyncOptions | None = None,
+        plan_store: str | os.PathLike[str] | PlanStore | None = None,
         init_data_parallel: bool = True,
         submodule_configs: list[DMPCollectionConfig] | None = None,
         sharding_strategy: ShardingStrategy = ShardingStrategy.DEFAULT,
@@ -196,6 +206,7 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
         strategy = resolve_strategy(call.sharding_strategy)
         hook = adapt_all_reduce(call.custom_all_reduce)
         note_ignored(call)
+        call.plan_store = as_plan_store(call.plan_store)
         sharders = list(call.sharders) if call.sharders is not None else default_sharders()
         validation.check_shardable(module, sharders)
         validation.check_optimizers(module, sharders, resolved)
@@ -255,13 +266,18 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
         """Steps 2-6 (collective); every process group they create is released by ``close``.
         ``has_mc``: the model has managed-collision tables (``sparse2d.sync.mc``)."""
         # 2. Mesh per context: the ("replicate", "shard") DeviceMesh and its two subgroups.
-        # 3. Plan once per context for its L ranks (rank 0 plans, all receive), then remap.
+        # 3. Plan once per context for its L ranks (rank 0 plans, all receive; under the fake
+        #    backend of a dry run each rank plans alone), or load the stored plan; then remap.
         plan = ShardingPlan(plan={})
         meshes: dict[tuple[int, str], Mesh2D] = {}  # contexts of one geometry share its groups
+        report = self.construction = ConstructionReport()
+        store = call.plan_store
+        plan_pg = None if dist.get_backend(pg) == "fake" else pg
         for ctx in contexts:
             key = (ctx.sharding_group_size, ctx.replica_layout)
             if key not in meshes:
-                meshes[key] = build_mesh(world_size, *key, resolved.type, rank)
+                with report.phase("mesh"):
+                    meshes[key] = build_mesh(world_size, *key, resolved.type, rank)
             ctx.mesh = meshes[key]
             logger.info(
                 "[sparse2d] %s mesh: %d groups x %d ranks (%s)",
@@ -271,10 +287,15 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
                 ctx.replica_layout,
             )
             if ctx.plan is None:
-                ctx.plan = plan_context(
-                    ctx, contexts, module, sharders, resolved.type, pg, call.constraints,
-                    call.planner_batch_size,
-                )  # fmt: skip
+                with report.phase("plan"):
+                    made = plan_context(
+                        ctx, contexts, module, sharders, resolved.type, plan_pg, call.constraints,
+                        call.planner_batch_size, store,
+                    )  # fmt: skip
+                ctx.plan = made.plan
+                report.note_plan(ctx.name, made.cache, made.file, made.reason)
+            else:
+                report.note_plan(ctx.name, "given")
             check_fully_sharded_plan(ctx.strategy, ctx.plan)  # the same plan on every rank
             plan.plan.update(remap_plan(ctx.plan, ctx.sharding_group, resolved).plan)
         # 4. Shard: TorchRec's DMP, each module type with its context's ShardingEnv2D.
@@ -283,17 +304,18 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
         if has_mc:
             install_cpu_reset()
         self._envs_by_type = {c.module_type: sharding_env(c, pg) for c in contexts}
-        DistributedModelParallel.__init__(
-            self,
-            module,
-            env=self._envs_by_type[None],
-            device=resolved,
-            plan=plan,
-            sharders=sharders,
-            init_data_parallel=call.init_data_parallel,
-            init_parameters=call.init_parameters,
-            data_parallel_wrapper=call.data_parallel_wrapper,
-        )
+        with report.phase("shard"):
+            DistributedModelParallel.__init__(
+                self,
+                module,
+                env=self._envs_by_type[None],
+                device=resolved,
+                plan=plan,
+                sharders=sharders,
+                init_data_parallel=call.init_data_parallel,
+                init_parameters=call.init_parameters,
+                data_parallel_wrapper=call.data_parallel_wrapper,
+            )
         self._contexts = contexts
         if has_mc:
             install_cpu_insert(self)  # MP-ZCH on CPU: FBGEMM's CPU kernel only looks up
@@ -318,7 +340,8 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
         self._resources.callback(self._early.close)
         # 5. Align replicas: TorchRec seeds each group's shards independently.
         self._fully_sharded: FullyShardedEmbeddings | None = None
-        self.align_replicas()
+        with report.phase("align"):
+            self.align_replicas()
         logger.info("[sparse2d] replicas aligned over %s", contexts[0].replica_group)
         # 6. FULLY_SHARDED contexts: keep this replica's 1/G slice, free the rest.
         self._resources.callback(self.sync_policy.close)

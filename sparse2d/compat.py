@@ -83,6 +83,7 @@ class CollectionArgs:
     replica_layout: str | None = None
     planner_batch_size: int | None = None
     sync_options: Any = None
+    plan_store: Any = None
 
 
 _NAMES = frozenset(CollectionArgs.__dataclass_fields__)

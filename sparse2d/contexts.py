@@ -30,6 +30,8 @@ from sparse2d.compat import resolve_strategy
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import validate_group_size, validate_layout
 from sparse2d.planner import plan_for_group, validate_plan
+from sparse2d.planner.group_plan import GroupPlan
+from sparse2d.planner.plan_store import PlanStore
 from sparse2d.validation import resolve_node_group_size
 
 if TYPE_CHECKING:
@@ -201,13 +203,15 @@ def plan_context(
     module: nn.Module,
     sharders: list[ModuleSharder[nn.Module]],
     device_type: str,
-    pg: dist.ProcessGroup,
+    pg: dist.ProcessGroup | None,
     constraints: dict[str, ParameterConstraints] | None,
     batch_size: int | None,
-) -> ShardingPlan:
-    """The built-in planner for one context's modules and ``L`` (collective over ``pg``)."""
+    store: PlanStore | None = None,
+) -> GroupPlan:
+    """The built-in planner (or the stored plan) for one context's modules and ``L``;
+    collective over ``pg``, local to this rank with ``pg=None``."""
     if not ctx.paths:
-        return ShardingPlan(plan={})
+        return GroupPlan(ShardingPlan(plan={}))
     return plan_for_group(
         module,
         ctx.sharding_group_size,
@@ -217,6 +221,9 @@ def plan_context(
         ctx.node_group_size,
         pg,
         batch_size,
+        store=store,
+        name=ctx.name,
+        paths=ctx.paths,
     )
 
 

@@ -29,3 +29,9 @@ class FaultToleranceError(RuntimeError):
 class CollectiveCallError(RuntimeError):
     """A collective model call (e.g. a FULLY_SHARDED ``state_dict()``) reached by only some
     ranks; raised on the ranks that waited, before any collective, instead of a hang."""
+
+
+class StoredPlanError(PlanError):
+    """A stored sharding plan (``sparse2d.planner.plan_store``) that cannot be used: its file is
+    damaged, or it was passed explicitly and was made for another model, group size, topology
+    or TorchRec version. The message names the file and what differs."""

@@ -94,6 +94,9 @@ def test_sigkill_of_a_worker_restarts_and_resumes_exactly(tmp_path, world2) -> N
         identity_tables = json.load(f)["managed_collision"]
     assert sorted(identity_tables) == [f"t_{i}" for i in range(4)]
     assert {t["kind"] for t in identity_tables.values()} == {"mch"}
+    records = map(json.loads, open(tmp_path / "killed" / "metrics.jsonl"))  # the restart loads
+    starts = [r["construction"]["plan_cache"] for r in records if r["kind"] == "start"]  # its plan
+    assert (starts[0], starts[-1]) == ("miss", "hit"), starts
     for key in ("train_loss", "eval_loss"):
         torch.testing.assert_close(after[key], clean[key], rtol=0, atol=1e-6)
 

@@ -1,6 +1,7 @@
-"""Planning: sharders, plan-for-L and remapping to a group; the group-size advisor."""
+"""Planning: sharders, plan-for-L, the plan store and remapping to a group; the advisor."""
 
-from sparse2d.planner.group_plan import plan_for_group, remap_plan, validate_plan
+from sparse2d.planner.group_plan import GroupPlan, plan_for_group, remap_plan, validate_plan
+from sparse2d.planner.plan_store import PlanStore
 from sparse2d.planner.search import Advice, NoFitError, advise, recommend_group_size
 from sparse2d.planner.sharders import MODEL_PARALLEL_TYPES, default_sharders
 from sparse2d.planner.topology import PRESETS, ClusterTopology, load_topology
@@ -11,7 +12,9 @@ __all__ = [
     "PRESETS",
     "Advice",
     "ClusterTopology",
+    "GroupPlan",
     "NoFitError",
+    "PlanStore",
     "TableLoad",
     "Workload",
     "advise",

@@ -4,13 +4,17 @@ Every sharding group gets the identical plan (that is what makes its ranks
 replicas of the other groups' ranks), so planning happens once, on global rank
 0, and the result — or the planner's error — is broadcast to every rank. An
 error therefore surfaces on all ranks instead of leaving ranks 1..T-1 blocked
-in the broadcast.
+in the broadcast. With a ``PlanStore`` the plan is made once per job: a restart
+loads it (``plan_store``). Without a process group (the dry run) a rank plans
+alone.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,14 +22,32 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
 from torch.distributed.remote_device import _remote_device
-from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
 
-from sparse2d.errors import PlanError
+from sparse2d.errors import PlanError, StoredPlanError
+from sparse2d.planner.fast_planner import group_planner, spread_constraints
+from sparse2d.planner.plan_context import describe_context
+from sparse2d.planner.plan_store import PlanStore
+
+logger = logging.getLogger(__name__)
 
 # Types whose shard count is fixed by the number of ranks the plan was made for.
 _RANK_COUNT_TYPES = (ShardingType.ROW_WISE.value,)
+
+
+@dataclass(slots=True)
+class GroupPlan:
+    """A context's plan for ranks ``0..L-1`` and where it came from."""
+
+    plan: ShardingPlan
+    cache: str = "none"
+    """``hit`` (loaded from the store), ``miss`` (none stored: planned and stored), ``stale``
+    (stored for another setup: planned afresh and replaced), ``none`` (no store)."""
+    file: str | None = None
+    reason: str = ""
+    """For ``stale``: what changed since the stored plan was made."""
 
 
 def plan_for_group(
@@ -35,34 +57,91 @@ def plan_for_group(
     sharders: list[ModuleSharder[nn.Module]],
     constraints: dict[str, ParameterConstraints] | None,
     node_group_size: int,
-    pg: dist.ProcessGroup,
+    pg: dist.ProcessGroup | None,
     batch_size: int | None = None,
-) -> ShardingPlan:
-    """Plan ``module`` for ``sharding_group_size`` ranks on rank 0; every rank gets it."""
-    result: list[Any] = [None]
-    if dist.get_rank(pg) == 0:
+    *,
+    store: PlanStore | None = None,
+    name: str = "default",
+    paths: list[str] | None = None,
+) -> GroupPlan:
+    """Plan ``module`` for ``sharding_group_size`` ranks (or load the stored plan).
+
+    With a process group, rank 0 plans (or reads the store) and every rank receives the
+    result, errors included. With ``pg=None`` this rank does it alone, with no collective:
+    the dry run's path, where a fake process group moves no objects.
+    """
+
+    def obtain() -> GroupPlan | Exception:
         try:
-            result[0] = _plan_locally(
-                module,
-                sharding_group_size,
-                device_type,
-                sharders,
-                constraints,
-                node_group_size,
-                batch_size,
-            )
+            return _obtain(
+                module, sharding_group_size, device_type, sharders, constraints,
+                node_group_size, batch_size, store, name, paths,
+            )  # fmt: skip
+        except StoredPlanError as error:
+            return error
         except Exception as error:  # forwarded to every rank below
-            result[0] = PlanError(
+            return PlanError(
                 f"Planning the embedding tables for a sharding group of {sharding_group_size} "
                 f"ranks failed: {error}\nFixes: 1. raise sharding_group_size above "
                 f"{sharding_group_size} so each rank holds less; 2. relax or remove the "
                 f"constraints on {sorted(constraints or {})}; 3. pass a hand-made plan= for "
                 f"{sharding_group_size} ranks."
             )
-    dist.broadcast_object_list(result, src=dist.get_global_rank(pg, 0), group=pg)
+
+    if pg is None:
+        result: list[Any] = [obtain()]
+    else:
+        result = [obtain() if dist.get_rank(pg) == 0 else None]
+        dist.broadcast_object_list(result, src=dist.get_global_rank(pg, 0), group=pg)
     if isinstance(result[0], Exception):
         raise result[0]
     return result[0]
+
+
+def _obtain(
+    module: nn.Module,
+    sharding_group_size: int,
+    device_type: str,
+    sharders: list[ModuleSharder[nn.Module]],
+    constraints: dict[str, ParameterConstraints] | None,
+    node_group_size: int,
+    batch_size: int | None,
+    store: PlanStore | None,
+    name: str,
+    paths: list[str] | None,
+) -> GroupPlan:
+    args = (module, sharding_group_size, device_type, sharders, constraints, node_group_size)
+    if store is None:
+        return GroupPlan(_plan_locally(*args, batch_size))
+    context = describe_context(
+        module,
+        paths if paths is not None else [""],
+        sharders,
+        constraints,
+        sharding_group_size,
+        node_group_size,
+        device_type,
+        batch_size,
+    )
+    found = store.lookup(name, context)
+    if found.plan is not None:
+        logger.info(
+            "[sparse2d] %s plan for L=%d loaded from %s", name, sharding_group_size, found.file
+        )
+        return GroupPlan(found.plan, "hit", found.file)
+    if found.cache == "stale":
+        logger.warning(
+            "[sparse2d] stored plan %s was made for another setup (%s); planning afresh",
+            found.file,
+            found.reason,
+        )
+    plan = _plan_locally(*args, batch_size)
+    try:
+        file = store.save(name, context, plan)
+    except OSError as error:  # a read-only run dir costs the next start its planning only
+        logger.warning("[sparse2d] could not store the plan in %s: %s", found.file, error)
+        file = None
+    return GroupPlan(plan, found.cache, file, found.reason)
 
 
 def _plan_locally(
@@ -79,10 +158,8 @@ def _plan_locally(
         compute_device=device_type,
         local_world_size=node_group_size,
     )
-    kwargs: dict[str, Any] = {"topology": topology, "constraints": constraints}
-    if batch_size is not None:
-        kwargs["batch_size"] = batch_size
-    return EmbeddingShardingPlanner(**kwargs).plan(module, sharders)
+    spread = spread_constraints(module, sharding_group_size, constraints)
+    return group_planner(topology, batch_size, spread).plan(module, sharders)
 
 
 def validate_plan(plan: ShardingPlan, sharding_group_size: int) -> None:

@@ -191,6 +191,7 @@ class Loop:
             "sync_every": every,
             "pipeline": t.pipeline,
             "environment": self.environment,
+            "construction": model.construction.record(),  # sparse2d.construction (issue 32)
         }
         self.log(header)
         self._log_balance()
@@ -285,6 +286,7 @@ class Loop:
             "syncs_folded_into_ddp": model.sync_policy.folds,
             # which code and libraries made these numbers (sparse2d/environment.py)
             "environment": self.environment,
+            "construction": model.construction.record(),  # sparse2d.construction (issue 32)
         }
         if self.is_main:
             with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:

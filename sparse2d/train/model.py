@@ -101,6 +101,10 @@ def group_size(cfg: Config, device: torch.device, world: int) -> int:
 
 
 def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int) -> Any:
+    """``DMPCollection`` over the config's groups; the plan for ``L`` is stored under
+    ``RUN_DIR/plans`` and reused by restarts, relaunches, replica groups and dry runs."""
+    import os
+
     from torchrec.distributed.planner.types import ParameterConstraints
 
     from sparse2d import DMPCollection
@@ -121,4 +125,5 @@ def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int
         planner_batch_size=cfg.data.batch_size_per_rank,
         sync_options=None if fully_sharded else cfg.parallel.sync.options(),
         sharding_strategy=cfg.parallel.strategy(),
+        plan_store=os.path.join(cfg.run_dir, "plans"),
     )

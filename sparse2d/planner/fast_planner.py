@@ -1,0 +1,133 @@
+"""TorchRec's planner, configured to plan one 2D sharding group in seconds at ``L=256``.
+
+``EmbeddingShardingPlanner``'s defaults run four proposers (grid search, two greedy walks,
+uniform) that together make hundreds of proposals for a group of 64 ranks and 64 tables;
+its ``GreedyPerfPartitioner`` deep-copies every proposal and, for table-row-wise and grid
+options, the whole device list per option. At 1,024 ranks (``L=64``) that was ~40-60 s of
+one core, at 4,096 (``L=256``, 128 tables) ~395 s. The proposals that decide the plan are
+few: each table's fastest option (``GreedyProposer``'s first proposal, by the deepest shard
+and by the sum over shards) and one plan per sharding type (``UniformProposer``). The greedy
+walks stop once their plans stop improving (``threshold=1``) instead of walking every
+option; while proposals do not fit memory they keep walking as before, so a model that
+only fits with its larger tables row-wise still gets that plan. The grid-search proposer
+is dropped. Planning statistics (a large table logged per plan) are off.
+
+Past the proposals, the enumerator's estimates dominate (at ``L=256`` TorchRec's estimator
+ran 66k times, once per shard of every option of every table, ~140 s of one core).
+Identical tables (shape, dtype, features, constraints, optimizer) get identical estimates,
+so ``SharedEstimateEnumerator`` estimates one table of each kind and copies its shards'
+perf and storage to the others (``tests/test_planner_fast.py`` checks the copies equal
+TorchRec's own estimates).
+
+With fewer tables than ranks (128 tables on a group of 256), every option TorchRec offers
+a 32-wide table is one shard (its column-wise shards are at least 128 wide by default), so
+half the group holds a table and half holds nothing: twice total / L bytes on the busy
+ranks, and a replica sync as long as theirs. ``spread_constraints`` lets such tables split
+into narrower column shards (``min_partition``), enough for every rank to get one; TorchRec's
+own perf model then rates the column-wise plan faster than the table-wise one (half the
+lookup work per rank) and picks it. Tables the caller constrained are left as given.
+
+The plan is still TorchRec's: same enumerator, estimators, storage reservation,
+partitioner and perf rating; only fewer candidates are rated. ``tests/test_planner_fast.py``
+checks its per-rank perf and memory balance against TorchRec's defaults.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch.nn as nn
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.constants import BATCH_SIZE
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.proposers import GreedyProposer, UniformProposer
+from torchrec.distributed.planner.stats import NoopEmbeddingStats
+from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption
+
+
+class SharedEstimateEnumerator(EmbeddingEnumerator):
+    """TorchRec's ``EmbeddingEnumerator`` estimating each kind of table once."""
+
+    def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:
+        first: dict[tuple[Any, ...], ShardingOption] = {}
+        copies: list[tuple[ShardingOption, ShardingOption]] = []
+        for option in sharding_options:
+            key = self._kind(option)
+            if key in first:
+                copies.append((option, first[key]))
+            else:
+                first[key] = option
+        super().populate_estimates(list(first.values()))
+        for option, source in copies:
+            for shard, done in zip(option.shards, source.shards, strict=True):
+                shard.perf = copy.copy(done.perf)
+                shard.storage = copy.copy(done.storage)
+
+    def _kind(self, o: ShardingOption) -> tuple[Any, ...]:
+        """Everything TorchRec's estimators read of one option, except the table's name."""
+        tensor = o.tensor
+        return (
+            id(o.module[1]),
+            tuple(tensor.shape),
+            tensor.dtype,
+            repr(getattr(tensor, "_optimizer_classes", None)),
+            repr(getattr(tensor, "_optimizer_kwargs", None)),
+            o.sharding_type,
+            o.compute_kernel,
+            tuple(o.input_lengths),
+            o.batch_size,
+            o.is_pooled,
+            len(o.feature_names or []) if o.feature_names is not None else None,
+            repr((o.cache_params, o.enforce_hbm, o.stochastic_rounding, o.bounds_check_mode)),
+            repr((o.output_dtype, o.key_value_params, o.dependency)),
+            tuple((tuple(s.size), tuple(s.offset)) for s in o.shards),
+            repr((self._constraints or {}).get(o.name)),
+        )
+
+
+def group_planner(
+    topology: Topology,
+    batch_size: int | None,
+    constraints: dict[str, ParameterConstraints] | None,
+) -> EmbeddingShardingPlanner:
+    """The planner ``DMPCollection`` uses for one sharding group of ``topology.world_size``."""
+    batch = batch_size if batch_size is not None else BATCH_SIZE
+    return EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=batch,
+        enumerator=SharedEstimateEnumerator(topology, batch, constraints),
+        constraints=constraints,
+        proposer=[
+            GreedyProposer(threshold=1),
+            GreedyProposer(use_depth=False, threshold=1),
+            UniformProposer(),
+        ],
+        stats=NoopEmbeddingStats(),
+        debug=False,
+    )
+
+
+def spread_constraints(
+    module: nn.Module, group_size: int, constraints: dict[str, ParameterConstraints] | None
+) -> dict[str, ParameterConstraints] | None:
+    """``constraints`` plus, when the module has fewer tables than ``group_size`` ranks, a
+    ``min_partition`` for each unconstrained table narrow enough that its column shards can
+    cover the group (widths stay multiples of 4, FBGEMM's alignment)."""
+    dims: dict[str, int] = {}
+    for sub in module.modules():
+        for name in ("embedding_bag_configs", "embedding_configs"):
+            getter = getattr(sub, name, None)
+            if callable(getter):
+                dims.update({c.name: c.embedding_dim for c in getter()})
+                break
+    if not dims or len(dims) >= group_size:
+        return constraints
+    pieces = math.ceil(group_size / len(dims))
+    out = dict(constraints or {})
+    for table, dim in dims.items():
+        width = max(4, dim // pieces // 4 * 4)
+        if table not in out and width < dim and dim % width == 0:
+            out[table] = ParameterConstraints(min_partition=width)
+    return out

@@ -1,0 +1,145 @@
+"""``sparse2d dryrun``: one rank of an ``N``-rank training job, built on this machine.
+
+``sparse2d dryrun --config C --world-size N [--rank r] [--local-world-size K] [--out FILE]
+[--no-step] [dotted.key=value ...]`` builds the trainer's real model and ``DMPCollection``
+for rank ``r`` of ``N`` on torch's fake process group (``sparse2d.dryrun``) and prints one
+JSON object (also written to ``--out``, default ``RUN_DIR/dryrun/rank<r>_of_<N>.json``):
+the rank's embedding and optimizer-state bytes, its shards, sharding and replica groups,
+the process groups built, seconds per construction phase, the plan's source, and whether
+one forward and backward ran through the fake collectives (their outputs carry no data:
+this checks shapes and code paths, not numbers). The plan goes through the same plan
+store as a launch of that config (``RUN_DIR/plans``), so a dry run before a launch saves
+the launch its planning. A bad config, group size or plan exits 1 with the one-line error
+a launch would print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import warnings
+from typing import Any
+
+from sparse2d.errors import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparse2d dryrun", description=__doc__)
+    parser.add_argument("--config", required=True, help="trainer YAML config")
+    parser.add_argument("--world-size", type=int, required=True, help="ranks in the job (N)")
+    parser.add_argument("--rank", type=int, default=0, help="the rank to build (default 0)")
+    parser.add_argument("--local-world-size", type=int, help="ranks per host (default min(N, 8))")
+    parser.add_argument("--out", help="JSON file (default RUN_DIR/dryrun/rank<r>_of_<N>.json)")
+    parser.add_argument(
+        "--no-step",
+        action="store_true",
+        help="skip the forward and backward through the fake collectives",
+    )
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
+    return parser
+
+
+def _local_ddp_hooks(model: Any) -> None:
+    """DDP's default gradient all-reduce hook fails under the fake backend (its future holds
+    no tensor); a hook returning the bucket as is moves no data either, like the fake group."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    def keep(_, bucket):  # type: ignore[no-untyped-def]  # DDP checks unannotated or real types
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    for module in model.modules():
+        if isinstance(module, DistributedDataParallel):
+            module.register_comm_hook(None, keep)
+
+
+def _try_step(cfg: Any, model: Any, device: Any, rank: int, world: int) -> dict[str, Any]:
+    """One forward and backward of a real batch through the fake collectives, in a forked
+    child: their outputs are uninitialized memory (the fake backend moves no data), and ids
+    or lengths read from it can crash FBGEMM's kernels, which must not take the report down."""
+    from sparse2d.train.data import DataSource
+
+    batch = DataSource(cfg, rank, world).train(0)[0].to(device)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, say how it went, exit without cleanup
+        os.close(read)
+        said = "forward: "
+        try:
+            _local_ddp_hooks(model)
+            loss, _ = model(batch)
+            said = "backward: "
+            loss.backward()
+            said = "ok"
+        except BaseException as error:  # noqa: BLE001 (reported to the parent)
+            said += f"{type(error).__name__}: {error}"[:500]
+        os.write(write, said.encode("utf-8", "replace"))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        said = f.read().decode("utf-8", "replace")
+    _, status = os.waitpid(pid, 0)
+    if said == "ok" and os.WIFEXITED(status):
+        return {"ran": True, "forward": True}
+    if not said:
+        said = f"the step's process died (status {status}): fake collectives carry no data"
+    return {"ran": False, "forward": said.startswith("backward: "), "error": said}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the rank and describe it (raises the launch's errors)."""
+    import torch.distributed as dist
+
+    from sparse2d.dryrun import init_fake_world, rank_report
+    from sparse2d.resources import GroupRecorder
+    from sparse2d.train.config import load_config
+    from sparse2d.train.model import build_model, resolve_device, shard
+
+    cfg = load_config(args.config, args.overrides)
+    local = args.local_world_size or min(args.world_size, 8)
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size {args.world_size} must be >= 1.")
+    cfg.check_runtime(args.world_size, local)
+    device = resolve_device(cfg)
+    init_fake_world(args.rank, args.world_size, local)
+    recorder = GroupRecorder()
+    with recorder.recording():
+        model = shard(cfg, build_model(cfg, device), device, args.world_size)
+    report = rank_report(model, recorder.groups)
+    report["config"] = args.config
+    report["run_dir"] = cfg.run_dir
+    report["total_embedding_bytes"] = sum(4 * t.rows * t.dim for t in cfg.model.specs())
+    if not args.no_step:
+        report["forward_backward"] = _try_step(cfg, model, device, args.rank, args.world_size)
+    dist.destroy_process_group()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    warnings.filterwarnings("ignore")
+    for name in ("torchrec", "torch.fx", "fbgemm_gpu"):  # planner/tracing chatter, as a launch
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        report = run(args)
+    except ConfigError as error:  # PlanError, StoredPlanError too: the launch's one line
+        line = f"{type(error).__name__}: {error}".replace("\n", " ")
+        print(f"sparse2d dryrun: rank {args.rank}: {line}", file=sys.stderr)
+        return 1
+    out = args.out or os.path.join(
+        report["run_dir"], "dryrun", f"rank{args.rank}_of_{args.world_size}.json"
+    )
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

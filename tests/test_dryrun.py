@@ -1,0 +1,93 @@
+"""``sparse2d dryrun``: one rank of an N-rank job on torch's fake backend, one process per
+rank (``init_process_group`` is once per process), through the launch's plan store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sparse2d.mesh import rank_layout, replica_groups
+from sparse2d.train.config import load_config
+from tests import trainer_world
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "tiny_cpu.yaml")
+ROW_WISE = "model.tables=[{name: t, count: 8, rows: 6400, dim: 16, sharding: row_wise}]"
+
+
+def dryrun(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "sparse2d.cli", "dryrun", "--config", CONFIG, *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_first_and_last_rank_of_a_1024_rank_job(tmp_path) -> None:
+    """Rank 0 plans (and stores); rank 1023 loads that plan; each holds 1/64 of every
+    row-wise table, in its own sharding group of the intra-host layout."""
+    common = ("--world-size", "1024", f"run_dir={tmp_path}", "parallel.sharding_group_size=64",
+              ROW_WISE)  # fmt: skip
+    first = dryrun("--rank", "0", *common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    last = dryrun("--rank", "1023", "--no-step", *common)
+    assert last.returncode == 0, last.stderr[-3000:]
+    groups, replicas = rank_layout(1024, 64), replica_groups(1024, 64)
+    for rank, run in ((0, first), (1023, last)):
+        report = json.loads(run.stdout)
+        with open(tmp_path / "dryrun" / f"rank{rank}_of_1024.json") as f:
+            assert json.load(f) == report
+        assert report["sharding_group"] == next(g for g in groups if rank in g)
+        assert report["replica_group"] == next(g for g in replicas if rank in g)
+        assert report["embedding_bytes"] == report["total_embedding_bytes"] // 64 == 51_200
+        position = report["sharding_group"].index(rank)
+        assert {tuple(s["rows"]) for s in report["shards"]} == {
+            (100 * position, 100 * (position + 1))
+        }
+        assert len(report["shards"]) == 8 and report["optimizer_state_bytes"] == 8 * 100 * 4
+        assert report["process_groups"]["by_size"] == {"64": 1, "16": 1}
+        assert set(report["construction"]) >= {"plan_s", "mesh_s", "shard_s", "align_s"}
+    assert json.loads(first.stdout)["construction"]["plan_cache"] == "miss"
+    assert json.loads(last.stdout)["construction"]["plan_cache"] == "hit"
+    step = json.loads(first.stdout)["forward_backward"]  # fake collectives: may or may not run
+    assert isinstance(step["ran"], bool) and isinstance(step["forward"], bool)
+
+
+def test_bad_group_size_or_memory_fails_with_the_launchs_line(tmp_path) -> None:
+    """The launch's one-line errors: a group size that does not divide the world (the
+    config check), and tables no plan fits in memory (the planner's PlanError)."""
+    overrides = [f"run_dir={tmp_path}", "parallel.sharding_group_size=48"]
+    with pytest.raises(ValueError) as launch:
+        load_config(CONFIG, overrides).check_runtime(1024, 8)
+    run = dryrun("--world-size", "1024", "--rank", "5", *overrides)
+    assert run.returncode == 1 and run.stdout == ""
+    expected = f"sparse2d dryrun: rank 5: ConfigError: {launch.value}"
+    assert run.stderr.strip().splitlines()[-1] == expected
+    huge = "model.tables=[{name: t, count: 1, rows: 1000000000000, dim: 16}]"
+    run = dryrun("--world-size", "2", "--rank", "1", f"run_dir={tmp_path}", huge,
+                 "parallel.sharding_group_size=1")  # fmt: skip
+    assert run.returncode == 1 and run.stdout == ""
+    line = run.stderr.strip().splitlines()[-1]
+    assert line.startswith("sparse2d dryrun: rank 1: PlanError: Planning the embedding tables for")
+    assert "insufficient storage" in line
+
+
+def test_world4_dry_run_plans_what_a_gloo_launch_plans(tmp_path, world4) -> None:
+    """The plan a dry run stores is the plan the real 4-rank gloo job stored for L=2."""
+    tables = "model.tables=[{name: t, count: 6, rows: [900, 700, 500, 300, 200, 100], dim: 16}]"
+    common = ("parallel.sharding_group_size=2", tables)
+    trainer_world.train(world4, f"run_dir={tmp_path / 'real'}", "train.steps=2", "train.log_every=1",
+                        "train.eval_batches=1", *common)  # fmt: skip
+    run = dryrun("--world-size", "4", "--local-world-size", "4", "--no-step",
+                 f"run_dir={tmp_path / 'dry'}", *common)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    stored = {}
+    for name in ("real", "dry"):
+        with open(tmp_path / name / "plans" / "plan_default_L2.json") as f:
+            stored[name] = json.load(f)
+    assert stored["dry"]["plan"] == stored["real"]["plan"]
+    assert stored["dry"]["context"]["tables"] == stored["real"]["context"]["tables"]

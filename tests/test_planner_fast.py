@@ -1,0 +1,107 @@
+"""``group_planner``: TorchRec's planner with few proposals, on meta-device models with a
+Topology and no process group. Its plan is rated as well as TorchRec's default planner's
+and balances memory and lookup load as well; under tight memory it still finds a plan."""
+
+from __future__ import annotations
+
+import torch
+from torchrec import EmbeddingBagCollection
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from sparse2d.planner.fast_planner import group_planner
+from sparse2d.planner.sharders import default_sharders
+
+
+def tables(rows: list[int], dim: int = 32) -> EmbeddingBagCollection:
+    configs = [
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=dim, num_embeddings=r, feature_names=[f"f{i}"]
+        )
+        for i, r in enumerate(rows)
+    ]
+    return EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+
+
+def balance(planner: EmbeddingShardingPlanner, ranks: int) -> tuple[float, float, float]:
+    """(max per-rank perf, perf max/mean, memory max/mean) of the planner's chosen plan."""
+    perf, memory = [0.0] * ranks, [0.0] * ranks
+    for option in planner._best_plan or []:
+        for shard in option.shards:
+            perf[shard.rank] += shard.perf.total
+            memory[shard.rank] += shard.storage.ddr + shard.storage.hbm
+    return max(perf), max(perf) / (sum(perf) / ranks), max(memory) / (sum(memory) / ranks)
+
+
+def test_plan_is_rated_and_balanced_like_torchrecs_default() -> None:
+    for rows, ranks in (([10_000] * 16, 8), ([40_000, 20_000, 10_000, 5_000, 2_000, 1_000], 4)):
+        topology = Topology(world_size=ranks, compute_device="cpu", local_world_size=ranks)
+        ours = group_planner(topology, 512, None)
+        ours.plan(tables(rows), default_sharders())
+        default = EmbeddingShardingPlanner(topology=topology, batch_size=512)
+        default.plan(tables(rows), default_sharders())
+        mine, theirs = balance(ours, ranks), balance(default, ranks)
+        assert ours._num_proposals < default._num_proposals / 5, (ours._num_proposals,)
+        assert mine[0] <= theirs[0] * 1.02, (rows, mine, theirs)  # as fast a slowest rank
+        assert mine[1] <= theirs[1] * 1.05 and mine[2] <= theirs[2] * 1.05, (rows, mine, theirs)
+
+
+def test_a_table_too_big_for_one_rank_is_split() -> None:
+    """The greedy walks go on while proposals do not fit: one 200k x 32 table (25.6 MB of
+    weights) on ranks of 16 MB cannot stay whole."""
+    topology = Topology(world_size=4, compute_device="cpu", local_world_size=4, ddr_cap=16 * 2**20)
+    plan = group_planner(topology, 64, None).plan(
+        tables([200_000, 1_000, 1_000]), default_sharders()
+    )
+    big = plan.plan[""]["t0"]
+    assert big.sharding_type != "table_wise" and len(set(big.ranks)) > 1, big
+
+
+def test_shared_estimates_equal_torchrecs_own() -> None:
+    """Identical tables share one estimate; differing ones (rows, dim, pooling constraint)
+    are estimated apart: every shard's perf and storage equals TorchRec's enumerator's."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    from sparse2d.planner.fast_planner import SharedEstimateEnumerator
+
+    module = tables([5_000, 5_000, 5_000, 8_000, 5_000])
+    constraints = {"t4": ParameterConstraints(pooling_factors=[7.0])}
+    topology = Topology(world_size=4, compute_device="cpu", local_world_size=2)
+    ours = SharedEstimateEnumerator(topology, 256, constraints).enumerate(
+        module, default_sharders()
+    )
+    theirs = EmbeddingEnumerator(topology, 256, constraints).enumerate(module, default_sharders())
+    assert len(ours) == len(theirs) > 5
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert (mine.name, mine.sharding_type) == (reference.name, reference.sharding_type)
+        for a, b in zip(mine.shards, reference.shards, strict=True):
+            assert (a.perf, a.storage) == (b.perf, b.storage), (mine.name, mine.sharding_type)
+
+
+def test_fewer_tables_than_ranks_spread_over_every_rank() -> None:
+    """4 tables of dim 32 on 8 ranks: column shards of 16 give every rank one (TorchRec's
+    planner alone leaves half the ranks empty) and rate at least as fast."""
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    from sparse2d.planner.fast_planner import spread_constraints
+
+    module = tables([50_000] * 4)
+    spread = spread_constraints(
+        module, 8, {"t3": ParameterConstraints(sharding_types=["row_wise"])}
+    )
+    assert (
+        spread["t0"] == ParameterConstraints(min_partition=16)
+        and spread["t3"].min_partition is None
+    )
+    assert spread_constraints(module, 4, None) is None  # as many tables as ranks: as given
+    topology = Topology(world_size=8, compute_device="cpu", local_world_size=8)
+    plain = group_planner(topology, 512, None)
+    plain.plan(module, default_sharders())
+    spread = spread_constraints(module, 8, None)
+    planner = group_planner(topology, 512, spread)
+    plan = planner.plan(module, default_sharders())
+    assert {s.sharding_type for s in plan.plan[""].values()} == {"column_wise"}
+    assert sorted(r for s in plan.plan[""].values() for r in s.ranks) == list(range(8))
+    mine, before = balance(planner, 8), balance(plain, 8)
+    assert mine[2] == 1.0 and before[2] == 2.0 and mine[0] <= before[0]
