@@ -13,6 +13,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from sparse2d.environment import environment, one_line
+from sparse2d.train.auto_trial import log_trial
 from sparse2d.train.config import Config, dump_yaml
 from sparse2d.train.data import DataSource
 from sparse2d.train.failure import gather_peers
@@ -193,6 +194,7 @@ class Loop:
             "environment": self.environment,
         }
         self.log(header)
+        trial = log_trial(model, self.log, self.is_main)  # measured auto: its table and record
         self._log_balance()
         bar = tqdm(
             total=steps, initial=self.start_step, disable=not self._show_bar(),
@@ -285,6 +287,7 @@ class Loop:
             "syncs_folded_into_ddp": model.sync_policy.folds,
             # which code and libraries made these numbers (sparse2d/environment.py)
             "environment": self.environment,
+            **trial,
         }
         if self.is_main:
             with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:

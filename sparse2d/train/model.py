@@ -83,24 +83,23 @@ def dense_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimize
     return torch.optim.Adagrad(params, lr=d.lr, eps=d.eps)
 
 
-def group_size(cfg: Config, device: torch.device, world: int) -> int:
-    """``L``; for ``auto`` the advisor's pick from the config's own workload (rank 0 decides)."""
-    size = cfg.group_size(world)
-    if size != "auto":
-        return int(size)
-    import torch.distributed as dist
-
-    from sparse2d.planner.auto import decide_on_rank0, topology_for_device
-    from sparse2d.planner.search import recommend_group_size
-    from sparse2d.train.plan import workload_from_config
-
-    topology = topology_for_device(device, world)
-    return decide_on_rank0(
-        lambda: recommend_group_size(workload_from_config(cfg), topology), dist.group.WORLD
-    )
-
-
 def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int) -> Any:
+    """``module`` sharded at the config's ``L``; for ``auto`` the measured trial's pick
+    (``sparse2d.train.auto_trial``), its report kept as ``model.trial_report``."""
+    from sparse2d.train.auto_trial import resolve_group_size
+
+    def candidate(size: int) -> tuple[Any, torch.optim.Optimizer]:
+        model = shard_at(cfg, build_model(cfg, device), device, size)
+        return model, dense_optimizer(cfg, model)
+
+    size, report = resolve_group_size(cfg, device, world, candidate)
+    model = shard_at(cfg, module, device, size)
+    model.trial_report = report
+    return model
+
+
+def shard_at(cfg: Config, module: torch.nn.Module, device: torch.device, size: int) -> Any:
+    """``module`` as a ``DMPCollection`` with sharding groups of ``size`` ranks."""
     from torchrec.distributed.planner.types import ParameterConstraints
 
     from sparse2d import DMPCollection
@@ -113,7 +112,7 @@ def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int
     fully_sharded = cfg.parallel.sharding_strategy == "fully_sharded"
     return DMPCollection(
         module,
-        group_size(cfg, device, world),
+        size,
         device=device,
         constraints=constraints or None,
         replica_layout=cfg.parallel.replica_layout,
