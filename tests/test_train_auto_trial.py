@@ -110,3 +110,25 @@ def test_auto_trains_at_the_measured_best_bit_identical_to_explicit(world4, tmp_
         assert "\n" not in message and message.startswith("auto: every sharding group size")
         for L in (1, 2, 4):
             assert f"L={L}: ConfigError: node_group_size=3 must divide" in message, message
+
+
+def test_plan_measure_runs_the_trial_on_a_launched_job(tmp_path) -> None:
+    """``sparse2d plan --measure`` under torchrun: the table and one JSON line, no training."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "sparse2d.cli", "plan", "--config", "configs/tiny_cpu.yaml", "--measure",
+        "parallel.auto.margin=100", "parallel.auto.warmup_steps=1", "parallel.auto.timed_steps=1",
+        f"run_dir={tmp_path}",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run(cmd, cwd=trainer_world.ROOT, env=env, capture_output=True, text=True,
+                         timeout=300, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "auto sharding_group_size trial (2 candidates" in run.stdout, run.stdout
+    report = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("{")))
+    assert sorted(c["sharding_group_size"] for c in report["candidates"]) == [1, 2]
+    assert report["chosen"] in (1, 2) and not (tmp_path / "summary.json").exists()

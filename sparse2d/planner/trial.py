@@ -95,6 +95,8 @@ class TrialResult:
     predicted_s: float
     measured_s: float | None = None
     error: str | None = None
+    seconds: float = 0.0
+    """This candidate's share of the trial: build, steps and close, on this rank."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +104,7 @@ class TrialResult:
             "predicted_step_s": self.predicted_s,
             "measured_step_s": self.measured_s,
             "error": self.error,
+            "seconds": self.seconds,
         }
 
 
@@ -120,7 +123,7 @@ class TrialReport:
             f"auto sharding_group_size trial ({len(self.results)} candidates, "
             f"{self.options.warmup_steps}+{self.options.timed_steps} steps each, "
             f"{self.seconds:.1f} s):",
-            f"{'L':>6} {'predicted':>11} {'measured':>11}  note",
+            f"{'L':>6} {'predicted':>11} {'measured':>11} {'trial':>8}  note",
         ]
         for r in self.results:
             measured = f"{r.measured_s * 1e3:9.2f}ms" if r.measured_s is not None else "-".rjust(11)
@@ -129,7 +132,8 @@ class TrialReport:
                 other = "" if self.chosen == self.model_pick else f" (model: L={self.model_pick})"
                 note = "<- chosen" + other
             lines.append(
-                f"{r.sharding_group_size:>6} {r.predicted_s * 1e3:9.2f}ms {measured}  {note}"
+                f"{r.sharding_group_size:>6} {r.predicted_s * 1e3:9.2f}ms {measured} "
+                f"{r.seconds:7.1f}s  {note}"
             )
         return "\n".join(lines)
 
@@ -232,11 +236,14 @@ def measure_group_sizes(
     begin = time.perf_counter()
     results = []
     for group_size, predicted in candidates:
+        start = time.perf_counter()
         measured, error = _one(build, step, group_size, options, close)
         failed, slowest = _agree(measured, pg)
         if failed and error is None:
             error = "failed on another rank"
-        result = TrialResult(group_size, predicted, None if failed else slowest, error)
+        result = TrialResult(
+            group_size, predicted, None if failed else slowest, error, time.perf_counter() - start
+        )
         if error is not None:
             logger.warning("[sparse2d] auto trial: L=%d skipped (%s)", group_size, error)
         results.append(result)

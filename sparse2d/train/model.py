@@ -88,14 +88,36 @@ def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int
     (``sparse2d.train.auto_trial``), its report kept as ``model.trial_report``."""
     from sparse2d.train.auto_trial import resolve_group_size
 
+    size, report = resolve_group_size(cfg, device, world, _candidate_builder(cfg, device))
+    model = shard_at(cfg, module, device, size)
+    model.trial_report = report
+    return model
+
+
+def _candidate_builder(cfg: Config, device: torch.device) -> Any:
+    """``L`` -> (model, dense optimizer), built exactly as the trainer builds them."""
+
     def candidate(size: int) -> tuple[Any, torch.optim.Optimizer]:
         model = shard_at(cfg, build_model(cfg, device), device, size)
         return model, dense_optimizer(cfg, model)
 
-    size, report = resolve_group_size(cfg, device, world, candidate)
-    model = shard_at(cfg, module, device, size)
-    model.trial_report = report
-    return model
+    return candidate
+
+
+def measure_only(cfg: Config, device: torch.device, world: int) -> Any:
+    """``--measure``: the measured ``auto`` trial on this launched job, no training; its
+    report (rank 0 prints the table). ``parallel.sharding_group_size`` is taken as ``auto``."""
+    import dataclasses
+
+    from sparse2d.errors import ConfigError
+    from sparse2d.train.auto_trial import resolve_group_size
+
+    if cfg.parallel.auto.candidates == 0:
+        raise ConfigError("--measure with parallel.auto.candidates=0 measures nothing: set >= 1.")
+    parallel = dataclasses.replace(cfg.parallel, sharding_group_size="auto")
+    cfg = dataclasses.replace(cfg, parallel=parallel)
+    _, report = resolve_group_size(cfg, device, world, _candidate_builder(cfg, device))
+    return report
 
 
 def shard_at(cfg: Config, module: torch.nn.Module, device: torch.device, size: int) -> Any:
