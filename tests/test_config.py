@@ -34,23 +34,25 @@ def test_overrides_parse_yaml_values() -> None:
             "train.steps=7",
             "optimizer.sparse.lr=1e-3",  # PyYAML reads this as a string; accepted for floats
             "parallel.sharding_group_size=null",
-            "model.tables.0.rows=[5, 5, 5, 5, 5, 5, 5, 5]",
+            "model.tables.0.rows=[5, 5, 5, 5, 5, 5]",
             "parallel.sync={every: 3, include_optimizer_state: false}",
         ],
     )
     assert cfg.train.steps == 7
     assert cfg.optimizer.sparse.lr == pytest.approx(1e-3)
     assert cfg.parallel.sharding_group_size is None and cfg.group_size(8) == 8
-    assert [t.rows for t in cfg.model.specs()] == [5] * 8
+    assert [t.rows for t in cfg.model.specs()] == [5] * 6
     assert cfg.parallel.sync.every == 3 and not cfg.parallel.sync.include_optimizer_state
 
 
 def test_table_count_expands_names_and_features() -> None:
     cfg = load_config(TINY)
     specs = cfg.model.specs()
-    assert [t.name for t in specs] == [f"t_{i}" for i in range(8)]
-    assert cfg.model.feature_names == [f"t_{i}" for i in range(8)]
-    assert specs[0].rows == 2000 and specs[-1].rows == 100
+    assert [t.name for t in specs] == [f"t_{i}" for i in range(6)]
+    assert cfg.model.feature_names == [f"t_{i}" for i in range(6)]
+    assert [t.rows for t in specs] == [10_000] * 6
+    listed = load_config(TINY, ["model.tables=[{name: t, count: 2, rows: [5, 7], dim: 16}]"])
+    assert [t.rows for t in listed.model.specs()] == [5, 7]
 
 
 @pytest.mark.parametrize(
@@ -73,7 +75,7 @@ def test_table_count_expands_names_and_features() -> None:
         ),
         (["model.tables.0.dim=8"], "model.dense_arch=[32, 16] must end in the tables' dim 8"),
         (["model.over_arch=[4, 2]"], "model.over_arch=[4, 2] must end in 1"),
-        (["model.tables.0.rows=[1, 2]"], "model.tables[0].rows=[1, 2] has 2 entries but count=8"),
+        (["model.tables.0.rows=[1, 2]"], "model.tables[0].rows=[1, 2] has 2 entries but count=6"),
         (["parallel.sync.every=0"], "parallel.sync.every=0 must be > 0"),
         (["parallel.sync.compression=fp8"], "parallel.sync.compression='fp8' must be one of"),
         (["data.source=criteo"], "data.criteo.train_files=[] is empty"),

@@ -129,16 +129,24 @@ def auto_group_size(
 
 def decide_on_rank0(decide: Callable[[], int], pg: dist.ProcessGroup) -> int:
     """Run ``decide`` on rank 0 of ``pg``; every rank returns its answer or raises its error."""
+    group_size = int(share_from_rank0(decide, pg))
+    logger.info("[sparse2d] auto sharding_group_size=%d", group_size)
+    return group_size
+
+
+def share_from_rank0(compute: Callable[[], Any], pg: dist.ProcessGroup | None) -> Any:
+    """``compute()`` on rank 0 of ``pg`` (picklable), broadcast; its error raised on every rank."""
     import torch.distributed as dist
 
     result: list[Any] = [None]
     if dist.get_rank(pg) == 0:
         try:
-            result[0] = decide()
-            logger.info("[sparse2d] auto sharding_group_size=%d", result[0])
+            result[0] = compute()
         except Exception as error:  # forwarded to every rank below
             result[0] = error
-    dist.broadcast_object_list(result, src=dist.get_global_rank(pg, 0), group=pg)
+    dist.broadcast_object_list(
+        result, src=dist.get_global_rank(pg or dist.group.WORLD, 0), group=pg
+    )
     if isinstance(result[0], Exception):
         raise result[0]
-    return int(result[0])
+    return result[0]

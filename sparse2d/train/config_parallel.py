@@ -56,18 +56,51 @@ class SyncConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class AutoTrialConfig:
+    """``sharding_group_size: auto``: the cost model shortlists, a short trial on the job decides.
+    Maps 1:1 onto ``sparse2d.planner.trial.TrialOptions`` (same names and meaning)."""
+
+    candidates: int = 3
+    """Most group sizes to measure (the model's best first, then those within the margin);
+    0: no trial, the model-only pick."""
+    margin: float = 0.5
+    """Measure the ``L`` whose predicted step is within ``(1 + margin)`` x the predicted best."""
+    warmup_steps: int = 2
+    """Untimed steps per candidate, on the job's first batches."""
+    timed_steps: int = 5
+    """Timed steps per candidate (same batches, following the warm-up); the median counts."""
+
+    def __post_init__(self) -> None:
+        from sparse2d.planner.trial import RANGES, out_of_range
+
+        for key in RANGES:
+            why = out_of_range(key, getattr(self, key))
+            if why is not None:
+                raise bad(key, getattr(self, key), why)
+
+    def options(self) -> Any:
+        """The ``TrialOptions`` these settings describe."""
+        from sparse2d.planner.trial import TrialOptions
+
+        return TrialOptions(**dataclasses.asdict(self))
+
+
+@dataclass(kw_only=True, slots=True)
 class ParallelConfig:
     """The 2D layout: sharding groups of ``L`` ranks, replicated ``world / L`` times."""
 
     sharding_group_size: int | Literal["auto"] | None = None
     """Ranks per sharding group ``L``; must divide the world size. null: the whole world (1D);
-    ``auto``: the group-size advisor's pick at start-up (``sparse2d plan`` shows why)."""
+    ``auto``: at start-up the advisor shortlists and a short trial on the job's first batches
+    picks the fastest (``parallel.auto``; ``sparse2d plan`` shows the model's table)."""
     replica_layout: Literal["intra_host", "inter_host"] = "intra_host"
     """``intra_host``: replicas of a shard on adjacent ranks; ``inter_host``: contiguous groups."""
     node_group_size: int | None = None
     """Ranks of one group sharing a host (table-row-wise/grid); null: from ``LOCAL_WORLD_SIZE``."""
     sync: SyncConfig = field(default_factory=SyncConfig)
     """Replica sync cadence and options (``parallel.sync.every`` is the sync interval)."""
+    auto: AutoTrialConfig = field(default_factory=AutoTrialConfig)
+    """The measured ``auto`` trial (used only with ``sharding_group_size: auto``)."""
     sharding_strategy: Literal["default", "fully_sharded"] = "default"
     """``default``: each replica holds its group's embedding shards; ``fully_sharded``: between
     steps each replica holds 1/G of them and every step averages weights and optimizer state

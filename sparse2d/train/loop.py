@@ -13,6 +13,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from sparse2d.environment import environment, one_line
+from sparse2d.train.auto_trial import log_trial
 from sparse2d.train.config import Config, dump_yaml
 from sparse2d.train.data import DataSource
 from sparse2d.train.failure import gather_peers
@@ -194,6 +195,7 @@ class Loop:
             "construction": model.construction.record(),  # sparse2d.construction (issue 32)
         }
         self.log(header)
+        trial = log_trial(model, self.log, self.is_main)  # measured auto: its table and record
         self._log_balance()
         bar = tqdm(
             total=steps, initial=self.start_step, disable=not self._show_bar(),
@@ -287,6 +289,7 @@ class Loop:
             # which code and libraries made these numbers (sparse2d/environment.py)
             "environment": self.environment,
             "construction": model.construction.record(),  # sparse2d.construction (issue 32)
+            **trial,
         }
         if self.is_main:
             with open(os.path.join(cfg.run_dir, "summary.json"), "w") as f:

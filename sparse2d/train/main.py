@@ -20,6 +20,7 @@ import socket
 import sys
 import traceback
 import warnings
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -69,6 +70,17 @@ def _report(rank: int, error: BaseException, with_traceback: bool) -> None:
     _say(rank, f"{type(error).__name__}: {error}")
 
 
+def _measure(cfg: Any, device: torch.device, world: int, rank: int) -> None:
+    import json
+
+    from sparse2d.train.model import measure_only
+
+    report = measure_only(cfg, device, world)
+    if rank == 0:
+        print(report.table(), flush=True)
+        print(json.dumps(report.as_json()), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sparse2d.train", description=__doc__)
     parser.add_argument("--config", required=True, help="YAML file (configs/*.yaml)")
@@ -77,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         "--profile",
         action="store_true",
         help="torch.profiler trace of a few steps on rank 0 into RUN_DIR/profile/",
+    )
+    parser.add_argument(
+        "--measure",
+        action="store_true",
+        help="run the measured sharding_group_size=auto trial (parallel.auto) and print its "
+        "table and JSON, without training",
     )
     args = parser.parse_args(argv)
     faulthandler.enable()  # a native abort (SIGABRT/SIGSEGV) prints every thread's stack
@@ -110,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             "nccl" if device.type == "cuda" else "gloo",
             timeout=datetime.timedelta(seconds=cfg.parallel.timeout_s),
         )
+        if args.measure:  # the auto trial alone (docs/advisor.md, measured auto)
+            _measure(cfg, device, world, rank)
+            code = 0
+            return code
         if cfg.fault_tolerance.enable:  # this world is one replica group (sparse2d.ft)
             from sparse2d.train.ft_loop import FTLoop
 

@@ -83,26 +83,47 @@ def dense_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimize
     return torch.optim.Adagrad(params, lr=d.lr, eps=d.eps)
 
 
-def group_size(cfg: Config, device: torch.device, world: int) -> int:
-    """``L``; for ``auto`` the advisor's pick from the config's own workload (rank 0 decides)."""
-    size = cfg.group_size(world)
-    if size != "auto":
-        return int(size)
-    import torch.distributed as dist
-
-    from sparse2d.planner.auto import decide_on_rank0, topology_for_device
-    from sparse2d.planner.search import recommend_group_size
-    from sparse2d.train.plan import workload_from_config
-
-    topology = topology_for_device(device, world)
-    return decide_on_rank0(
-        lambda: recommend_group_size(workload_from_config(cfg), topology), dist.group.WORLD
-    )
-
-
 def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int) -> Any:
-    """``DMPCollection`` over the config's groups; the plan for ``L`` is stored under
-    ``RUN_DIR/plans`` and reused by restarts, relaunches, replica groups and dry runs."""
+    """``module`` sharded at the config's ``L``; for ``auto`` the measured trial's pick
+    (``sparse2d.train.auto_trial``), its report kept as ``model.trial_report``."""
+    from sparse2d.train.auto_trial import resolve_group_size
+
+    size, report = resolve_group_size(cfg, device, world, _candidate_builder(cfg, device))
+    model = shard_at(cfg, module, device, size)
+    model.trial_report = report
+    return model
+
+
+def _candidate_builder(cfg: Config, device: torch.device) -> Any:
+    """``L`` -> (model, dense optimizer), built exactly as the trainer builds them."""
+
+    def candidate(size: int) -> tuple[Any, torch.optim.Optimizer]:
+        model = shard_at(cfg, build_model(cfg, device), device, size)
+        return model, dense_optimizer(cfg, model)
+
+    return candidate
+
+
+def measure_only(cfg: Config, device: torch.device, world: int) -> Any:
+    """``--measure``: the measured ``auto`` trial on this launched job, no training; its
+    report (rank 0 prints the table). ``parallel.sharding_group_size`` is taken as ``auto``."""
+    import dataclasses
+
+    from sparse2d.errors import ConfigError
+    from sparse2d.train.auto_trial import resolve_group_size
+
+    if cfg.parallel.auto.candidates == 0:
+        raise ConfigError("--measure with parallel.auto.candidates=0 measures nothing: set >= 1.")
+    parallel = dataclasses.replace(cfg.parallel, sharding_group_size="auto")
+    cfg = dataclasses.replace(cfg, parallel=parallel)
+    _, report = resolve_group_size(cfg, device, world, _candidate_builder(cfg, device))
+    return report
+
+
+def shard_at(cfg: Config, module: torch.nn.Module, device: torch.device, size: int) -> Any:
+    """``module`` as a ``DMPCollection`` with sharding groups of ``size`` ranks; the plan for
+    ``size`` is stored under ``RUN_DIR/plans`` and reused by restarts, relaunches, replica
+    groups and dry runs."""
     import os
 
     from torchrec.distributed.planner.types import ParameterConstraints
@@ -117,7 +138,7 @@ def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int
     fully_sharded = cfg.parallel.sharding_strategy == "fully_sharded"
     return DMPCollection(
         module,
-        group_size(cfg, device, world),
+        size,
         device=device,
         constraints=constraints or None,
         replica_layout=cfg.parallel.replica_layout,

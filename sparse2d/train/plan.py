@@ -1,11 +1,12 @@
 """``sparse2d plan``: the group-size advisor for a trainer config (no process group, no GPU).
 
 ``sparse2d plan --config C [--world-size N] [--topology NAME|FILE.yaml] [--set key=value]
-[--qcomm FWD[,BWD]] [--explain L] [--json] [dotted.key=value ...]`` prints the cost table over
+[--qcomm FWD[,BWD]] [--explain L] [--json] [--measure] [dotted.key=value ...]`` prints the cost table over
 every divisor ``L`` of the world size (each candidate's sharding types and terms) and the
 recommended ``parallel.sharding_group_size``; ``--explain L`` says term by term why ``L``
 loses; ``--json`` prints one object instead. Exit status 1 (with numbered fixes) when no
-``L`` fits device memory.
+``L`` fits device memory. ``--measure`` (under torchrun) runs the measured ``auto`` trial on
+the launched job instead: each shortlisted ``L`` built and timed, its table printed.
 """
 
 from __future__ import annotations
@@ -97,8 +98,18 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--explain", type=int, metavar="L", help="why this L loses, term by term")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--measure", action="store_true",
+        help="on a launched job (torchrun): the measured auto trial, no training "
+        "(= python -m sparse2d.train --config C --measure)",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
     args = parser.parse_args(argv)
+    if args.measure:  # the trainer runs it: a process group, models, batches
+        import importlib
+
+        trainer = importlib.import_module("sparse2d.train.main")  # by name, as cli.py routes
+        return int(trainer.main(["--config", args.config, "--measure", *args.overrides]))
     from sparse2d.planner.report import explain, format_table, to_json
     from sparse2d.planner.search import advise, no_fit_message
 

@@ -1,0 +1,133 @@
+"""The main job at every L: does 2D win on its own tables, as in production?
+
+``configs/tiny_cpu.yaml`` through the trainer (``torch.distributed.run``, 4 gloo CPU
+processes) at L=1 (full replication), L=2 (the shipped 2D layout) and L=4 (1D),
+``--steps`` steps per run, ``--rounds`` rounds alternating the order of L so the machine's
+load hits them alike; best and every round, and the ratios of L=2 to the other two (best
+vs best). Then one full run (1000 steps, eval as shipped) at L=2 and at L=4 for the eval
+AUC the README quotes, with the planted model's AUC and the wall time.
+
+Run: ``PYTHONPATH=. .venv/bin/python bench/main_job_layouts.py`` (~12 minutes on 2 cores).
+Writes ``bench/main_job_layouts.json`` and the ``main-job-layouts`` section of
+``bench/RESULTS.md``; prints the README sentence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_util import publish, timed
+from main_job_bench import run_trainer
+
+HERE = Path(__file__).resolve().parent
+GROUP_SIZES = (1, 2, 4)
+FULL = ["train.eval_every=250", "train.eval_batches=10"]
+"""The shipped eval settings (``run_trainer`` turns eval off for speed runs)."""
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    speed: dict[str, list[float]] = {str(L): [] for L in GROUP_SIZES}
+    loads = [os.getloadavg()[0]]
+    full: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            order = GROUP_SIZES if r % 2 == 0 else tuple(reversed(GROUP_SIZES))
+            for L in order:
+                run_dir = os.path.join(tmp, f"{r}_{L}")
+                s = run_trainer([f"parallel.sharding_group_size={L}"], args.steps, run_dir)
+                speed[str(L)].append(s["samples_per_s"])
+                print(f"round {r} L={L} {s['samples_per_s']:.0f} samples/s", flush=True)
+        loads.append(os.getloadavg()[0])
+        for L in (2, 4) if args.full else ():
+            begin = time.perf_counter()
+            s = run_trainer([f"parallel.sharding_group_size={L}", *FULL], 1000,
+                            os.path.join(tmp, f"full_{L}"))  # fmt: skip
+            full[str(L)] = {"wall_s": time.perf_counter() - begin,
+                            **{k: s.get(k) for k in ("eval_auc", "planted_auc", "samples_per_s",
+                                                     "train_loss", "eval_loss")}}  # fmt: skip
+            print(f"full L={L}", full[str(L)], flush=True)
+    return {"samples_per_s": speed, "steps": args.steps, "rounds": args.rounds,
+            "load": loads, "full": full}  # fmt: skip
+
+
+def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> str:
+    best = {L: max(v) for L, v in result["samples_per_s"].items()}
+    lines = [
+        "## Main job at every L (bench/main_job_layouts.py)",
+        "",
+        f"`configs/tiny_cpu.yaml` ({shape()}) through "
+        f"the trainer, 4 gloo CPU processes, {result['steps']} steps per run, "
+        f"{result['rounds']} rounds alternating the order of L; {args.machine}. The box is "
+        f"shared with other agents: absolute samples/s are not comparable with other "
+        f"sections, the ratios within this run are what counts. Wall {wall:.0f} s.",
+        "",
+        "| L | layout | best samples/s | every round |",
+        "|---:|---|---:|---|",
+    ]
+    names = {"1": "full replication", "2": "2D (shipped)", "4": "1D"}
+    for L, runs in result["samples_per_s"].items():
+        lines.append(
+            f"| {L} | {names[L]} | {best[L]:.0f} | {', '.join(f'{x:.0f}' for x in runs)} |"
+        )
+    lines += ["", sentence(result)]
+    return "\n".join(lines)
+
+
+def shape() -> str:
+    """The main job's tables and batch, read from the config (not restated by hand)."""
+    sys.path.insert(0, str(HERE.parent))
+    from sparse2d.train.config import load_config
+
+    cfg = load_config(str(HERE.parent / "configs" / "tiny_cpu.yaml"))
+    specs = cfg.model.specs()
+    rows = sorted({t.rows for t in specs})
+    return (
+        f"{len(specs)} tables x {'/'.join(str(r) for r in rows)} rows, dim {specs[0].dim}, "
+        f"bags of 1-{cfg.data.synthetic.ids_per_feature} ids, batch "
+        f"{cfg.data.batch_size_per_rank} per rank"
+    )
+
+
+def sentence(result: dict[str, Any]) -> str:
+    best = {L: max(v) for L, v in result["samples_per_s"].items()}
+    wins = sum(
+        r2 > max(r1, r4)
+        for r1, r2, r4 in zip(*(result["samples_per_s"][L] for L in ("1", "2", "4")), strict=True)
+    )
+    text = (
+        f"L=2 (2D) trains at {best['2'] / best['1']:.2f}x the samples/s of full replication "
+        f"(L=1) and {best['2'] / best['4']:.2f}x 1D (L=4), best of {result['rounds']} "
+        f"alternating rounds (L=2 fastest in {wins} of {result['rounds']} rounds)."
+    )
+    full = result.get("full") or {}
+    if full:
+        text += (
+            f" 1000 steps with eval: eval AUC {full['2']['eval_auc']:.4f} in 2D, "
+            f"{full['4']['eval_auc']:.4f} in 1D, {full['2']['planted_auc']:.4f} for the planted "
+            f"model ({full['2']['wall_s']:.0f} s wall for the 2D run on the loaded box)."
+        )
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-full", dest="full", action="store_false")
+    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--no-results-md", action="store_true")
+    args = parser.parse_args(argv)
+    result, wall = timed(args, measure, args)
+    publish(args, result, markdown(result, args, wall), "main_job_layouts.json",
+            "main-job-layouts")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

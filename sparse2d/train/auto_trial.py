@@ -1,0 +1,98 @@
+"""The trainer's measured ``sharding_group_size: auto`` (``parallel.auto``).
+
+The advisor ranks every divisor of the world on the config's workload (rank 0, broadcast);
+``sparse2d.planner.trial`` builds each shortlisted ``L`` exactly as the trainer would (same
+``model.init_seed``, same factory, a fresh dense optimizer), runs ``warmup + timed`` steps
+of the job's own first batches through the job's own step (plain or pipelined), and closes
+it. RNG is restored after each candidate and data is positional (``DataSource.train(step)``),
+so training then starts at the chosen ``L`` from the state an explicit ``L`` would give.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sparse2d.planner.trial import TrialReport, measure_group_sizes
+from sparse2d.train.config import Config
+
+Build = Callable[[int], tuple[Any, torch.optim.Optimizer]]
+"""``L`` -> (a fresh sharded model, its dense optimizer), built as the trainer builds them."""
+
+
+def resolve_group_size(
+    cfg: Config, device: torch.device, world: int, build: Build
+) -> tuple[int, TrialReport | None]:
+    """``L`` for this job and, for a measured ``auto``, the trial's report."""
+    size = cfg.group_size(world)
+    if size != "auto":
+        return int(size), None
+    from sparse2d.planner.auto import share_from_rank0, topology_for_device
+    from sparse2d.planner.search import NoFitError, advise, no_fit_message
+    from sparse2d.planner.trial import shortlist
+    from sparse2d.train.plan import workload_from_config
+
+    options = cfg.parallel.auto.options()
+
+    def rank_candidates() -> tuple[int, list[tuple[int, float]]]:
+        workload = workload_from_config(cfg)
+        topology = topology_for_device(device, world)
+        advice = advise(workload, topology)
+        if advice.recommended is None:
+            raise NoFitError(no_fit_message(advice, workload, topology))
+        return advice.recommended, shortlist(advice, options)
+
+    model_pick, candidates = share_from_rank0(rank_candidates, dist.group.WORLD)
+    if options.candidates == 0:
+        return model_pick, None
+    report = measure_group_sizes(
+        lambda L: _candidate(cfg, device, build, L, options.steps),
+        lambda built, i: built[1].run(i, device, built[0].maybe_sync),
+        candidates,
+        options,
+        close=_close,
+        model_pick=model_pick,
+    )
+    return report.chosen, report
+
+
+def _candidate(
+    cfg: Config, device: torch.device, build: Build, group_size: int, steps: int
+) -> tuple[Any, Any]:
+    """One candidate as the trainer builds it: model, dense optimizer, the job's step."""
+    from sparse2d.train.data import DataSource
+    from sparse2d.train.pipeline import make_steps
+
+    cache_dir = cfg.data.criteo.cache_dir or os.path.join(cfg.run_dir, "criteo_cache")
+    data = DataSource(cfg, dist.get_rank(), dist.get_world_size(), cache_dir)
+    model, optimizer = build(group_size)
+    try:
+        steps_ = make_steps(cfg.train.pipeline, model, optimizer, data, device, 0, steps)
+    except BaseException:
+        model.close()
+        raise
+    return model, steps_
+
+
+def _close(built: tuple[Any, Any]) -> None:
+    model = built[0]
+    try:
+        model.sync_policy.finish()  # land a hidden sync before the groups go
+    finally:
+        model.close()
+
+
+def log_trial(model: Any, log: Any, is_main: bool) -> dict[str, Any]:
+    """Write the trial's table (stdout) and record (``metrics.jsonl``, kind ``auto_trial``);
+    return the summary's ``auto_trial`` entry (empty without a trial)."""
+    report: TrialReport | None = getattr(model, "trial_report", None)
+    if report is None:
+        return {}
+    if is_main:
+        print(report.table(), flush=True)
+    log({"kind": "auto_trial", **report.as_json()})
+    return {"auto_trial": report.as_json()}

@@ -1,0 +1,45 @@
+"""bench/auto_bench.py and bench/main_job_layouts.py: their reports rendered from the saved runs
+(the measurements themselves spawn worlds for ~20 minutes; the trial they run is
+``sparse2d.planner.trial``, tested in tests/test_planner_trial.py and test_train_auto_trial.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import tests.bench_path  # noqa: F401  (bench/ on sys.path)
+
+# isort: split
+import auto_bench
+import main_job_layouts
+
+BENCH = Path(tests.bench_path.BENCH)
+
+
+def test_auto_report_renders_every_series_from_the_saved_run(tmp_path) -> None:
+    saved = json.loads((BENCH / "auto.json").read_text())
+    assert auto_bench.main(["--render", str(BENCH / "auto.json"), "--out", str(tmp_path),
+                            "--no-results-md"]) == 0  # fmt: skip
+    rendered = json.loads((tmp_path / "auto.json").read_text())
+    assert rendered["series"].keys() == saved["series"].keys()
+    kinds = {e["set"] for e in saved["series"].values()}
+    assert kinds == {"fit", "held-out", "new"}
+    assert sum(e["set"] == "new" for e in saved["series"].values()) == 3
+    for e in saved["series"].values():
+        ref = {int(L): v for L, v in e["reference_step_s"].items()}
+        assert e["auto_over_best"] == ref[e["auto"]] / min(ref.values())
+        assert e["trial"]["chosen"] == e["auto"] and e["shortlist"][0] == e["model_pick"]
+    shipped = auto_bench.trial_options(argparse.Namespace(warmup=None, timed=None))
+    assert (shipped.warmup_steps, shipped.timed_steps) == (2, 5)  # what the run used
+
+
+def test_main_job_layouts_sentence_is_what_the_readme_quotes() -> None:
+    saved = json.loads((BENCH / "main_job_layouts.json").read_text())
+    text = main_job_layouts.sentence(saved)
+    readme = (BENCH.parent / "README.md").read_text()
+    best = {L: max(v) for L, v in saved["samples_per_s"].items()}
+    figure = f"{best['2'] / best['1']:.2f}x the"
+    assert figure in text and figure in " ".join(readme.split())
+    assert f"{saved['full']['2']['eval_auc']:.4f} in 2D" in " ".join(readme.split())
+    assert "6 tables" in main_job_layouts.shape()

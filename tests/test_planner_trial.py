@@ -1,0 +1,170 @@
+"""``sparse2d.planner.trial``: the shortlist, the refused settings, the RNG left untouched, a
+failing candidate skipped, and every failure listed. One process (no process group: the
+agreement all-reduce is the identity); the world-4 trainer run is ``test_train_auto_trial``."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from sparse2d.errors import ConfigError
+from sparse2d.planner.auto import topology_for_device, workload_from_module
+from sparse2d.planner.search import advise
+from sparse2d.planner.trial import (
+    TrialError,
+    TrialOptions,
+    measure_group_sizes,
+    rng_preserved,
+    shortlist,
+)
+from tests.models import MIXED_TABLES, build_model, constraints_for
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("candidates", -1), ("candidates", 65), ("margin", -0.1), ("warmup_steps", -1),
+     ("timed_steps", 0), ("timed_steps", 2.5), ("candidates", True)],
+)  # fmt: skip
+def test_out_of_range_settings_are_refused_naming_the_key(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"^{key}={value!r} must be"):
+        TrialOptions(**{key: value})  # type: ignore[arg-type]
+
+
+def test_shortlist_keeps_the_model_pick_first_within_the_margin_at_most_k() -> None:
+    workload = workload_from_module(
+        build_model(MIXED_TABLES, device="meta"), 32, None, "intra_host",
+        constraints_for(MIXED_TABLES),
+    )  # fmt: skip
+    advice = advise(workload, topology_for_device(torch.device("cpu"), 8))
+    wide = shortlist(advice, TrialOptions(candidates=64, margin=100.0))
+    assert wide[0][0] == advice.recommended
+    assert sorted(L for L, _ in wide) == [c.sharding_group_size for c in advice.candidates]
+    assert [s for _, s in wide] == sorted(s for _, s in wide)
+    assert shortlist(advice, TrialOptions(candidates=2, margin=100.0)) == wide[:2]
+    best = wide[0][1]
+    tight = shortlist(advice, TrialOptions(candidates=64, margin=0.1))
+    assert tight == [(L, s) for L, s in wide if s <= best * 1.1]
+    assert shortlist(advice, TrialOptions(candidates=0)) == wide[:1]  # the model's pick
+
+
+def test_rng_is_restored_after_a_candidate_that_draws() -> None:
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    with rng_preserved():
+        torch.rand(5), random.random(), np.random.rand(3)
+    after = (torch.rand(2), random.random(), np.random.rand(1))
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    assert torch.equal(after[0], torch.rand(2)) and after[1] == random.random()
+    assert after[2].tolist() == np.random.rand(1).tolist()
+
+
+class _Model:
+    """A real module stepped by the trial; ``close`` records that the trial released it."""
+
+    def __init__(self, group_size: int, delay: float) -> None:
+        self.group_size, self.delay, self.closed = group_size, delay, False
+        self.linear = torch.nn.Linear(4, 4)  # draws from the torch RNG
+
+    def step(self, i: int) -> None:
+        time.sleep(self.delay)
+        self.linear(torch.randn(2, 4)).sum().backward()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_fastest_wins_a_failure_is_skipped_and_the_rng_is_untouched(caplog) -> None:
+    built: list[_Model] = []
+    delays = {1: 0.06, 2: 0.0, 4: 0.03}
+
+    def build(group_size: int) -> _Model:
+        if group_size == 8:
+            raise MemoryError("CPU out of memory allocating 64 GiB")
+        built.append(_Model(group_size, delays[group_size]))
+        return built[-1]
+
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    options = TrialOptions(warmup_steps=1, timed_steps=3)
+    report = measure_group_sizes(
+        build, lambda m, i: m.step(i), [(8, 0.01), (1, 0.02), (4, 0.03), (2, 0.04)], options
+    )
+    assert torch.equal(torch.get_rng_state(), before)
+    assert report.chosen == 2 and report.model_pick == 8
+    assert all(m.closed for m in built) and len(built) == 3
+    failed = report.results[0]
+    assert failed.measured_s is None and failed.error.startswith("MemoryError: CPU out of")
+    assert "L=8 skipped (MemoryError" in caplog.text
+    measured = {r.sharding_group_size: r.measured_s for r in report.results[1:]}
+    assert measured[2] < measured[4] < measured[1] and measured[1] >= 0.06
+    text = report.table()
+    assert "<- chosen (model: L=8)" in text and "failed: MemoryError" in text
+    assert report.as_json()["candidates"][3]["measured_step_s"] == measured[2]
+
+
+def test_every_candidate_failing_is_one_line_naming_each() -> None:
+    def build(group_size: int) -> _Model:
+        raise RuntimeError(f"plan for L={group_size} does not fit\n(second line)")
+
+    with pytest.raises(TrialError) as info:
+        measure_group_sizes(build, lambda m, i: None, [(1, 0.1), (2, 0.2)])
+    message = str(info.value)
+    assert "\n" not in message
+    assert "L=1: RuntimeError: plan for L=1 does not fit" in message
+    assert "L=2: RuntimeError: plan for L=2 does not fit" in message
+    with pytest.raises(TrialError, match="none fits memory"):
+        measure_group_sizes(build, lambda m, i: None, [])
+
+
+def _library_door() -> dict[str, object]:
+    """One rank: ``measured_group_size`` then the model at its pick, trained 3 steps, vs the
+    same model at that L given explicitly (trial-free): equal weights, RNG untouched."""
+    import torch.distributed as dist
+
+    from sparse2d import DMPCollection
+    from sparse2d.planner.trial import measured_group_size
+    from tests.models import make_batch, train
+    from tests.state_views import flat_state
+
+    tables = MIXED_TABLES
+    kwargs = {"device": "cpu", "constraints": constraints_for(tables)}
+
+    def step(model: DMPCollection, i: int) -> None:
+        kjt, dense, target = make_batch(tables, i, dist.get_rank())
+        ((model(kjt, dense) - target) ** 2).mean().backward()
+        model.maybe_sync(i)
+
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    options = TrialOptions(margin=100.0, warmup_steps=1, timed_steps=2)
+    report = measured_group_size(
+        lambda: build_model(tables), step, batch_size_per_rank=8, options=options, **kwargs
+    )
+    untouched = torch.equal(torch.get_rng_state(), before)
+    states = []
+    for _ in range(2):  # the chosen L built twice: after the trial, and as a fresh explicit run
+        with DMPCollection(build_model(tables), report.chosen, **kwargs) as model:
+            train(model, tables, 3)
+            states.append(flat_state(model.state_dict()))
+    model_only = measured_group_size(
+        lambda: build_model(tables), step, options=TrialOptions(candidates=0), **kwargs
+    )
+    same = all(torch.equal(v, states[1][k]) for k, v in states[0].items())
+    return {"report": report.as_json(), "untouched": untouched, "same": same,
+            "keys": len(states[0]), "model_only": model_only.as_json()}  # fmt: skip
+
+
+def test_library_door_measures_every_shortlisted_l_and_leaves_no_trace(world2) -> None:
+    results = world2.run(_library_door, timeout=600)
+    first = results[0]["report"]
+    assert [c["sharding_group_size"] for c in first["candidates"]] != []
+    assert sorted(c["sharding_group_size"] for c in first["candidates"]) == [1, 2]
+    measured = {c["sharding_group_size"]: c["measured_step_s"] for c in first["candidates"]}
+    assert first["chosen"] == min(measured, key=lambda L: (measured[L], L))
+    for r in results:
+        assert r["report"]["chosen"] == first["chosen"] and r["untouched"]
+        assert r["same"] and r["keys"] > 0
+        assert r["model_only"]["candidates"] == [] and r["model_only"]["chosen"] in (1, 2)
