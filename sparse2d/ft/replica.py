@@ -22,6 +22,7 @@ backward, before anyone knows whether the step commits. So:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import time
@@ -36,23 +37,15 @@ from sparse2d.errors import ConfigError, FaultToleranceError, SyncError
 from sparse2d.ft import state as heal_state
 from sparse2d.ft.lighthouse import check_reachable
 from sparse2d.ft.options import FTOptions
+from sparse2d.sync.channel import ManagedChannel
+from sparse2d.sync.engine import DenseEngine
+from sparse2d.sync.finite import all_finite
 from sparse2d.sync.mc.tables import sharded_mc_table_names
-from sparse2d.sync.tensors import by_dtype, live_tensors
+from sparse2d.sync.options import SyncOptions
+from sparse2d.sync.policy import SyncPolicy
 
 logger = logging.getLogger(__name__)
 START_POLL_S = 0.25
-
-
-def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
-
-
-def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
-    offset = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[offset : offset + n].view_as(t))
-        offset += n
 
 
 class FaultTolerance:
@@ -138,6 +131,36 @@ class FaultTolerance:
             replica_id=f"sparse2d_group_{options.replica_id}",
             init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
         )
+        self.channel = ManagedChannel(self.manager)
+        self.policy = self._replica_policy(model, options)
+        self.final_step: int | None = None
+        """The job's last step: its sync is forced, so every group ends averaged."""
+        self._open = False  # a quorum was formed for the step in progress
+        self._sync_error: SyncError | None = None
+        self.last_committed: bool | None = None
+        """Whether the latest ``finish_step`` committed (a pipeline's ``step()`` hides it)."""
+
+    def _replica_policy(self, model: nn.Module, options: FTOptions) -> SyncPolicy:
+        """The replica sync (``sparse2d.sync``) over torchft's managed group, installed as the
+        model's policy: ``model.sync()`` (a user's, or a TorchRec pipeline's
+        ``sync_embeddings``) averages into copies that this step's commit writes back."""
+        local = model.sync_policy
+        base = getattr(local, "options", None) or SyncOptions()
+        if local.hook is not None:
+            raise ConfigError(
+                "fault tolerance with a custom all-reduce hook: the hook takes a torch process "
+                "group, the fault-tolerant average runs over torchft's managed group; drop "
+                "custom_all_reduce"
+            )
+        sync_options = dataclasses.replace(base, every=options.sync_every, engine="dense")
+        policy = SyncPolicy(
+            self.shards, None, options.num_groups, sync_options,
+            engine=DenseEngine(self.shards, None), global_pg=dist.group.WORLD,
+            channel=self.channel,
+        )  # fmt: skip
+        local.close()  # G=1 in this world: the local policy never syncs; remove its hooks
+        model.sync_policy = policy
+        return policy
 
     # ---- heal state (torchft calls these) -------------------------------------------------
     def _capture(self) -> dict[str, Any]:
@@ -160,6 +183,7 @@ class FaultTolerance:
                 f"{self.fingerprint:x}); start every group with the same config and world size"
             )
         self._heal_bytes = heal_state.restore(self.model, self.shards, self.optimizer, state)
+        self.policy.reset()  # references (bf16 deltas, scaling) follow the healed values
         self._heal_from = int(extra["from_group"])
         self.position = int(extra["position"])
         self.slices_skipped = int(extra["slices_skipped"])
@@ -186,6 +210,8 @@ class FaultTolerance:
         together (at step 0, or from their checkpoints) train together from the start. The number of polls, not the
         clock, bounds the wait, so all ranks of a group take the same decisions.
         """
+        if self._open:  # already joined (the trainer opens the first step before a pipeline)
+            return
         start, self._heal_from = time.perf_counter(), None
         before = self.step
         self._quorum()
@@ -195,7 +221,7 @@ class FaultTolerance:
                 time.sleep(START_POLL_S)
                 self._quorum()
                 polls -= 1
-        self._started = True
+        self._started = self._open = True
         if self._heal_from is not None:
             self.heals.append({
                 "step": self.step, "from_group": self._heal_from, "from_step": before,
@@ -215,30 +241,44 @@ class FaultTolerance:
                 f"{str(error).splitlines()[0] if str(error) else ''})"
             ) from None
 
-    def _dense_grads(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    def _dense_grads(self) -> list[torch.Tensor]:
         out = []
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is None:  # keep the layout identical in every group
                     p.grad = torch.zeros_like(p)
-                out.append((p, p.grad))
+                out.append(p.grad)
         return out
 
+    def sync_embeddings(self) -> None:
+        """The replica sync of this step, into copies (``model.sync()`` does the same; a
+        second call in one step does nothing). A non-finite value found by the sync's guard
+        is remembered: the step's vote then refuses the average in every group."""
+        if self.policy.uncommitted or self._sync_error is not None:
+            return
+        try:
+            self.policy.sync_now(self.step)
+        except SyncError as error:  # this group's ranks all found it (the guard's vote)
+            self._sync_error = error
+
     def finish_step(self, force_sync: bool = False) -> bool:
-        """Average over the live groups, vote, and step the dense optimizer on commit."""
+        """Average over the live groups, vote, and step the dense optimizer on commit.
+
+        Call between the backward and the next step: the embeddings are averaged now unless
+        ``model.sync()`` already ran this step (TorchRec's pipelines call it there), the
+        dense gradients always. Returns whether the step committed."""
         m, opts = self.manager, self.options
-        sync = force_sync or (self.step + 1) % opts.sync_every == 0
-        grads = [g for _, g in self._dense_grads()]
-        embeddings = live_tensors(self.shards, weights=True, states=True) if sync else []
-        groups = by_dtype(grads + embeddings)
-        flats = {dtype: _flatten(ts) for dtype, ts in groups.items()}
-        bad_here = any(not bool(torch.isfinite(f).all()) for f in flats.values())
+        last = self.final_step is not None and self.step + 1 >= self.final_step
+        if force_sync or last or (self.step + 1) % opts.sync_every == 0:
+            self.sync_embeddings()
+        grads = self._dense_grads()
+        bad_here = self._sync_error is not None or not all(all_finite(g) for g in grads)
         control = torch.tensor(
             [float(self.fingerprint), 1.0 if bad_here else 0.0], dtype=torch.float64
         )
-        works = [m.allreduce(control)] + [m.allreduce(f) for f in flats.values()]
-        for work in works:
-            work.wait()
+        finishers = [self.channel.start_tensors([control]), self.channel.start_tensors(grads)]
+        for finish in finishers:
+            finish()
         if m.errored() is not None:
             self._drop_process_group()
         mismatch = not m.errored() and float(control[0]) != float(self.fingerprint)
@@ -256,11 +296,17 @@ class FaultTolerance:
                 f"{str(error).splitlines()[0] if str(error) else ''}"
             ) from None
         self.position += 1
+        self._open = False
+        self.last_committed = committed
+        if committed:
+            self.policy.commit()
+        else:
+            self.policy.discard()
         if bad_here:
             raise SyncError(
                 f"group {opts.replica_id} rank {dist.get_rank()}: non-finite dense gradient or "
                 "embedding value; its average was refused by every group (this group restarts "
-                "and heals from a live one)"
+                f"and heals from a live one){': ' + str(self._sync_error) if self._sync_error else ''}"
             )
         if mismatch:
             raise ConfigError(
@@ -268,9 +314,6 @@ class FaultTolerance:
                 f"{self.fingerprint:x} differs); start every group with the same config"
             )
         if committed:
-            with torch.no_grad():
-                for dtype, tensors in groups.items():
-                    _unflatten_into(flats[dtype], tensors)
             self.optimizer.step()
             self.committed += 1
             self.slices_skipped += opts.num_groups - participants

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.errors import ConfigError, SyncError
+from sparse2d.sync.channel import InWorldChannel, ReplicaChannel
 from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.compression import Bf16DeltaCompressor
 from sparse2d.sync.divergence import DivergenceSampler
@@ -26,7 +27,7 @@ from sparse2d.sync.finite import FiniteGuard, Verdict
 from sparse2d.sync.fold import Folded
 from sparse2d.sync.fold_policy import FoldingPolicy
 from sparse2d.sync.options import SyncOptions, SyncReport
-from sparse2d.sync.overlap import Pending, Reduction, start_average
+from sparse2d.sync.overlap import Pending, Reduction
 from sparse2d.sync.scaling import AccumulatorScaler
 from sparse2d.sync.tensors import ShardState, live_tensors
 
@@ -68,8 +69,13 @@ class SyncPolicy(FoldingPolicy):
         engine: SyncEngine | None = None,
         global_pg: dist.ProcessGroup | None = None,
         mc: ManagedCollisionSync | None = None,
+        channel: ReplicaChannel | None = None,
     ) -> None:
         self.options = options or SyncOptions()
+        self.channel: ReplicaChannel = channel or InWorldChannel(replica_pg)
+        """Where the averages travel (``sync.channel``): the in-world replica group, or
+        torchft's managed group, whose averages wait in copies for the step's commit."""
+        self._uncommitted: list[tuple[Pending, bool, bool]] = []  # (transfer, weights, states)
         self.shards = shards
         self.mc = mc
         """Managed-collision tables (``sync.mc``): identities merged, rows averaged by id,
@@ -194,6 +200,25 @@ class SyncPolicy(FoldingPolicy):
         tensors = self.engine.early_scan(weights=True, states=states)
         return None if tensors is None else (tensors, states)
 
+    @property
+    def uncommitted(self) -> bool:
+        """Averages of a deferred channel wait for the step's commit (``commit``/``discard``)."""
+        return bool(self._uncommitted)
+
+    def commit(self) -> None:
+        """The step committed: write the averages held in copies back into the shards."""
+        pending, self._uncommitted = self._uncommitted, []
+        for transfer, weights, states in pending:
+            transfer.complete()
+            self.engine.synced(weights=weights, states=states)
+            if states and self.scaler is not None:
+                self.scaler.apply()
+
+    def discard(self) -> None:
+        """The step failed its commit: drop the averages, every shard keeps its own values."""
+        pending, self._uncommitted = self._uncommitted, []
+        self._abandon([transfer for transfer, _, _ in pending])
+
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
         self.land()
 
@@ -273,7 +298,11 @@ class SyncPolicy(FoldingPolicy):
         built = time.perf_counter()
         # Live views may be averaged in place unless the payload must stay a private copy:
         # compression rewrites it, an overlapped transfer runs while training writes shards.
-        in_place = self.compressor is None and not any(async_op for *_, async_op in parts)
+        in_place = (
+            self.compressor is None
+            and not self.channel.deferred
+            and not any(async_op for *_, async_op in parts)
+        )
         with torch.no_grad():  # every payload before any transfer: the guard sees them all
             payloads = [
                 self.engine.payload(weights=w, states=s, in_place=in_place) for _, w, s, _ in parts
@@ -312,6 +341,9 @@ class SyncPolicy(FoldingPolicy):
             if hide:  # lands as is before the next lookup (``land``): exact
                 self.engine.synced(weights=w, states=s)
                 self._hidden.append(pending)
+                continue
+            if self.channel.deferred:  # written back by ``commit`` once the step commits
+                self._uncommitted.append((pending, w, s))
                 continue
             pending.complete()
             self.engine.synced(weights=w, states=s)
@@ -366,4 +398,4 @@ class SyncPolicy(FoldingPolicy):
     def _start(self, key: str, buffers: list[torch.Tensor], async_op: bool) -> Reduction:
         if self.compressor is not None:
             return self.compressor.start(key, buffers, self.replica_pg, self.hook, async_op)
-        return start_average(buffers, self.replica_pg, self.hook, async_op)
+        return self.channel.start(buffers, self.hook, async_op)
