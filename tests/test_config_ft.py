@@ -45,7 +45,6 @@ def test_bad_values(override: str, message: str) -> None:
         ("parallel.sync.divergence_every=5", "divergence_every=5"),
         ("parallel.sync.check_finite=false", "check_finite=False"),
         ("parallel.sync.include_optimizer_state=false", "include_optimizer_state=False"),
-        ("train.pipeline=sparse_dist", "train.pipeline='sparse_dist'"),
         ("model.managed_collision.enabled=true", "identity tables are not merged or healed"),
     ],
 )
@@ -56,6 +55,14 @@ def test_unsupported_options_are_refused_before_anything_starts(
         load_config("configs/tiny_cpu.yaml", [*FT, "parallel.sync.divergence_every=0",
                                                "parallel.sharding_group_size=null", override])  # fmt: skip
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["sparse_dist", "semi_sync"])
+def test_torchrec_pipelines_are_accepted(kind: str) -> None:
+    """The step boundaries are an optimizer wrapper (sparse2d.ft.FTOptimizer): TorchRec's
+    pipelines drive fault-tolerant steps (tests/test_ft_replica.py, tests/test_ft_launch.py)."""
+    cfg = load_config("configs/ft_tiny_cpu.yaml", [f"train.pipeline={kind}"])
+    assert cfg.train.pipeline == kind
 
 
 def test_checkpoints_and_resume_are_accepted() -> None:

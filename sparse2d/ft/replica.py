@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -68,7 +69,7 @@ class FaultTolerance:
         dense_optimizer: torch.optim.Optimizer,
         options: FTOptions,
         *,
-        config_digest: str = "",
+        config_digest: str | Mapping[str, str] = "",
         extra_state: tuple[Callable[[], dict], Callable[[dict], None]] | None = None,
     ) -> None:
         if getattr(model, "fully_sharded", None) is not None:
@@ -97,7 +98,10 @@ class FaultTolerance:
         self.model, self.optimizer, self.options = model, dense_optimizer, options
         self.shards = list(model.shard_states)
         self._extra = extra_state
-        self.fingerprint = heal_state.fingerprint(model, self.shards, config_digest)
+        self.config_keys = dict(config_digest) if isinstance(config_digest, Mapping) else {}
+        """``{dotted key: value}`` every group must agree on (a refusal names the key)."""
+        digest = json.dumps(self.config_keys, sort_keys=True) if self.config_keys else config_digest
+        self.fingerprint = heal_state.fingerprint(model, self.shards, str(digest))
         self.position = 0
         """Data position: advances on every attempted step (committed or not)."""
         self.slices_skipped = 0
@@ -169,6 +173,7 @@ class FaultTolerance:
             "slices_skipped": self.slices_skipped,
             "from_group": self.options.replica_id,
             "fingerprint": self.fingerprint,
+            "config_keys": self.config_keys,
             "rng": torch.get_rng_state(),
             "user": self._extra[0]() if self._extra else {},
         }
@@ -177,6 +182,21 @@ class FaultTolerance:
     def _restore(self, state: dict[str, Any]) -> None:
         extra = state["extra"]
         if extra["fingerprint"] != self.fingerprint:
+            theirs = extra.get("config_keys") or {}
+            keys = sorted(
+                k for k in set(theirs) | set(self.config_keys)
+                if theirs.get(k) != self.config_keys.get(k)
+            )  # fmt: skip
+            if keys:
+                named = "; ".join(
+                    f"{k}={self.config_keys.get(k, '(unset)')} here, "
+                    f"{theirs.get(k, '(unset)')} in group {extra['from_group']}"
+                    for k in keys
+                )
+                raise ConfigError(
+                    f"group {self.options.replica_id} cannot join: group {extra['from_group']} "
+                    f"runs another config: {named}; start every group with the same config"
+                )
             raise ConfigError(
                 f"group {self.options.replica_id} cannot join: group {extra['from_group']} runs "
                 f"another plan/model/config (fingerprint {extra['fingerprint']:x} != "

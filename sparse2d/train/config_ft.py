@@ -88,8 +88,4 @@ def refusals(cfg: Any) -> list[str]:
             "model.managed_collision.enabled=True (groups would average rows whose slots hold "
             "different ids: identity tables are not merged or healed across groups)"
         )
-    if cfg.train.pipeline != "none":
-        out.append(
-            f"train.pipeline={cfg.train.pipeline!r} (the commit vote sits between backward and dense step)"
-        )
     return out

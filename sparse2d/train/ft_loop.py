@@ -13,7 +13,7 @@ Everything a group writes goes to ``RUN_DIR/replica_<id>/`` (``metrics.jsonl``,
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import os
 import time
@@ -28,13 +28,24 @@ from sparse2d.train.data import DataSource
 from sparse2d.train.metrics import TrainWindow, evaluate_batches
 
 
-def config_digest(cfg: Config) -> str:
-    """What every group must agree on (not its replica id or output paths)."""
+def config_digest(cfg: Config) -> dict[str, str]:
+    """What every group must agree on, by dotted key (not its replica id or output paths): a
+    group joining with another value is refused naming the key (``FaultTolerance``)."""
     keep = {
         k: v for k, v in cfg.to_dict().items() if k in ("model", "data", "parallel", "optimizer")
     }
-    keep["steps"] = cfg.train.steps
-    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()
+    keep["train"] = {"steps": cfg.train.steps, "pipeline": cfg.train.pipeline}
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), inner)
+        else:
+            out[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+    walk("", keep)
+    return out
 
 
 class FTLoop:
@@ -104,9 +115,11 @@ class FTLoop:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        return evaluate_batches(
-            self.model, self.eval_data, self.cfg.train.eval_batches, self.device
-        )
+        steps = getattr(self, "_steps", None)
+        with steps.paused() if steps is not None else contextlib.nullcontext():
+            return evaluate_batches(
+                self.model, self.eval_data, self.cfg.train.eval_batches, self.device
+            )
 
     @property
     def checkpoint_dir(self) -> str:
@@ -177,6 +190,21 @@ class FTLoop:
             "from: start the job again"
         )
 
+    def _pipeline(self) -> Any:
+        """TorchRec's train pipeline over the fault-tolerant optimizer wrapper, reading
+        batches from the group's data position on (``train.pipeline``), or None."""
+        kind = self.cfg.train.pipeline
+        if kind == "none":
+            return None
+        from sparse2d.ft import FTOptimizer
+        from sparse2d.train.pipeline import PipelineSteps
+
+        wrapper = FTOptimizer(self.ft, expect_position=self.ft.position)
+        self._steps = PipelineSteps(
+            kind, self.model, wrapper, self.data, self.device, self.ft.position, None
+        )
+        return self._steps
+
     def run(self) -> dict[str, Any]:
         cfg, model, ft = self.cfg, self.model, self.ft
         steps, t = cfg.train.steps, cfg.train
@@ -186,11 +214,14 @@ class FTLoop:
         window, last_train = TrainWindow(), {}
         train_s, trained_samples, win_s, win_samples, win_steps = 0.0, 0, 0.0, 0, 0
         first = True
+        ft.final_step = steps  # the last step syncs whatever the cadence
+        pipeline = None
         if self.restart == 0:  # a (re)launch: the first quorum then starts from the furthest
             self._maybe_resume()  # group's checkpoint, the others heal from it
         while ft.step < steps:
             start = time.perf_counter()
-            ft.start_step()
+            if pipeline is None:  # a pipeline joins in its optimizer's zero_grad()
+                ft.start_step()
             if first:
                 # torchrun restarted this group and nobody is ahead: every group was lost.
                 if self.restart and self._maybe_resume():  # ask again with the loaded step
@@ -199,20 +230,29 @@ class FTLoop:
                     self.ft.shutdown()
                     return {}
                 first = False
+                # The pipeline is built after the first quorum: a restarted group has healed
+                # (its data position included) before the pipeline's first prefetch.
+                pipeline = self._pipeline()
             if ft.heals and ft.heals[-1].get("logged") is None:
                 ft.heals[-1]["logged"] = True
                 self.log(
                     {"kind": "heal", **{k: v for k, v in ft.heals[-1].items() if k != "logged"}}
                 )
-            self.step = step = ft.step
-            batch = self.data.train(ft.position)[0].to(self.device)
-            loss, (_, logits, labels) = model(batch)
-            loss.backward()
-            participants = ft.participants
-            committed = ft.finish_step(force_sync=step == steps - 1)
+            self.step = ft.step
+            if pipeline is None:
+                batch = self.data.train(ft.position)[0].to(self.device)
+                loss, (_, logits, labels) = model(batch)
+                loss.backward()
+                participants = ft.participants
+                committed = ft.finish_step()
+            else:  # zero_grad: quorum; step: vote and commit (sparse2d.ft.FTOptimizer)
+                logits, labels = pipeline.progress()
+                participants, committed = ft.participants, bool(ft.last_committed)
             win_s += time.perf_counter() - start
             if not committed:
-                self.log({"kind": "failed_commit", "step": step + 1, "participants": participants})
+                self.log(
+                    {"kind": "failed_commit", "step": self.step + 1, "participants": participants}
+                )
                 continue
             window.update(logits, labels)
             win_samples += participants * samples_per_group
