@@ -65,9 +65,12 @@ def workers(group: int) -> dict[int, int]:
     return found
 
 
-def launch(run_dir, groups: int, *extra: str, nproc: int = 2) -> subprocess.Popen:
+def launch(
+    run_dir, groups: int, *extra: str, nproc: int = 2, restarts: int = 2
+) -> subprocess.Popen:
     env = dict(os.environ, PYTHON=sys.executable, NGROUPS=str(groups), NPROC=str(nproc),
-               MAX_RESTARTS="2", LIGHTHOUSE_PORT=str(_free_port()), PYTHONPATH=ROOT)  # fmt: skip
+               MAX_RESTARTS=str(restarts), LIGHTHOUSE_PORT=str(_free_port()),
+               PYTHONPATH=ROOT)  # fmt: skip
     env.pop("TORCHFT_LIGHTHOUSE", None)
     return subprocess.Popen(
         ["launch/ft_local.sh", *TINY, f"run_dir={run_dir}", *extra],
@@ -138,6 +141,7 @@ def test_sigkill_in_group_1_heals_from_group_0_and_group_0_never_stops(tmp_path)
     assert g1["restart_count"] >= 1 and g1["pids"] != g0["pids"]
     late = [h for h in g1["heals"] if h["step"] > killed]
     assert late and late[-1]["from_group"] == 0 and late[-1]["bytes"] > 0, g1["heals"]
+    assert len(late) == 1, g1["heals"]  # one heal per kill (heals of every restart listed)
     assert g1["final_step"] == STEPS and g1["min_groups_in_step"] == 2
     assert g0["min_groups_in_step"] == 1
     assert g0["samples_skipped"] == g1["samples_skipped"] > 0  # group 1's missed slices
@@ -191,3 +195,31 @@ def test_relaunch_after_every_group_was_lost_resumes_from_checkpoints(tmp_path) 
     for g in (0, 1):
         assert s[g]["final_step"] == 60 and s[g]["committed_steps"] == 20, s[g]
     assert s[0]["state_digests"] == s[1]["state_digests"]
+
+
+def test_every_group_lost_without_a_checkpoint_stops_the_job_with_one_line(tmp_path) -> None:
+    """SIGKILL the worker of every group (2 x 1 rank) with no checkpoint: the restarted groups
+    find nobody ahead of step 0, so there is nothing to heal or resume from. Each stops with
+    one line instead of silently training the job again from step 0; the launcher fails."""
+    job = launch(tmp_path, 2, "train.steps=400", nproc=1, restarts=1)
+    lines, killed, done = [], set(), False
+    try:
+        for line in job.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            for g in (0, 1):
+                if g not in killed and line.startswith(f"[train] replica={g} step="):
+                    killed.add(g)
+            if killed == {0, 1} and not done:
+                for pid in [pid for g in (0, 1) for pid in workers(g).values()]:
+                    os.kill(pid, signal.SIGKILL)
+                done = True
+        job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0 and done, "".join(lines[-40:])
+    for g in (0, 1):
+        with open(tmp_path / f"replica_{g}.log") as f:
+            log = f.read()
+        assert f"FaultToleranceError: group {g}: every replica group was lost" in log, log[-3000:]
+        assert not os.path.exists(tmp_path / f"replica_{g}" / "summary.json")

@@ -48,6 +48,21 @@ def config_digest(cfg: Config) -> dict[str, str]:
     return out
 
 
+def _earlier_heals(metrics: str) -> list[dict[str, Any]]:
+    """The heal records this launch (``SPARSE2D_FT_LAUNCH_TIME``) logged before this process."""
+    launched = float(os.environ.get("SPARSE2D_FT_LAUNCH_TIME", "0"))
+    if not os.path.exists(metrics):
+        return []
+    with open(metrics) as f:
+        records = [json.loads(line) for line in f if '"kind": "heal"' in line]
+    drop = ("kind", "time")
+    return [
+        {k: v for k, v in r.items() if k not in drop}
+        for r in records
+        if r.get("time", 0) >= launched
+    ]
+
+
 class FTLoop:
     """One group's run: quorum, heal, train, vote; eval and summary at the end."""
 
@@ -65,6 +80,8 @@ class FTLoop:
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         metrics = os.path.join(self.run_dir, "metrics.jsonl")
         self.had_progress = os.path.exists(metrics) and '"kind": "train"' in open(metrics).read()
+        self.earlier_heals = _earlier_heals(metrics) if self.restart else []
+        """Heals of this group's earlier processes in this launch (a summary lists them all)."""
         if self.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
             with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
@@ -147,7 +164,7 @@ class FTLoop:
         the first quorum; after a torchrun restart, only when no live group was ahead at the
         first quorum (then every group was lost). A group that a live one can heal reads no
         storage."""
-        if self.cfg.train.resume != "auto" or self.ft.step != 0 or self.ft.heals:
+        if self.cfg.train.resume != "auto" or self.ft.step != 0 or self._healed_from_live():
             return False
         from sparse2d import checkpoint
 
@@ -171,11 +188,18 @@ class FTLoop:
                         return g
         return None
 
+    def _healed_from_live(self) -> bool:
+        """A heal from a group past step 0 (a heal at step 0 copies a group that is as fresh
+        as this one: every group restarted)."""
+        return any(h["step"] > 0 for h in self.ft.heals)
+
     def _check_not_all_lost(self) -> bool:
         """A restarted group that finds the job at step 0 with nothing to heal from while it
         had trained before: either the job finished without it (return True: stop cleanly)
         or every group was lost (nothing to resume from without checkpoints: raise)."""
-        if not (self.restart and self.had_progress and self.ft.step == 0 and not self.ft.heals):
+        if not (self.restart and self.had_progress and self.ft.step == 0):
+            return False
+        if self._healed_from_live():
             return False
         done = self._finished_by_others()
         if done is not None:
@@ -293,7 +317,8 @@ class FTLoop:
             "sync_s_per_step": None,  # the sync is inside the step (one vote, one all-reduce)
             "train_s": train_s,
             **{k: v for k, v in ft.summary().items()},
-            "heals": [{k: v for k, v in h.items() if k != "logged"} for h in ft.heals],
+            "heals": self.earlier_heals
+            + [{k: v for k, v in h.items() if k != "logged"} for h in ft.heals],
             "samples_skipped": ft.slices_skipped * samples_per_group,
             "restart_count": self.restart,
             "pids": pids,
