@@ -167,19 +167,16 @@ def test_group_with_another_config_is_refused_when_it_joins() -> None:
     assert out[(1 - group, 0)]["summary"]["final_step"] == 4
 
 
-def _refusal(which: str) -> str:
+def _refusal() -> str:
     """The error ``FaultTolerance`` raises for a model it cannot run (before connecting)."""
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from sparse2d import ConfigError, DMPCollection
     from sparse2d.ft import FaultTolerance, FTOptions
-    from tests.mc_models import build_mc_model
 
-    if which == "replicas":  # L=1 on 2 ranks: 2 replicas inside one world
-        model = DMPCollection(build_model(MIXED_TABLES), 1, device="cpu",
-                              constraints=constraints_for(MIXED_TABLES))  # fmt: skip
-    else:  # managed collision, one group of 2 (no replicas)
-        model = DMPCollection(build_mc_model(), 2, device="cpu")
+    # L=1 on 2 ranks: 2 replicas inside one world
+    model = DMPCollection(build_model(MIXED_TABLES), 1, device="cpu",
+                          constraints=constraints_for(MIXED_TABLES))  # fmt: skip
     opt = torch.optim.SGD([p for _, p in in_backward_optimizer_filter(model.named_parameters())])
     try:
         FaultTolerance(model, opt, FTOptions(replica_id=0, num_groups=2, lighthouse="http://x:1"))
@@ -191,14 +188,8 @@ def _refusal(which: str) -> str:
 
 
 def test_replicas_inside_one_world_are_refused_before_connecting(world2) -> None:
-    for text in world2.run(_refusal, "replicas"):
+    for text in world2.run(_refusal):
         assert "needs one sharding group per torchrun world" in text and "got 2 replicas" in text
-
-
-def test_managed_collision_tables_are_refused_before_connecting(world2) -> None:
-    """Groups would average MC rows slot by slot although each group maps other ids there."""
-    for text in world2.run(_refusal, "managed_collision"):
-        assert "managed-collision tables" in text and "mix different ids" in text, text
 
 
 def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str) -> dict:

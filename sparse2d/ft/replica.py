@@ -41,6 +41,7 @@ from sparse2d.ft.options import FTOptions
 from sparse2d.sync.channel import ManagedChannel
 from sparse2d.sync.engine import DenseEngine
 from sparse2d.sync.finite import all_finite
+from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.sync.mc.tables import sharded_mc_table_names
 from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.policy import SyncPolicy
@@ -77,14 +78,6 @@ class FaultTolerance:
                 "fault tolerance with sharding_strategy=FULLY_SHARDED is not supported: a group "
                 "holds only 1/G of the buffers, so no live group could heal a lost one"
             )
-        managed = sharded_mc_table_names(model)
-        if managed:
-            raise ConfigError(
-                f"fault tolerance does not merge or heal the identity tables (raw id -> row) of "
-                f"managed-collision tables {managed}: averaging their rows across groups would "
-                "mix different ids in one slot. Drop fault tolerance or the managed-collision "
-                "modules."
-            )
         contexts = getattr(model, "contexts", None) or [model]  # per-module group sizes too
         replicated = [
             getattr(c, "num_replicas", 1) for c in contexts if getattr(c, "num_replicas", 1) != 1
@@ -97,6 +90,7 @@ class FaultTolerance:
             )
         self.model, self.optimizer, self.options = model, dense_optimizer, options
         self.shards = list(model.shard_states)
+        self._has_mc = bool(sharded_mc_table_names(model))
         self._extra = extra_state
         self.config_keys = dict(config_digest) if isinstance(config_digest, Mapping) else {}
         """``{dotted key: value}`` every group must agree on (a refusal names the key)."""
@@ -157,10 +151,13 @@ class FaultTolerance:
                 "custom_all_reduce"
             )
         sync_options = dataclasses.replace(base, every=options.sync_every, engine="dense")
+        # Managed-collision tables: identities merged over the quorum by the in-world rules
+        mc = mc_sync_for(model, self.shards, None, self.channel) if self._has_mc else None
+        plain = plain_shards(self.shards, mc)
         policy = SyncPolicy(
-            self.shards, None, options.num_groups, sync_options,
-            engine=DenseEngine(self.shards, None), global_pg=dist.group.WORLD,
-            channel=self.channel,
+            plain, None, options.num_groups, sync_options,
+            engine=DenseEngine(plain, None), global_pg=dist.group.WORLD,
+            channel=self.channel, mc=mc,
         )  # fmt: skip
         local.close()  # G=1 in this world: the local policy never syncs; remove its hooks
         model.sync_policy = policy
@@ -177,7 +174,15 @@ class FaultTolerance:
             "rng": torch.get_rng_state(),
             "user": self._extra[0]() if self._extra else {},
         }
-        return heal_state.capture(self.model, self.shards, self.optimizer, extra)
+        extra["mc_iters"] = self._mc_iters()
+        return heal_state.capture(
+            self.model, self.shards, self.optimizer, extra, mc_identity_buffers(self.policy)
+        )
+
+    def _mc_iters(self) -> list[int]:
+        """The MCH modules' iteration counters (eviction ages; plain ints, not buffers)."""
+        mc = self.policy.mc if hasattr(self, "policy") else None
+        return [int(t.module._current_iter) for t in mc.tables] if mc is not None else []
 
     def _restore(self, state: dict[str, Any]) -> None:
         extra = state["extra"]
@@ -202,7 +207,12 @@ class FaultTolerance:
                 f"another plan/model/config (fingerprint {extra['fingerprint']:x} != "
                 f"{self.fingerprint:x}); start every group with the same config and world size"
             )
-        self._heal_bytes = heal_state.restore(self.model, self.shards, self.optimizer, state)
+        self._heal_bytes = heal_state.restore(
+            self.model, self.shards, self.optimizer, state, mc_identity_buffers(self.policy)
+        )
+        if self.policy.mc is not None:
+            for table, it in zip(self.policy.mc.tables, extra["mc_iters"], strict=True):
+                table.module._current_iter = it
         self.policy.reset()  # references (bf16 deltas, scaling) follow the healed values
         self._heal_from = int(extra["from_group"])
         self.position = int(extra["position"])
@@ -265,6 +275,8 @@ class FaultTolerance:
         out = []
         for group in self.optimizer.param_groups:
             for p in group["params"]:
+                if not p.is_floating_point():  # MP-ZCH identities: parameters, never trained
+                    continue
                 if p.grad is None:  # keep the layout identical in every group
                     p.grad = torch.zeros_like(p)
                 out.append(p.grad)

@@ -66,12 +66,18 @@ def digest(model: nn.Module, shards: list[ShardState]) -> str:
 
 
 def capture(
-    model: nn.Module, shards: list[ShardState], optimizer: torch.optim.Optimizer, extra: dict
+    model: nn.Module,
+    shards: list[ShardState],
+    optimizer: torch.optim.Optimizer,
+    extra: dict,
+    identities: list[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """A consistent copy of everything a peer needs to continue exactly where this rank is."""
+    """A consistent copy of everything a peer needs to continue exactly where this rank is;
+    ``identities``: managed-collision identity tables and metadata (raw id -> row)."""
     flush_caches(shards)
     with torch.no_grad():
         return {
+            "identities": [t.detach().clone() for t in identities or []],
             "embeddings": [t.clone() for t in live_tensors(shards, weights=True, states=True)],
             "iters": [k.iter.clone() for k in _kernels(shards)],
             "dense": {k: v.detach().clone() for k, v in dense_tensors(model).items()},
@@ -81,13 +87,20 @@ def capture(
 
 
 def restore(
-    model: nn.Module, shards: list[ShardState], optimizer: torch.optim.Optimizer, state: dict
+    model: nn.Module,
+    shards: list[ShardState],
+    optimizer: torch.optim.Optimizer,
+    state: dict,
+    identities: list[torch.Tensor] | None = None,
 ) -> int:
     """Load ``capture``'s output into the live buffers; return the bytes received."""
     flush_caches(shards)
     targets = live_tensors(shards, weights=True, states=True)
     nbytes = 0
     with torch.no_grad():
+        for dst, src in zip(identities or [], state["identities"], strict=True):
+            dst.copy_(src)
+            nbytes += src.numel() * src.element_size()
         for dst, src in zip(targets, state["embeddings"], strict=True):
             dst.copy_(src)
             nbytes += src.numel() * src.element_size()

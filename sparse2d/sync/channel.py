@@ -75,6 +75,20 @@ class ManagedChannel:
             return Reduction([], lambda: buffers)
         return reduction
 
+    def all_gather(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int]:
+        """Every quorum member's ``tensor`` (same shape everywhere) and this group's index,
+        as one SUM all-reduce over a zeroed slot per member (torchft's group has no
+        all-gather); the MC identity merge uses it."""
+        me = int(self.manager.participating_rank() or 0)
+        slots = torch.zeros((self.size, *tensor.shape), dtype=tensor.dtype)
+        slots[me] = tensor
+        self.sum(slots)
+        return list(slots.unbind(0)), me
+
+    def sum(self, tensor: torch.Tensor) -> None:
+        """SUM ``tensor`` in place over the quorum, blocking."""
+        self.manager.allreduce(tensor, reduce_op=dist.ReduceOp.SUM).wait()
+
     def start_tensors(self, tensors: list[torch.Tensor]) -> Callable[[], None]:
         """Start averaging ``tensors`` (any shapes) with one all-reduce per dtype, as DDP
         buckets gradients; the returned call waits and writes the averages into them.

@@ -12,6 +12,7 @@ replicas identical; overlap and delay apply to cadence syncs only.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -76,6 +77,7 @@ class SyncPolicy(FoldingPolicy):
         """Where the averages travel (``sync.channel``): the in-world replica group, or
         torchft's managed group, whose averages wait in copies for the step's commit."""
         self._uncommitted: list[tuple[Pending, bool, bool]] = []  # (transfer, weights, states)
+        self._mc_land: Callable[[], None] | None = None  # a deferred MC merge, for ``commit``
         self.shards = shards
         self.mc = mc
         """Managed-collision tables (``sync.mc``): identities merged, rows averaged by id,
@@ -203,10 +205,13 @@ class SyncPolicy(FoldingPolicy):
     @property
     def uncommitted(self) -> bool:
         """Averages of a deferred channel wait for the step's commit (``commit``/``discard``)."""
-        return bool(self._uncommitted)
+        return bool(self._uncommitted) or self._mc_land is not None
 
     def commit(self) -> None:
         """The step committed: write the averages held in copies back into the shards."""
+        land, self._mc_land = self._mc_land, None
+        if land is not None:  # merged identities and rows averaged by id
+            land()
         pending, self._uncommitted = self._uncommitted, []
         for transfer, weights, states in pending:
             transfer.complete()
@@ -216,6 +221,7 @@ class SyncPolicy(FoldingPolicy):
 
     def discard(self) -> None:
         """The step failed its commit: drop the averages, every shard keeps its own values."""
+        self._mc_land = None
         pending, self._uncommitted = self._uncommitted, []
         self._abandon([transfer for transfer, _, _ in pending])
 
@@ -371,7 +377,10 @@ class SyncPolicy(FoldingPolicy):
             if self.guard is not None:
                 tensors = live_tensors(self.mc.shards + self.shards, True, True)
                 self.guard.check(step, tensors, weights=True, states=True)
-            return self.mc.sync()
+            if not self.channel.deferred:
+                return self.mc.sync()
+            sent, self._mc_land = self.mc.prepare()
+            return sent
 
     def _begin(
         self, key: str, payload: Payload, *, states: bool, async_op: bool

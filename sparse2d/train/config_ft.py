@@ -83,9 +83,4 @@ def refusals(cfg: Any) -> list[str]:
             "parallel.sync.include_optimizer_state=False (a heal and the average carry the "
             "optimizer state; groups must agree on it)"
         )
-    if cfg.model.managed_collision.enabled:
-        out.append(
-            "model.managed_collision.enabled=True (groups would average rows whose slots hold "
-            "different ids: identity tables are not merged or healed across groups)"
-        )
     return out
