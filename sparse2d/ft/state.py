@@ -53,11 +53,15 @@ def fingerprint(model: nn.Module, shards: list[ShardState], digest: str = "") ->
     return int.from_bytes(h.digest()[:6], "big")
 
 
-def digest(model: nn.Module, shards: list[ShardState]) -> str:
-    """SHA-256 of this rank's embedding shards, fused state and dense tensors: equal digests
-    at the same rank of two groups mean bit-identical replicas."""
+def digest(
+    model: nn.Module, shards: list[ShardState], identities: list[torch.Tensor] | None = None
+) -> str:
+    """SHA-256 of this rank's embedding shards, fused state, dense tensors and managed-collision
+    identity tables: equal digests at the same rank of two groups mean bit-identical replicas."""
     flush_caches(shards)
     h = hashlib.sha256()
+    for t in identities or []:
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
     for t in live_tensors(shards, weights=True, states=True):
         h.update(t.detach().contiguous().cpu().numpy().tobytes())
     for _, t in sorted(dense_tensors(model).items()):

@@ -300,7 +300,9 @@ class FTLoop:
         pids: list[Any] = [None] * self.size
         dist.all_gather_object(pids, os.getpid())
         digests: list[Any] = [None] * self.size  # per rank: equal across groups = identical
-        dist.all_gather_object(digests, digest(model, ft.shards))
+        from sparse2d.sync.mc import mc_identity_buffers
+
+        dist.all_gather_object(digests, digest(model, ft.shards, mc_identity_buffers(ft.policy)))
         summary = {
             "steps": steps,
             "global_batch_size": self.groups * samples_per_group,
