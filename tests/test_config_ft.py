@@ -41,7 +41,6 @@ def test_bad_values(override: str, message: str) -> None:
         ("parallel.sync.overlap=true", "parallel.sync.overlap=True"),
         ("parallel.sync.compression=bf16", "parallel.sync.compression='bf16'"),
         ("parallel.sync.delayed_optimizer_state=true", "delayed_optimizer_state=True"),
-        ("parallel.sync.momentum_scaling=true", "momentum_scaling=True"),
         ("parallel.sync.divergence_every=5", "divergence_every=5"),
         ("parallel.sync.check_finite=false", "check_finite=False"),
         ("parallel.sync.include_optimizer_state=false", "include_optimizer_state=False"),

@@ -36,6 +36,9 @@ TINY = (
 )
 
 
+PIPELINE_MC = ("train.pipeline=sparse_dist", "model.managed_collision.enabled=true")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -124,8 +127,10 @@ def train_records(run_dir, group: int) -> list[dict]:
 
 
 def test_sigkill_in_group_1_heals_from_group_0_and_group_0_never_stops(tmp_path) -> None:
-    """Driven by TorchRec's TrainPipelineSparseDist (FTOptimizer's step boundaries)."""
-    lines, killed, others = run_and_kill(tmp_path / "killed", 2, 1, 1, "train.pipeline=sparse_dist")
+    """Driven by TorchRec's TrainPipelineSparseDist (FTOptimizer's step boundaries), with
+    managed-collision (MCH) tables: the digests cover identity tables, so bit-identical
+    groups hold the same identities too."""
+    lines, killed, others = run_and_kill(tmp_path / "killed", 2, 1, 1, *PIPELINE_MC)
     g0, g1 = summary(tmp_path / "killed", 0), summary(tmp_path / "killed", 1)
     # Group 0: never restarted (the same worker PIDs), never redid a committed step.
     assert g0["restart_count"] == 0 and sorted(g0["pids"]) == sorted(others[0].values())
@@ -149,7 +154,7 @@ def test_sigkill_in_group_1_heals_from_group_0_and_group_0_never_stops(tmp_path)
     assert g0["state_digests"] == g1["state_digests"]
     assert g0["eval_auc"] == g1["eval_auc"]
     # The same job uninterrupted: the kill costs at most 0.005 of eval AUC.
-    clean = launch(tmp_path / "clean", 2, "train.pipeline=sparse_dist")
+    clean = launch(tmp_path / "clean", 2, *PIPELINE_MC)
     out, _ = clean.communicate(timeout=400)
     assert clean.returncode == 0, out[-3000:]
     reference = summary(tmp_path / "clean", 0)

@@ -268,3 +268,66 @@ def test_torchrec_pipeline_drives_ft_and_equals_1d_driven_by_it(world4, kind) ->
         for name, p in ref["dense"].items():
             assert_close(got["dense"][name], p, atol=1e-5, rtol=1e-5, msg=f"{key} {name}")
             assert torch.equal(got["dense"][name], base["dense"][name]), (key, name)
+
+
+def _shard_values(model, shards) -> list[torch.Tensor]:
+    from sparse2d.sync.tensors import flush_caches, live_tensors
+
+    flush_caches(shards)
+    return [t.clone() for t in live_tensors(shards, weights=True, states=True)]
+
+
+def _ft_momentum(group: int, lighthouse: str, steps: int) -> dict:
+    """Row-wise AdaGrad with momentum scaling (c = the groups in the quorum)."""
+    from sparse2d.ft import FaultTolerance, FTOptimizer, FTOptions
+    from tests.models import adagrad_2d
+
+    model = adagrad_2d(group_size=SIZE, momentum_scaling=True)
+    opt = torch.optim.SGD([p for _, p in _dense(model)], lr=0.1)
+    options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
+                        lighthouse=lighthouse, timeout_s=20, quorum_timeout_s=60)  # fmt: skip
+    ft = FaultTolerance(model, opt, options)
+    wrapper = FTOptimizer(ft)
+    while ft.step < steps:
+        wrapper.zero_grad()
+        kjt, dense, target = make_batch(MIXED_TABLES, ft.position, dist.get_rank() * GROUPS + group)
+        ((model(kjt, dense) - target) ** 2).mean().backward()
+        wrapper.step()
+    out = {"values": _shard_values(model, ft.shards), "factor": ft.policy.scaler.factor}
+    ft.shutdown()
+    return out
+
+
+def _dense(model):
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    return in_backward_optimizer_filter(model.named_parameters())
+
+
+def _in_world_momentum(steps: int) -> dict:
+    from tests.models import adagrad_2d
+
+    model = adagrad_2d(group_size=SIZE, momentum_scaling=True)
+    opt = torch.optim.SGD([p for _, p in _dense(model)], lr=0.1)
+    for step in range(steps):
+        kjt, dense, target = make_batch(MIXED_TABLES, step, dist.get_rank())
+        ((model(kjt, dense) - target) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        model.sync()
+    return {"values": _shard_values(model, model.shard_states)}
+
+
+def test_momentum_scaling_under_ft_equals_in_world_2d(world4) -> None:
+    """The accumulators' averaged growth divided by c = 2 groups, as in-world 2D with G=2."""
+    lighthouse = start_lighthouse(min_replicas=GROUPS)
+    try:
+        out = run_groups(GROUPS, SIZE, _ft_momentum, lighthouse.address(), STEPS)
+    finally:
+        lighthouse.shutdown()
+    ref = world4.run(_in_world_momentum, STEPS)
+    for (g, r), got in out.items():
+        assert got["factor"] == GROUPS
+        expected = ref[r * GROUPS + g]["values"]
+        for a, b in zip(got["values"], expected, strict=True):
+            assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"group {g} rank {r}")

@@ -150,7 +150,17 @@ class FaultTolerance:
                 "group, the fault-tolerant average runs over torchft's managed group; drop "
                 "custom_all_reduce"
             )
-        sync_options = dataclasses.replace(base, every=options.sync_every, engine="dense")
+        later = [k for k in ("overlap", "delayed_optimizer_state") if getattr(base, k)]
+        if later or base.compression != "none":
+            raise ConfigError(
+                f"fault tolerance with sync {later or ['compression=' + base.compression]}: the "
+                "fault-tolerant average lands at the step's commit; an average landing after "
+                "a later step was not covered by that step's vote (docs/fault_tolerance.md)"
+            )
+        # hide: the average lands at the commit, which is before the next lookup anyway
+        sync_options = dataclasses.replace(
+            base, every=options.sync_every, engine="dense", hide=False
+        )
         # Managed-collision tables: identities merged over the quorum by the in-world rules
         mc = mc_sync_for(model, self.shards, None, self.channel) if self._has_mc else None
         plain = plain_shards(self.shards, mc)

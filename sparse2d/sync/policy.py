@@ -19,11 +19,12 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.errors import ConfigError, SyncError
+from sparse2d.sync.auto import make_engine
 from sparse2d.sync.channel import InWorldChannel, ReplicaChannel
 from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.compression import Bf16DeltaCompressor
 from sparse2d.sync.divergence import DivergenceSampler
-from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine
+from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine, metadata_bytes
 from sparse2d.sync.finite import FiniteGuard, Verdict
 from sparse2d.sync.fold import Folded
 from sparse2d.sync.fold_policy import FoldingPolicy
@@ -32,29 +33,11 @@ from sparse2d.sync.overlap import Pending, Reduction
 from sparse2d.sync.scaling import AccumulatorScaler
 from sparse2d.sync.tensors import ShardState, live_tensors
 
+__all__ = ["SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
+
 if TYPE_CHECKING:
     from sparse2d.sync.ddp_vote import DdpVote
     from sparse2d.sync.mc.sync import ManagedCollisionSync
-
-
-def make_engine(kind: str, shards: list[ShardState], replica_pg: dist.ProcessGroup) -> SyncEngine:
-    """``dense``: every row. ``sparse``: touched rows only, never dense. ``auto``: per sync the
-    cheaper of the two by a cost model measured over the replica group (``sync.auto``)."""
-    if kind == "dense":
-        return DenseEngine(shards, replica_pg)
-    if kind == "auto":
-        from sparse2d.sync.auto import AutoEngine
-
-        return AutoEngine(shards, replica_pg)
-    from sparse2d.sync.sparse import SparseEngine
-
-    return SparseEngine(shards, replica_pg, crossover=1.0)
-
-
-def _metadata_bytes(engine: SyncEngine) -> int:
-    """Bytes the engine spent agreeing on what to sync (the sparse engine's row union)."""
-    stats = getattr(engine, "stats", None)
-    return int(getattr(stats, "metadata_bytes", 0))
 
 
 class SyncPolicy(FoldingPolicy):
@@ -212,6 +195,8 @@ class SyncPolicy(FoldingPolicy):
         land, self._mc_land = self._mc_land, None
         if land is not None:  # merged identities and rows averaged by id
             land()
+        if self.scaler is not None:  # c = the replicas averaged: under FT, the quorum's
+            self.scaler.factor = float(getattr(self.channel, "size", self.num_replicas))
         pending, self._uncommitted = self._uncommitted, []
         for transfer, weights, states in pending:
             transfer.complete()
@@ -393,7 +378,7 @@ class SyncPolicy(FoldingPolicy):
                 self.compressor.wire_bytes(key, payload.buffers)
                 if self.compressor is not None
                 else payload.bytes
-            ) + _metadata_bytes(self.engine)
+            ) + metadata_bytes(self.engine)
             reduction = self._start(key, payload.buffers, async_op=True)
         return Pending(payload, reduction, snapshot, "states" if states else "weights"), sent
 

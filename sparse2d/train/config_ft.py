@@ -52,8 +52,9 @@ class FaultToleranceConfig:
             )
 
 
-_SYNC_FREE = ("every", "engine", "hide", "include_optimizer_state")
-"""parallel.sync keys the fault-tolerant sync honours (every) or replaces (engine, hide)."""
+_SYNC_FREE = ("every", "engine", "hide", "include_optimizer_state", "momentum_scaling")
+"""parallel.sync keys the fault-tolerant sync honours (every, momentum_scaling: c = the groups
+in the step's quorum) or replaces (engine, hide)."""
 
 
 def refusals(cfg: Any) -> list[str]:
