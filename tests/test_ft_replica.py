@@ -116,7 +116,11 @@ def _ft_fault(group: int, lighthouse: str, steps: int, fault: str) -> dict:
     opt = torch.optim.SGD(
         [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=0.1
     )
-    digest = "other config" if fault == "plan" and group == 1 else ""
+    # the trainer's form: {dotted key: value}; group 1 runs another pipeline and MC kind
+    keys = {"train.pipeline": '"none"', "model.managed_collision.kind": '"mch"', "data.seed": "0"}
+    if fault == "plan" and group == 1:
+        keys |= {"train.pipeline": '"sparse_dist"', "model.managed_collision.kind": '"zch"'}
+    digest = keys
     options = FTOptions(replica_id=group, num_groups=2, lighthouse=lighthouse, timeout_s=10,
                         quorum_timeout_s=30)  # fmt: skip
     ft = FaultTolerance(model, opt, options, config_digest=digest)
@@ -164,6 +168,8 @@ def test_group_with_another_config_is_refused_when_it_joins() -> None:
     assert len(errors) == 1, out  # the group that healed refuses; the other trains on
     ((group, text),) = errors.items()
     assert f"ConfigError: group {group} cannot join: group {1 - group} runs another" in text, text
+    assert "model.managed_collision.kind=" in text and "train.pipeline=" in text, text
+    assert "data.seed" not in text and len(text.splitlines()) == 1, text  # one line, the keys
     assert out[(1 - group, 0)]["summary"]["final_step"] == 4
 
 

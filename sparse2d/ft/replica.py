@@ -45,6 +45,7 @@ from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.sync.mc.tables import sharded_mc_table_names
 from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.policy import SyncPolicy
+from sparse2d.sync.tensors import live_tensors
 
 logger = logging.getLogger(__name__)
 START_POLL_S = 0.25
@@ -158,8 +159,12 @@ class FaultTolerance:
                 "a later step was not covered by that step's vote (docs/fault_tolerance.md)"
             )
         # hide: the average lands at the commit, which is before the next lookup anyway
+        # NaN/inf: each rank scans what it sent and its flag rides the step's control
+        # all-reduce (``finish_step``), instead of the guard's own vote over the group: a
+        # group whose flag is set fails the commit everywhere, so nothing bad lands
+        self._check_finite = base.check_finite
         sync_options = dataclasses.replace(
-            base, every=options.sync_every, engine="dense", hide=False
+            base, every=options.sync_every, engine="dense", hide=False, check_finite=False
         )
         # Managed-collision tables: identities merged over the quorum by the in-world rules
         mc = mc_sync_for(model, self.shards, None, self.channel) if self._has_mc else None
@@ -197,20 +202,12 @@ class FaultTolerance:
     def _restore(self, state: dict[str, Any]) -> None:
         extra = state["extra"]
         if extra["fingerprint"] != self.fingerprint:
-            theirs = extra.get("config_keys") or {}
-            keys = sorted(
-                k for k in set(theirs) | set(self.config_keys)
-                if theirs.get(k) != self.config_keys.get(k)
-            )  # fmt: skip
-            if keys:
-                named = "; ".join(
-                    f"{k}={self.config_keys.get(k, '(unset)')} here, "
-                    f"{theirs.get(k, '(unset)')} in group {extra['from_group']}"
-                    for k in keys
-                )
+            theirs, source = extra.get("config_keys") or {}, extra["from_group"]
+            named = heal_state.config_mismatch(self.config_keys, theirs, source)
+            if named:
                 raise ConfigError(
-                    f"group {self.options.replica_id} cannot join: group {extra['from_group']} "
-                    f"runs another config: {named}; start every group with the same config"
+                    f"group {self.options.replica_id} cannot join: group {source} runs another "
+                    f"config: {named}; start every group with the same config"
                 )
             raise ConfigError(
                 f"group {self.options.replica_id} cannot join: group {extra['from_group']} runs "
@@ -315,6 +312,8 @@ class FaultTolerance:
             self.sync_embeddings()
         grads = self._dense_grads()
         bad_here = self._sync_error is not None or not all(all_finite(g) for g in grads)
+        if self.policy.uncommitted and self._check_finite and not bad_here:  # what it sent
+            bad_here = not all(all_finite(t) for t in live_tensors(self.shards, True, True))
         control = torch.tensor(
             [float(self.fingerprint), 1.0 if bad_here else 0.0], dtype=torch.float64
         )

@@ -53,6 +53,16 @@ def fingerprint(model: nn.Module, shards: list[ShardState], digest: str = "") ->
     return int.from_bytes(h.digest()[:6], "big")
 
 
+def config_mismatch(mine: dict[str, str], theirs: dict[str, str], group: int) -> str:
+    """``KEY=mine here, theirs in group G; ...`` for every dotted config key this group and
+    group ``group`` disagree on ("" when none: the fingerprints differ elsewhere)."""
+    keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    return "; ".join(
+        f"{k}={mine.get(k, '(unset)')} here, {theirs.get(k, '(unset)')} in group {group}"
+        for k in keys
+    )
+
+
 def digest(
     model: nn.Module, shards: list[ShardState], identities: list[torch.Tensor] | None = None
 ) -> str:
