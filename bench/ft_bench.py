@@ -36,16 +36,20 @@ COMMON = ("train.log_every=1", "train.eval_batches=10", "train.progress_bar=fals
           "parallel.sync.divergence_every=0")  # fmt: skip
 
 
+PIPELINE: tuple[str, ...] = ()
+"""``train.pipeline=...`` for every launch (``--pipeline``)."""
+
+
 def _std(run_dir: Path, steps: int, kill: bool) -> list[str]:
     extra = ("checkpoint.every=50", "checkpoint.keep=2", "train.resume=auto") if kill else ()
     return ["launch/local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON,
             "parallel.sharding_group_size=2", "model.tables=[{name: t, count: 8, rows: [2000, 2000, 1000, 1000, 500, 500, 200, 100], dim: 16, sharding: table_wise}]",
-            *extra]  # fmt: skip
+            *extra, *PIPELINE]  # fmt: skip
 
 
 def _ft(run_dir: Path, steps: int) -> list[str]:
     return ["launch/ft_local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON[:3],
-            "fault_tolerance.timeout_s=20"]  # fmt: skip
+            "fault_tolerance.timeout_s=20", *PIPELINE]  # fmt: skip
 
 
 def _steps(events: list[tuple[float, str]], prefix: str) -> list[tuple[float, int]]:
@@ -162,6 +166,17 @@ def main() -> None:
         "killed group is back (a restart is a process start-up: 20-40 s on a loaded 2-core box)",
     )
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--pipeline",
+        default="none",
+        choices=["none", "sparse_dist", "semi_sync"],
+        help="train.pipeline of every launch",
+    )
+    parser.add_argument(
+        "--clean-only",
+        action="store_true",
+        help="only the alternated no-failure rounds (section ft-pipeline with --pipeline)",
+    )
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     parser.add_argument(
@@ -173,8 +188,10 @@ def main() -> None:
         args.machine = res["machine"]
         publish(args, res, markdown(res, args), "ft.json", "ft")
         return
+    global PIPELINE
+    PIPELINE = () if args.pipeline == "none" else (f"train.pipeline={args.pipeline}",)
     load = os.getloadavg()[0]
-    res: dict = {"clean": {"ft": [], "std": []}}
+    res: dict = {"clean": {"ft": [], "std": []}, "pipeline": args.pipeline}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):  # alternate the variants: the box is shared
             for kind in ("ft", "std"):
@@ -185,6 +202,10 @@ def main() -> None:
                     {"samples_per_s": sps, "eval_auc": auc, "wall_s": r["wall_s"]}
                 )
                 print(kind, res["clean"][kind][-1], flush=True)
+        if args.clean_only:
+            args.machine = res["machine"] = machine_note(load)
+            publish(args, res, clean_markdown(res, args), "ft_pipeline.json", "ft-pipeline")
+            return
         clean = run("ft", Path(tmp) / "ftclean", args.kill_steps, None)
         res["clean_long_ft_auc"] = clean["g0"]["eval_auc"]
         res["kill_ft"] = analyse_ft(run("ft", Path(tmp) / "ftkill", args.kill_steps, args.kill_at))
@@ -193,6 +214,30 @@ def main() -> None:
         res["kill_std"] = analyse_std(std)
     args.machine = res["machine"] = machine_note(load)
     publish(args, res, markdown(res, args), "ft.json", "ft")
+
+
+def clean_markdown(res: dict, args: argparse.Namespace) -> str:
+    """The no-failure rounds alone (``--clean-only``)."""
+    ft, std = res["clean"]["ft"], res["clean"]["std"]
+    ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(ft, std, strict=True)]
+    return "\n".join([
+        f"## Fault tolerance vs the standard launcher, no failure, `train.pipeline={res['pipeline']}` "
+        "(bench/ft_bench.py --clean-only)",
+        "",
+        f"2 groups x 2 ranks (`launch/ft_local.sh`) vs one world of 4, L=2 (`launch/local.sh`), "
+        f"configs/ft_tiny_cpu.yaml model and data, sync every step, {args.steps} steps, each driven "
+        f"by TorchRec's pipeline; rounds alternated. {args.machine}.",
+        f"Regenerate: `PYTHONPATH=. OMP_NUM_THREADS=1 python bench/ft_bench.py --clean-only "
+        f"--pipeline {res['pipeline']} --steps {args.steps} --rounds {args.rounds}`.",
+        "",
+        "| round | fault tolerant samples/s | standard samples/s | ratio | AUC ft / std |",
+        "|---|---|---|---|---|",
+        *[
+            f"| {i} | {a['samples_per_s']:.0f} | {b['samples_per_s']:.0f} | {r:.3f} | "
+            f"{a['eval_auc']:.4f} / {b['eval_auc']:.4f} |"
+            for i, (a, b, r) in enumerate(zip(ft, std, ratios, strict=True))
+        ],
+    ])  # fmt: skip
 
 
 def markdown(res: dict, args: argparse.Namespace) -> str:

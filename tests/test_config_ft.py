@@ -41,12 +41,9 @@ def test_bad_values(override: str, message: str) -> None:
         ("parallel.sync.overlap=true", "parallel.sync.overlap=True"),
         ("parallel.sync.compression=bf16", "parallel.sync.compression='bf16'"),
         ("parallel.sync.delayed_optimizer_state=true", "delayed_optimizer_state=True"),
-        ("parallel.sync.momentum_scaling=true", "momentum_scaling=True"),
         ("parallel.sync.divergence_every=5", "divergence_every=5"),
         ("parallel.sync.check_finite=false", "check_finite=False"),
         ("parallel.sync.include_optimizer_state=false", "include_optimizer_state=False"),
-        ("train.pipeline=sparse_dist", "train.pipeline='sparse_dist'"),
-        ("model.managed_collision.enabled=true", "identity tables are not merged or healed"),
     ],
 )
 def test_unsupported_options_are_refused_before_anything_starts(
@@ -56,6 +53,22 @@ def test_unsupported_options_are_refused_before_anything_starts(
         load_config("configs/tiny_cpu.yaml", [*FT, "parallel.sync.divergence_every=0",
                                                "parallel.sharding_group_size=null", override])  # fmt: skip
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["mch", "zch"])
+def test_managed_collision_tables_are_accepted(kind: str) -> None:
+    """Identities merge over the quorum and travel with a heal (tests/test_ft_mc.py)."""
+    cfg = load_config("configs/ft_tiny_cpu.yaml", ["model.managed_collision.enabled=true",
+                                                   f"model.managed_collision.kind={kind}"])  # fmt: skip
+    assert cfg.model.managed_collision.kind == kind
+
+
+@pytest.mark.parametrize("kind", ["sparse_dist", "semi_sync"])
+def test_torchrec_pipelines_are_accepted(kind: str) -> None:
+    """The step boundaries are an optimizer wrapper (sparse2d.ft.FTOptimizer): TorchRec's
+    pipelines drive fault-tolerant steps (tests/test_ft_replica.py, tests/test_ft_launch.py)."""
+    cfg = load_config("configs/ft_tiny_cpu.yaml", [f"train.pipeline={kind}"])
+    assert cfg.train.pipeline == kind
 
 
 def test_checkpoints_and_resume_are_accepted() -> None:

@@ -115,7 +115,11 @@ def _ft_fault(group: int, lighthouse: str, steps: int, fault: str) -> dict:
     opt = torch.optim.SGD(
         [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=0.1
     )
-    digest = "other config" if fault == "plan" and group == 1 else ""
+    # the trainer's form: {dotted key: value}; group 1 runs another pipeline and MC kind
+    keys = {"train.pipeline": '"none"', "model.managed_collision.kind": '"mch"', "data.seed": "0"}
+    if fault == "plan" and group == 1:
+        keys |= {"train.pipeline": '"sparse_dist"', "model.managed_collision.kind": '"zch"'}
+    digest = keys
     options = FTOptions(replica_id=group, num_groups=2, lighthouse=lighthouse, timeout_s=10,
                         quorum_timeout_s=30)  # fmt: skip
     ft = FaultTolerance(model, opt, options, config_digest=digest)
@@ -163,22 +167,21 @@ def test_group_with_another_config_is_refused_when_it_joins() -> None:
     assert len(errors) == 1, out  # the group that healed refuses; the other trains on
     ((group, text),) = errors.items()
     assert f"ConfigError: group {group} cannot join: group {1 - group} runs another" in text, text
+    assert "model.managed_collision.kind=" in text and "train.pipeline=" in text, text
+    assert "data.seed" not in text and len(text.splitlines()) == 1, text  # one line, the keys
     assert out[(1 - group, 0)]["summary"]["final_step"] == 4
 
 
-def _refusal(which: str) -> str:
+def _refusal() -> str:
     """The error ``FaultTolerance`` raises for a model it cannot run (before connecting)."""
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from sparse2d import ConfigError, DMPCollection
     from sparse2d.ft import FaultTolerance, FTOptions
-    from tests.mc_models import build_mc_model
 
-    if which == "replicas":  # L=1 on 2 ranks: 2 replicas inside one world
-        model = DMPCollection(build_model(MIXED_TABLES), 1, device="cpu",
-                              constraints=constraints_for(MIXED_TABLES))  # fmt: skip
-    else:  # managed collision, one group of 2 (no replicas)
-        model = DMPCollection(build_mc_model(), 2, device="cpu")
+    # L=1 on 2 ranks: 2 replicas inside one world
+    model = DMPCollection(build_model(MIXED_TABLES), 1, device="cpu",
+                          constraints=constraints_for(MIXED_TABLES))  # fmt: skip
     opt = torch.optim.SGD([p for _, p in in_backward_optimizer_filter(model.named_parameters())])
     try:
         FaultTolerance(model, opt, FTOptions(replica_id=0, num_groups=2, lighthouse="http://x:1"))
@@ -190,11 +193,68 @@ def _refusal(which: str) -> str:
 
 
 def test_replicas_inside_one_world_are_refused_before_connecting(world2) -> None:
-    for text in world2.run(_refusal, "replicas"):
+    for text in world2.run(_refusal):
         assert "needs one sharding group per torchrun world" in text and "got 2 replicas" in text
 
 
-def test_managed_collision_tables_are_refused_before_connecting(world2) -> None:
-    """Groups would average MC rows slot by slot although each group maps other ids there."""
-    for text in world2.run(_refusal, "managed_collision"):
-        assert "managed-collision tables" in text and "mix different ids" in text, text
+def _shard_values(model, shards) -> list[torch.Tensor]:
+    from sparse2d.sync.tensors import flush_caches, live_tensors
+
+    flush_caches(shards)
+    return [t.clone() for t in live_tensors(shards, weights=True, states=True)]
+
+
+def _ft_momentum(group: int, lighthouse: str, steps: int) -> dict:
+    """Row-wise AdaGrad with momentum scaling (c = the groups in the quorum)."""
+    from sparse2d.ft import FaultTolerance, FTOptimizer, FTOptions
+    from tests.models import adagrad_2d
+
+    model = adagrad_2d(group_size=SIZE, momentum_scaling=True)
+    opt = torch.optim.SGD([p for _, p in _dense(model)], lr=0.1)
+    options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
+                        lighthouse=lighthouse, timeout_s=20, quorum_timeout_s=60)  # fmt: skip
+    ft = FaultTolerance(model, opt, options)
+    wrapper = FTOptimizer(ft)
+    while ft.step < steps:
+        wrapper.zero_grad()
+        kjt, dense, target = make_batch(MIXED_TABLES, ft.position, dist.get_rank() * GROUPS + group)
+        ((model(kjt, dense) - target) ** 2).mean().backward()
+        wrapper.step()
+    out = {"values": _shard_values(model, ft.shards), "factor": ft.policy.scaler.factor}
+    ft.shutdown()
+    return out
+
+
+def _dense(model):
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    return in_backward_optimizer_filter(model.named_parameters())
+
+
+def _in_world_momentum(steps: int) -> dict:
+    from tests.models import adagrad_2d
+
+    model = adagrad_2d(group_size=SIZE, momentum_scaling=True)
+    opt = torch.optim.SGD([p for _, p in _dense(model)], lr=0.1)
+    for step in range(steps):
+        kjt, dense, target = make_batch(MIXED_TABLES, step, dist.get_rank())
+        ((model(kjt, dense) - target) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        model.sync()
+    return {"values": _shard_values(model, model.shard_states)}
+
+
+def test_momentum_scaling_under_ft_equals_in_world_2d(world4) -> None:
+    """The accumulators' averaged growth divided by c = 2 groups, as in-world 2D with G=2."""
+    lighthouse = start_lighthouse(min_replicas=GROUPS)
+    try:
+        out = run_groups(GROUPS, SIZE, _ft_momentum, lighthouse.address(), STEPS)
+    finally:
+        lighthouse.shutdown()
+    ref = world4.run(_in_world_momentum, STEPS)
+    for (g, r), got in out.items():
+        assert got["factor"] == GROUPS
+        expected = ref[r * GROUPS + g]["values"]
+        for a, b in zip(got["values"], expected, strict=True):
+            assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"group {g} rank {r}")

@@ -14,9 +14,10 @@ from sparse2d.errors import FaultToleranceError
 from sparse2d.ft.options import LIGHTHOUSE_ENV, FTOptions
 
 if TYPE_CHECKING:
+    from sparse2d.ft.optim import FTOptimizer
     from sparse2d.ft.replica import FaultTolerance
 
-__all__ = ["FTOptions", "FaultTolerance", "FaultToleranceError", "LIGHTHOUSE_ENV"]
+__all__ = ["FTOptimizer", "FTOptions", "FaultTolerance", "FaultToleranceError", "LIGHTHOUSE_ENV"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +25,8 @@ def __getattr__(name: str) -> Any:
         from sparse2d.ft.replica import FaultTolerance
 
         return FaultTolerance
+    if name == "FTOptimizer":
+        from sparse2d.ft.optim import FTOptimizer
+
+        return FTOptimizer
     raise AttributeError(f"module 'sparse2d.ft' has no attribute {name!r}")

@@ -22,10 +22,12 @@ backward, before anyone knows whether the step commits. So:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -36,23 +38,17 @@ from sparse2d.errors import ConfigError, FaultToleranceError, SyncError
 from sparse2d.ft import state as heal_state
 from sparse2d.ft.lighthouse import check_reachable
 from sparse2d.ft.options import FTOptions
+from sparse2d.sync.channel import ManagedChannel
+from sparse2d.sync.engine import DenseEngine
+from sparse2d.sync.finite import all_finite
+from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.sync.mc.tables import sharded_mc_table_names
-from sparse2d.sync.tensors import by_dtype, live_tensors
+from sparse2d.sync.options import SyncOptions
+from sparse2d.sync.policy import SyncPolicy
+from sparse2d.sync.tensors import live_tensors
 
 logger = logging.getLogger(__name__)
 START_POLL_S = 0.25
-
-
-def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
-
-
-def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
-    offset = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[offset : offset + n].view_as(t))
-        offset += n
 
 
 class FaultTolerance:
@@ -75,21 +71,13 @@ class FaultTolerance:
         dense_optimizer: torch.optim.Optimizer,
         options: FTOptions,
         *,
-        config_digest: str = "",
+        config_digest: str | Mapping[str, str] = "",
         extra_state: tuple[Callable[[], dict], Callable[[dict], None]] | None = None,
     ) -> None:
         if getattr(model, "fully_sharded", None) is not None:
             raise ConfigError(
                 "fault tolerance with sharding_strategy=FULLY_SHARDED is not supported: a group "
                 "holds only 1/G of the buffers, so no live group could heal a lost one"
-            )
-        managed = sharded_mc_table_names(model)
-        if managed:
-            raise ConfigError(
-                f"fault tolerance does not merge or heal the identity tables (raw id -> row) of "
-                f"managed-collision tables {managed}: averaging their rows across groups would "
-                "mix different ids in one slot. Drop fault tolerance or the managed-collision "
-                "modules."
             )
         contexts = getattr(model, "contexts", None) or [model]  # per-module group sizes too
         replicated = [
@@ -103,8 +91,12 @@ class FaultTolerance:
             )
         self.model, self.optimizer, self.options = model, dense_optimizer, options
         self.shards = list(model.shard_states)
+        self._has_mc = bool(sharded_mc_table_names(model))
         self._extra = extra_state
-        self.fingerprint = heal_state.fingerprint(model, self.shards, config_digest)
+        self.config_keys = dict(config_digest) if isinstance(config_digest, Mapping) else {}
+        """``{dotted key: value}`` every group must agree on (a refusal names the key)."""
+        digest = json.dumps(self.config_keys, sort_keys=True) if self.config_keys else config_digest
+        self.fingerprint = heal_state.fingerprint(model, self.shards, str(digest))
         self.position = 0
         """Data position: advances on every attempted step (committed or not)."""
         self.slices_skipped = 0
@@ -138,6 +130,53 @@ class FaultTolerance:
             replica_id=f"sparse2d_group_{options.replica_id}",
             init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
         )
+        self.channel = ManagedChannel(self.manager)
+        self.policy = self._replica_policy(model, options)
+        self.final_step: int | None = None
+        """The job's last step: its sync is forced, so every group ends averaged."""
+        self._open = False  # a quorum was formed for the step in progress
+        self._sync_error: SyncError | None = None
+        self.last_committed: bool | None = None
+        """Whether the latest ``finish_step`` committed (a pipeline's ``step()`` hides it)."""
+
+    def _replica_policy(self, model: nn.Module, options: FTOptions) -> SyncPolicy:
+        """The replica sync (``sparse2d.sync``) over torchft's managed group, installed as the
+        model's policy: ``model.sync()`` (a user's, or a TorchRec pipeline's
+        ``sync_embeddings``) averages into copies that this step's commit writes back."""
+        local = model.sync_policy
+        base = getattr(local, "options", None) or SyncOptions()
+        if local.hook is not None:
+            raise ConfigError(
+                "fault tolerance with a custom all-reduce hook: the hook takes a torch process "
+                "group, the fault-tolerant average runs over torchft's managed group; drop "
+                "custom_all_reduce"
+            )
+        later = [k for k in ("overlap", "delayed_optimizer_state") if getattr(base, k)]
+        if later or base.compression != "none":
+            raise ConfigError(
+                f"fault tolerance with sync {later or ['compression=' + base.compression]}: the "
+                "fault-tolerant average lands at the step's commit; an average landing after "
+                "a later step was not covered by that step's vote (docs/fault_tolerance.md)"
+            )
+        # hide: the average lands at the commit, which is before the next lookup anyway
+        # NaN/inf: each rank scans what it sent and its flag rides the step's control
+        # all-reduce (``finish_step``), instead of the guard's own vote over the group: a
+        # group whose flag is set fails the commit everywhere, so nothing bad lands
+        self._check_finite = base.check_finite
+        sync_options = dataclasses.replace(
+            base, every=options.sync_every, engine="dense", hide=False, check_finite=False
+        )
+        # Managed-collision tables: identities merged over the quorum by the in-world rules
+        mc = mc_sync_for(model, self.shards, None, self.channel) if self._has_mc else None
+        plain = plain_shards(self.shards, mc)
+        policy = SyncPolicy(
+            plain, None, options.num_groups, sync_options,
+            engine=DenseEngine(plain, None), global_pg=dist.group.WORLD,
+            channel=self.channel, mc=mc,
+        )  # fmt: skip
+        local.close()  # G=1 in this world: the local policy never syncs; remove its hooks
+        model.sync_policy = policy
+        return policy
 
     # ---- heal state (torchft calls these) -------------------------------------------------
     def _capture(self) -> dict[str, Any]:
@@ -146,20 +185,42 @@ class FaultTolerance:
             "slices_skipped": self.slices_skipped,
             "from_group": self.options.replica_id,
             "fingerprint": self.fingerprint,
+            "config_keys": self.config_keys,
             "rng": torch.get_rng_state(),
             "user": self._extra[0]() if self._extra else {},
         }
-        return heal_state.capture(self.model, self.shards, self.optimizer, extra)
+        extra["mc_iters"] = self._mc_iters()
+        return heal_state.capture(
+            self.model, self.shards, self.optimizer, extra, mc_identity_buffers(self.policy)
+        )
+
+    def _mc_iters(self) -> list[int]:
+        """The MCH modules' iteration counters (eviction ages; plain ints, not buffers)."""
+        mc = self.policy.mc if hasattr(self, "policy") else None
+        return [int(t.module._current_iter) for t in mc.tables] if mc is not None else []
 
     def _restore(self, state: dict[str, Any]) -> None:
         extra = state["extra"]
         if extra["fingerprint"] != self.fingerprint:
+            theirs, source = extra.get("config_keys") or {}, extra["from_group"]
+            named = heal_state.config_mismatch(self.config_keys, theirs, source)
+            if named:
+                raise ConfigError(
+                    f"group {self.options.replica_id} cannot join: group {source} runs another "
+                    f"config: {named}; start every group with the same config"
+                )
             raise ConfigError(
                 f"group {self.options.replica_id} cannot join: group {extra['from_group']} runs "
                 f"another plan/model/config (fingerprint {extra['fingerprint']:x} != "
                 f"{self.fingerprint:x}); start every group with the same config and world size"
             )
-        self._heal_bytes = heal_state.restore(self.model, self.shards, self.optimizer, state)
+        self._heal_bytes = heal_state.restore(
+            self.model, self.shards, self.optimizer, state, mc_identity_buffers(self.policy)
+        )
+        if self.policy.mc is not None:
+            for table, it in zip(self.policy.mc.tables, extra["mc_iters"], strict=True):
+                table.module._current_iter = it
+        self.policy.reset()  # references (bf16 deltas, scaling) follow the healed values
         self._heal_from = int(extra["from_group"])
         self.position = int(extra["position"])
         self.slices_skipped = int(extra["slices_skipped"])
@@ -186,6 +247,8 @@ class FaultTolerance:
         together (at step 0, or from their checkpoints) train together from the start. The number of polls, not the
         clock, bounds the wait, so all ranks of a group take the same decisions.
         """
+        if self._open:  # already joined (the trainer opens the first step before a pipeline)
+            return
         start, self._heal_from = time.perf_counter(), None
         before = self.step
         self._quorum()
@@ -195,7 +258,7 @@ class FaultTolerance:
                 time.sleep(START_POLL_S)
                 self._quorum()
                 polls -= 1
-        self._started = True
+        self._started = self._open = True
         if self._heal_from is not None:
             self.heals.append({
                 "step": self.step, "from_group": self._heal_from, "from_step": before,
@@ -215,30 +278,48 @@ class FaultTolerance:
                 f"{str(error).splitlines()[0] if str(error) else ''})"
             ) from None
 
-    def _dense_grads(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    def _dense_grads(self) -> list[torch.Tensor]:
         out = []
         for group in self.optimizer.param_groups:
             for p in group["params"]:
+                if not p.is_floating_point():  # MP-ZCH identities: parameters, never trained
+                    continue
                 if p.grad is None:  # keep the layout identical in every group
                     p.grad = torch.zeros_like(p)
-                out.append((p, p.grad))
+                out.append(p.grad)
         return out
 
+    def sync_embeddings(self) -> None:
+        """The replica sync of this step, into copies (``model.sync()`` does the same; a
+        second call in one step does nothing). A non-finite value found by the sync's guard
+        is remembered: the step's vote then refuses the average in every group."""
+        if self.policy.uncommitted or self._sync_error is not None:
+            return
+        try:
+            self.policy.sync_now(self.step)
+        except SyncError as error:  # this group's ranks all found it (the guard's vote)
+            self._sync_error = error
+
     def finish_step(self, force_sync: bool = False) -> bool:
-        """Average over the live groups, vote, and step the dense optimizer on commit."""
+        """Average over the live groups, vote, and step the dense optimizer on commit.
+
+        Call between the backward and the next step: the embeddings are averaged now unless
+        ``model.sync()`` already ran this step (TorchRec's pipelines call it there), the
+        dense gradients always. Returns whether the step committed."""
         m, opts = self.manager, self.options
-        sync = force_sync or (self.step + 1) % opts.sync_every == 0
-        grads = [g for _, g in self._dense_grads()]
-        embeddings = live_tensors(self.shards, weights=True, states=True) if sync else []
-        groups = by_dtype(grads + embeddings)
-        flats = {dtype: _flatten(ts) for dtype, ts in groups.items()}
-        bad_here = any(not bool(torch.isfinite(f).all()) for f in flats.values())
+        last = self.final_step is not None and self.step + 1 >= self.final_step
+        if force_sync or last or (self.step + 1) % opts.sync_every == 0:
+            self.sync_embeddings()
+        grads = self._dense_grads()
+        bad_here = self._sync_error is not None or not all(all_finite(g) for g in grads)
+        if self.policy.uncommitted and self._check_finite and not bad_here:  # what it sent
+            bad_here = not all(all_finite(t) for t in live_tensors(self.shards, True, True))
         control = torch.tensor(
             [float(self.fingerprint), 1.0 if bad_here else 0.0], dtype=torch.float64
         )
-        works = [m.allreduce(control)] + [m.allreduce(f) for f in flats.values()]
-        for work in works:
-            work.wait()
+        finishers = [self.channel.start_tensors([control]), self.channel.start_tensors(grads)]
+        for finish in finishers:
+            finish()
         if m.errored() is not None:
             self._drop_process_group()
         mismatch = not m.errored() and float(control[0]) != float(self.fingerprint)
@@ -256,11 +337,17 @@ class FaultTolerance:
                 f"{str(error).splitlines()[0] if str(error) else ''}"
             ) from None
         self.position += 1
+        self._open = False
+        self.last_committed = committed
+        if committed:
+            self.policy.commit()
+        else:
+            self.policy.discard()
         if bad_here:
             raise SyncError(
                 f"group {opts.replica_id} rank {dist.get_rank()}: non-finite dense gradient or "
                 "embedding value; its average was refused by every group (this group restarts "
-                "and heals from a live one)"
+                f"and heals from a live one){': ' + str(self._sync_error) if self._sync_error else ''}"
             )
         if mismatch:
             raise ConfigError(
@@ -268,9 +355,6 @@ class FaultTolerance:
                 f"{self.fingerprint:x} differs); start every group with the same config"
             )
         if committed:
-            with torch.no_grad():
-                for dtype, tensors in groups.items():
-                    _unflatten_into(flats[dtype], tensors)
             self.optimizer.step()
             self.committed += 1
             self.slices_skipped += opts.num_groups - participants

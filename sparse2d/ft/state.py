@@ -53,11 +53,25 @@ def fingerprint(model: nn.Module, shards: list[ShardState], digest: str = "") ->
     return int.from_bytes(h.digest()[:6], "big")
 
 
-def digest(model: nn.Module, shards: list[ShardState]) -> str:
-    """SHA-256 of this rank's embedding shards, fused state and dense tensors: equal digests
-    at the same rank of two groups mean bit-identical replicas."""
+def config_mismatch(mine: dict[str, str], theirs: dict[str, str], group: int) -> str:
+    """``KEY=mine here, theirs in group G; ...`` for every dotted config key this group and
+    group ``group`` disagree on ("" when none: the fingerprints differ elsewhere)."""
+    keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    return "; ".join(
+        f"{k}={mine.get(k, '(unset)')} here, {theirs.get(k, '(unset)')} in group {group}"
+        for k in keys
+    )
+
+
+def digest(
+    model: nn.Module, shards: list[ShardState], identities: list[torch.Tensor] | None = None
+) -> str:
+    """SHA-256 of this rank's embedding shards, fused state, dense tensors and managed-collision
+    identity tables: equal digests at the same rank of two groups mean bit-identical replicas."""
     flush_caches(shards)
     h = hashlib.sha256()
+    for t in identities or []:
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
     for t in live_tensors(shards, weights=True, states=True):
         h.update(t.detach().contiguous().cpu().numpy().tobytes())
     for _, t in sorted(dense_tensors(model).items()):
@@ -66,12 +80,18 @@ def digest(model: nn.Module, shards: list[ShardState]) -> str:
 
 
 def capture(
-    model: nn.Module, shards: list[ShardState], optimizer: torch.optim.Optimizer, extra: dict
+    model: nn.Module,
+    shards: list[ShardState],
+    optimizer: torch.optim.Optimizer,
+    extra: dict,
+    identities: list[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """A consistent copy of everything a peer needs to continue exactly where this rank is."""
+    """A consistent copy of everything a peer needs to continue exactly where this rank is;
+    ``identities``: managed-collision identity tables and metadata (raw id -> row)."""
     flush_caches(shards)
     with torch.no_grad():
         return {
+            "identities": [t.detach().clone() for t in identities or []],
             "embeddings": [t.clone() for t in live_tensors(shards, weights=True, states=True)],
             "iters": [k.iter.clone() for k in _kernels(shards)],
             "dense": {k: v.detach().clone() for k, v in dense_tensors(model).items()},
@@ -81,13 +101,20 @@ def capture(
 
 
 def restore(
-    model: nn.Module, shards: list[ShardState], optimizer: torch.optim.Optimizer, state: dict
+    model: nn.Module,
+    shards: list[ShardState],
+    optimizer: torch.optim.Optimizer,
+    state: dict,
+    identities: list[torch.Tensor] | None = None,
 ) -> int:
     """Load ``capture``'s output into the live buffers; return the bytes received."""
     flush_caches(shards)
     targets = live_tensors(shards, weights=True, states=True)
     nbytes = 0
     with torch.no_grad():
+        for dst, src in zip(identities or [], state["identities"], strict=True):
+            dst.copy_(src)
+            nbytes += src.numel() * src.element_size()
         for dst, src in zip(targets, state["embeddings"], strict=True):
             dst.copy_(src)
             nbytes += src.numel() * src.element_size()

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from sparse2d.sync.choice import DENSE, SPARSE, ModeChooser
 from sparse2d.sync.cost import LinkCosts, probe
-from sparse2d.sync.engine import DenseEngine, Payload
+from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine
 from sparse2d.sync.sparse import (
     STATES,
     WEIGHTS,
@@ -256,3 +256,13 @@ class AutoEngine(SparseEngine):
                 self._refine(previous, max(0.0, first - (self._replicas - 1) ** 0.5 * spread))
 
         return _build_payload(tensors, tail, landed, pool=(self.pool, tuple(kinds)))
+
+
+def make_engine(kind: str, shards: list[ShardState], replica_pg: dist.ProcessGroup) -> SyncEngine:
+    """``dense``: every row. ``sparse``: touched rows only, never dense. ``auto``: per sync the
+    cheaper of the two by a cost model measured over the replica group (``sync.auto``)."""
+    if kind == "dense":
+        return DenseEngine(shards, replica_pg)
+    if kind == "auto":
+        return AutoEngine(shards, replica_pg)
+    return SparseEngine(shards, replica_pg, crossover=1.0)

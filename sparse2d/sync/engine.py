@@ -184,3 +184,9 @@ class DenseEngine(SyncEngine):
                         offset += n
 
         return Payload(buffers=gather(pooled=True), scatter=scatter, gather=gather)
+
+
+def metadata_bytes(engine: SyncEngine) -> int:
+    """Bytes the engine spent agreeing on what to sync (the sparse engine's row union)."""
+    stats = getattr(engine, "stats", None)
+    return int(getattr(stats, "metadata_bytes", 0))

@@ -12,47 +12,32 @@ replicas identical; overlap and delay apply to cadence syncs only.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from sparse2d.errors import ConfigError, SyncError
+from sparse2d.sync.auto import make_engine
+from sparse2d.sync.channel import InWorldChannel, ReplicaChannel
 from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.compression import Bf16DeltaCompressor
 from sparse2d.sync.divergence import DivergenceSampler
-from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine
+from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine, metadata_bytes
 from sparse2d.sync.finite import FiniteGuard, Verdict
 from sparse2d.sync.fold import Folded
 from sparse2d.sync.fold_policy import FoldingPolicy
 from sparse2d.sync.options import SyncOptions, SyncReport
-from sparse2d.sync.overlap import Pending, Reduction, start_average
+from sparse2d.sync.overlap import Pending, Reduction
 from sparse2d.sync.scaling import AccumulatorScaler
 from sparse2d.sync.tensors import ShardState, live_tensors
+
+__all__ = ["SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 
 if TYPE_CHECKING:
     from sparse2d.sync.ddp_vote import DdpVote
     from sparse2d.sync.mc.sync import ManagedCollisionSync
-
-
-def make_engine(kind: str, shards: list[ShardState], replica_pg: dist.ProcessGroup) -> SyncEngine:
-    """``dense``: every row. ``sparse``: touched rows only, never dense. ``auto``: per sync the
-    cheaper of the two by a cost model measured over the replica group (``sync.auto``)."""
-    if kind == "dense":
-        return DenseEngine(shards, replica_pg)
-    if kind == "auto":
-        from sparse2d.sync.auto import AutoEngine
-
-        return AutoEngine(shards, replica_pg)
-    from sparse2d.sync.sparse import SparseEngine
-
-    return SparseEngine(shards, replica_pg, crossover=1.0)
-
-
-def _metadata_bytes(engine: SyncEngine) -> int:
-    """Bytes the engine spent agreeing on what to sync (the sparse engine's row union)."""
-    stats = getattr(engine, "stats", None)
-    return int(getattr(stats, "metadata_bytes", 0))
 
 
 class SyncPolicy(FoldingPolicy):
@@ -68,8 +53,14 @@ class SyncPolicy(FoldingPolicy):
         engine: SyncEngine | None = None,
         global_pg: dist.ProcessGroup | None = None,
         mc: ManagedCollisionSync | None = None,
+        channel: ReplicaChannel | None = None,
     ) -> None:
         self.options = options or SyncOptions()
+        self.channel: ReplicaChannel = channel or InWorldChannel(replica_pg)
+        """Where the averages travel (``sync.channel``): the in-world replica group, or
+        torchft's managed group, whose averages wait in copies for the step's commit."""
+        self._uncommitted: list[tuple[Pending, bool, bool]] = []  # (transfer, weights, states)
+        self._mc_land: Callable[[], None] | None = None  # a deferred MC merge, for ``commit``
         self.shards = shards
         self.mc = mc
         """Managed-collision tables (``sync.mc``): identities merged, rows averaged by id,
@@ -207,6 +198,31 @@ class SyncPolicy(FoldingPolicy):
         if hasattr(self.engine, "lookahead"):
             self.engine.lookahead = True
 
+    @property
+    def uncommitted(self) -> bool:
+        """Averages of a deferred channel wait for the step's commit (``commit``/``discard``)."""
+        return bool(self._uncommitted) or self._mc_land is not None
+
+    def commit(self) -> None:
+        """The step committed: write the averages held in copies back into the shards."""
+        land, self._mc_land = self._mc_land, None
+        if land is not None:  # merged identities and rows averaged by id
+            land()
+        if self.scaler is not None:  # c = the replicas averaged: under FT, the quorum's
+            self.scaler.factor = float(getattr(self.channel, "size", self.num_replicas))
+        pending, self._uncommitted = self._uncommitted, []
+        for transfer, weights, states in pending:
+            transfer.complete()
+            self.engine.synced(weights=weights, states=states)
+            if states and self.scaler is not None:
+                self.scaler.apply()
+
+    def discard(self) -> None:
+        """The step failed its commit: drop the averages, every shard keeps its own values."""
+        self._mc_land = None
+        pending, self._uncommitted = self._uncommitted, []
+        self._abandon([transfer for transfer, _, _ in pending])
+
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
         self.land()
 
@@ -286,7 +302,11 @@ class SyncPolicy(FoldingPolicy):
         built = time.perf_counter()
         # Live views may be averaged in place unless the payload must stay a private copy:
         # compression rewrites it, an overlapped transfer runs while training writes shards.
-        in_place = self.compressor is None and not any(async_op for *_, async_op in parts)
+        in_place = (
+            self.compressor is None
+            and not self.channel.deferred
+            and not any(async_op for *_, async_op in parts)
+        )
         with torch.no_grad():  # every payload before any transfer: the guard sees them all
             payloads = [
                 self.engine.payload(weights=w, states=s, in_place=in_place) for _, w, s, _ in parts
@@ -326,6 +346,9 @@ class SyncPolicy(FoldingPolicy):
                 self.engine.synced(weights=w, states=s)
                 self._hidden.append(pending)
                 continue
+            if self.channel.deferred:  # written back by ``commit`` once the step commits
+                self._uncommitted.append((pending, w, s))
+                continue
             pending.complete()
             self.engine.synced(weights=w, states=s)
             if s and self.scaler is not None:
@@ -352,7 +375,10 @@ class SyncPolicy(FoldingPolicy):
             if self.guard is not None:
                 tensors = live_tensors(self.mc.shards + self.shards, True, True)
                 self.guard.check(step, tensors, weights=True, states=True)
-            return self.mc.sync()
+            if not self.channel.deferred:
+                return self.mc.sync()
+            sent, self._mc_land = self.mc.prepare()
+            return sent
 
     def _begin(
         self, key: str, payload: Payload, *, states: bool, async_op: bool
@@ -365,7 +391,7 @@ class SyncPolicy(FoldingPolicy):
                 self.compressor.wire_bytes(key, payload.buffers)
                 if self.compressor is not None
                 else payload.bytes
-            ) + _metadata_bytes(self.engine)
+            ) + metadata_bytes(self.engine)
             reduction = self._start(key, payload.buffers, async_op=True)
         return Pending(payload, reduction, snapshot, "states" if states else "weights"), sent
 
@@ -379,4 +405,4 @@ class SyncPolicy(FoldingPolicy):
     def _start(self, key: str, buffers: list[torch.Tensor], async_op: bool) -> Reduction:
         if self.compressor is not None:
             return self.compressor.start(key, buffers, self.replica_pg, self.hook, async_op)
-        return start_average(buffers, self.replica_pg, self.hook, async_op)
+        return self.channel.start(buffers, self.hook, async_op)

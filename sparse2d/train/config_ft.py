@@ -52,8 +52,9 @@ class FaultToleranceConfig:
             )
 
 
-_SYNC_FREE = ("every", "engine", "hide", "include_optimizer_state")
-"""parallel.sync keys the fault-tolerant sync honours (every) or replaces (engine, hide)."""
+_SYNC_FREE = ("every", "engine", "hide", "include_optimizer_state", "momentum_scaling")
+"""parallel.sync keys the fault-tolerant sync honours (every, momentum_scaling: c = the groups
+in the step's quorum) or replaces (engine, hide)."""
 
 
 def refusals(cfg: Any) -> list[str]:
@@ -82,14 +83,5 @@ def refusals(cfg: Any) -> list[str]:
         out.append(
             "parallel.sync.include_optimizer_state=False (a heal and the average carry the "
             "optimizer state; groups must agree on it)"
-        )
-    if cfg.model.managed_collision.enabled:
-        out.append(
-            "model.managed_collision.enabled=True (groups would average rows whose slots hold "
-            "different ids: identity tables are not merged or healed across groups)"
-        )
-    if cfg.train.pipeline != "none":
-        out.append(
-            f"train.pipeline={cfg.train.pipeline!r} (the commit vote sits between backward and dense step)"
         )
     return out

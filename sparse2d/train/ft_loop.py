@@ -13,7 +13,7 @@ Everything a group writes goes to ``RUN_DIR/replica_<id>/`` (``metrics.jsonl``,
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import os
 import time
@@ -28,13 +28,39 @@ from sparse2d.train.data import DataSource
 from sparse2d.train.metrics import TrainWindow, evaluate_batches
 
 
-def config_digest(cfg: Config) -> str:
-    """What every group must agree on (not its replica id or output paths)."""
+def config_digest(cfg: Config) -> dict[str, str]:
+    """What every group must agree on, by dotted key (not its replica id or output paths): a
+    group joining with another value is refused naming the key (``FaultTolerance``)."""
     keep = {
         k: v for k, v in cfg.to_dict().items() if k in ("model", "data", "parallel", "optimizer")
     }
-    keep["steps"] = cfg.train.steps
-    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()
+    keep["train"] = {"steps": cfg.train.steps, "pipeline": cfg.train.pipeline}
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), inner)
+        else:
+            out[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+    walk("", keep)
+    return out
+
+
+def _earlier_heals(metrics: str) -> list[dict[str, Any]]:
+    """The heal records this launch (``SPARSE2D_FT_LAUNCH_TIME``) logged before this process."""
+    launched = float(os.environ.get("SPARSE2D_FT_LAUNCH_TIME", "0"))
+    if not os.path.exists(metrics):
+        return []
+    with open(metrics) as f:
+        records = [json.loads(line) for line in f if '"kind": "heal"' in line]
+    drop = ("kind", "time")
+    return [
+        {k: v for k, v in r.items() if k not in drop}
+        for r in records
+        if r.get("time", 0) >= launched
+    ]
 
 
 class FTLoop:
@@ -54,6 +80,8 @@ class FTLoop:
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         metrics = os.path.join(self.run_dir, "metrics.jsonl")
         self.had_progress = os.path.exists(metrics) and '"kind": "train"' in open(metrics).read()
+        self.earlier_heals = _earlier_heals(metrics) if self.restart else []
+        """Heals of this group's earlier processes in this launch (a summary lists them all)."""
         if self.is_main:
             os.makedirs(self.run_dir, exist_ok=True)
             with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
@@ -104,9 +132,11 @@ class FTLoop:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        return evaluate_batches(
-            self.model, self.eval_data, self.cfg.train.eval_batches, self.device
-        )
+        steps = getattr(self, "_steps", None)
+        with steps.paused() if steps is not None else contextlib.nullcontext():
+            return evaluate_batches(
+                self.model, self.eval_data, self.cfg.train.eval_batches, self.device
+            )
 
     @property
     def checkpoint_dir(self) -> str:
@@ -134,7 +164,7 @@ class FTLoop:
         the first quorum; after a torchrun restart, only when no live group was ahead at the
         first quorum (then every group was lost). A group that a live one can heal reads no
         storage."""
-        if self.cfg.train.resume != "auto" or self.ft.step != 0 or self.ft.heals:
+        if self.cfg.train.resume != "auto" or self.ft.step != 0 or self._healed_from_live():
             return False
         from sparse2d import checkpoint
 
@@ -158,11 +188,18 @@ class FTLoop:
                         return g
         return None
 
+    def _healed_from_live(self) -> bool:
+        """A heal from a group past step 0 (a heal at step 0 copies a group that is as fresh
+        as this one: every group restarted)."""
+        return any(h["step"] > 0 for h in self.ft.heals)
+
     def _check_not_all_lost(self) -> bool:
         """A restarted group that finds the job at step 0 with nothing to heal from while it
         had trained before: either the job finished without it (return True: stop cleanly)
         or every group was lost (nothing to resume from without checkpoints: raise)."""
-        if not (self.restart and self.had_progress and self.ft.step == 0 and not self.ft.heals):
+        if not (self.restart and self.had_progress and self.ft.step == 0):
+            return False
+        if self._healed_from_live():
             return False
         done = self._finished_by_others()
         if done is not None:
@@ -177,6 +214,21 @@ class FTLoop:
             "from: start the job again"
         )
 
+    def _pipeline(self) -> Any:
+        """TorchRec's train pipeline over the fault-tolerant optimizer wrapper, reading
+        batches from the group's data position on (``train.pipeline``), or None."""
+        kind = self.cfg.train.pipeline
+        if kind == "none":
+            return None
+        from sparse2d.ft import FTOptimizer
+        from sparse2d.train.pipeline import PipelineSteps
+
+        wrapper = FTOptimizer(self.ft, expect_position=self.ft.position)
+        self._steps = PipelineSteps(
+            kind, self.model, wrapper, self.data, self.device, self.ft.position, None
+        )
+        return self._steps
+
     def run(self) -> dict[str, Any]:
         cfg, model, ft = self.cfg, self.model, self.ft
         steps, t = cfg.train.steps, cfg.train
@@ -186,11 +238,14 @@ class FTLoop:
         window, last_train = TrainWindow(), {}
         train_s, trained_samples, win_s, win_samples, win_steps = 0.0, 0, 0.0, 0, 0
         first = True
+        ft.final_step = steps  # the last step syncs whatever the cadence
+        pipeline = None
         if self.restart == 0:  # a (re)launch: the first quorum then starts from the furthest
             self._maybe_resume()  # group's checkpoint, the others heal from it
         while ft.step < steps:
             start = time.perf_counter()
-            ft.start_step()
+            if pipeline is None:  # a pipeline joins in its optimizer's zero_grad()
+                ft.start_step()
             if first:
                 # torchrun restarted this group and nobody is ahead: every group was lost.
                 if self.restart and self._maybe_resume():  # ask again with the loaded step
@@ -199,20 +254,29 @@ class FTLoop:
                     self.ft.shutdown()
                     return {}
                 first = False
+                # The pipeline is built after the first quorum: a restarted group has healed
+                # (its data position included) before the pipeline's first prefetch.
+                pipeline = self._pipeline()
             if ft.heals and ft.heals[-1].get("logged") is None:
                 ft.heals[-1]["logged"] = True
                 self.log(
                     {"kind": "heal", **{k: v for k, v in ft.heals[-1].items() if k != "logged"}}
                 )
-            self.step = step = ft.step
-            batch = self.data.train(ft.position)[0].to(self.device)
-            loss, (_, logits, labels) = model(batch)
-            loss.backward()
-            participants = ft.participants
-            committed = ft.finish_step(force_sync=step == steps - 1)
+            self.step = ft.step
+            if pipeline is None:
+                batch = self.data.train(ft.position)[0].to(self.device)
+                loss, (_, logits, labels) = model(batch)
+                loss.backward()
+                participants = ft.participants
+                committed = ft.finish_step()
+            else:  # zero_grad: quorum; step: vote and commit (sparse2d.ft.FTOptimizer)
+                logits, labels = pipeline.progress()
+                participants, committed = ft.participants, bool(ft.last_committed)
             win_s += time.perf_counter() - start
             if not committed:
-                self.log({"kind": "failed_commit", "step": step + 1, "participants": participants})
+                self.log(
+                    {"kind": "failed_commit", "step": self.step + 1, "participants": participants}
+                )
                 continue
             window.update(logits, labels)
             win_samples += participants * samples_per_group
@@ -236,7 +300,9 @@ class FTLoop:
         pids: list[Any] = [None] * self.size
         dist.all_gather_object(pids, os.getpid())
         digests: list[Any] = [None] * self.size  # per rank: equal across groups = identical
-        dist.all_gather_object(digests, digest(model, ft.shards))
+        from sparse2d.sync.mc import mc_identity_buffers
+
+        dist.all_gather_object(digests, digest(model, ft.shards, mc_identity_buffers(ft.policy)))
         summary = {
             "steps": steps,
             "global_batch_size": self.groups * samples_per_group,
@@ -253,7 +319,8 @@ class FTLoop:
             "sync_s_per_step": None,  # the sync is inside the step (one vote, one all-reduce)
             "train_s": train_s,
             **{k: v for k, v in ft.summary().items()},
-            "heals": [{k: v for k, v in h.items() if k != "logged"} for h in ft.heals],
+            "heals": self.earlier_heals
+            + [{k: v for k, v in h.items() if k != "logged"} for h in ft.heals],
             "samples_skipped": ft.slices_skipped * samples_per_group,
             "restart_count": self.restart,
             "pids": pids,

@@ -13,6 +13,7 @@ off the policy's ``N-1, 2N-1, ...`` that checkpoints align to.)
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -63,7 +64,7 @@ class PipelineSteps:
         data: DataSource,
         device: torch.device,
         start: int,
-        steps: int,
+        steps: int | None,
     ) -> None:
         from torchrec.distributed.train_pipeline.train_pipelines import (
             TrainPipelineSemiSync,
@@ -78,7 +79,16 @@ class PipelineSteps:
             )
         else:
             self.pipeline = TrainPipelineSparseDist(model, optimizer, device, **common)
-        self._batches = (data.train(step)[0] for step in range(start, steps))
+        positions = itertools.count(start) if steps is None else range(start, steps)
+        self._batches = (data.train(position)[0] for position in positions)
+        """Batches by data position (``steps=None``: without end, for fault tolerance, where
+        a failed commit uses up a position too)."""
+
+    def progress(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One ``progress()`` alone: (logits, labels). Under fault tolerance the optimizer
+        wrapper runs quorum, sync and commit inside it (``sparse2d.ft.FTOptimizer``)."""
+        _, logits, labels = self.pipeline.progress(self._batches)
+        return logits, labels
 
     def run(self, step: int, device: torch.device, sync: Sync) -> StepOut:
         """One ``progress()``, then ``sync(step)``: the pipeline owns the backward-to-optimizer

@@ -21,12 +21,16 @@ __all__ = ["ManagedCollisionSync", "mc_identity_buffers", "mc_sync_for", "plain_
 
 
 def mc_sync_for(
-    model: nn.Module, shards: list[ShardState], replica_pg: dist.ProcessGroup
+    model: nn.Module,
+    shards: list[ShardState],
+    replica_pg: dist.ProcessGroup | None,
+    channel: Any = None,
 ) -> ManagedCollisionSync:
     """The MC sync of the MCH tables among ``shards`` (possibly none: every rank of a model
-    with MC tables runs the same collectives at each sync)."""
+    with MC tables runs the same collectives at each sync); ``channel``: torchft's managed
+    channel instead of ``replica_pg`` (``sparse2d.ft``)."""
     return ManagedCollisionSync(
-        find_mc_tables(model, shards), replica_pg, find_zch_tables(model, shards)
+        find_mc_tables(model, shards), replica_pg, find_zch_tables(model, shards), channel
     )
 
 

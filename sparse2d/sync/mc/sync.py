@@ -14,13 +14,15 @@ Optimizer state always travels with its row: an id that moves must take its stat
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from sparse2d.sync.mc.merge import Identity, Merged, merge
 from sparse2d.sync.mc.tables import MCTable
-from sparse2d.sync.mc.zch_sync import ZchTable, sync_zch
+from sparse2d.sync.mc.zch_sync import ZchTable, merge_zch, pack, sync_zch
 from sparse2d.sync.tensors import ShardState, by_dtype
 
 
@@ -61,11 +63,15 @@ class ManagedCollisionSync:
         tables: list[MCTable],
         replica_pg: dist.ProcessGroup,
         zch_tables: list[ZchTable] | None = None,
+        channel: Any = None,
     ) -> None:
         self.tables = tables
         self.zch_tables = zch_tables or []
         """MP-ZCH tables (``sync.mc.zch_sync``): merged TorchRec's way, rows averaged here."""
         self.replica_pg = replica_pg
+        self.channel = channel
+        """A managed channel (``sync.channel.ManagedChannel``: torchft's quorum) instead of
+        ``replica_pg``; None: the replica process group."""
         self.baselines: list[Identity | None] = [None] * len(tables)
         self.last_seconds = 0.0
 
@@ -81,16 +87,37 @@ class ManagedCollisionSync:
         """Merge identities, move rows and optimizer state, average by id; returns bytes sent.
 
         Collective over the replica group; every replica ends bit-identical."""
-        begin = time.perf_counter()
+        sent, land = self.prepare()
+        land()
+        return sent
+
+    def _gather(self, packed: torch.Tensor) -> tuple[list[torch.Tensor], int]:
+        """Every replica's ``packed`` (and this replica's index among them)."""
+        if self.channel is not None:
+            return self.channel.all_gather(packed)
         groups = dist.get_world_size(self.replica_pg)
-        me = dist.get_rank(self.replica_pg)
+        gathered = [torch.empty_like(packed) for _ in range(groups)]
+        dist.all_gather(gathered, packed, group=self.replica_pg)
+        return gathered, dist.get_rank(self.replica_pg)
+
+    def _sum(self, flat: torch.Tensor) -> None:
+        if self.channel is not None:
+            self.channel.sum(flat)
+        else:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.replica_pg)
+
+    def prepare(self) -> tuple[int, Callable[[], None]]:
+        """The collectives of ``sync`` with every result held in copies: (bytes sent, the
+        call that writes the merged identities and averaged rows into the live tables).
+        A fault-tolerant step calls it at its commit only (``SyncPolicy.commit``)."""
+        begin = time.perf_counter()
         mine = [local_identity(t) for t in self.tables]
         packed = torch.cat(
             [_pack(i, t) for i, t in zip(mine, self.tables, strict=True)]
             or [torch.zeros(0, dtype=torch.int64)]
         )
-        gathered = [torch.empty_like(packed) for _ in range(groups)]
-        dist.all_gather(gathered, packed, group=self.replica_pg)
+        gathered, me = self._gather(packed)
+        groups = len(gathered)
         sent = packed.numel() * packed.element_size() * (groups - 1)
         merges: list[Merged] = []
         at = 0
@@ -102,7 +129,14 @@ class ManagedCollisionSync:
             merges.append(
                 merge(replicas, self.baselines[index], table.policy, current, table.decay)
             )
-        zch_merges, zch_sent = sync_zch(self.zch_tables, self.replica_pg)
+        zch_land: Callable[[], None] = lambda: None  # noqa: E731
+        if self.channel is None:
+            zch_merges, zch_sent = sync_zch(self.zch_tables, self.replica_pg)
+        else:  # the merged identities are adopted at the commit, with the rows
+            zch_packed = pack(self.zch_tables)
+            zch_gathered, _ = self._gather(zch_packed)
+            zch_merges, zch_land = merge_zch(self.zch_tables, zch_gathered)
+            zch_sent = zch_packed.numel() * zch_packed.element_size() * (groups - 1)
         rows = [
             (t.shards, m.sources[me], m.holders)
             for t, m in [
@@ -110,17 +144,27 @@ class ManagedCollisionSync:
                 *zip(self.zch_tables, zch_merges, strict=True),
             ]
         ]
-        sent += zch_sent + self._average_rows(rows)
-        with torch.no_grad():
-            for table, merged in zip(self.tables, merges, strict=True):
-                _adopt(table, merged.identity)
-        self.baselines = [m.identity for m in merges]
-        self.last_seconds = time.perf_counter() - begin
-        return sent
+        averaged, moved = self._average_rows(rows)
+        sent += zch_sent + moved
 
-    def _average_rows(self, rows: list[tuple[list[ShardState], torch.Tensor, torch.Tensor]]) -> int:
+        def land() -> None:
+            zch_land()
+            with torch.no_grad():
+                for tensor, value in averaged:
+                    tensor.copy_(value)
+                for table, merged in zip(self.tables, merges, strict=True):
+                    _adopt(table, merged.identity)
+            self.baselines = [m.identity for m in merges]
+            self.last_seconds = time.perf_counter() - begin
+
+        return sent, land
+
+    def _average_rows(
+        self, rows: list[tuple[list[ShardState], torch.Tensor, torch.Tensor]]
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
         """Per ``(shards, source, holders)``: contribute each new row's id as held here
-        (``source``: local row, -1 none), SUM over replicas, divide by ``holders``."""
+        (``source``: local row, -1 none), SUM over replicas, divide by ``holders``. Returns
+        (live tensor, its new value) pairs, nothing written yet, and the bytes sent."""
         live: list[torch.Tensor] = []
         parts: list[torch.Tensor] = []
         divisors: list[torch.Tensor] = []
@@ -137,18 +181,19 @@ class ManagedCollisionSync:
             sent = 0
             for dtype, group in by_dtype(parts).items():
                 flat = torch.cat([p.reshape(-1) for p in group])
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.replica_pg)
+                self._sum(flat)
                 sent += flat.numel() * flat.element_size()
                 at = 0
                 for part in group:
                     part.copy_(flat[at : at + part.numel()].view_as(part))
                     at += part.numel()
                 del dtype
+            averaged = []
             for tensor, part, holders in zip(live, parts, divisors, strict=True):
                 shape = (-1,) + (1,) * (tensor.dim() - 1)
                 count = holders.clamp(min=1).to(part.dtype).view(shape)
-                tensor.copy_(part / count)
-        return sent
+                averaged.append((tensor, part / count))
+        return averaged, sent
 
 
 def _packed_size(table: MCTable) -> int:

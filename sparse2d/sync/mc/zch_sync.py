@@ -14,6 +14,7 @@ state moves and is averaged with its row, not only ``sum``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -189,10 +190,21 @@ def sync_zch(tables: list[ZchTable], replica_pg: dist.ProcessGroup) -> tuple[lis
     packed = pack(tables)
     gathered = [torch.empty_like(packed) for _ in range(groups)]
     dist.all_gather(gathered, packed, group=replica_pg)
-    merges, adopted = merge_tables(tables, gathered)
-    with torch.no_grad():
-        for table, (ids, meta) in zip(tables, adopted, strict=True):
-            table.module._hash_zch_identities.data.copy_(ids)
-            if meta is not None:
-                table.module._hash_zch_metadata.copy_(meta)
+    merges, land = merge_zch(tables, gathered)
+    land()
     return merges, packed.numel() * packed.element_size() * (groups - 1)
+
+
+def merge_zch(tables: list[ZchTable], gathered: list[torch.Tensor]) -> tuple[list, Callable]:
+    """Merge every replica's packed identities: (row plans, the call that adopts the merged
+    identities; a fault-tolerant step calls it at its commit only)."""
+    merges, adopted = merge_tables(tables, gathered)
+
+    def land() -> None:
+        with torch.no_grad():
+            for table, (ids, meta) in zip(tables, adopted, strict=True):
+                table.module._hash_zch_identities.data.copy_(ids)
+                if meta is not None:
+                    table.module._hash_zch_metadata.copy_(meta)
+
+    return merges, land

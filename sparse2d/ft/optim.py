@@ -1,0 +1,74 @@
+"""Fault-tolerant step boundaries as an optimizer wrapper (torchft's ``OptimizerWrapper``
+pattern), so any loop that calls ``zero_grad()`` before the forward and ``step()`` after the
+backward runs fault-tolerant 2D unchanged, TorchRec's train pipelines included.
+
+- ``zero_grad()`` joins the step's quorum; a group behind the quorum heals here, before its
+  forward (``FaultTolerance.start_step``; a second call in one step does nothing).
+- between backward and ``step()``, ``model.sync()`` (TorchRec's ``sync_embeddings``) averages
+  the embeddings over the quorum into copies; ``step()`` does it on the sync cadence when
+  nobody did.
+- ``step()`` averages the dense gradients, votes, writes the averages back and steps the
+  dense optimizer only when the step commits (``FaultTolerance.finish_step``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from sparse2d.errors import FaultToleranceError
+from sparse2d.ft.replica import FaultTolerance
+
+
+class FTOptimizer(torch.optim.Optimizer):
+    """The dense optimizer of a ``FaultTolerance`` group, with its step boundaries."""
+
+    def __init__(self, ft: FaultTolerance, expect_position: int | None = None) -> None:
+        # no super().__init__: a thin wrapper over the group's dense optimizer
+        self.ft = ft
+        self.optim = ft.optimizer
+        self.expect_position = expect_position
+        """The data position of the batch the loop trains next, when the loop read it ahead
+        (a pipeline prefetches): a heal that moves the group elsewhere is then refused, so
+        no batch is trained twice or out of place. ``None``: the loop reads ``ft.position``."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Join the step's quorum (heal if behind), then clear the dense gradients."""
+        self.ft.start_step()
+        expected = self.expect_position
+        if expected is not None and self.ft.position != expected:
+            raise FaultToleranceError(
+                f"group {self.ft.options.replica_id}: healed to data position "
+                f"{self.ft.position} while its pipeline holds the batch of position {expected}; "
+                "the group restarts and heals before its pipeline's first prefetch"
+            )
+        self.optim.zero_grad(set_to_none)
+
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        """Vote and commit (``FaultTolerance.finish_step``); ``ft.last_committed`` says which."""
+        if closure is not None:
+            raise ValueError("FTOptimizer.step takes no closure (the step is voted on first)")
+        try:
+            self.ft.finish_step()
+        finally:  # the attempt used up its batch, committed or not
+            if self.expect_position is not None:
+                self.expect_position += 1
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optim.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optim.load_state_dict(state_dict)
+
+    @property  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optim.param_groups
+
+    @property  # type: ignore[override]
+    def state(self) -> Mapping[torch.Tensor, Any]:
+        return self.optim.state

@@ -1,0 +1,114 @@
+"""The replica channel: where a replica sync's averages travel.
+
+One sync (``SyncPolicy``: engines, NaN/inf guard, cadence, scaling) serves two transports:
+
+- ``InWorldChannel``: the replica process group inside one torchrun world (2D as TorchRec
+  builds it). Averages may land in place, and are written back as soon as they arrive.
+- ``ManagedChannel``: torchft's managed process group across torchrun worlds (one world per
+  sharding group, ``sparse2d.ft``). A member may vanish in the middle of an all-reduce, and
+  whether a step counts is only known at the commit vote, so averages land in copies (never
+  in the live shards) and ``SyncPolicy.commit`` writes them back only when the step commits;
+  a failed commit keeps each group's own values (``SyncPolicy.discard``).
+
+A channel only averages; what is averaged (engines) and when (policy) stay in the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from sparse2d.sync.collectives import AllReduceHook
+from sparse2d.sync.overlap import Reduction, start_average
+from sparse2d.sync.tensors import by_dtype
+
+
+class InWorldChannel:
+    """The replica process group of this world: averages are applied when they arrive, or,
+    ``deferred``, held in copies until the caller's ``SyncPolicy.commit`` (a loop that votes
+    on its steps itself)."""
+
+    def __init__(self, pg: dist.ProcessGroup | None, deferred: bool = False) -> None:
+        self.pg = pg
+        self.deferred = deferred
+        """Averages wait in copies for ``SyncPolicy.commit`` / ``discard``."""
+
+    def start(
+        self, buffers: list[torch.Tensor], hook: AllReduceHook | None, async_op: bool
+    ) -> Reduction:
+        """Average ``buffers`` in place over the replica group (``start_average``)."""
+        return start_average(buffers, self.pg, hook, async_op)
+
+
+class ManagedChannel:
+    """torchft's managed process group (``Manager.allreduce``): rank ``r`` of every group in
+    the current quorum. Errors do not raise here: torchft records them and the step's commit
+    vote fails, so the copies are dropped (``deferred``)."""
+
+    deferred = True
+    """Averages stay in copies until the step commits (``SyncPolicy.commit``)."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.pg = None  # no metadata collectives over the quorum (see ``sparse2d.ft``)
+
+    @property
+    def size(self) -> int:
+        """Groups in the current quorum."""
+        return int(self.manager.num_participants())
+
+    def start(
+        self, buffers: list[torch.Tensor], hook: AllReduceHook | None = None, async_op: bool = True
+    ) -> Reduction:
+        """Average ``buffers`` in place over the quorum; torchft divides by its participants.
+
+        A user all-reduce hook is written for a torch process group and cannot ride torchft's
+        managed one, so it is refused where the fault-tolerant sync is built."""
+        works = [self.manager.allreduce(buffer) for buffer in buffers]
+        reduction = Reduction(works, lambda: buffers)
+        if not async_op:
+            reduction.wait()
+            return Reduction([], lambda: buffers)
+        return reduction
+
+    def all_gather(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int]:
+        """Every quorum member's ``tensor`` (same shape everywhere) and this group's index,
+        as one SUM all-reduce over a zeroed slot per member (torchft's group has no
+        all-gather); the MC identity merge uses it."""
+        me = int(self.manager.participating_rank() or 0)
+        slots = torch.zeros((self.size, *tensor.shape), dtype=tensor.dtype)
+        slots[me] = tensor
+        self.sum(slots)
+        return list(slots.unbind(0)), me
+
+    def sum(self, tensor: torch.Tensor) -> None:
+        """SUM ``tensor`` in place over the quorum, blocking."""
+        self.manager.allreduce(tensor, reduce_op=dist.ReduceOp.SUM).wait()
+
+    def start_tensors(self, tensors: list[torch.Tensor]) -> Callable[[], None]:
+        """Start averaging ``tensors`` (any shapes) with one all-reduce per dtype, as DDP
+        buckets gradients; the returned call waits and writes the averages into them.
+
+        For values that are not live state (dense gradients: the dense optimizer steps only
+        on commit) and for the step's control vector."""
+        groups = list(by_dtype(tensors).values())
+        flats = [_flatten_dense_tensors(group) for group in groups]
+        reduction = self.start(flats)
+
+        def finish() -> None:
+            reduction.wait()
+            with torch.no_grad():
+                for group, flat in zip(groups, flats, strict=True):
+                    for tensor, value in zip(
+                        group, _unflatten_dense_tensors(flat, group), strict=True
+                    ):
+                        tensor.copy_(value)
+
+        return finish
+
+
+ReplicaChannel = InWorldChannel | ManagedChannel
