@@ -6,6 +6,7 @@ group is its own torchrun world), an in-process lighthouse, EXACT_SGD, sync ever
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.testing import assert_close
@@ -204,15 +205,17 @@ def _shard_values(model, shards) -> list[torch.Tensor]:
     return [t.clone() for t in live_tensors(shards, weights=True, states=True)]
 
 
-def _ft_momentum(group: int, lighthouse: str, steps: int) -> dict:
-    """Row-wise AdaGrad with momentum scaling (c = the groups in the quorum)."""
+def _ft_momentum(group: int, lighthouse: str, steps: int, every: int) -> dict:
+    """Row-wise AdaGrad with momentum scaling (c = the groups in the quorum), synced every
+    ``every`` steps."""
     from sparse2d.ft import FaultTolerance, FTOptimizer, FTOptions
     from tests.models import adagrad_2d
 
-    model = adagrad_2d(group_size=SIZE, momentum_scaling=True)
+    model = adagrad_2d(group_size=SIZE, momentum_scaling=True, every=every)
     opt = torch.optim.SGD([p for _, p in _dense(model)], lr=0.1)
     options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
-                        lighthouse=lighthouse, timeout_s=20, quorum_timeout_s=60)  # fmt: skip
+                        lighthouse=lighthouse, timeout_s=20, quorum_timeout_s=60,
+                        sync_every=every)  # fmt: skip
     ft = FaultTolerance(model, opt, options)
     wrapper = FTOptimizer(ft)
     while ft.step < steps:
@@ -231,28 +234,32 @@ def _dense(model):
     return in_backward_optimizer_filter(model.named_parameters())
 
 
-def _in_world_momentum(steps: int) -> dict:
+def _in_world_momentum(steps: int, every: int) -> dict:
     from tests.models import adagrad_2d
 
-    model = adagrad_2d(group_size=SIZE, momentum_scaling=True)
+    model = adagrad_2d(group_size=SIZE, momentum_scaling=True, every=every)
     opt = torch.optim.SGD([p for _, p in _dense(model)], lr=0.1)
     for step in range(steps):
         kjt, dense, target = make_batch(MIXED_TABLES, step, dist.get_rank())
         ((model(kjt, dense) - target) ** 2).mean().backward()
         opt.step()
         opt.zero_grad()
-        model.sync()
+        model.maybe_sync(step)
+    model.sync_policy.finish()
     return {"values": _shard_values(model, model.shard_states)}
 
 
-def test_momentum_scaling_under_ft_equals_in_world_2d(world4) -> None:
-    """The accumulators' averaged growth divided by c = 2 groups, as in-world 2D with G=2."""
+@pytest.mark.parametrize("every", [1, 2])
+def test_momentum_scaling_under_ft_equals_in_world_2d(world4, every: int) -> None:
+    """The accumulators' averaged growth divided by c = 2 groups, as in-world 2D with G=2;
+    at a sync every step and every 2 steps (local SGD: the same cadence and phase)."""
+    assert STEPS % every == 0  # both end on a sync
     lighthouse = start_lighthouse(min_replicas=GROUPS)
     try:
-        out = run_groups(GROUPS, SIZE, _ft_momentum, lighthouse.address(), STEPS)
+        out = run_groups(GROUPS, SIZE, _ft_momentum, lighthouse.address(), STEPS, every)
     finally:
         lighthouse.shutdown()
-    ref = world4.run(_in_world_momentum, STEPS)
+    ref = world4.run(_in_world_momentum, STEPS, every)
     for (g, r), got in out.items():
         assert got["factor"] == GROUPS
         expected = ref[r * GROUPS + g]["values"]

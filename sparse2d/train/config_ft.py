@@ -57,6 +57,17 @@ _SYNC_FREE = ("every", "engine", "hide", "include_optimizer_state", "momentum_sc
 in the step's quorum) or replaces (engine, hide)."""
 
 
+_SYNC_REASONS = {
+    "overlap": "an average landing after a later step would not be covered by that step's "
+    "commit vote, which is what keeps a failed group's values out of the others",
+    "delayed_optimizer_state": "states averaged one sync late would land after a later "
+    "step's commit vote, which is what keeps a failed group's values out of the others",
+    "compression": "not built yet: the bf16 delta compressor runs on a torch process group, "
+    "not on torchft's managed group",
+}
+"""Why a ``parallel.sync`` key is refused under fault tolerance (default: the generic line)."""
+
+
 def refusals(cfg: Any) -> list[str]:
     """Every option of ``cfg`` that fault-tolerant mode cannot run, as ``key=value (why)``."""
     if not cfg.fault_tolerance.enable:
@@ -75,10 +86,19 @@ def refusals(cfg: Any) -> list[str]:
     default = type(p.sync)()
     for key, value in dataclasses.asdict(p.sync).items():
         if key not in _SYNC_FREE and value != getattr(default, key):
-            out.append(
-                f"parallel.sync.{key}={value!r} (the fault-tolerant sync is the blocking fp32 "
-                "average over the quorum)"
-            )
+            why = _SYNC_REASONS.get(key, "the fault-tolerant sync is the blocking fp32 average")
+            out.append(f"parallel.sync.{key}={value!r} ({why})")
+    if p.sync.engine == "sparse":
+        out.append(
+            "parallel.sync.engine='sparse' (not built yet: the fault-tolerant sync runs the "
+            "dense engine, and engine='auto' runs dense there)"
+        )
+    if p.replica_layout != "intra_host":
+        out.append(
+            f"parallel.replica_layout={p.replica_layout!r} (a torchrun world is one sharding "
+            "group and torchft joins rank r of every group: where replicas sit is where each "
+            "group's torchrun runs, not this key)"
+        )
     if not p.sync.include_optimizer_state:
         out.append(
             "parallel.sync.include_optimizer_state=False (a heal and the average carry the "

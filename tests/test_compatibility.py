@@ -1,0 +1,251 @@
+"""``docs/compatibility.md`` is the truth about which trainer options compose.
+
+Two checks keep it honest:
+
+- every pair of the page's options is listed exactly once, and the config loader accepts a
+  pair exactly when the page says it works (a refusal the page does not state, or an
+  acceptance of a pair it says is refused, fails here); every "works" row names a test that
+  exists, and every "refused" row states its reason;
+- the pairs the page says work are not only accepted but train: a handful of short trainer
+  runs in the shared 4-rank world, each combining many options, covers every working pair
+  that runs inside one world (``COVERING_RUNS``; pairwise testing), and each run must end
+  with finite losses and bit-identical replicas (weights, optimizer state and
+  managed-collision identity tables) — a combination that silently diverges fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparse2d.errors import ConfigError
+from sparse2d.train.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "compatibility.md"
+BASE = "configs/tiny_cpu.yaml"
+BASE_OVERRIDES = ["parallel.sync.divergence_every=0"]
+"""The main job without its divergence metric: options are judged against a plain base."""
+
+OPTIONS: dict[str, list[str]] = {
+    "fault_tolerance": [
+        "fault_tolerance.enable=true",
+        "fault_tolerance.group_size=2",
+        "parallel.sharding_group_size=null",
+    ],
+    "pipeline_sparse_dist": ["train.pipeline=sparse_dist"],
+    "pipeline_semi_sync": ["train.pipeline=semi_sync"],
+    "mch": ["model.managed_collision.enabled=true", "model.managed_collision.kind=mch"],
+    "mp_zch": ["model.managed_collision.enabled=true", "model.managed_collision.kind=zch"],
+    "fully_sharded": ["parallel.sharding_strategy=fully_sharded"],
+    "checkpoints": ["checkpoint.every=4"],
+    "auto_group_size": ["parallel.sharding_group_size=auto"],
+    "sync_every_4": ["parallel.sync.every=4"],
+    "sparse_engine": ["parallel.sync.engine=sparse"],
+    "overlap": ["parallel.sync.overlap=true"],
+    "bf16": ["parallel.sync.compression=bf16"],
+    "delayed_state": ["parallel.sync.delayed_optimizer_state=true"],
+    "momentum_scaling": ["parallel.sync.momentum_scaling=true"],
+    "inter_host": ["parallel.replica_layout=inter_host"],
+}
+"""The options users combine, each as the trainer overrides that switch it on."""
+
+ALTERNATIVES = [{"pipeline_sparse_dist", "pipeline_semi_sync"}, {"mch", "mp_zch"}]
+"""Two values of one key: never a pair."""
+
+WORLD = 4
+FT_GROUP_WORLD = 2
+"""World sizes the config checks run at: the 2x2 mesh, and one fault-tolerant group of 2."""
+
+
+def pairs() -> list[tuple[str, str]]:
+    return [
+        (a, b)
+        for a, b in itertools.combinations(OPTIONS, 2)
+        if {a, b} not in [set(x) for x in ALTERNATIVES]
+    ]
+
+
+def overrides(*names: str) -> list[str]:
+    return BASE_OVERRIDES + [o for name in names for o in OPTIONS[name]]
+
+
+def refusal(*names: str) -> str | None:
+    """The config loader's error for these options together, or None when accepted."""
+    try:
+        cfg = load_config(str(ROOT / BASE), overrides(*names))
+        world = FT_GROUP_WORLD if cfg.fault_tolerance.enable else WORLD
+        cfg.check_runtime(world, world, check_paths=False)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
+ROW = re.compile(r"^\|\s*`(\w+)`\s*\|\s*`(\w+)`\s*\|\s*(works|refused)\s*\|\s*(.+?)\s*\|\s*$")
+
+
+def page_rows() -> dict[frozenset[str], tuple[str, str]]:
+    """``{pair: (status, evidence)}`` from the page's pair table; duplicates fail."""
+    rows: dict[frozenset[str], tuple[str, str]] = {}
+    for line in PAGE.read_text().splitlines():
+        match = ROW.match(line)
+        if match is None:
+            continue
+        a, b, status, evidence = match.groups()
+        key = frozenset((a, b))
+        assert key not in rows, f"docs/compatibility.md lists `{a}` x `{b}` twice"
+        rows[key] = (status, evidence)
+    return rows
+
+
+def test_page_lists_every_pair_once_with_known_options() -> None:
+    rows = page_rows()
+    unknown = sorted({o for key in rows for o in key} - set(OPTIONS))
+    assert not unknown, f"docs/compatibility.md names options this test does not know: {unknown}"
+    missing = [f"{a} x {b}" for a, b in pairs() if frozenset((a, b)) not in rows]
+    assert not missing, f"docs/compatibility.md does not list: {missing}"
+    assert len(rows) == len(pairs())
+
+
+@pytest.mark.parametrize("pair", pairs(), ids=lambda p: f"{p[0]}-{p[1]}")
+def test_config_loader_agrees_with_the_page(pair: tuple[str, str]) -> None:
+    status, evidence = page_rows()[frozenset(pair)]
+    error = refusal(*pair)
+    if status == "works":
+        assert error is None, f"the page says {pair} works, the config refuses it: {error}"
+    else:
+        assert error is not None, f"the page says {pair} is refused ({evidence}); it is accepted"
+        assert len(evidence) > 20, f"{pair}: a refusal states its fundamental reason"
+
+
+def _test_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+
+
+def test_every_working_pair_names_a_test_that_exists() -> None:
+    for key, (status, evidence) in page_rows().items():
+        if status != "works":
+            continue
+        cited = re.findall(r"(tests/\w+\.py)::(\w+)", evidence)
+        assert cited, f"{sorted(key)}: 'works' must name the test that shows it: {evidence}"
+        for path, name in cited:
+            assert (ROOT / path).exists(), f"{sorted(key)} cites missing {path}"
+            assert name in _test_names(ROOT / path), f"{sorted(key)} cites missing {path}::{name}"
+
+
+COVERING_RUNS: dict[str, list[str]] = {
+    "semi_sync_bf16_delayed_overlap": [
+        "auto_group_size", "bf16", "checkpoints", "delayed_state", "inter_host",
+        "momentum_scaling", "overlap", "pipeline_semi_sync", "sync_every_4",
+    ],
+    "fully_sharded_sparse_dist": [
+        "auto_group_size", "checkpoints", "fully_sharded", "inter_host", "pipeline_sparse_dist",
+    ],
+    "mch_sparse_engine_overlap": [
+        "auto_group_size", "checkpoints", "delayed_state", "inter_host", "mch", "overlap",
+        "pipeline_sparse_dist", "sparse_engine", "sync_every_4",
+    ],
+    "zch_sparse_engine_overlap": [
+        "auto_group_size", "checkpoints", "delayed_state", "inter_host", "mp_zch", "overlap",
+        "pipeline_sparse_dist", "sparse_engine", "sync_every_4",
+    ],
+    "mch_bf16_sparse_dist": ["bf16", "mch", "pipeline_sparse_dist"],
+    "zch_bf16": ["bf16", "mp_zch"],
+    "fully_sharded_semi_sync": ["fully_sharded", "pipeline_semi_sync"],
+    "scaling_sparse_engine_sparse_dist": [
+        "momentum_scaling", "pipeline_sparse_dist", "sparse_engine",
+    ],
+    "semi_sync_sparse_engine": ["pipeline_semi_sync", "sparse_engine"],
+    "semi_sync_defaults": ["pipeline_semi_sync"],
+}  # fmt: skip
+"""Trainer runs in one world that together cover every working pair without fault
+tolerance (chosen greedily; ``test_covering_runs_cover_every_working_pair`` checks).
+``semi_sync_defaults`` guards a bug these runs found: under ``TrainPipelineSemiSync`` the
+embedding update lands after DDP's backward and after the next batch's lookup, and replicas
+ended 0.5 apart (syncs run inside DDP's backward; touched rows stamped before a sync)."""
+
+
+def test_covering_runs_cover_every_working_pair() -> None:
+    covered = {
+        frozenset(p) for run in COVERING_RUNS.values() for p in itertools.combinations(run, 2)
+    }
+    for key, (status, evidence) in page_rows().items():
+        if status == "works" and "fault_tolerance" not in key:
+            assert key in covered, f"no covering run combines {sorted(key)}"
+            assert "test_covering_run" in evidence, f"{sorted(key)}: cite the covering run"
+
+
+def _replica_check(model: Any) -> float:
+    """Largest difference between this rank and replica-rank 0 over every context's shards
+    (FULLY_SHARDED materialized) and managed-collision identity tables; 0.0: identical."""
+    import torch
+    import torch.distributed as dist
+
+    from sparse2d.sync.fully_sharded import materialized
+    from sparse2d.sync.mc import mc_identity_buffers
+    from sparse2d.sync.tensors import live_tensors
+
+    worst = torch.zeros((), dtype=torch.float64)
+    with materialized(model), torch.no_grad():
+        for ctx in model.contexts:
+            shards = list(ctx.shards) + list(getattr(ctx.policy.mc, "shards", []) or [])
+            tensors = live_tensors(shards, weights=True, states=True)
+            tensors += mc_identity_buffers(ctx.policy)
+            for tensor in tensors:
+                reference = tensor.detach().clone()
+                src = dist.get_global_rank(ctx.replica_pg, 0)
+                dist.broadcast(reference, src=src, group=ctx.replica_pg)
+                diff = (tensor.detach().double() - reference.double()).abs().max()
+                worst = torch.maximum(worst, diff if tensor.numel() else worst)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst)
+
+
+def _covering_run_on_this_rank(config: str, args: list[str]) -> dict[str, Any]:
+    import contextlib
+    import io
+
+    import torch.distributed as dist
+
+    from sparse2d.train.loop import Loop
+    from sparse2d.train.model import resolve_device
+
+    cfg = load_config(config, args)
+    cfg.check_runtime(dist.get_world_size(), dist.get_world_size())
+    with contextlib.redirect_stdout(io.StringIO()):
+        loop = Loop(cfg, resolve_device(cfg))
+        try:
+            summary = loop.run()
+            summary["replica_max_diff"] = _replica_check(loop.model)
+            summary["contexts_replicated"] = [c.num_replicas for c in loop.model.contexts]
+        finally:
+            loop.model.close()
+        dist.barrier()
+    return summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", sorted(COVERING_RUNS))
+def test_covering_run(world4, tmp_path, run: str) -> None:
+    """Eight steps of the trainer with every option of ``run`` at once: finite losses, a
+    checkpoint written where asked, identical replicas (identity tables too) at the end."""
+    names = COVERING_RUNS[run]
+    assert refusal(*names) is None, f"{run}: the config refuses {names}: {refusal(*names)}"
+    args = overrides(*names) + [
+        "train.steps=8", "train.log_every=4", "train.eval_batches=2", "train.eval_every=0",
+        "train.progress_bar=false", "metrics.tensorboard=false", f"run_dir={tmp_path}",
+    ]  # fmt: skip
+    summary = world4.run(_covering_run_on_this_rank, str(ROOT / BASE), args, timeout=400)[0]
+    assert summary["steps"] == 8
+    for key in ("train_loss", "eval_loss"):
+        assert math.isfinite(summary[key]), f"{run}: {key}={summary[key]}"
+    assert summary["replica_max_diff"] == 0.0, f"{run}: replicas differ after the final sync"
+    if "checkpoints" in names:
+        assert list((tmp_path / "checkpoints").glob("step_*")), f"{run}: no checkpoint written"
