@@ -41,9 +41,9 @@ vote, start the all-reduce, wait for it and write the average back."""
 def _instrument(models: dict[int, Any], spent: dict[str, float]) -> None:
     """Time the sync's parts into ``spent`` (seconds, summed per sync) by wrapping the
     functions the sync policy calls; nothing else changes."""
+    import sparse2d.sync.channel as channel
     import sparse2d.sync.finite as finite
     import sparse2d.sync.overlap as overlap
-    import sparse2d.sync.policy as policy
 
     def timed(part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -57,7 +57,7 @@ def _instrument(models: dict[int, Any], spent: dict[str, float]) -> None:
 
     finite.all_finite = timed("scan", finite.all_finite)
     finite.Verdict.wait = timed("vote_wait", finite.Verdict.wait)
-    policy.start_average = timed("start", policy.start_average)
+    channel.start_average = timed("start", channel.start_average)  # the in-world channel's
     overlap.Pending.complete = timed("land", overlap.Pending.complete)
     for model in models.values():
         engine = model.sync_policy.engine
