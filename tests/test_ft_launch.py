@@ -147,6 +147,12 @@ def test_sigkill_in_group_1_heals_from_group_0_and_group_0_never_stops(tmp_path)
     late = [h for h in g1["heals"] if h["step"] > killed]
     assert late and late[-1]["from_group"] == 0 and late[-1]["bytes"] > 0, g1["heals"]
     assert len(late) == 1, g1["heals"]  # one heal per kill (heals of every restart listed)
+    # ... and built its model from the plan stored under RUN_DIR/plans: no planning to heal.
+    with open(os.path.join(tmp_path / "killed", "replica_1", "metrics.jsonl")) as f:
+        starts = [
+            r["construction"]["plan_cache"] for r in map(json.loads, f) if r["kind"] == "start"
+        ]
+    assert len(starts) >= 2 and starts[-1] == "hit", starts
     assert g1["final_step"] == STEPS and g1["min_groups_in_step"] == 2
     assert g0["min_groups_in_step"] == 1
     assert g0["samples_skipped"] == g1["samples_skipped"] > 0  # group 1's missed slices

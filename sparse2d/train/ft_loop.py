@@ -234,7 +234,8 @@ class FTLoop:
         steps, t = cfg.train.steps, cfg.train
         samples_per_group = self.size * cfg.data.batch_size_per_rank
         self.log({"kind": "start", "group_size": self.size, "groups": self.groups,
-                  "restart": self.restart, "pid": os.getpid(), "position": ft.position})  # fmt: skip
+                  "restart": self.restart, "pid": os.getpid(), "position": ft.position,
+                  "construction": model.construction.record()})  # fmt: skip
         window, last_train = TrainWindow(), {}
         train_s, trained_samples, win_s, win_samples, win_steps = 0.0, 0, 0.0, 0, 0
         first = True
@@ -323,6 +324,7 @@ class FTLoop:
             + [{k: v for k, v in h.items() if k != "logged"} for h in ft.heals],
             "samples_skipped": ft.slices_skipped * samples_per_group,
             "restart_count": self.restart,
+            "construction": model.construction.record(),  # plan store hit or miss (issue 32)
             "pids": pids,
             "state_digests": digests,
         }
