@@ -26,22 +26,18 @@ Writes ``bench/auto.json`` and the ``auto`` section of ``bench/RESULTS.md``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from queue import Empty
 from typing import Any
-
-import torch.multiprocessing as mp
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from bench_util import free_port, publish, rendezvous_env, timed  # noqa: E402
+from bench_util import publish, spawn, timed  # noqa: E402
 from planner_holdout import FIT_SERIES, SERIES, Series, _batch, _build  # noqa: E402
 
 NEW_SERIES: tuple[Series, ...] = (
@@ -77,17 +73,16 @@ def _step(series: Series, model: Any, i: int, rank: int) -> None:
     model.sync()
 
 
-def _worker(rank: int, world: int, port: int, series: Series, shortlist: list, pick: int,
-            rounds: int, steps: int, options: Any, out: Any) -> None:  # fmt: skip
-    rendezvous_env(rank, world, port)
-    import torch
+def _rank(series: Series, shortlist: list, pick: int, rounds: int, steps: int,
+          options: Any) -> dict[str, Any]:  # fmt: skip
+    """One rank of ``measure_series`` (run by ``bench_util.spawn``): the trial's report and
+    the reference, the slowest rank's median step per L."""
     import torch.distributed as dist
 
     from sparse2d.mesh import divisors
     from sparse2d.planner.trial import measure_group_sizes
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
+    rank, world = dist.get_rank(), dist.get_world_size()
     report = measure_group_sizes(
         lambda L: _build(series, L), lambda m, i: _step(series, m, i, rank), shortlist,
         options, model_pick=pick,
@@ -110,10 +105,8 @@ def _worker(rank: int, world: int, port: int, series: Series, shortlist: list, p
     mine = {L: statistics.median(t) for L, t in times.items()}
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine)
-    if rank == 0:
-        out.put({"trial": report.as_json(),
-                 "reference": {L: max(g[L] for g in gathered) for L in mine}})  # fmt: skip
-    dist.destroy_process_group()
+    return {"trial": report.as_json(),
+            "reference": {L: max(g[L] for g in gathered) for L in mine}}  # fmt: skip
 
 
 def measure_series(series: Series, rounds: int, steps: int, options: Any) -> dict[str, Any]:
@@ -121,28 +114,8 @@ def measure_series(series: Series, rounds: int, steps: int, options: Any) -> dic
 
     advice = advice_for(series)
     short = shortlist(advice, options)
-    ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
     load = os.getloadavg()[0]
-    args = (series.world, port, series, short, advice.recommended, rounds, steps, options, out)
-    procs = [ctx.Process(target=_worker, args=(r, *args)) for r in range(series.world)]
-    for p in procs:
-        p.start()
-    try:
-        deadline = time.monotonic() + 1200
-        while True:
-            try:
-                result = out.get(timeout=5)
-                break
-            except Empty:
-                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                if failed or time.monotonic() > deadline:
-                    raise RuntimeError(f"ranks exited with {failed} (or timed out)") from None
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
+    result = spawn(series.world, _rank, series, short, advice.recommended, rounds, steps, options)
     ref = result["reference"]
     best = min(ref, key=lambda L: ref[L])
     chosen, pick = result["trial"]["chosen"], advice.recommended
