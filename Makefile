@@ -64,7 +64,7 @@ format: $(STAMP)
 # No blanket reruns: only the launcher tests named in tests/conftest.py (RERUN_ONCE: they
 # start torchrun / lighthouse processes) may run once more; -rR names every rerun.
 test: lint
-	$(PY) -m pytest -q -rR $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rR --durations=30 $(PYTEST_ARGS)
 
 test-quick: lint
 	$(PY) -m pytest -q -m 'not slow' $(PYTEST_ARGS)

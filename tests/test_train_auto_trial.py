@@ -98,6 +98,8 @@ def test_auto_trains_at_the_measured_best_bit_identical_to_explicit(world4, tmp_
     assert set(measured) == {2, 4} and all(v > 0 for v in measured.values())
     fastest = min(measured, key=lambda L: (measured[L], L))
     assert trial["chosen"] == fastest == first["summary"]["sharding_group_size"]
+    # the trial stored each candidate's plan: the model it trains is built from the store
+    assert first["summary"]["construction"]["plan_cache"] == "hit", first["summary"]
     assert trial["trial_s"] > 0 and all(c["predicted_step_s"] > 0 for c in by_l.values())
     assert "auto sharding_group_size trial" in first["log"] and "<- chosen" in first["log"]
     records = [line for line in open(tmp_path / "auto" / "metrics.jsonl")]
