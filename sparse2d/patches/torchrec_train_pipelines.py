@@ -25,7 +25,8 @@ Without it: a replica sync between the lookup and its update is not seen: manage
 tables would update rows that now hold other ids, and touched-row engines would drop rows
 updated after the sync. ``sparse2d.sync.mc.pipelines`` registers the check run here.
 Probe: ``early_lookup_needed()`` checks that the two classes still start lookups ahead
-(``_start_embedding_lookup`` in their source) and that their ``__init__`` takes no hook.
+(their ``start_embedding_lookup`` calls ``_start_embedding_lookup``) and that their
+``__init__`` takes no hook.
 Fix: their ``__init__`` first runs each hook added by ``add_early_lookup_hook`` on the model.
 Regression tests: ``tests/test_torchrec_compat.py`` (semi-sync on CPU),
 ``tests/test_sync_mc_pipelines.py`` (refused with replicated MC tables).
@@ -81,12 +82,14 @@ def apply() -> None:
     """Drop CPU streams before TorchRec records tensors on them (idempotent)."""
     from torchrec.distributed.train_pipeline import train_pipelines
 
-    if not needed():
+    sites = (("_wait_for_events", 2), ("_start_embedding_lookup", 3))
+    pending = [(n, p) for n, p in sites if not is_patched(getattr(train_pipelines, n))]
+    if not pending or not needed():
         return
-    for name, position in (("_wait_for_events", 2), ("_start_embedding_lookup", 3)):
-        current = getattr(train_pipelines, name)
-        if not is_patched(current):
-            setattr(train_pipelines, name, _without_cpu_stream(current, position))
+    for name, position in pending:
+        setattr(
+            train_pipelines, name, _without_cpu_stream(getattr(train_pipelines, name), position)
+        )
 
 
 def add_early_lookup_hook(hook: Callable[[Any, str], None]) -> None:
@@ -120,19 +123,19 @@ def early_lookup_needed() -> bool:
     for cls in classes:
         init = original_of(cls.__dict__["__init__"])
         hooks = [p for p in inspect.signature(init).parameters if "hook" in p or "callback" in p]
-        if hooks or "_start_embedding_lookup" not in inspect.getsource(cls):
+        lookup = cls.__dict__.get("start_embedding_lookup")
+        if hooks or lookup is None or "_start_embedding_lookup(" not in inspect.getsource(lookup):
             return False
     return True
 
 
 def apply_early_lookup_notice() -> None:
     """Make the early-lookup pipelines run the added hooks on their model (idempotent)."""
-    if not early_lookup_needed():
+    pending = [cls for cls in _early_classes() if not is_patched(cls.__dict__["__init__"])]
+    if not pending or not early_lookup_needed():
         return
-    for cls in _early_classes():
-        init = cls.__dict__["__init__"]
-        if not is_patched(init):
-            cls.__init__ = _noticing(init, cls.__name__)  # type: ignore[misc]
+    for cls in pending:
+        cls.__init__ = _noticing(cls.__dict__["__init__"], cls.__name__)  # type: ignore[misc]
 
 
 PATCHES = (
@@ -151,7 +154,7 @@ PATCHES = (
         upstream="torchrec/distributed/train_pipeline/train_pipelines.py:1667",
         issue="none found",
         breaks="semi-sync/fused pipelines look up before the sync unseen: MC rows mixed up, touched rows lost",
-        probe="both classes still call _start_embedding_lookup and their __init__ takes no hook",
+        probe="both classes' start_embedding_lookup still calls _start_embedding_lookup; no hook in __init__",
         needed=early_lookup_needed,
         apply=apply_early_lookup_notice,
         sites=_EARLY_SITES,
