@@ -236,7 +236,7 @@ def measure(world: int, series: list[Series], rounds: int, steps: int) -> dict[s
 
     One fresh gloo world per series: a series' models must not share a process with the
     previous series' closed ones (two TWRW series in one process hit a stale TorchRec group
-    cache, fixed in ``torchrec_fixes``; separate worlds keep each series' timing clean too)."""
+    cache, fixed in ``sparse2d.patches.torchrec_comm``; separate worlds keep each series' timing clean too)."""
     measured: dict[str, Any] = {}
     for s in series:
         try:

@@ -63,10 +63,11 @@ from sparse2d.contexts import (
 )
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import Mesh2D, build_mesh, validate_group_size, validate_layout
+from sparse2d.patches import apply_all
+from sparse2d.patches.torchrec_comm import forget_destroyed_groups
 from sparse2d.planner import default_sharders, remap_plan
 from sparse2d.planner.auto import AUTO, auto_group_size
 from sparse2d.planner.plan_store import PlanStore, as_plan_store
-from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes, forget_destroyed_groups
 from sparse2d.replica_sync import ReplicaSync
 from sparse2d.resources import GroupRecorder, Resources
 from sparse2d.sync import AllReduceHook, ShardState, collect_shard_states
@@ -82,10 +83,8 @@ from sparse2d.sync.fully_sharded.surfaces import (
     guard_sharded_modules,
 )
 from sparse2d.sync.mc import mc_sync_for, plain_shards
-from sparse2d.sync.mc.cpu_reset import install_cpu_reset
 from sparse2d.sync.mc.pipelines import install_pipeline_guard
 from sparse2d.sync.mc.tables import check_managed_collision
-from sparse2d.sync.mc.zch_insert import install_cpu_insert
 from sparse2d.sync.multi import PolicySet
 from sparse2d.sync.policy import SyncOptions, SyncPolicy
 
@@ -299,10 +298,8 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
             check_fully_sharded_plan(ctx.strategy, ctx.plan)  # the same plan on every rank
             plan.plan.update(remap_plan(ctx.plan, ctx.sharding_group, resolved).plan)
         # 4. Shard: TorchRec's DMP, each module type with its context's ShardingEnv2D.
-        apply_torchrec_fixes()
+        apply_all()  # TorchRec/FBGEMM workarounds still needed (sparse2d.patches)
         install_pipeline_guard()
-        if has_mc:
-            install_cpu_reset()
         self._envs_by_type = {c.module_type: sharding_env(c, pg) for c in contexts}
         with report.phase("shard"):
             DistributedModelParallel.__init__(
@@ -317,8 +314,6 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
                 data_parallel_wrapper=call.data_parallel_wrapper,
             )
         self._contexts = contexts
-        if has_mc:
-            install_cpu_insert(self)  # MP-ZCH on CPU: FBGEMM's CPU kernel only looks up
         self._assign_shards()
         sliced = [c for c in contexts if c.strategy == FS and c.num_replicas > 1]
         for ctx in contexts:

@@ -73,10 +73,10 @@ def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str) -> di
 
 
 def _pipeline_reference(steps: int, kind: str) -> dict:
-    from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes
+    from sparse2d.patches import apply_all
     from tests.test_torchrec_compat import batches, make_pipeline, pipeline_model, run_pipeline
 
-    apply_torchrec_fixes()  # semi-sync on CPU (DMPCollection applies it; this run has none)
+    apply_all()  # semi-sync on CPU (DMPCollection applies it; this run has none)
     tables = MIXED_TABLES
     weights = full_weights(pipeline_model().model)
     model = shard_1d(pipeline_model(), tables)

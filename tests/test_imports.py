@@ -137,7 +137,8 @@ def test_library_never_imports_the_application() -> None:
 def test_layout_has_the_documented_packages() -> None:
     graph = import_graph()
     for name in ("sparse2d.collection", "sparse2d.mesh", "sparse2d.planner", "sparse2d.sync",
-                 "sparse2d.checkpoint", "sparse2d.train", "sparse2d.train.loop"):  # fmt: skip
+                 "sparse2d.checkpoint", "sparse2d.patches", "sparse2d.train",
+                 "sparse2d.train.loop"):  # fmt: skip
         assert name in graph, f"{name} is missing from the package layout"
 
 

@@ -58,7 +58,7 @@ def snapshot(model: Any) -> dict[str, dict[str, Any]]:
 
 def window_of(mc: Any) -> Any:
     """raw id -> the local slots of its probe window (FBGEMM's hash, via the module's mapper)."""
-    from sparse2d.sync.mc.zch_insert import start_slots
+    from sparse2d.patches.torchrec_hash_mc_modules import start_slots
 
     def window(raw: int) -> list[int]:
         values, sizes, offsets = mc.input_mapper(

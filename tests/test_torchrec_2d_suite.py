@@ -100,7 +100,7 @@ def test_rw_variable_batch_is_a_torchrec_bug_fixed_on_gloo(
     """The row-wise per-rank-batch case fails with TorchRec's own 1D
     ``DistributedModelParallel`` on gloo: ``ReduceScatterV``'s backward in ``comm_ops``
     gathers unequal per-rank sizes, which gloo's allgather refuses. With sparse2d's fix
-    (``torchrec_fixes``: a padded all-gather on gloo) TorchRec's 1D passes the case too, as
+    (``sparse2d.patches.torchrec_comm_ops``: a padded all-gather on gloo) TorchRec's 1D passes the case too, as
     sparse2d's 2D does in ``test_torchrec_2d_case``."""
     case = next(c for c in cases.CASES if c.method == "test_sharding_rw_2D")
     params = next(p for p in cases.combinations(case) if p["variable_batch_size"])

@@ -27,7 +27,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from sparse2d import DMPCollection
 from sparse2d.compat import TORCHREC_POSITIONAL, adapt_all_reduce, parse_call, resolve_layout
 from sparse2d.errors import ConfigError
-from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes
+from sparse2d.patches import apply_all
 from sparse2d.sync.policy import SyncOptions
 from tests.models import (
     MIXED_TABLES,
@@ -98,7 +98,7 @@ def run_pipeline(pipeline, data: list[Batch], after=None) -> list[torch.Tensor]:
 # ---- worker-side checks --------------------------------------------------------------------
 def check_pipeline(kind: str, group: int, interval: int | None) -> dict:
     """2D and TorchRec 1D, each driven by the same TorchRec pipeline from identical weights."""
-    apply_torchrec_fixes()  # semi-sync on CPU; DMPCollection applies it too, the 1D run comes first
+    apply_all()  # semi-sync on CPU; DMPCollection applies it too, the 1D run comes first
     tables = MIXED_TABLES
     weights = full_weights(pipeline_model().model)
     reference = shard_1d(pipeline_model(), tables)
@@ -353,30 +353,3 @@ def test_hook_signatures() -> None:
     with pytest.raises(ConfigError, match="must take"):
         adapt_all_reduce(lambda: None)
     assert adapt_all_reduce(None) is None
-
-
-def test_torchrec_fixes_follow_the_installed_torchrec() -> None:
-    """Each workaround is installed exactly when the installed TorchRec still has the bug
-    (re-checked here on every run; 1.8.0 and 1.9.2 both still need all of them)."""
-    import torchrec.distributed.embeddingbag as trec_embeddingbag
-    from torchrec.distributed.train_pipeline import runtime_forwards, train_pipelines
-    from torchrec.sparse.jagged_tensor import KeyedTensor
-
-    from sparse2d.planner import torchrec_fixes as fixes
-
-    fixes.apply_torchrec_fixes()
-    fixes.apply_torchrec_fixes()  # idempotent: wrapped once
-    shape = trec_embeddingbag.create_global_tensor_shape_stride_from_metadata
-    original = getattr(shape, fixes._ORIGINAL, shape)
-    assert hasattr(shape, fixes._ORIGINAL) == fixes.twcw_shape_missing(original)
-    assert not hasattr(getattr(shape, fixes._ORIGINAL, None), fixes._ORIGINAL)
-    assert not fixes.twcw_shape_missing(shape)  # fixed either way
-    streams = fixes.cpu_streams_rejected()
-    for fn in (train_pipelines._wait_for_events, train_pipelines._start_embedding_lookup):
-        assert hasattr(fn, fixes._ORIGINAL) == streams
-    assert hasattr(KeyedTensor.record_stream, fixes._ORIGINAL) == streams
-    init = runtime_forwards.BaseForward.__init__
-    assert runtime_forwards.BaseForward("p", None, None, None, None)._device.type == (
-        "cuda" if torch.cuda.is_available() else "cpu"
-    )
-    assert hasattr(init, fixes._ORIGINAL) == (not torch.cuda.is_available())

@@ -88,7 +88,7 @@ def run_case(payload: bytes, dmp: str = "sparse2d") -> float:
     ``DistributedModelParallel`` over the whole world (the 1D reference for failures that
     are TorchRec's); ``"torchrec-1d-unfixed"`` is that with TorchRec's own
     ``ReduceScatterV_Wait.backward`` put back in place of sparse2d's gloo fix
-    (``sparse2d.planner.torchrec_fixes``) for the run. Returns seconds.
+    (``sparse2d.patches``) for the run. Returns seconds.
     """
     install_vendored()
     import torch
@@ -116,9 +116,9 @@ def run_case(payload: bytes, dmp: str = "sparse2d") -> float:
         raise ValueError(dmp)
     from torchrec.distributed import comm_ops
 
-    from sparse2d.planner.torchrec_fixes import apply_torchrec_fixes
+    from sparse2d.patches import apply_all
 
-    apply_torchrec_fixes()
+    apply_all()
     wait = comm_ops.ReduceScatterV_Wait
     fixed_backward = wait.__dict__["backward"]
     if dmp == "torchrec-1d-unfixed":

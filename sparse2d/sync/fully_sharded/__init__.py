@@ -6,6 +6,6 @@ reduce-scatters, ``surfaces`` keeps every ``nn.Module`` surface valid between st
 """
 
 from sparse2d.sync.fully_sharded.schedule import FullyShardedEmbeddings, materialized
-from sparse2d.sync.fully_sharded.slices import FlatSlice, return_freed_memory_to_os
+from sparse2d.sync.fully_sharded.slices import FlatSlice
 
-__all__ = ["FlatSlice", "FullyShardedEmbeddings", "materialized", "return_freed_memory_to_os"]
+__all__ = ["FlatSlice", "FullyShardedEmbeddings", "materialized"]

@@ -48,12 +48,12 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
+from sparse2d.patches import glibc_malloc
 from sparse2d.sync.collectives import AllReduceHook, average_
 from sparse2d.sync.finite import all_finite
 from sparse2d.sync.fully_sharded.slices import (
     FlatSlice,
     Kernel,
-    return_freed_memory_to_os,
     slice_kernels,
 )
 from sparse2d.sync.policy import SyncReport
@@ -105,7 +105,7 @@ class FullyShardedEmbeddings:
                 )
             )
         if any(k.weights.full.device.type == "cpu" for k in self.kernels):
-            return_freed_memory_to_os()
+            glibc_malloc.apply()  # the glibc_malloc patch's trigger: freed slices leave RSS
         self._release_all()
 
     # ---- the schedule ---------------------------------------------------------------

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import logging
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -17,9 +13,6 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 
 from sparse2d.errors import ConfigError
 from sparse2d.sync.tensors import ShardState
-
-logger = logging.getLogger(__name__)
-_M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
 
 STATE_PREFIXES = ("momentum1", "momentum2")
 """FBGEMM's flat optimizer-state buffers (each ``{prefix}_{dev,host,uvm}``)."""
@@ -191,24 +184,3 @@ def slice_kernels(shards: list[ShardState], pg: dist.ProcessGroup) -> list[Kerne
         slices = [FlatSlice(tbe, n, index, count) for n in _flat_buffer_names(tbe, states[key])]
         kernels.append(Kernel(tbe, pg, tables[key], slices[0], slices[1:]))
     return kernels
-
-
-def return_freed_memory_to_os(threshold: int = 1 << 20) -> bool:
-    """Fix glibc's mmap threshold so freed large CPU buffers go back to the OS.
-
-    glibc raises its mmap threshold dynamically each time a large mmapped block is freed;
-    after the first step the full TBE buffers (and gloo's temporaries) come from the heap
-    and stay resident after ``resize_(0)``, so the memory FULLY_SHARDED frees would not be
-    returned (measured: RSS between steps above DEFAULT). Process-wide; skipped when
-    ``MALLOC_MMAP_THRESHOLD_`` is set or the C library is not glibc.
-    """
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is not None:
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        done = bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
-    except (OSError, AttributeError):
-        return False
-    if done:
-        logger.info("[sparse2d] FULLY_SHARDED: glibc mmap threshold fixed at %d bytes", threshold)
-    return done

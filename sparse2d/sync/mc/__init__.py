@@ -1,7 +1,8 @@
 """Managed-collision tables (TorchRec MCH) in 2D: replicas agree on ids before averaging.
 
 ``tables`` finds them and refuses what cannot be synced, ``merge`` is the pure identity
-merge, ``sync`` the collective that applies it, ``cpu_reset`` FBGEMM's missing CPU row reset.
+merge, ``sync`` the collective that applies it. FBGEMM's missing CPU row reset and MP-ZCH
+insert are in ``sparse2d.patches``.
 """
 
 from __future__ import annotations

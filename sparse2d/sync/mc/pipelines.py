@@ -15,13 +15,11 @@ The check runs when the pipeline is built: pure, on every rank, before any colle
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from sparse2d.errors import ConfigError
+from sparse2d.patches.torchrec_train_pipelines import add_early_lookup_hook
 from sparse2d.sync.mc import rules
-
-_ORIGINAL = "_sparse2d_original"
 
 
 def mc_tables_with_replicas(model: Any) -> list[str]:
@@ -45,27 +43,17 @@ def refuse_early_lookup(model: Any, pipeline: str) -> None:
         )
 
 
-def _guarded(init: Callable[..., Any], name: str) -> Callable[..., Any]:
-    def guarded(self: Any, model: Any, *args: Any, **kwargs: Any) -> None:
-        refuse_early_lookup(model, name)
-        policy = getattr(model, "sync_policy", None)
-        if policy is not None:
-            policy.look_ahead()
-        init(self, model, *args, **kwargs)
-
-    setattr(guarded, _ORIGINAL, init)
-    return guarded
+def before_early_lookup(model: Any, pipeline: str) -> None:
+    """Run when an early-lookup pipeline is built over ``model``: refuse replicated MC
+    tables, then switch the model's touched-row tracking to look-ahead."""
+    refuse_early_lookup(model, pipeline)
+    policy = getattr(model, "sync_policy", None)
+    if policy is not None:
+        policy.look_ahead()
 
 
 def install_pipeline_guard() -> None:
-    """Make the early-lookup pipelines refuse models with replicated MC tables and switch
-    the model's touched-row tracking to look-ahead (idempotent)."""
-    from torchrec.distributed.train_pipeline import train_pipelines as pipelines
-
-    for name in ("TrainPipelineSemiSync", "TrainPipelineFusedSparseDist"):
-        cls = getattr(pipelines, name, None)
-        if cls is None or "__init__" not in cls.__dict__:
-            continue
-        init = cls.__dict__["__init__"]
-        if not hasattr(init, _ORIGINAL):
-            cls.__init__ = _guarded(init, cls.__name__)  # type: ignore[method-assign]
+    """Have TorchRec's early-lookup pipelines run ``before_early_lookup`` on their model
+    (idempotent; the patch that makes them call it is
+    ``sparse2d.patches.torchrec_train_pipelines``, applied by ``apply_all``)."""
+    add_early_lookup_hook(before_early_lookup)

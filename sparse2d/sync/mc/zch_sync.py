@@ -7,7 +7,7 @@ looks its ids up in the merged table (``rank_to_global``), rows move to the agre
 slots no replica keeps are zeroed and the rest are averaged over the replicas that hold
 their id (``sync_hash_zch_weights``). Differences, each on purpose: every replica computes
 the merge itself from an all-gather (no gather/broadcast through a root), so it works on CPU
-through ``zch_insert``; rows are rebuilt from zeros rather than moved in place (TorchRec's
+through ``zch_insert`` (``sparse2d.patches.torchrec_hash_mc_modules``); rows are rebuilt from zeros rather than moved in place (TorchRec's
 in-place move leaves a stale row in a slot whose id moved away); and **every** optimizer
 state moves and is averaged with its row, not only ``sum``.
 """
@@ -23,7 +23,7 @@ import torch.nn as nn
 from torchrec.distributed.mc_modules import ShardedManagedCollisionCollection
 from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
 
-from sparse2d.sync.mc.zch_insert import zch_insert
+from sparse2d.patches.torchrec_hash_mc_modules import zch_insert
 from sparse2d.sync.tensors import ShardState
 
 _ALWAYS_EVICT = 2**31 - 1

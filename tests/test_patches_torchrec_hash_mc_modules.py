@@ -1,4 +1,5 @@
-"""The plain-torch MP-ZCH insert builds tables FBGEMM's own read-only lookup resolves alike."""
+"""``patches.torchrec_hash_mc_modules``: the plain-torch MP-ZCH insert builds tables FBGEMM's
+own read-only lookup resolves alike, and CPU MP-ZCH modules train through it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import collections
 import pytest
 import torch
 
-from sparse2d.sync.mc.zch_insert import cpu_kernel_inserts, start_slots, zch_insert
+from sparse2d.patches._base import original_of
+from sparse2d.patches.torchrec_hash_mc_modules import (
+    apply,
+    cpu_kernel_inserts,
+    start_slots,
+    zch_insert,
+)
 
 SIZE = 64
 PROBE = 8
@@ -187,8 +194,6 @@ def test_module_trains_through_the_insert_and_evaluates_through_fbgemm() -> None
     from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
     from torchrec.sparse.jagged_tensor import JaggedTensor
 
-    from sparse2d.sync.mc.zch_insert import install_cpu_insert
-
     module = HashZchManagedCollisionModule(
         zch_size=SIZE,
         device=torch.device("cpu"),
@@ -199,9 +204,12 @@ def test_module_trains_through_the_insert_and_evaluates_through_fbgemm() -> None
         eviction_policy_name=HashZchEvictionPolicyName.SINGLE_TTL_EVICTION,
         eviction_config=HashZchEvictionConfig(features=["f"], single_ttl=1),
     )
-    with pytest.raises(RuntimeError, match="readonly"):  # TorchRec alone cannot train on CPU
+    upstream = original_of(HashZchManagedCollisionModule._zero_collision_hash)
+    module._zero_collision_hash = upstream.__get__(module)  # TorchRec alone cannot train on CPU
+    with pytest.raises(RuntimeError, match="readonly"):
         module({"f": JaggedTensor(values=torch.tensor([1, 2]), lengths=torch.tensor([2]))})
-    assert install_cpu_insert(module) == 1
+    del module._zero_collision_hash
+    apply()  # process-wide, as DMPCollection's apply_all does
     values = torch.randint(0, 4000, (120,), generator=torch.Generator().manual_seed(9))
     feature = {"f": JaggedTensor(values=values, lengths=torch.tensor([60, 60]))}
     trained = module(feature)["f"].values()

@@ -1,25 +1,38 @@
 """MP-ZCH inserts on CPU: FBGEMM's CPU ``zero_collision_hash`` only looks ids up.
 
-TorchRec's ``HashZchManagedCollisionModule`` inserts ids in training through
-``torch.ops.fbgemm.zero_collision_hash(readonly=False)``; FBGEMM's CPU kernel refuses that
-("Expected readonly to be true"). ``zch_insert`` is the insert in plain torch, one id after
-the other: a serial run of FBGEMM's CUDA kernel (``faster_hash.cu``, v1.8.0), which probes
-circularly from ``murmur_hash3(id) % size`` for at most ``max_probe`` slots and takes the
-first slot that holds the id or is empty; with eviction (threshold policy 0: TTL; policy 1:
-LRU) a full window gives up the slot whose metadata is expired and older than the id's. The
-start slot comes from FBGEMM itself (its read-only lookup on an empty table falls back to
-``hash % size``), so the table built here is one FBGEMM's read-only lookup resolves
-identically (``tests/test_sync_mc_zch_insert.py`` checks it). It is installed only where
-``cpu_kernel_inserts()`` (a probe of the kernel, not a version check) says FBGEMM cannot.
+Upstream: torchrec/modules/hash_mc_modules.py:429 (``HashZchManagedCollisionModule._zero_collision_hash``
+calls ``torch.ops.fbgemm.zero_collision_hash``; training remaps call it with
+``readonly=False``, :685), whose CPU kernel refuses inserts ("Expected readonly to be true").
+Issue: none found (searched: zero_collision_hash CPU readonly; FBGEMM's
+https://github.com/pytorch/FBGEMM/pull/5570 notes the CPU version ignores metadata).
+Without it: an MP-ZCH table cannot train on CPU: its first training forward fails.
+Probe: ``needed()`` runs FBGEMM's CPU kernel on a one-id insert into an empty table and checks
+that it still raises or inserts nothing (probed once).
+Fix: on CPU, read-only lookups go to FBGEMM's kernel and inserts to ``zch_insert``; other
+devices go to TorchRec.
+
+``zch_insert`` is the insert in plain torch, one id after the other: a serial run of FBGEMM's
+CUDA kernel (``faster_hash.cu``, v1.8.0), which probes circularly from
+``murmur_hash3(id) % size`` for at most ``max_probe`` slots and takes the first slot that holds
+the id or is empty; with eviction (threshold policy 0: TTL; policy 1: LRU) a full window gives
+up the slot whose metadata is expired and older than the id's. The start slot comes from
+FBGEMM itself (its read-only lookup on an empty table falls back to ``hash % size``), so the
+table built here is one FBGEMM's read-only lookup resolves identically. The MP-ZCH replica
+merge (``sparse2d.sync.mc.zch_sync``) inserts through it too, on every device.
+Regression test: ``tests/test_patches_torchrec_hash_mc_modules.py``.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from sparse2d.patches._base import Patch, is_patched, mark
 
 _EMPTY = -1
 _MAX_HOURS = 2**31 - 1
@@ -196,16 +209,42 @@ def zero_collision_hash_cpu(module: Any, **kwargs: Any) -> tuple[torch.Tensor, A
     )
 
 
-def install_cpu_insert(model: torch.nn.Module) -> int:
-    """Route the inserts of every CPU MP-ZCH module in ``model`` through ``zch_insert``
-    while FBGEMM's CPU kernel cannot insert; returns how many modules were routed."""
-    from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
+def _inserting_on_cpu(original: Callable[..., Any]) -> Callable[..., Any]:
+    names = list(inspect.signature(original).parameters)[1:]  # after self
 
-    if cpu_kernel_inserts():
-        return 0
-    routed = 0
-    for sub in model.modules():
-        if isinstance(sub, HashZchManagedCollisionModule) and sub.device.type == "cpu":
-            sub._zero_collision_hash = functools.partial(zero_collision_hash_cpu, sub)
-            routed += 1
-    return routed
+    def zero_collision_hash(self: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        if self.device.type != "cpu":
+            return original(self, *args, **kwargs)
+        return zero_collision_hash_cpu(self, **dict(zip(names, args, strict=False)), **kwargs)
+
+    return mark(zero_collision_hash, original)
+
+
+def needed() -> bool:
+    """Whether FBGEMM's CPU ``zero_collision_hash`` still cannot insert."""
+    return not cpu_kernel_inserts()
+
+
+def apply() -> None:
+    """Route the remaps of CPU MP-ZCH modules through ``zero_collision_hash_cpu`` while
+    FBGEMM's CPU kernel cannot insert (idempotent)."""
+    from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule as Module
+
+    if not is_patched(Module._zero_collision_hash) and needed():
+        Module._zero_collision_hash = _inserting_on_cpu(Module._zero_collision_hash)  # type: ignore[method-assign]
+
+
+PATCHES = (
+    Patch(
+        name="torchrec_hash_mc_modules",
+        upstream="torchrec/modules/hash_mc_modules.py:429",
+        issue="none found; CPU kernel limits noted in https://github.com/pytorch/FBGEMM/pull/5570",
+        breaks="an MP-ZCH table cannot train on CPU (FBGEMM's CPU kernel refuses inserts)",
+        probe="FBGEMM's CPU zero_collision_hash on a one-id insert still raises or inserts nothing",
+        needed=needed,
+        apply=apply,
+        sites=(
+            "torchrec.modules.hash_mc_modules:HashZchManagedCollisionModule._zero_collision_hash",
+        ),
+    ),
+)

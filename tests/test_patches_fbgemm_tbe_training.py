@@ -1,4 +1,5 @@
-"""The CPU row reset FBGEMM lacks (``fbgemm::reset_weight_momentum`` is CUDA-only)."""
+"""``patches.fbgemm_tbe_training``: the CPU row reset FBGEMM lacks (``fbgemm::reset_weight_momentum``
+is CUDA-only)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
 )
 
-from sparse2d.sync.mc.cpu_reset import cpu_kernel_missing, install_cpu_reset
+from sparse2d.patches.fbgemm_tbe_training import apply, needed
 
 
 def tbe(optimizer: EmbOptimType) -> SplitTableBatchedEmbeddingBagsCodegen:
@@ -39,8 +40,8 @@ def reset(module: SplitTableBatchedEmbeddingBagsCodegen) -> None:
 
 
 def test_rowwise_adagrad_rows_reset_on_cpu() -> None:
-    assert cpu_kernel_missing()  # else FBGEMM's own kernel runs and this fallback is unused
-    install_cpu_reset()
+    assert needed()  # else FBGEMM's own kernel runs and this fallback is unused
+    apply()
     module = tbe(EmbOptimType.EXACT_ROWWISE_ADAGRAD)
     reset(module)
     weights = module.split_embedding_weights()
@@ -53,7 +54,7 @@ def test_rowwise_adagrad_rows_reset_on_cpu() -> None:
 
 
 def test_other_optimizers_untouched_as_fbgemm_does() -> None:
-    install_cpu_reset()
+    apply()
     module = tbe(EmbOptimType.EXACT_SGD)
     reset(module)  # FBGEMM resets row-wise AdaGrad only
     assert all(bool((w == 1.0).all()) for w in module.split_embedding_weights())

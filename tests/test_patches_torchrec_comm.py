@@ -1,4 +1,6 @@
-"""``torchrec_fixes``: TorchRec's per-process cache of the TWRW/grid intra/cross-node groups."""
+"""``patches.torchrec_comm`` (TorchRec's per-process cache of the TWRW/grid intra/cross-node
+groups) and ``patches.torchrec_comm_ops`` (the reduce-scatter-v backward on gloo with uneven
+splits), each through a real 2D model."""
 
 from __future__ import annotations
 

@@ -1,0 +1,59 @@
+"""What every patch module shares: the ``Patch`` record and the wrapper marker.
+
+A wrapper carries its upstream original under ``ORIGINAL``; ``apply()`` wraps only an
+unmarked function, so applying twice wraps once, and a probe reads ``original_of`` so it
+judges TorchRec's behaviour even after the patch is in place.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ORIGINAL = "_sparse2d_original"
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One workaround of upstream behaviour (one row of ``docs/patches.md``)."""
+
+    name: str
+    upstream: str
+    """``file:line`` in the installed package (TorchRec 1.8.0, FBGEMM 1.8.0)."""
+    issue: str
+    """The upstream issue (URL), or ``none found`` with what was searched."""
+    breaks: str
+    """What goes wrong without the patch."""
+    probe: str
+    """What ``needed()`` checks on the installed version."""
+    needed: Callable[[], bool]
+    apply: Callable[[], Any]
+    sites: tuple[str, ...] = ()
+    """``module:attr.path`` of each upstream callable replaced (wrapped once when applied)."""
+    trigger: str | None = None
+    """None: ``apply_all`` applies it. Else where it is applied instead, and why."""
+
+
+def mark(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    setattr(wrapper, ORIGINAL, original)
+    return wrapper
+
+
+def is_patched(fn: Any) -> bool:
+    return hasattr(fn, ORIGINAL)
+
+
+def original_of(fn: Any) -> Any:
+    """The upstream callable under our wrapper (``fn`` itself when unpatched)."""
+    return getattr(fn, ORIGINAL, fn)
+
+
+def resolve(site: str) -> Any:
+    """The object at ``module:attr.path`` (e.g. ``torchrec.distributed.comm:intra_and_cross_node_pg_2D``)."""
+    module, _, path = site.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj

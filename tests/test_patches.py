@@ -1,0 +1,115 @@
+"""``sparse2d.patches``: the registry of upstream workarounds.
+
+Every probe must still say "needed" on the installed TorchRec/FBGEMM/torch: the release that
+fixes one turns its probe False and this module names the patch to drop. The patches
+themselves are checked end to end by the tests each module's docstring names.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparse2d import patches
+from sparse2d.patches._base import is_patched, original_of, resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = ("Upstream:", "Issue:", "Without it:", "Probe:")
+
+
+def _module_of(patch: patches.Patch):
+    return next(m for m in patches.MODULES if patch in m.PATCHES)
+
+
+@pytest.mark.parametrize("patch", patches.PATCHES, ids=lambda p: p.name)
+def test_every_probe_still_says_needed_on_the_installed_versions(patch: patches.Patch) -> None:
+    if patch.name == "torchrec_runtime_forwards" and torch.cuda.is_available():
+        pytest.skip("TorchRec's CUDA default is right on a CUDA host")
+    assert patch.needed(), (
+        f"{patch.name}: the installed version no longer behaves as {patch.upstream} did; drop "
+        f"the patch ({_module_of(patch).__name__}) and its row of docs/patches.md"
+    )
+
+
+def test_apply_all_is_idempotent_and_wraps_each_site_once() -> None:
+    first = patches.apply_all()
+    sites = {s: resolve(s) for p in patches.PATCHES for s in p.sites}
+    second = patches.apply_all()
+    assert first == second == [p.name for p in patches.PATCHES if p.trigger is None and p.needed()]
+    for patch in patches.PATCHES:
+        if patch.trigger is not None:
+            continue
+        for site in patch.sites:
+            current = resolve(site)
+            assert current is sites[site], f"{site} was wrapped again"
+            assert is_patched(current), f"{patch.name} left {site} unpatched"
+            assert not is_patched(original_of(current)), f"{site} is wrapped twice"
+
+
+def test_applied_patches_fix_what_their_probes_detect() -> None:
+    """Each cheap probe, run on the patched callable instead of TorchRec's, passes."""
+    from torchrec.distributed import embeddingbag
+    from torchrec.distributed.train_pipeline import runtime_forwards, train_pipelines
+    from torchrec.distributed.train_pipeline.pipeline_context import TrainPipelineContext
+    from torchrec.sparse.jagged_tensor import KeyedTensor
+
+    from sparse2d.patches.torchrec_distributed_utils import twcw_shape_missing
+
+    patches.apply_all()
+    shape = embeddingbag.create_global_tensor_shape_stride_from_metadata
+    assert not twcw_shape_missing(shape)
+    train_pipelines._wait_for_events(
+        torch.empty(1), TrainPipelineContext(), torch.cpu.current_stream()
+    )
+    KeyedTensor(keys=["f"], length_per_key=[1], values=torch.zeros(1, 1)).record_stream(
+        torch.cpu.current_stream()
+    )
+    forward = runtime_forwards.BaseForward("p", None, None, None, None)
+    assert forward._device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_each_patch_module_documents_its_patches() -> None:
+    assert {m.__name__.rsplit(".", 1)[1] for m in patches.MODULES} == {
+        p.stem for p in (ROOT / "sparse2d" / "patches").glob("*.py") if not p.stem.startswith("_")
+    }, "a module of sparse2d/patches/ is missing from the registry"
+    for module in patches.MODULES:
+        doc = module.__doc__ or ""
+        for patch in module.PATCHES:
+            for field in FIELDS:
+                assert doc.count(field) >= len(module.PATCHES), f"{module.__name__}: no {field!r}"
+            assert patch.upstream in doc, f"{module.__name__} does not name {patch.upstream}"
+            for url in re.findall(r"https://\S+", patch.issue):
+                assert url in doc, f"{module.__name__} does not cite {url}"
+            assert patch.needed.__doc__ and patch.apply.__doc__, patch.name
+            assert "idempotent" in patch.apply.__doc__, patch.name
+        if any(p.trigger for p in module.PATCHES):
+            assert "Trigger:" in doc, f"{module.__name__}: say where and why it is applied"
+
+
+def test_docs_table_is_written_from_the_registry() -> None:
+    page = (ROOT / "docs" / "patches.md").read_text()
+    assert patches.table() in page, "docs/patches.md: paste `python -m sparse2d.patches`"
+    assert "docs/patches.md" in (ROOT / "README.md").read_text()
+
+
+GLIBC = """
+import os
+from sparse2d.patches import glibc_malloc as g
+os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"
+pinned = (g.needed(), g.apply())
+del os.environ["MALLOC_MMAP_THRESHOLD_"]
+print(pinned, g.needed(), g.apply(), g.apply())
+"""
+
+
+def test_glibc_threshold_is_pinned_once_unless_the_user_pinned_it() -> None:
+    """In a fresh process: the user's own threshold wins; else ``mallopt`` runs once."""
+    out = subprocess.run(
+        [sys.executable, "-c", GLIBC], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\n")[-2]
+    assert out == "(False, False) True True True", out
