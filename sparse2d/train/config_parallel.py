@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sparse2d.errors import ConfigError
-from sparse2d.train.config_io import KeyValueError, bad, positive
+from sparse2d.errors import ConfigError, KeyValueError
+from sparse2d.train.config_io import bad, positive
 
 
 @dataclass(kw_only=True, slots=True)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparse2d.errors import ConfigError, FaultToleranceError, SyncError
+from sparse2d.errors import CheckpointError, ConfigError, FaultToleranceError, SyncError
 from sparse2d.train.config import load_config
 from sparse2d.train.failure import describe, is_peer_failure
 from sparse2d.train.model import resolve_device
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             loop = Loop(cfg, device, profile=args.profile)
         loop.run()
         code = 0
-    except ConfigError as error:
+    except (ConfigError, CheckpointError) as error:  # bad input or checkpoint: no traceback
         ft = cfg is not None and cfg.fault_tolerance.enable  # a group's ranks may differ
         if local_rank == 0 or ft:  # the same on every rank: once per host (ft: every rank)
             _report(rank, error, with_traceback=False)
