@@ -1,25 +1,82 @@
 """sparse2d: 2D sparse-parallel training of TorchRec recommendation models.
 
-``DMPCollection`` is imported lazily: importing TorchRec takes seconds, and the
-config checker and launchers should not pay for it.
+The public API is what ``__all__`` lists; everything else is internal. Errors and the layout
+helpers are imported at once (no torch); the rest is imported on first use (module
+``__getattr__``), because importing TorchRec takes seconds and torchft is only needed for
+fault tolerance: the config checker and the launchers should pay for neither.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from sparse2d.errors import ConfigError, PlanError, SyncError, UnsupportedOptimizerError
+from sparse2d.errors import (
+    CheckpointError,
+    ClosedError,
+    CollectiveCallError,
+    ConfigError,
+    CorruptCheckpointError,
+    FaultToleranceError,
+    KeyValueError,
+    NoFitError,
+    NotARunError,
+    PlanError,
+    Sparse2DError,
+    StoredPlanError,
+    SyncError,
+    TrialError,
+    UnsupportedOptimizerError,
+)
 from sparse2d.mesh import rank_layout, replica_groups
 
 if TYPE_CHECKING:
+    from sparse2d import checkpoint
     from sparse2d.collection import DMPCollection
+    from sparse2d.ft.optim import FTOptimizer
+    from sparse2d.ft.options import FTOptions
+    from sparse2d.ft.replica import FaultTolerance
+    from sparse2d.planner.trial import TrialOptions, measured_group_size
+    from sparse2d.sync.options import SyncOptions, SyncReport
+
+# name -> the module that defines it, imported on first access.
+_LAZY = {
+    "DMPCollection": "sparse2d.collection",
+    "SyncOptions": "sparse2d.sync.options",
+    "SyncReport": "sparse2d.sync.options",
+    "FaultTolerance": "sparse2d.ft.replica",
+    "FTOptimizer": "sparse2d.ft.optim",
+    "FTOptions": "sparse2d.ft.options",
+    "TrialOptions": "sparse2d.planner.trial",
+    "measured_group_size": "sparse2d.planner.trial",
+}
+_SUBMODULES = ("checkpoint",)  # save/load/latest/prune/repair: ``sparse2d.checkpoint.save``
 
 __all__ = [
+    "CheckpointError",
+    "ClosedError",
+    "CollectiveCallError",
     "ConfigError",
+    "CorruptCheckpointError",
     "DMPCollection",
+    "FTOptimizer",
+    "FTOptions",
+    "FaultTolerance",
+    "FaultToleranceError",
+    "KeyValueError",
+    "NoFitError",
+    "NotARunError",
     "PlanError",
+    "Sparse2DError",
+    "StoredPlanError",
     "SyncError",
+    "SyncOptions",
+    "SyncReport",
+    "TrialError",
+    "TrialOptions",
     "UnsupportedOptimizerError",
+    "checkpoint",
+    "measured_group_size",
     "rank_layout",
     "replica_groups",
 ]
@@ -27,8 +84,15 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    if name == "DMPCollection":
-        from sparse2d.collection import DMPCollection
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module 'sparse2d' has no attribute {name!r}")
+    globals()[name] = value  # the next access is a plain attribute
+    return value
 
-        return DMPCollection
-    raise AttributeError(f"module 'sparse2d' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

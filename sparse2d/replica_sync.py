@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from sparse2d.compat import adapt_all_reduce
-from sparse2d.sync import broadcast_
+from sparse2d.sync.collectives import broadcast_
 from sparse2d.sync.fully_sharded import materialized
 from sparse2d.sync.mc import mc_identity_buffers
 from sparse2d.sync.multi import merge_reports

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from sparse2d.errors import ClosedError
+
 logger = logging.getLogger(__name__)
 
 
@@ -63,10 +65,6 @@ class GroupRecorder:
         if self.on_destroyed is not None:
             self.on_destroyed()
         return destroyed
-
-
-class ClosedError(RuntimeError):
-    """An object was used after ``close()``."""
 
 
 class Resources:

@@ -27,12 +27,13 @@ def _group_worker(
     )  # fmt: skip
     os.environ.pop("LOCAL_WORLD_SIZE", None)
     import logging
-    import warnings
 
     import torch
     import torch.distributed as dist
 
-    warnings.filterwarnings("ignore")
+    from sparse2d.known_warnings import ignore_known_warnings
+
+    ignore_known_warnings()
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
     try:

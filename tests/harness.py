@@ -69,12 +69,12 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> 
     import logging
 
     faulthandler.enable()  # a segfaulting check prints its Python stack (the test's stderr)
-    import warnings
-
     import torch
     import torch.distributed as dist
 
-    warnings.filterwarnings("ignore")
+    from sparse2d.known_warnings import ignore_known_warnings
+
+    ignore_known_warnings()
     logging.disable(logging.WARNING)  # TorchRec logs every plan at WARNING; failures still raise
     torch.set_num_threads(1)
     dist.init_process_group(

@@ -229,7 +229,7 @@ def train(
         loss.backward()
         dense_opt.step()
         dense_opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if after_step is not None:
             after_step(step)
     return losses

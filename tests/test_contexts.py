@@ -127,7 +127,7 @@ def train(model: nn.Module, sync: bool) -> list[float]:
         dense.zero_grad()
         if sync:
             model.sync()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 

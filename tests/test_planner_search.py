@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from sparse2d.errors import NoFitError
 from sparse2d.planner.report import format_table, to_json
-from sparse2d.planner.search import NoFitError, advise, recommend_group_size
+from sparse2d.planner.search import advise, recommend_group_size
 from sparse2d.planner.topology import ClusterTopology
 from sparse2d.planner.workload import TableLoad, Workload
 

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from sparse2d.errors import ConfigError
+from sparse2d.errors import ConfigError, TrialError
 from sparse2d.planner.auto import topology_for_device, workload_from_module
 from sparse2d.planner.search import advise
 from sparse2d.planner.trial import (
-    TrialError,
     TrialOptions,
     measure_group_sizes,
     rng_preserved,

@@ -20,7 +20,8 @@ from torchrec.distributed.types import DMPCollectionConfig, ShardingStrategy
 from torchrec.optim import RowWiseAdagrad
 
 from sparse2d import DMPCollection
-from sparse2d.resources import ClosedError, GroupRecorder, Resources, registered_groups
+from sparse2d.errors import ClosedError
+from sparse2d.resources import GroupRecorder, Resources, registered_groups
 from sparse2d.sync.options import SyncOptions
 from tests.harness import thread_count
 from tests.models import (

@@ -76,7 +76,7 @@ def _train(model, tables, steps, seed=0, window=None, after=None, nan_rank=-1) -
         loss.backward()
         dense_opt.step()
         dense_opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if after is not None:
             after(step)
     return losses

@@ -51,7 +51,7 @@ def _step(model: DMPCollection, step: int, dense_opt: torch.optim.Optimizer) -> 
     dense_opt.zero_grad()
     if model.fully_sharded is None:
         model.sync()
-    return float(loss)
+    return float(loss.detach())
 
 
 def _dense_opt(model: DMPCollection) -> torch.optim.Optimizer:

@@ -53,7 +53,7 @@ def _run(overrides: list[str]) -> tuple[dict[str, Any], str, dict[str, torch.Ten
 
 def auto_then_explicit(run_dir: str) -> dict[str, Any]:
     """One rank: the auto run, the explicit run at its pick, and the all-fail run."""
-    from sparse2d.planner.trial import TrialError
+    from sparse2d.errors import TrialError
 
     records: list[str] = []
     handler = logging.Handler()

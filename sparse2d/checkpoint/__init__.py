@@ -10,8 +10,6 @@ any weight changes; ``layout``: the keys and global offsets of each local shard;
 """
 
 from sparse2d.checkpoint.dcp import (
-    CheckpointError,
-    CorruptCheckpointError,
     build_save_state,
     latest,
     list_checkpoints,
@@ -20,6 +18,7 @@ from sparse2d.checkpoint.dcp import (
     save,
 )
 from sparse2d.checkpoint.repair import plan_repair, repair_from_replicas
+from sparse2d.errors import CheckpointError, CorruptCheckpointError
 
 __all__ = [
     "CheckpointError",

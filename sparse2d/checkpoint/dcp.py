@@ -42,8 +42,6 @@ from sparse2d.checkpoint.directory import (
     LATEST,
     MARKER,
     PREFIX,
-    CheckpointError,
-    CorruptCheckpointError,
     fsync_dir,
     latest,
     list_checkpoints,
@@ -62,14 +60,13 @@ from sparse2d.checkpoint.layout import (
     table_specs,
 )
 from sparse2d.checkpoint.mc import check_identities, describe, load_entries, save_entries
+from sparse2d.errors import CheckpointError, CorruptCheckpointError
 from sparse2d.sync.fully_sharded import materialized
 from sparse2d.sync.tensors import flush_caches
 
 FORMAT_VERSION = 1
 
 __all__ = [
-    "CheckpointError",
-    "CorruptCheckpointError",
     "build_save_state",
     "latest",
     "list_checkpoints",

@@ -11,20 +11,11 @@ import os
 import shutil
 import uuid
 
-from sparse2d.errors import ConfigError
+from sparse2d.errors import CheckpointError
 
 MARKER = "COMPLETE.json"
 LATEST = "latest"
 PREFIX = "step_"
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that is missing, incomplete, corrupt or does not match the model."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A complete checkpoint whose files are damaged (truncated, missing, bytes changed):
-    an older checkpoint may still be good, unlike a mismatch with the model."""
 
 
 def step_of(name: str) -> int | None:

@@ -22,6 +22,8 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.tensor import DTensor, Replicate
 from torchrec.distributed.shards_wrapper import LocalShardsWrapper
 
+from sparse2d.errors import CheckpointError
+
 ROW, ELEM = "row", "elem"
 
 
@@ -65,7 +67,10 @@ def table_specs(model: nn.Module) -> dict[str, TableSpec]:
         rows[table] = max(rows[table], row_end)
         cols[table] = max(cols[table], col_end)
         if kinds.setdefault(table, table_kinds) != table_kinds:
-            raise ValueError(f"table {table!r} has shards with different optimizer states")
+            raise CheckpointError(
+                f"table {table!r} has shards with different optimizer states ({kinds[table]} "
+                f"and {table_kinds}); give every shard of a table the same fused optimizer"
+            )
     return {t: TableSpec(rows=rows[t], cols=cols[t], state_kinds=kinds[t]) for t in sorted(rows)}
 
 

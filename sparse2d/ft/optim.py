@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from sparse2d.errors import FaultToleranceError
+from sparse2d.errors import ConfigError, FaultToleranceError
 from sparse2d.ft.replica import FaultTolerance
 
 
@@ -49,7 +49,7 @@ class FTOptimizer(torch.optim.Optimizer):
     def step(self, closure: object = None) -> None:  # type: ignore[override]
         """Vote and commit (``FaultTolerance.finish_step``); ``ft.last_committed`` says which."""
         if closure is not None:
-            raise ValueError("FTOptimizer.step takes no closure (the step is voted on first)")
+            raise ConfigError("FTOptimizer.step takes no closure (the step is voted on first)")
         try:
             self.ft.finish_step()
         finally:  # the attempt used up its batch, committed or not

@@ -2,7 +2,7 @@
 
 from sparse2d.planner.group_plan import GroupPlan, plan_for_group, remap_plan, validate_plan
 from sparse2d.planner.plan_store import PlanStore
-from sparse2d.planner.search import Advice, NoFitError, advise, recommend_group_size
+from sparse2d.planner.search import Advice, advise, recommend_group_size
 from sparse2d.planner.sharders import MODEL_PARALLEL_TYPES, default_sharders
 from sparse2d.planner.topology import PRESETS, ClusterTopology, load_topology
 from sparse2d.planner.workload import TableLoad, Workload
@@ -13,7 +13,6 @@ __all__ = [
     "Advice",
     "ClusterTopology",
     "GroupPlan",
-    "NoFitError",
     "PlanStore",
     "TableLoad",
     "Workload",

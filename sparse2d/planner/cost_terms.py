@@ -12,6 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from sparse2d.errors import ConfigError, PlanError
 from sparse2d.planner.topology import ClusterTopology
 
 ID_BYTES = 8
@@ -31,7 +32,7 @@ HOST_RW_LIKE = ("table_row_wise", "grid_shard")
 def qcomm_bytes(precision: str) -> int:
     """Wire bytes per pooled-embedding value for a qcomm precision (``QCOMM_BYTES``)."""
     if precision not in QCOMM_BYTES:
-        raise ValueError(f"qcomm precision {precision!r} is unknown; use {sorted(QCOMM_BYTES)}.")
+        raise ConfigError(f"qcomm precision {precision!r} is unknown; use {sorted(QCOMM_BYTES)}.")
     return QCOMM_BYTES[precision]
 
 
@@ -93,7 +94,10 @@ def output_values_sent(
             send_inter=(L - H) / H * values,
             recv_intra=scatter,
         )
-    raise ValueError(f"sharding type {sharding_type!r} has no output cost term.")
+    raise PlanError(
+        f"sharding type {sharding_type!r} has no output cost term; the cost model knows "
+        f"{TW_LIKE + RW_LIKE + HOST_RW_LIKE}: force one of them for this table."
+    )
 
 
 def scattered_values(

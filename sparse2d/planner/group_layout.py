@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sparse2d.errors import PlanError
 from sparse2d.planner.workload import TableLoad, Workload
 
 PROPOSALS = ("min_perf", "min_storage")
@@ -164,7 +165,7 @@ class TorchRecGroupPlanner(GroupLayoutPlanner):
             by_rep.setdefault(option.name, []).append(option)
         missing = sorted(set(reps) - set(by_rep))
         if missing:
-            raise ValueError(
+            raise PlanError(
                 f"TorchRec offers no sharding option for tables {[reps[m][0].name for m in missing]} "
                 f"at {group_size} ranks; check their forced sharding type."
             )

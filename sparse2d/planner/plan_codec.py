@@ -24,6 +24,8 @@ from torchrec.distributed.types import (
 )
 from torchrec.types import DataType
 
+from sparse2d.errors import StoredPlanError
+
 _PICKLED = ("cache_params", "key_value_params")
 _PLAIN = ("enforce_hbm", "stochastic_rounding")
 
@@ -46,7 +48,10 @@ def decode_plan(data: dict[str, Any]) -> ShardingPlan:
     for path, entry in data.items():
         cls = getattr(trec_types, entry["type"], None)
         if not (isinstance(cls, type) and issubclass(cls, EmbeddingModuleShardingPlan)):
-            raise ValueError(f"module {path!r}: unknown plan type {entry['type']!r}")
+            raise StoredPlanError(
+                f"module {path!r}: unknown plan type {entry['type']!r}; the plan was stored by "
+                "another TorchRec version: delete the file to plan again"
+            )
         module_plan = cls()
         for name, sharding in entry["tables"].items():
             module_plan[name] = _decode_sharding(sharding)

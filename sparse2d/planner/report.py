@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from sparse2d.errors import ConfigError
 from sparse2d.planner.cost_model import Candidate
 from sparse2d.planner.search import Advice
 from sparse2d.planner.topology import GiB
@@ -57,7 +58,9 @@ def explain(advice: Advice, group_size: int) -> str:
     the differences largest first, and the layouts' sharding types."""
     if group_size not in {c.sharding_group_size for c in advice.candidates}:
         sizes = [c.sharding_group_size for c in advice.candidates]
-        raise ValueError(f"--explain {group_size}: not a candidate; candidates are {sizes}.")
+        raise ConfigError(
+            f"--explain {group_size}: not a candidate; use one of the candidates {sizes}."
+        )
     other = advice.candidate(group_size)
     if advice.recommended is None:
         return (

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from sparse2d.errors import PlanError
+from sparse2d.errors import NoFitError
 from sparse2d.mesh import divisors
 from sparse2d.planner.cost_model import AnalyticCostModel, Candidate, CostModel
 from sparse2d.planner.group_layout import GroupLayoutPlanner, TorchRecGroupPlanner
@@ -22,10 +22,6 @@ def default_planner() -> GroupLayoutPlanner:
     if _DEFAULT_PLANNER is None:
         _DEFAULT_PLANNER = TorchRecGroupPlanner()
     return _DEFAULT_PLANNER
-
-
-class NoFitError(PlanError):
-    """No sharding group size fits device memory; the message lists numbered fixes."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparse2d.errors import ConfigError, PlanError
+from sparse2d.errors import ConfigError, NoFitError, TrialError
 from sparse2d.planner.search import Advice
 
 logger = logging.getLogger(__name__)
@@ -56,10 +56,6 @@ def out_of_range(key: str, value: object) -> str | None:
         return None
     kind = "a number" if key == "margin" else "an integer"
     return f"must be {kind} in [{low:g}, {high:g}]"
-
-
-class TrialError(PlanError):
-    """Every shortlisted group size failed its trial; the message lists each and why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +285,7 @@ def measured_group_size(
     ``options.candidates == 0`` no trial runs (``report.results`` is empty)."""
     from sparse2d.collection import DMPCollection
     from sparse2d.planner.auto import share_from_rank0, topology_for_device, workload_from_module
-    from sparse2d.planner.search import NoFitError, advise, no_fit_message
+    from sparse2d.planner.search import advise, no_fit_message
 
     options = options or TrialOptions()
     resolved = torch.device(device)

@@ -1,19 +1,8 @@
-"""Replica synchronization: which tensors, which collectives, and when."""
+"""Replica synchronization: which tensors, which collectives, and when.
 
-from sparse2d.sync.collectives import AllReduceHook, average_, broadcast_
-from sparse2d.sync.tensors import (
-    ShardState,
-    collect_shard_states,
-    find_fused_kernels,
-    live_tensors,
-)
+Nothing is exported here: users configure a sync with ``sparse2d.SyncOptions`` and read
+``sparse2d.SyncReport``; the engines, collectives and shard walkers are internals, imported
+from the module that defines them (``sync.tensors``, ``sync.collectives``, ...).
+"""
 
-__all__ = [
-    "AllReduceHook",
-    "ShardState",
-    "average_",
-    "broadcast_",
-    "collect_shard_states",
-    "find_fused_kernels",
-    "live_tensors",
-]
+__all__: list[str] = []

@@ -27,6 +27,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from sparse2d.errors import ConfigError
+
 FOLD_MAX_BYTES_ENV = "SPARSE2D_FOLD_MAX_BYTES"
 
 
@@ -35,7 +37,7 @@ def _max_bytes_from_env(default: int = 2 << 20) -> int:
     if not text:
         return default
     if not text.isdigit():
-        raise ValueError(
+        raise ConfigError(
             f"{FOLD_MAX_BYTES_ENV}={text!r} must be a whole number of bytes >= 0 "
             f"(0 = never fold; unset = {default})."
         )

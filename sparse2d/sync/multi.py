@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from sparse2d.errors import ConfigError
 from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
 
@@ -31,7 +32,7 @@ class PolicySet:
 
     def __init__(self, policies: list[SyncPolicy]) -> None:
         if not policies:
-            raise ValueError("PolicySet needs at least one policy")
+            raise ConfigError("PolicySet needs at least one policy (one per sharding context)")
         self.policies = policies
 
     @property

@@ -309,7 +309,10 @@ def _build_payload(
         groups.setdefault(tensor.dtype, []).append((tensor, rows, offset, count))
         sizes[tensor.dtype] = offset + n
     if tail is not None and torch.float32 not in sizes:
-        raise ValueError("a payload tail rides on the fp32 buffer; this payload has none")
+        raise ConfigError(
+            "a payload tail rides on the fp32 buffer; this payload has none: pass tail=None "
+            "or include an fp32 tensor in entries"
+        )
     extra = {torch.float32: tail.numel()} if tail is not None else {}
 
     def gather(pooled: bool = False) -> list[torch.Tensor]:

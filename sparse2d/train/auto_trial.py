@@ -31,8 +31,9 @@ def resolve_group_size(
     size = cfg.group_size(world)
     if size != "auto":
         return int(size), None
+    from sparse2d.errors import NoFitError
     from sparse2d.planner.auto import share_from_rank0, topology_for_device
-    from sparse2d.planner.search import NoFitError, advise, no_fit_message
+    from sparse2d.planner.search import advise, no_fit_message
     from sparse2d.planner.trial import shortlist
     from sparse2d.train.plan import workload_from_config
 

@@ -18,15 +18,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from sparse2d.errors import ConfigError
-
-
-class KeyValueError(ConfigError):
-    """A bad value for one key; ``key`` is relative to the section that raised it."""
-
-    def __init__(self, key: str, detail: str) -> None:
-        self.key, self.detail = key, detail
-        super().__init__(f"{key}{detail}")
+from sparse2d.errors import ConfigError, KeyValueError
 
 
 def _fmt(value: Any) -> str:

@@ -6,13 +6,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sparse2d.errors import ConfigError
-from sparse2d.train.config_io import KeyValueError, bad, positive
+from sparse2d.errors import ConfigError, KeyValueError
+from sparse2d.train.config_io import bad, positive
 
 
 @dataclass(kw_only=True, slots=True)
 class SyncConfig:
-    """Replica sync; maps 1:1 onto ``sparse2d.sync.options.SyncOptions`` (same names and meaning)."""
+    """Replica sync; maps 1:1 onto ``sparse2d.SyncOptions`` (same names and meaning)."""
 
     every: int = 1
     """Average replicas every N optimizer steps (local SGD in between); 1 = exact 1D semantics."""

@@ -19,13 +19,13 @@ import os
 import socket
 import sys
 import traceback
-import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from sparse2d.errors import ConfigError, FaultToleranceError, SyncError
+from sparse2d.errors import CheckpointError, ConfigError, FaultToleranceError, SyncError
+from sparse2d.known_warnings import ignore_known_warnings
 from sparse2d.train.config import load_config
 from sparse2d.train.failure import describe, is_peer_failure
 from sparse2d.train.model import resolve_device
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "table and JSON, without training",
     )
     args = parser.parse_args(argv)
+    ignore_known_warnings()  # by message: a new warning still shows
     faulthandler.enable()  # a native abort (SIGABRT/SIGSEGV) prints every thread's stack
     _single_process_env()
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
@@ -121,7 +122,6 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         torch.set_num_threads(max(1, _env_int("OMP_NUM_THREADS", torch.get_num_threads())))
-        warnings.filterwarnings("ignore")
         for name in ("torchrec", "torch.fx", "fbgemm_gpu"):  # planner/tracing chatter
             logging.getLogger(name).setLevel(logging.ERROR)
         dist.init_process_group(
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             loop = Loop(cfg, device, profile=args.profile)
         loop.run()
         code = 0
-    except ConfigError as error:
+    except (ConfigError, CheckpointError) as error:  # bad input or checkpoint: no traceback
         ft = cfg is not None and cfg.fault_tolerance.enable  # a group's ranks may differ
         if local_rank == 0 or ft:  # the same on every rank: once per host (ft: every rank)
             _report(rank, error, with_traceback=False)

@@ -22,6 +22,7 @@ from torchrec.modules.mc_modules import (
     MCHManagedCollisionModule,
 )
 
+from sparse2d.errors import ConfigError
 from sparse2d.train.config_model import ManagedCollisionConfig
 
 POLICIES = {
@@ -77,7 +78,7 @@ def managed(
     configs = ebc.embedding_bag_configs()
     for config in configs:
         if config.num_embeddings % buckets:
-            raise ValueError(
+            raise ConfigError(
                 f"model.managed_collision: table {config.name} has {config.num_embeddings} rows, "
                 f"not a multiple of {buckets} (the world size): give it a multiple of {buckets}"
             )

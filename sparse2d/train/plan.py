@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         text = to_json(advice) if args.json else format_table(advice)
         if args.explain is not None:
             text += "\n" + explain(advice, args.explain)
-    except (ConfigError, ValueError) as error:
+    except ConfigError as error:
         print(f"sparse2d plan: {error}", file=sys.stderr)
         return 1
     print(text)

@@ -16,11 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparse2d.errors import ConfigError
-
-
-class NotARunError(ConfigError):
-    """A directory given to ``sparse2d report`` that no trainer run wrote."""
+from sparse2d.errors import ConfigError, NotARunError
 
 
 @dataclass

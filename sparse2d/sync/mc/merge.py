@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sparse2d.errors import ConfigError
+
 INT64_MAX = torch.iinfo(torch.int64).max
 POLICIES = ("lfu", "lru", "distance_lfu")
 
@@ -72,7 +74,7 @@ def merge(
 ) -> Merged:
     """The identity table every replica adopts, and where each new row's id lives now."""
     if policy not in POLICIES:
-        raise ValueError(f"unknown MCH eviction policy {policy!r}; expected one of {POLICIES}")
+        raise ConfigError(f"unknown MCH eviction policy {policy!r}; expected one of {POLICIES}")
     size = replicas[0].sorted_ids.numel()
     groups = len(replicas)
     # Flatten the valid entries of every replica (the sentinel and empty slots hold MAX).
