@@ -31,7 +31,7 @@ from sparse2d.errors import (
 from sparse2d.mesh import rank_layout, replica_groups
 
 if TYPE_CHECKING:
-    from sparse2d import checkpoint
+    from sparse2d import checkpoint, patches
     from sparse2d.collection import DMPCollection
     from sparse2d.ft.optim import FTOptimizer
     from sparse2d.ft.options import FTOptions
@@ -50,7 +50,9 @@ _LAZY = {
     "TrialOptions": "sparse2d.planner.trial",
     "measured_group_size": "sparse2d.planner.trial",
 }
-_SUBMODULES = ("checkpoint",)  # save/load/latest/prune/repair: ``sparse2d.checkpoint.save``
+_SUBMODULES = ("checkpoint", "patches")
+"""``sparse2d.checkpoint.save`` (save/load/latest/prune/repair); ``sparse2d.patches`` (which
+TorchRec/FBGEMM workarounds the installed versions still need)."""
 
 __all__ = [
     "CheckpointError",
@@ -77,6 +79,7 @@ __all__ = [
     "UnsupportedOptimizerError",
     "checkpoint",
     "measured_group_size",
+    "patches",
     "rank_layout",
     "replica_groups",
 ]
