@@ -161,3 +161,56 @@ def test_sparse_engine_and_bf16_under_ft_equal_in_world_2d(world4) -> None:
         # the start's heal (init_sync) makes the first sync dense in both groups (the flag
         # rides with the counts); then touched rows only
         assert stats[0][0] == stats[0][1] and all(a < b for a, b in stats[1:]), stats
+
+
+def _ft_failed_sync(group: int, lighthouse: str, steps: int) -> dict:
+    """Touched rows, one rank per group; at data position 2 group 1 records an error before
+    its sync, so its all-reduces are no-ops and group 0's fail (gloo timeout): group 0's
+    engine gets garbage back from the agreement."""
+    from sparse2d import DMPCollection
+    from sparse2d.ft import FaultTolerance, FTOptions
+    from sparse2d.sync.options import SyncOptions
+    from tests.models import MIXED_TABLES, build_model
+
+    model = DMPCollection(
+        build_model(MIXED_TABLES, lr=0.1), 1, device="cpu",
+        constraints=constraints_for(MIXED_TABLES), sync_options=SyncOptions(engine="sparse"),
+    )  # fmt: skip
+    options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
+                        lighthouse=lighthouse, timeout_s=5, quorum_timeout_s=60)  # fmt: skip
+    ft = FaultTolerance(model, _dense_opt(model), options)
+    syncs = []
+    while ft.step < steps:
+        ft.start_step()
+        kjt, dense, target = make_batch(MIXED_TABLES, ft.position, group)
+        ((model(kjt, dense) - target) ** 2).mean().backward()
+        if group == 1 and ft.position == 2:
+            ft.manager.report_error(RuntimeError("planted: this group's step failed"))
+        ft.sync_embeddings()
+        stats = ft.policy.engine.stats
+        committed = ft.finish_step()
+        syncs.append((committed, stats.rows_synced, stats.rows_total))
+    out = {"values": _values(ft.shards), "summary": ft.summary(), "syncs": syncs}
+    ft.shutdown()
+    return out
+
+
+def test_sparse_engine_survives_a_failed_sync_and_resyncs_densely() -> None:
+    """Nothing crashes on the failed agreement's garbage; both groups discard that step, the
+    next sync is dense in both (the flag rides with the counts), the groups end identical."""
+    lighthouse = start_lighthouse(min_replicas=GROUPS)
+    try:
+        out = run_groups(GROUPS, 1, _ft_failed_sync, lighthouse.address(), 5)
+    finally:
+        lighthouse.shutdown()
+    for g in range(GROUPS):
+        got = out[(g, 0)]
+        assert got["summary"]["failed_commits"] >= 1 and got["summary"]["final_step"] == 5, got
+        syncs = got["syncs"]  # (committed, rows sent, rows in all shards) per attempt
+        failed = [i for i, (committed, *_) in enumerate(syncs) if not committed]
+        assert len(failed) == 1 and syncs[failed[0]][1] == 0, syncs  # garbage: nothing sent
+        dense, touched = syncs[failed[0] + 1], syncs[failed[0] + 2]
+        assert dense[0] and dense[1] == dense[2], syncs  # every row after the discarded sync
+        assert touched[0] and touched[1] < touched[2], syncs  # then touched rows again
+    for a, b in zip(out[(0, 0)]["values"], out[(1, 0)]["values"], strict=True):
+        assert torch.equal(a, b)
