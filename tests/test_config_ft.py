@@ -39,7 +39,6 @@ def test_bad_values(override: str, message: str) -> None:
         ("parallel.sharding_group_size=auto", "sharding_group_size='auto'"),
         ("parallel.sharding_strategy=fully_sharded", "nothing to heal a lost group from"),
         ("parallel.sync.overlap=true", "parallel.sync.overlap=True"),
-        ("parallel.sync.compression=bf16", "parallel.sync.compression='bf16'"),
         ("parallel.sync.delayed_optimizer_state=true", "delayed_optimizer_state=True"),
         ("parallel.sync.divergence_every=5", "divergence_every=5"),
         ("parallel.sync.check_finite=false", "check_finite=False"),
@@ -53,6 +52,16 @@ def test_unsupported_options_are_refused_before_anything_starts(
         load_config("configs/tiny_cpu.yaml", [*FT, "parallel.sync.divergence_every=0",
                                                "parallel.sharding_group_size=null", override])  # fmt: skip
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override", ["parallel.sync.engine=sparse", "parallel.sync.compression=bf16"]
+)
+def test_sparse_engine_and_bf16_are_accepted(override: str) -> None:
+    """Touched rows and bf16 deltas run over torchft's group (tests/test_ft_engines.py)."""
+    key, value = override.split("=")
+    cfg = load_config("configs/ft_tiny_cpu.yaml", [override])
+    assert getattr(cfg.parallel.sync, key.rsplit(".", 1)[1]) == value
 
 
 @pytest.mark.parametrize("kind", ["mch", "zch"])

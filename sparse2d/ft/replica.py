@@ -45,6 +45,7 @@ from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.sync.mc.tables import sharded_mc_table_names
 from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.policy import SyncPolicy
+from sparse2d.sync.sparse import SparseEngine
 from sparse2d.sync.tensors import live_tensors
 
 logger = logging.getLogger(__name__)
@@ -152,9 +153,9 @@ class FaultTolerance:
                 "custom_all_reduce"
             )
         later = [k for k in ("overlap", "delayed_optimizer_state") if getattr(base, k)]
-        if later or base.compression != "none":
+        if later:
             raise ConfigError(
-                f"fault tolerance with sync {later or ['compression=' + base.compression]}: the "
+                f"fault tolerance with sync {later}: the "
                 "fault-tolerant average lands at the step's commit; an average landing after "
                 "a later step was not covered by that step's vote (docs/fault_tolerance.md)"
             )
@@ -163,15 +164,23 @@ class FaultTolerance:
         # all-reduce (``finish_step``), instead of the guard's own vote over the group: a
         # group whose flag is set fails the commit everywhere, so nothing bad lands
         self._check_finite = base.check_finite
+        # touched rows: metadata over the quorum too; auto runs dense (its choice is learned
+        # from past syncs, which a group that joined by a heal has not seen)
+        kind = "sparse" if base.engine == "sparse" else "dense"
         sync_options = dataclasses.replace(
-            base, every=options.sync_every, engine="dense", hide=False, check_finite=False
+            base, every=options.sync_every, engine=kind, hide=False, check_finite=False
         )
         # Managed-collision tables: identities merged over the quorum by the in-world rules
         mc = mc_sync_for(model, self.shards, None, self.channel) if self._has_mc else None
         plain = plain_shards(self.shards, mc)
+        engine = (
+            SparseEngine(plain, None, crossover=1.0, channel=self.channel)
+            if kind == "sparse"
+            else DenseEngine(plain, None)
+        )
         policy = SyncPolicy(
             plain, None, options.num_groups, sync_options,
-            engine=DenseEngine(plain, None), global_pg=dist.group.WORLD,
+            engine=engine, global_pg=dist.group.WORLD,
             channel=self.channel, mc=mc,
         )  # fmt: skip
         local.close()  # G=1 in this world: the local policy never syncs; remove its hooks

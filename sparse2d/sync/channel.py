@@ -89,6 +89,26 @@ class ManagedChannel:
         """SUM ``tensor`` in place over the quorum, blocking."""
         self.manager.allreduce(tensor, reduce_op=dist.ReduceOp.SUM).wait()
 
+    def start_sum(self, buffers: list[torch.Tensor]) -> Reduction:
+        """Start SUMming ``buffers`` in place over the quorum, in their own dtype (bf16 deltas
+        travel as bf16: torchft's group sums, it cannot gather)."""
+        works = [self.manager.allreduce(b, reduce_op=dist.ReduceOp.SUM) for b in buffers]
+        return Reduction(works, lambda: buffers)
+
+    def any(self, flags: torch.Tensor) -> torch.Tensor:
+        """Element-wise OR over the quorum of 0/1 ``uint8`` ``flags`` (a MAX all-reduce
+        done as a SUM, torchft's reduction, then ``> 0``), blocking; flags are not modified."""
+        wide = flags if self.size < 256 else flags.to(torch.int32)  # a uint8 sum overflows
+        total = wide.clone()
+        self.sum(total)
+        return total > 0
+
+    @property
+    def failed(self) -> bool:
+        """A collective of this step failed (torchft recorded it; its results are garbage and
+        the step's commit vote will fail): use nothing that came back from the quorum."""
+        return self.manager.errored() is not None
+
     def start_tensors(self, tensors: list[torch.Tensor]) -> Callable[[], None]:
         """Start averaging ``tensors`` (any shapes) with one all-reduce per dtype, as DDP
         buckets gradients; the returned call waits and writes the averages into them.

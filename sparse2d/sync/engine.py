@@ -132,6 +132,10 @@ class SyncEngine(ABC):
     def synced(self, weights: bool, states: bool) -> None:  # noqa: B027 (optional hook)
         """Called after a sync of (weights, states) completed; engines reset tracking here."""
 
+    def diverged(self) -> None:  # noqa: B027 (optional hook)
+        """Replica values may now differ anywhere (a discarded fault-tolerant sync, a heal):
+        touched-row engines sync every row next time."""
+
     def observe(self, seconds: float) -> None:  # noqa: B027 (optional hook)
         """The sync's exposed time (build, waits, write-back), once it landed; cost models
         learn from it (``AutoEngine``)."""

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from sparse2d.errors import ConfigError, SyncError
 from sparse2d.sync.auto import make_engine
-from sparse2d.sync.channel import InWorldChannel, ReplicaChannel
+from sparse2d.sync.channel import InWorldChannel, ManagedChannel, ReplicaChannel
 from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.compression import Bf16DeltaCompressor
 from sparse2d.sync.divergence import DivergenceSampler
@@ -222,6 +222,8 @@ class SyncPolicy(FoldingPolicy):
         self._mc_land = None
         pending, self._uncommitted = self._uncommitted, []
         self._abandon([transfer for transfer, _, _ in pending])
+        if pending:  # groups that committed it hold other values in its rows
+            self.engine.diverged()
 
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
         self.land()
@@ -261,6 +263,8 @@ class SyncPolicy(FoldingPolicy):
             self.compressor.reset()
         if self.scaler is not None:
             self.scaler.reset()
+        if self.channel.deferred:  # loaded values (a heal) may differ from the others' anywhere
+            self.engine.diverged()
 
     # ---- internals -------------------------------------------------------------------
     def _sync(
@@ -404,5 +408,8 @@ class SyncPolicy(FoldingPolicy):
 
     def _start(self, key: str, buffers: list[torch.Tensor], async_op: bool) -> Reduction:
         if self.compressor is not None:
-            return self.compressor.start(key, buffers, self.replica_pg, self.hook, async_op)
+            managed = self.channel if isinstance(self.channel, ManagedChannel) else None
+            return self.compressor.start(
+                key, buffers, self.replica_pg, self.hook, async_op, channel=managed
+            )
         return self.channel.start(buffers, self.hook, async_op)

@@ -31,12 +31,22 @@ pending for the next sync.
 
 Exactness: with a power-of-two number of replicas, the average of identical
 values is exact, so sparse sync is bit-identical to dense sync.
+
+Under fault tolerance (``channel``: torchft's managed group, all-reduce only) the
+all-gathers are SUM all-reduces over a zeroed slot per quorum member (counts first,
+so ids are padded to an agreed length) and the bitmap MAX is a SUM then ``> 0``.
+A collective there may fail without raising (torchft records it, the step's vote
+fails): after each agreement the engine checks the channel and, on failure, sends
+nothing (it never indexes with what came back). Rows are in sync only between groups
+that committed the same syncs, so a discarded sync or a heal (``diverged``) makes the
+next agreement dense everywhere: the flag rides with the counts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -45,6 +55,9 @@ from sparse2d.errors import ConfigError
 from sparse2d.sync.engine import BufferPool, Payload, SyncEngine
 from sparse2d.sync.tensors import ShardState, flush_caches
 from sparse2d.sync.touched import TouchedRows
+
+if TYPE_CHECKING:
+    from sparse2d.sync.channel import ManagedChannel
 
 DEFAULT_CROSSOVER = 0.5
 """Union fraction of a shard's rows above which it is synced densely. Measured with
@@ -80,9 +93,10 @@ class SparseEngine(SyncEngine):
     def __init__(
         self,
         shards: list[ShardState],
-        replica_pg: dist.ProcessGroup,
+        replica_pg: dist.ProcessGroup | None,
         *,
         crossover: float = DEFAULT_CROSSOVER,
+        channel: ManagedChannel | None = None,
     ) -> None:
         if not 0.0 <= crossover <= 1.0:
             raise ConfigError(
@@ -99,7 +113,10 @@ class SparseEngine(SyncEngine):
         """A pipeline looks up batch ``i+1`` before batch ``i``'s sync and updates those rows
         after it (``TrainPipelineSemiSync``): each base then lags one sync (``synced``)."""
         self._previous_cut = {WEIGHTS: 0, STATES: 0}
-        self._replicas = dist.get_world_size(replica_pg)
+        self.channel = channel
+        """torchft's managed group (fault tolerance): metadata rides its all-reduces."""
+        self._diverged = False  # replicas may differ anywhere: the next agreement is dense
+        self._world_replicas = 0 if channel is not None else dist.get_world_size(replica_pg)
         self._device = shards[0].weight.device if shards else torch.device("cpu")
         """Where the metadata collectives run (the kernels' device: NCCL needs CUDA tensors)."""
         self.unions: dict[tuple[int, int], torch.Tensor | None] = {}
@@ -108,6 +125,16 @@ class SparseEngine(SyncEngine):
         """Every replica's ``piggyback()`` values from the last union agreement."""
         self.count_sums: dict[tuple[int, int], int] = {}
         """Touched rows per (shard, base) summed over replicas, from the last agreement."""
+
+    @property
+    def _replicas(self) -> int:
+        """Replicas averaged: the replica group's, or under fault tolerance the quorum's."""
+        return self.channel.size if self.channel is not None else self._world_replicas
+
+    def diverged(self) -> None:
+        """Replica values may differ outside the touched rows (a discarded sync, a heal):
+        the next agreement syncs every shard densely on every replica."""
+        self._diverged = True
 
     # ---- cheap local estimates (no collective) ----------------------------------------
     def touched_fraction(self, states: bool = False) -> float:
@@ -163,6 +190,7 @@ class SparseEngine(SyncEngine):
             if on:
                 cut = self._pending.pop(kind, None)
                 cut = cut if cut is not None else self.tracker.cut()
+                self._diverged = False
                 previous, self._previous_cut[kind] = self._previous_cut[kind], cut
                 self._base[kind] = previous if self.lookahead else cut
 
@@ -206,21 +234,26 @@ class SparseEngine(SyncEngine):
         local = {key: self.tracker.rows_since(*key) for key in keys}
         extra = self.piggyback()
         counts = torch.tensor(
-            [local[k].numel() for k in keys] + extra, dtype=torch.int64, device=self._device
+            [local[k].numel() for k in keys] + [int(self._diverged)] + extra,
+            dtype=torch.int64,
+            device=self._device,
         )
-        every = [torch.empty_like(counts) for _ in range(self._replicas)]
-        dist.all_gather(every, counts, group=self.replica_pg)
-        stacked = torch.stack(every)
-        self.gathered_extra = stacked[:, len(keys) :].tolist()
-        summed = stacked[:, : len(keys)].sum(0).tolist()
+        stacked, meta = self._gather(counts)
+        if stacked is None:  # a failed collective: nothing agreed, nothing sent
+            return self._nothing(keys, stats, meta)
+        n = len(keys)
+        self.gathered_extra = stacked[:, n + 1 :].tolist()
+        summed = stacked[:, :n].sum(0).tolist()
         self.count_sums = dict(zip(keys, summed, strict=True))
-        max_counts = stacked[:, : len(keys)].amax(0).tolist()
-        meta = counts.numel() * 8
+        max_counts = stacked[:, :n].amax(0).tolist()
+        dense_all = bool(stacked[:, n].any())  # some replica diverged: every shard in full
         result: dict[tuple[int, int], torch.Tensor | None] = {}
         by_ids, by_bitmap = [], []
         for key, most in zip(keys, max_counts, strict=True):
             rows = self.shards[key[0]].rows
-            if most == 0:
+            if dense_all:
+                result[key] = None
+            elif most == 0:
                 result[key] = torch.empty(0, dtype=torch.int64, device=self._device)
             elif most > self.crossover * rows:
                 result[key] = None
@@ -232,12 +265,34 @@ class SparseEngine(SyncEngine):
             meta += self._union_by_ids(by_ids, local, result)
         if by_bitmap:
             meta += self._union_by_bitmap(by_bitmap, local, result)
+        if self.channel is not None and self.channel.failed:
+            return self._nothing(keys, stats, meta)
         for key, union in list(result.items()):
             if union is not None and union.numel() > self.crossover * self.shards[key[0]].rows:
                 result[key] = None
         stats.metadata_bytes = meta
         stats.unions_by_ids, stats.unions_by_bitmap = len(by_ids), len(by_bitmap)
         return result
+
+    def _gather(self, tensor: torch.Tensor) -> tuple[torch.Tensor | None, int]:
+        """Every replica's ``tensor`` stacked (None when the collective failed), and the
+        bytes this rank handed to the collective."""
+        if self.channel is None:
+            every = [torch.empty_like(tensor) for _ in range(self._replicas)]
+            dist.all_gather(every, tensor, group=self.replica_pg)
+            return torch.stack(every), tensor.numel() * tensor.element_size()
+        slots, _ = self.channel.all_gather(tensor)
+        sent = len(slots) * tensor.numel() * tensor.element_size()
+        return (None if self.channel.failed else torch.stack(slots)), sent
+
+    def _nothing(
+        self, keys: list[tuple[int, int]], stats: SparseStats, meta: int
+    ) -> dict[tuple[int, int], torch.Tensor | None]:
+        """No rows for any key: the sync of a step whose collectives failed (the step's
+        vote fails; the replicas stay diverged until a sync commits)."""
+        self._diverged = True
+        stats.metadata_bytes = meta
+        return {key: torch.empty(0, dtype=torch.int64, device=self._device) for key in keys}
 
     def _union_by_ids(
         self,
@@ -254,14 +309,15 @@ class SparseEngine(SyncEngine):
                 for k, most in wanted
             ]
         )
-        every = [torch.empty_like(padded) for _ in range(self._replicas)]
-        dist.all_gather(every, padded, group=self.replica_pg)
+        stacked, sent = self._gather(padded)
+        if stacked is None:  # failed: ``_agree`` sends nothing
+            return sent
         offset = 0
         for key, most in wanted:
-            ids = torch.cat([chunk[offset : offset + most] for chunk in every])
+            ids = stacked[:, offset : offset + most].reshape(-1)
             result[key] = torch.unique(ids[ids >= 0]).to(torch.int64)
             offset += most
-        return padded.numel() * padded.element_size()
+        return sent
 
     def _union_by_bitmap(
         self,
@@ -275,7 +331,13 @@ class SparseEngine(SyncEngine):
         for key, size in zip(wanted, sizes, strict=True):
             bitmap[offset + local[key]] = 1
             offset += size
-        dist.all_reduce(bitmap, op=dist.ReduceOp.MAX, group=self.replica_pg)
+        if self.channel is None:
+            dist.all_reduce(bitmap, op=dist.ReduceOp.MAX, group=self.replica_pg)
+        else:
+            sent = bitmap.numel() * (1 if self.channel.size < 256 else 4)
+            bitmap = self.channel.any(bitmap).to(torch.uint8)
+            if self.channel.failed:  # ``_agree`` sends nothing
+                return sent
         offset = 0
         for key, size in zip(wanted, sizes, strict=True):
             result[key] = torch.nonzero(bitmap[offset : offset + size]).squeeze(1)

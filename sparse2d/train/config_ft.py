@@ -52,18 +52,23 @@ class FaultToleranceConfig:
             )
 
 
-_SYNC_FREE = ("every", "engine", "hide", "include_optimizer_state", "momentum_scaling")
-"""parallel.sync keys the fault-tolerant sync honours (every, momentum_scaling: c = the groups
-in the step's quorum) or replaces (engine, hide)."""
+_SYNC_FREE = (
+    "every", "engine", "hide", "include_optimizer_state", "momentum_scaling", "compression",
+)  # fmt: skip
+"""parallel.sync keys the fault-tolerant sync honours (every; momentum_scaling: c = the groups
+in the step's quorum; engine=sparse: the touched-row union agreed over the quorum; compression=
+bf16: deltas summed in bf16 over the quorum) or replaces (engine=auto runs dense; hide)."""
 
 
 _SYNC_REASONS = {
-    "overlap": "an average landing after a later step would not be covered by that step's "
-    "commit vote, which is what keeps a failed group's values out of the others",
-    "delayed_optimizer_state": "states averaged one sync late would land after a later "
-    "step's commit vote, which is what keeps a failed group's values out of the others",
-    "compression": "not built yet: the bf16 delta compressor runs on a torch process group, "
-    "not on torchft's managed group",
+    "overlap": "an overlapped average is still in flight at the step boundary, where torchft "
+    "forms the next quorum: it would span two quorums (a group healed into the next step holds "
+    "no part of it, a group lost after the vote breaks an average its step already committed), "
+    "and a step's commit vote can only cover collectives that finished before it",
+    "delayed_optimizer_state": "the states' average would finish one step late, across the "
+    "boundary where torchft forms the next quorum: as with overlap, a step's commit vote can "
+    "only cover collectives that finished before it, and an average spanning two quorums has "
+    "members that joined or left in between",
 }
 """Why a ``parallel.sync`` key is refused under fault tolerance (default: the generic line)."""
 
@@ -88,11 +93,6 @@ def refusals(cfg: Any) -> list[str]:
         if key not in _SYNC_FREE and value != getattr(default, key):
             why = _SYNC_REASONS.get(key, "the fault-tolerant sync is the blocking fp32 average")
             out.append(f"parallel.sync.{key}={value!r} ({why})")
-    if p.sync.engine == "sparse":
-        out.append(
-            "parallel.sync.engine='sparse' (not built yet: the fault-tolerant sync runs the "
-            "dense engine, and engine='auto' runs dense there)"
-        )
     if p.replica_layout != "intra_host":
         out.append(
             f"parallel.replica_layout={p.replica_layout!r} (a torchrun world is one sharding "
