@@ -45,8 +45,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def workers(group: int) -> dict[int, int]:
-    """``{local rank: pid}`` of the trainer workers of ``group`` (not its torchrun agent)."""
+def workers(group: int, run_dir) -> dict[int, int]:
+    """``{local rank: pid}`` of the trainer workers of ``group`` of the job writing to
+    ``run_dir`` (not its torchrun agent). The run directory is part of the match: another
+    job on the machine (a concurrent test run, a leftover worker) has a group ``group`` too,
+    and killing its worker instead would leave this job's group alive."""
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -63,6 +66,7 @@ def workers(group: int) -> dict[int, int]:
         except OSError:
             continue
         if (f"fault_tolerance.replica_id={group}" in argv and "sparse2d.train" in argv
+                and f"run_dir={run_dir}" in argv
                 and "torch.distributed.run" not in argv and "LOCAL_RANK" in env):  # fmt: skip
             found[int(env["LOCAL_RANK"])] = int(entry)
     return found
@@ -102,8 +106,8 @@ def run_and_kill(
             if killed is None and line.startswith(prefix):
                 step = int(line[len(prefix) :].split()[0])
                 if step >= KILL_AT:
-                    others = {g: workers(g) for g in range(groups) if g != group}
-                    victim = workers(group)[local_rank]
+                    others = {g: workers(g, run_dir) for g in range(groups) if g != group}
+                    victim = workers(group, run_dir)[local_rank]
                     os.kill(victim, signal.SIGKILL)
                     killed = step
             assert time.monotonic() < deadline, "".join(lines[-40:])
@@ -204,7 +208,7 @@ def kill_in_turn(run_dir, steps: int, timeout: float = 900) -> tuple[list[dict],
             if target is not None and line.startswith(prefix):
                 step = int(line[len(prefix) :].split()[0])
                 if step >= max(KILL_AT, kills[-1]["healed_at"] + 40 if kills else 0):
-                    os.kill(workers(target)[0], signal.SIGKILL)
+                    os.kill(workers(target, run_dir)[0], signal.SIGKILL)
                     kills.append({"group": target, "step": step})
             assert time.monotonic() < deadline, "".join(lines[-40:])
         job.wait(timeout=60)
@@ -280,7 +284,7 @@ def test_every_group_lost_without_a_checkpoint_stops_the_job_with_one_line(tmp_p
                 if g not in killed and line.startswith(f"[train] replica={g} step="):
                     killed.add(g)
             if killed == {0, 1} and not done:
-                for pid in [pid for g in (0, 1) for pid in workers(g).values()]:
+                for pid in [pid for g in (0, 1) for pid in workers(g, tmp_path).values()]:
                     os.kill(pid, signal.SIGKILL)
                 done = True
         job.wait(timeout=120)
