@@ -45,8 +45,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def workers(group: int) -> dict[int, int]:
-    """``{local rank: pid}`` of the trainer workers of ``group`` (not its torchrun agent)."""
+def workers(group: int, run_dir) -> dict[int, int]:
+    """``{local rank: pid}`` of the trainer workers of ``group`` of the job writing to
+    ``run_dir`` (not its torchrun agent). The run directory is part of the match: another
+    job on the machine (a concurrent test run, a leftover worker) has a group ``group`` too,
+    and killing its worker instead would leave this job's group alive."""
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -63,6 +66,7 @@ def workers(group: int) -> dict[int, int]:
         except OSError:
             continue
         if (f"fault_tolerance.replica_id={group}" in argv and "sparse2d.train" in argv
+                and f"run_dir={run_dir}" in argv
                 and "torch.distributed.run" not in argv and "LOCAL_RANK" in env):  # fmt: skip
             found[int(env["LOCAL_RANK"])] = int(entry)
     return found
@@ -102,8 +106,8 @@ def run_and_kill(
             if killed is None and line.startswith(prefix):
                 step = int(line[len(prefix) :].split()[0])
                 if step >= KILL_AT:
-                    others = {g: workers(g) for g in range(groups) if g != group}
-                    victim = workers(group)[local_rank]
+                    others = {g: workers(g, run_dir) for g in range(groups) if g != group}
+                    victim = workers(group, run_dir)[local_rank]
                     os.kill(victim, signal.SIGKILL)
                     killed = step
             assert time.monotonic() < deadline, "".join(lines[-40:])
@@ -144,9 +148,9 @@ def test_sigkill_in_group_1_heals_from_group_0_and_group_0_never_stops(tmp_path)
     assert any(r["participants"] == 1 for r in train_records(tmp_path / "killed", 0)), steps0
     # Group 1 restarted and healed from group 0 (each rank from its peer), after the kill.
     assert g1["restart_count"] >= 1 and g1["pids"] != g0["pids"]
-    late = [h for h in g1["heals"] if h["step"] > killed]
-    assert late and late[-1]["from_group"] == 0 and late[-1]["bytes"] > 0, g1["heals"]
-    assert len(late) == 1, g1["heals"]  # one heal per kill (heals of every restart listed)
+    # one restart heal per kill (from step 0: a new process), listed with every restart's
+    late = [h for h in g1["heals"] if h["step"] > killed and h["from_step"] == 0]
+    assert len(late) == 1 and late[0]["from_group"] == 0 and late[0]["bytes"] > 0, g1["heals"]
     # ... and built its model from the plan stored under RUN_DIR/plans: no planning to heal.
     with open(os.path.join(tmp_path / "killed", "replica_1", "metrics.jsonl")) as f:
         starts = [
@@ -175,8 +179,13 @@ def _field(line: str, key: str) -> int:
 def kill_in_turn(run_dir, steps: int, timeout: float = 900) -> tuple[list[dict], dict]:
     """3 groups x 1 rank: SIGKILL group 2 at step >= KILL_AT; once it healed, the group it
     healed from; once that one healed, the remaining group. Every group is hit once, each
-    kill after the previous heal. Returns the kills ({group, step, healed_from}) and the
-    launcher's stdout text."""
+    kill 40 steps after the previous heal. Returns the kills ({group, step, healed_from,
+    healed_at}) and the launcher's stdout text.
+
+    A kill's heal is the killed group's heal from step 0 (its new process) past the kill
+    step: a ``[heal]`` line of the group's old process (a survivor taking one failed step by
+    a heal, ``from_step > 0``) can still be in the pipe when the kill is sent, and counting
+    it would send the next kill while the group is still down."""
     job = launch(run_dir, 3, f"train.steps={steps}", nproc=1, restarts=2)
     lines, kills, order = [], [], [2]
     deadline = time.monotonic() + timeout
@@ -185,8 +194,10 @@ def kill_in_turn(run_dir, steps: int, timeout: float = 900) -> tuple[list[dict],
             lines.append(line)
             if line.startswith("[heal] replica=") and kills and "healed_from" not in kills[-1]:
                 group, step = _field(line, "replica"), _field(line, "step")
-                if group == kills[-1]["group"] and step > kills[-1]["step"]:
+                fresh = _field(line, "from_step") == 0
+                if group == kills[-1]["group"] and step > kills[-1]["step"] and fresh:
                     kills[-1]["healed_from"] = source = _field(line, "from_group")
+                    kills[-1]["healed_at"] = step
                     if len(order) < 3:  # next: the group it healed from, then the last one
                         order.append(
                             source if source not in order else ({0, 1, 2} - {*order, source}).pop()
@@ -196,8 +207,8 @@ def kill_in_turn(run_dir, steps: int, timeout: float = 900) -> tuple[list[dict],
             prefix = f"[train] replica={target} step="
             if target is not None and line.startswith(prefix):
                 step = int(line[len(prefix) :].split()[0])
-                if step >= max(KILL_AT, kills[-1]["step"] + 40 if kills else 0):
-                    os.kill(workers(target)[0], signal.SIGKILL)
+                if step >= max(KILL_AT, kills[-1]["healed_at"] + 40 if kills else 0):
+                    os.kill(workers(target, run_dir)[0], signal.SIGKILL)
                     kills.append({"group": target, "step": step})
             assert time.monotonic() < deadline, "".join(lines[-40:])
         job.wait(timeout=60)
@@ -222,13 +233,17 @@ def test_three_groups_killed_in_turn_each_heal_once_and_end_identical(tmp_path) 
     assert all("healed_from" in k for k in kills), kills
     s = [summary(tmp_path / "killed", g) for g in range(3)]
     for g in range(3):
-        (kill,) = [k for k in kills if k["group"] == g]
-        # a restarted process heals from step 0; a survivor whose step failed may take one
-        # step by a heal too (from_step > 0): that is not a restart's heal
+        mine = [k for k in kills if k["group"] == g]
+        # From the summary, which lists the heals of every process of the group: one restart
+        # heal per kill, each after its kill, from the group the launcher's line named. A
+        # restarted process heals from step 0; a survivor whose step failed may take one
+        # step by a heal too (from_step > 0): that is not a restart's heal.
         restarts = [h for h in s[g]["heals"] if h["from_step"] == 0 and h["step"] > 0]
-        assert len(restarts) == 1 and restarts[0]["step"] > kill["step"], (g, s[g]["heals"])
-        assert restarts[0]["from_group"] == kill["healed_from"] and restarts[0]["bytes"] > 0
-        assert s[g]["final_step"] == steps and s[g]["restart_count"] == 1, s[g]
+        assert len(restarts) == len(mine) == s[g]["restart_count"], (g, kills, s[g]["heals"])
+        for heal, kill in zip(restarts, mine, strict=True):
+            assert heal["step"] == kill["healed_at"] > kill["step"], (g, kill, heal)
+            assert heal["from_group"] == kill["healed_from"] and heal["bytes"] > 0, (g, heal)
+        assert s[g]["final_step"] == steps, s[g]
         logged = [r["step"] for r in train_records(tmp_path / "killed", g)]
         assert len(logged) == len(set(logged)), g  # no step logged twice, across restarts
     assert s[0]["state_digests"] == s[1]["state_digests"] == s[2]["state_digests"]
@@ -269,7 +284,7 @@ def test_every_group_lost_without_a_checkpoint_stops_the_job_with_one_line(tmp_p
                 if g not in killed and line.startswith(f"[train] replica={g} step="):
                     killed.add(g)
             if killed == {0, 1} and not done:
-                for pid in [pid for g in (0, 1) for pid in workers(g).values()]:
+                for pid in [pid for g in (0, 1) for pid in workers(g, tmp_path).values()]:
                     os.kill(pid, signal.SIGKILL)
                 done = True
         job.wait(timeout=120)

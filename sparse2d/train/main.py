@@ -132,14 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             _measure(cfg, device, world, rank)
             code = 0
             return code
-        if cfg.fault_tolerance.enable:  # this world is one replica group (sparse2d.ft)
-            from sparse2d.train.ft_loop import FTLoop
+        from sparse2d.train.loop import Loop  # fault_tolerance.enable: one replica group
 
-            loop = FTLoop(cfg, device)
-        else:
-            from sparse2d.train.loop import Loop
-
-            loop = Loop(cfg, device, profile=args.profile)
+        loop = Loop(cfg, device, profile=args.profile)
         loop.run()
         code = 0
     except (ConfigError, CheckpointError) as error:  # bad input or checkpoint: no traceback
@@ -149,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     except FaultToleranceError as error:  # every rank of the group says why it stops
         _report(rank, error, with_traceback=False)
     except SyncError as error:  # raised on every rank with the same text: once per job
-        if rank == 0 or (loop is not None and hasattr(loop, "ft")):  # ft: only the bad rank
+        if rank == 0 or (cfg is not None and cfg.fault_tolerance.enable):  # ft: the bad rank
             _report(rank, error, with_traceback=False)
     except Exception as error:
         if dist.is_initialized() and is_peer_failure(error):  # one line per survivor

@@ -1,4 +1,4 @@
-"""The fault-tolerant trainer loop (sparse2d.train.ft_loop) on bad input and lost coordination:
+"""The trainer's fault-tolerant mode (sparse2d.train.ft_mode) on bad input and lost coordination:
 one line on every rank, in time.
 
 One group (torchrun, 2 gloo ranks) of a job planned for 2 groups.

@@ -1,0 +1,50 @@
+"""Every heal of a group across its process restarts, in one append-only file.
+
+``FaultTolerance.heals`` lists the heals of one process; torchrun restarts a group as new
+processes, so a group killed twice would otherwise report only its last process's heals.
+``HealLog`` appends each heal as one JSON line, written with a single ``write`` on an
+``O_APPEND`` descriptor (a line is never split by a SIGKILL or interleaved with another
+writer), and ``read`` returns them all. A fresh launch of the group (torchrun restart 0)
+starts the file again, so the list is that launch's: restarts append to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+FILENAME = "heals.jsonl"
+
+
+class HealLog:
+    """``DIR/heals.jsonl`` of one group (write it from one rank of the group)."""
+
+    def __init__(self, directory: str, fresh_launch: bool) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, FILENAME)
+        if fresh_launch:  # an earlier launch's heals are not this launch's
+            with open(self.path, "w"):
+                pass
+
+    def append(self, heal: dict[str, Any]) -> None:
+        """Add one heal (one line, one ``write``)."""
+        line = (json.dumps(heal, sort_keys=True) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    def read(self) -> list[dict[str, Any]]:
+        """Every heal recorded in this launch, oldest first (an unfinished line is skipped)."""
+        if not os.path.exists(self.path):
+            return []
+        out = []
+        with open(self.path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return out

@@ -1,0 +1,279 @@
+"""The trainer's fault-tolerant mode (``fault_tolerance.enable``): this torchrun world is one
+sharding group of a torchft job, driven by ``sparse2d.ft.FaultTolerance``.
+
+Data: at data position ``p`` the job's global batch is ``G x L x B`` samples; group ``g``'s
+rank ``r`` reads slice ``g*L + r`` (the same slices a 1D run of ``G*L`` ranks reads). The
+position advances on every attempted step and is healed with the rest of the state, so a
+restarted group continues at the live groups' position: the slices of the steps it was
+down for are skipped (counted in ``samples_skipped``), never trained twice.
+
+A step is an attempt: quorum (a group behind heals here), forward, backward, vote; a failed
+commit moves nothing. Plain steps call ``FaultTolerance`` directly; ``train.pipeline`` runs
+TorchRec's pipeline over ``FTOptimizer``, built after the first quorum so that a restarted
+group has healed before the pipeline's first prefetch. Everything a group writes goes to
+``RUN_DIR/replica_<g>/``; its heals, across torchrun restarts, to ``heals.jsonl`` there
+(``sparse2d.ft.heal_log``), which the summary lists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from sparse2d.errors import FaultToleranceError
+from sparse2d.ft.heal_log import HealLog
+from sparse2d.train.config import Config
+from sparse2d.train.data import DataSource
+from sparse2d.train.step_mode import Attempt
+
+if TYPE_CHECKING:
+    from sparse2d.train.loop import Loop
+
+
+def config_digest(cfg: Config) -> dict[str, str]:
+    """What every group must agree on, by dotted key (not its replica id or output paths): a
+    group joining with another value is refused naming the key (``FaultTolerance``)."""
+    keep = {
+        k: v for k, v in cfg.to_dict().items() if k in ("model", "data", "parallel", "optimizer")
+    }
+    keep["train"] = {"steps": cfg.train.steps, "pipeline": cfg.train.pipeline}
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), inner)
+        else:
+            out[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+    walk("", keep)
+    return out
+
+
+class FaultTolerantMode:
+    """``sparse2d.train.step_mode.Mode`` for one group of a torchft job (module docstring)."""
+
+    wall_time = True  # records carry the wall time: stalls and heals across groups
+
+    def __init__(self, cfg: Config, rank: int, size: int) -> None:
+        ft = cfg.fault_tolerance
+        self.cfg, self.rank, self.size = cfg, rank, size
+        self.group, self.groups = ft.replica_id, ft.group_size
+        self.label = f"replica={self.group}"
+        self.run_dir = os.path.join(cfg.run_dir, f"replica_{self.group}")
+        root = cfg.checkpoint.dir or cfg.run_dir  # each group saves alone (collective inside)
+        self.checkpoint_dir = os.path.join(root, f"replica_{self.group}", "checkpoints")
+        self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        metrics = os.path.join(self.run_dir, "metrics.jsonl")
+        self.had_progress = os.path.exists(metrics) and '"kind": "train"' in open(metrics).read()
+        self.samples_per_group = size * cfg.data.batch_size_per_rank
+        self.heal_log = HealLog(self.run_dir, fresh_launch=self.restart == 0) if rank == 0 else None
+        self._heals_seen = 0
+        self._first = True
+        self._pipeline: Any = None
+        self._participants = 0
+
+    def data(self, loop: Loop) -> tuple[DataSource, DataSource]:
+        train = DataSource(self.cfg, self.group * self.size + self.rank, self.groups * self.size)
+        return train, DataSource(self.cfg, self.rank, self.size)  # every group: one eval set
+
+    def attach(self, loop: Loop) -> None:
+        """The torchft manager, built last: a group heartbeating before it can train would
+        hold back the live groups' quorum (the lighthouse waits for heartbeating groups)."""
+        from sparse2d.ft import FaultTolerance, FTOptions
+
+        ft = self.cfg.fault_tolerance
+        options = FTOptions(
+            replica_id=self.group,
+            num_groups=self.groups,
+            min_replica_size=ft.min_replica_size,
+            lighthouse=ft.lighthouse,
+            sync_every=self.cfg.parallel.sync.every,
+            timeout_s=ft.timeout_s,
+            quorum_timeout_s=ft.quorum_timeout_s,
+            connect_timeout_s=ft.connect_timeout_s,
+            # a restarted group rejoins a running job (or finds every group lost): no start wait
+            start_wait_s=ft.start_wait_s if self.restart == 0 else 1e-9,
+        )
+        self.ft = FaultTolerance(
+            loop.model, loop.optimizer, options, config_digest=config_digest(self.cfg)
+        )
+        self.ft.final_step = self.cfg.train.steps  # the last step syncs whatever the cadence
+
+    @property
+    def completed(self) -> int:
+        return self.ft.step
+
+    def shape(self, loop: Loop) -> dict[str, int]:
+        return {"world_size": self.groups * self.size,
+                "sharding_group_size": loop.model.sharding_group_size,
+                "num_replicas": self.groups}  # fmt: skip
+
+    def header(self, loop: Loop) -> dict[str, Any]:
+        return {"group_size": self.size, "groups": self.groups, "restart": self.restart,
+                "pid": os.getpid(), "position": self.ft.position}  # fmt: skip
+
+    # ---- a step ------------------------------------------------------------------------
+    def attempt(self, loop: Loop) -> Attempt | None:
+        ft = self.ft
+        if self._first and not self._join(loop):
+            return None
+        if self._pipeline is None:
+            ft.start_step()  # quorum; a group behind heals here (already open at the first)
+            self._record_heals(loop)
+            batch = loop.data.train(ft.position)[0].to(loop.device)
+            loss, (_, logits, labels) = loop.model(batch)
+            loss.backward()
+            participants = ft.participants
+            committed = ft.finish_step()
+        else:  # zero_grad: quorum; step: vote and commit (sparse2d.ft.FTOptimizer)
+            logits, labels = self._pipeline.progress()
+            participants, committed = ft.participants, bool(ft.last_committed)
+            self._record_heals(loop)
+        self._participants = participants
+        samples = participants * self.samples_per_group
+        return Attempt(logits, labels, committed, samples, participants)
+
+    def _join(self, loop: Loop) -> bool:
+        """The first quorum. A (re)launch first loads its checkpoint (the quorum then starts
+        from the furthest group's, the others heal from it); a torchrun restart that finds
+        nobody ahead resumes, or finds the job finished (False: stop) or lost (raises)."""
+        ft = self.ft
+        if self.restart == 0:
+            self._maybe_resume(loop)
+        ft.start_step()
+        if self.restart and self._maybe_resume(loop):  # every group was lost
+            ft.start_step()  # ask again with the loaded step
+        elif self._check_not_all_lost(loop):
+            return False
+        self._first = False
+        self._record_heals(loop)
+        self._pipeline = self._build_pipeline(loop)
+        return True
+
+    def _record_heals(self, loop: Loop) -> None:
+        """Log this process's new heals and append them to the group's heal log."""
+        for heal in self.ft.heals[self._heals_seen :]:
+            loop.log({"kind": "heal", **heal})
+            if self.heal_log is not None:
+                self.heal_log.append(heal)
+        self._heals_seen = len(self.ft.heals)
+
+    def _build_pipeline(self, loop: Loop) -> Any:
+        """TorchRec's train pipeline over the fault-tolerant optimizer wrapper, reading
+        batches from the group's data position on (``train.pipeline``), or None."""
+        kind = self.cfg.train.pipeline
+        if kind == "none":
+            return None
+        from sparse2d.ft import FTOptimizer
+        from sparse2d.train.pipeline import PipelineSteps
+
+        ft = self.ft
+        wrapper = FTOptimizer(ft, expect_position=ft.position)
+        return PipelineSteps(kind, loop.model, wrapper, loop.data, loop.device, ft.position, None)
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        return self._pipeline.paused() if self._pipeline is not None else contextlib.nullcontext()
+
+    # ---- checkpoints and the all-lost case --------------------------------------------------
+    def checkpoint_extra(self, step: int, loop: Loop) -> dict[str, Any]:
+        return {"step": step, "position": self.ft.position,
+                "slices_skipped": self.ft.slices_skipped}  # fmt: skip
+
+    def _maybe_resume(self, loop: Loop) -> bool:
+        """Load this group's latest checkpoint (``train.resume=auto``): at a launch, before
+        the first quorum; after a torchrun restart, only when no live group was ahead at the
+        first quorum (then every group was lost). A group that a live one can heal reads no
+        storage."""
+        if self.cfg.train.resume != "auto" or self.ft.step != 0 or self._healed_from_live():
+            return False
+        from sparse2d import checkpoint
+
+        path = checkpoint.latest(self.checkpoint_dir)
+        if path is None:
+            return False
+        extra = checkpoint.load(path, loop.model, dense_optimizer=loop.optimizer)
+        self.ft.resume(int(extra["step"]), int(extra["position"]), int(extra["slices_skipped"]))
+        loop.log({"kind": "resume", "step": int(extra["step"]), "path": path})
+        return True
+
+    def _healed_from_live(self) -> bool:
+        """A heal from a group past step 0 (a heal at step 0 copies a group that is as fresh
+        as this one: every group restarted)."""
+        return any(h["step"] > 0 for h in self.ft.heals)
+
+    def _finished_by_others(self) -> int | None:
+        """A group whose summary says it finished this launch's job (``launch/ft_local.sh``
+        exports the launch time), if any: then there is nothing left to rejoin."""
+        launched = float(os.environ.get("SPARSE2D_FT_LAUNCH_TIME", "inf"))
+        for g in range(self.groups):
+            path = os.path.join(self.cfg.run_dir, f"replica_{g}", "summary.json")
+            if g != self.group and os.path.exists(path) and os.path.getmtime(path) >= launched:
+                with open(path) as f:
+                    if json.load(f).get("final_step") == self.cfg.train.steps:
+                        return g
+        return None
+
+    def _check_not_all_lost(self, loop: Loop) -> bool:
+        """A restarted group that finds the job at step 0 with nothing to heal from while it
+        had trained before: either the job finished without it (return True: stop cleanly)
+        or every group was lost (nothing to resume from without checkpoints: raise)."""
+        if not (self.restart and self.had_progress and self.ft.step == 0):
+            return False
+        if self._healed_from_live():
+            return False
+        # rank 0 reads the files and its answer holds for the group: ranks reading a summary
+        # being written a moment apart must not take different ways out
+        done = [self._finished_by_others() if self.rank == 0 else None]
+        dist.broadcast_object_list(done, src=0)
+        if done[0] is not None:
+            loop.recorder.say("done", f"group {done[0]} finished the job while this group "
+                              "restarted; nothing to rejoin")  # fmt: skip
+            return True
+        raise FaultToleranceError(
+            f"group {self.group}: every replica group was lost (restart {self.restart} found "
+            "no live group ahead of step 0, and this group had trained before); with "
+            "no checkpoint (checkpoint.every=0, or train.resume=none) there is nothing to resume "
+            "from: start the job again"
+        )
+
+    # ---- records -------------------------------------------------------------------------
+    def window(self, loop: Loop, steps: int, last: Attempt) -> dict[str, Any]:
+        return {"participants": last.participants, "committed_steps": self.ft.committed,
+                "failed_commits": self.ft.failed}  # fmt: skip
+
+    def summary(self, loop: Loop) -> dict[str, Any]:
+        """The group's counters; ``heals``: every heal of the group in this launch, its
+        restarts' included; ``pids`` and ``state_digests`` per rank (collective)."""
+        from sparse2d.ft.state import digest
+        from sparse2d.sync.mc import mc_identity_buffers
+
+        ft = self.ft
+        pids: list[Any] = [None] * self.size
+        dist.all_gather_object(pids, os.getpid())
+        digests: list[Any] = [None] * self.size  # per rank: equal across groups = identical
+        dist.all_gather_object(
+            digests, digest(loop.model, ft.shards, mc_identity_buffers(ft.policy))
+        )
+        counters = {k: v for k, v in ft.summary().items() if k != "heals"}
+        return {
+            "sync_s_per_step": None,  # the sync is inside the step (one vote, one all-reduce)
+            **counters,
+            "heals": self.heal_log.read() if self.heal_log is not None else list(ft.heals),
+            "samples_skipped": ft.slices_skipped * self.samples_per_group,
+            "restart_count": self.restart,
+            "pids": pids,
+            "state_digests": digests,
+        }
+
+    def final_text(self, summary: dict[str, Any]) -> str:
+        return (f"committed={summary['committed_steps']} failed={summary['failed_commits']} "
+                f"heals={len(summary['heals'])} ")  # fmt: skip
+
+    def close(self) -> None:
+        """Stop this group's torchft manager."""
+        self.ft.shutdown()

@@ -1,0 +1,164 @@
+"""The trainer's in-world mode: one torchrun world holds every replica (2D as designed).
+
+A step always completes. The replica sync runs on its cadence through
+``model.maybe_sync`` (plain steps or a TorchRec pipeline, ``sparse2d.train.pipeline``), the
+last step ends on averaged replicas, and the sync's reports (seconds, bytes, the engine's
+modes, replica divergence) go into the train records and the summary. Resume
+(``train.resume=auto``) loads the newest undamaged checkpoint of ``RUN_DIR/checkpoints``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import TYPE_CHECKING, Any
+
+from sparse2d.train.config import Config
+from sparse2d.train.data import DataSource
+from sparse2d.train.pipeline import PipelineSteps, PlainSteps, make_steps
+from sparse2d.train.step_mode import Attempt
+
+if TYPE_CHECKING:
+    from sparse2d.train.loop import Loop
+
+
+class InWorld:
+    """``sparse2d.train.step_mode.Mode`` for in-world 2D (see the module docstring)."""
+
+    label = ""
+    wall_time = False
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.run_dir = cfg.run_dir
+        self.checkpoint_dir = cfg.checkpoint_dir
+        self.start_step = 0
+        self._next = 0
+        self.steps: PlainSteps | PipelineSteps | None = None
+        self.sync_s = self.sync_bytes = 0.0
+        self._win_sync_s = self._win_bytes = 0.0
+        self._divergence: float | None = None
+
+    def data(self, loop: Loop) -> tuple[DataSource, DataSource]:
+        cfg = self.cfg
+        cache_dir = cfg.data.criteo.cache_dir or os.path.join(cfg.run_dir, "criteo_cache")
+        if cfg.data.source == "criteo":
+            from sparse2d.train.data.criteo import prepare_everywhere
+
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+            for line in prepare_everywhere(cfg.data.criteo, cache_dir, local_rank):
+                if loop.is_main:  # bad rows are skipped, counted and named once per file
+                    print(f"[data] {line}", flush=True)
+        data = DataSource(cfg, loop.rank, loop.world, cache_dir)
+        return data, data
+
+    def attach(self, loop: Loop) -> None:
+        self._maybe_resume(loop)
+        self._next = self.start_step
+        self.steps = make_steps(self.cfg.train.pipeline, loop.model, loop.optimizer, loop.data,
+                                loop.device, self.start_step, self.cfg.train.steps)  # fmt: skip
+
+    def _maybe_resume(self, loop: Loop) -> None:
+        """The newest checkpoint that loads (``train.resume=auto``); a damaged one is named
+        and skipped, verified before anything changes."""
+        if self.cfg.train.resume != "auto":
+            return
+        from sparse2d import checkpoint
+
+        where = self.checkpoint_dir
+        path = checkpoint.latest(where)
+        if path is None:
+            if loop.is_main:
+                print(f"[resume] no checkpoint in {where}; from step 0")
+            return
+        older = list(reversed(checkpoint.list_checkpoints(where)))
+        for candidate in [path, *(p for p in older if p != path)]:
+            try:  # verified before anything changes: a damaged one leaves the model as it was
+                extra = checkpoint.load(candidate, loop.model, dense_optimizer=loop.optimizer)
+            except checkpoint.CorruptCheckpointError as error:
+                if loop.is_main:
+                    print(f"[resume] skipping damaged {candidate}: {error}", flush=True)
+                continue
+            path = candidate
+            break
+        else:
+            raise checkpoint.CheckpointError(
+                f"every checkpoint in {where!r} is damaged (see the [resume] lines); delete "
+                "them or set train.resume=none to start from step 0"
+            )
+        self.start_step = int(extra["step"])
+        if loop.is_main:
+            print(f"[resume] {path}: step {self.start_step}", flush=True)
+
+    @property
+    def completed(self) -> int:
+        return self._next
+
+    def shape(self, loop: Loop) -> dict[str, int]:
+        model = loop.model
+        return {"world_size": loop.world, "sharding_group_size": model.sharding_group_size,
+                "num_replicas": model.num_replicas}  # fmt: skip
+
+    def header(self, loop: Loop) -> dict[str, Any]:
+        return {}
+
+    def attempt(self, loop: Loop) -> Attempt:
+        """One step; the last one ends on averaged replicas whatever the sync cadence."""
+        policy, step = loop.model.sync_policy, self._next
+        if self.steps is None:
+            raise RuntimeError("InWorld.attempt before attach")
+        logits, labels, report = self.steps.run(step, loop.device, loop.model.maybe_sync)
+        if step == self.cfg.train.steps - 1 and (step + 1) % self.cfg.parallel.sync.every:
+            policy.finish()
+            report = policy.sync_now(step)
+        if report is not None:
+            self._win_sync_s += report.seconds
+            self._win_bytes += report.bytes
+            if report.divergence is not None:
+                self._divergence = report.divergence
+        self._next += 1
+        return Attempt(logits, labels, True, loop.data.global_batch)
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        return self.steps.paused() if self.steps is not None else contextlib.nullcontext()
+
+    def window(self, loop: Loop, steps: int, last: Attempt) -> dict[str, Any]:
+        """Sync seconds and bytes per step (slowest rank), syncs per mode so far, and the
+        replica divergence before the latest measured sync."""
+        sync_s, nbytes = loop.max_over_ranks([self._win_sync_s, self._win_bytes])
+        self.sync_s += sync_s
+        self.sync_bytes += nbytes
+        self._win_sync_s = self._win_bytes = 0.0
+        policy = loop.model.sync_policy
+        out: dict[str, Any] = {
+            "sync_s_per_step": sync_s / steps,
+            "sync_bytes_per_step": nbytes / steps,
+            # syncs so far per mode: the engine's choices, and those folded into DDP
+            "sync_modes": {**policy.mode_counts, "folded": policy.folds},
+        }
+        if self._divergence is not None:
+            out["replica_divergence"] = self._divergence
+            self._divergence = None
+        return out
+
+    def checkpoint_extra(self, step: int, loop: Loop) -> dict[str, Any]:
+        return {"step": step, "global_sample": step * loop.data.global_batch}
+
+    def summary(self, loop: Loop) -> dict[str, Any]:
+        policy = loop.model.sync_policy
+        done = max(1, self.cfg.train.steps - self.start_step)
+        return {
+            "sync_s_per_step": self.sync_s / done,
+            "sync_bytes_per_step": self.sync_bytes / done,
+            # engine "auto": syncs per mode (what it chose), e.g. {"dense": 297, "sparse": 3}
+            "sync_modes": policy.mode_counts,
+            # syncs whose NaN/inf vote rode DDP's gradient all-reduce (sync.ddp_vote)
+            "sync_votes_in_ddp": policy.votes_carried,
+            "syncs_folded_into_ddp": policy.folds,
+        }
+
+    def final_text(self, summary: dict[str, Any]) -> str:
+        return f"sync_s/step={summary['sync_s_per_step']:.5f} "
+
+    def close(self) -> None:
+        """Nothing to release (the model belongs to the caller)."""
