@@ -2,7 +2,7 @@
 
 Per series (world 4; the world-8 series of ``planner_holdout.py`` need 8 processes on this
 2-core box and are left out): the cost model's prediction for every ``L`` (computed here, as
-``bench/planner_fit.py`` reads a series), the shortlist (``sparse2d.planner.trial.shortlist``,
+``bench/planner_fit.py`` reads a series), the shortlist (``sparse2d.advisor.trial.shortlist``,
 default options), then in one fresh gloo world:
 
 1. the trial, exactly as ``sharding_group_size="auto"`` runs it
@@ -53,9 +53,9 @@ def advice_for(series: Series) -> Any:
     (``planner_fit.series_workload`` / ``series_topology``: table-wise at L=1)."""
     from planner_fit import series_topology, series_workload
 
+    from sparse2d.advisor.cost_model import AnalyticCostModel
+    from sparse2d.advisor.search import Advice, default_planner
     from sparse2d.mesh import divisors
-    from sparse2d.planner.cost_model import AnalyticCostModel
-    from sparse2d.planner.search import Advice, default_planner
 
     candidates = tuple(
         AnalyticCostModel(
@@ -79,8 +79,8 @@ def _rank(series: Series, shortlist: list, pick: int, rounds: int, steps: int,
     the reference, the slowest rank's median step per L."""
     import torch.distributed as dist
 
+    from sparse2d.advisor.trial import measure_group_sizes
     from sparse2d.mesh import divisors
-    from sparse2d.planner.trial import measure_group_sizes
 
     rank, world = dist.get_rank(), dist.get_world_size()
     report = measure_group_sizes(
@@ -110,7 +110,7 @@ def _rank(series: Series, shortlist: list, pick: int, rounds: int, steps: int,
 
 
 def measure_series(series: Series, rounds: int, steps: int, options: Any) -> dict[str, Any]:
-    from sparse2d.planner.trial import shortlist
+    from sparse2d.advisor.trial import shortlist
 
     advice = advice_for(series)
     short = shortlist(advice, options)
@@ -152,7 +152,7 @@ def main_job(steps: int) -> dict[str, Any]:
 
 def trial_options(args: argparse.Namespace) -> Any:
     """The shipped defaults unless ``--warmup``/``--timed`` say otherwise."""
-    from sparse2d.planner.trial import TrialOptions
+    from sparse2d.advisor.trial import TrialOptions
 
     default = TrialOptions()
     return TrialOptions(

@@ -91,7 +91,7 @@ def _fit_series(saved: dict[str, Any]) -> dict[str, list[Any]]:
     from planner_fit import Point, series_workload
     from planner_holdout import FIT_SERIES
 
-    from sparse2d.planner.topology import PRESETS
+    from sparse2d.advisor.topology import PRESETS
 
     out = {}
     for s in FIT_SERIES:
@@ -131,7 +131,7 @@ HEADER = [
 def report(holdout: bool) -> str:
     import planner_fit as pf
 
-    from sparse2d.planner.topology import PRESETS
+    from sparse2d.advisor.topology import PRESETS
 
     fit_saved = _load("fit")
     fit_set = _fit_series(fit_saved)
@@ -289,7 +289,7 @@ def _retimed(primary: str) -> list[str]:
     import planner_fit as pf
     from planner_holdout import SAVED
 
-    from sparse2d.planner.topology import PRESETS
+    from sparse2d.advisor.topology import PRESETS
 
     if not all(os.path.exists(SAVED[k]) for k in RETIMED_FIT_RUNS):
         return []

@@ -48,9 +48,9 @@ class Point:
     """One measured (workload, world, L) and the model's coefficients for it."""
 
     def __init__(self, workload: Any, topology: Any, L: int, measured: dict[str, float]) -> None:
-        from sparse2d.planner import cost_terms as ct
-        from sparse2d.planner.cost_model import AnalyticCostModel
-        from sparse2d.planner.search import default_planner
+        from sparse2d.advisor import cost_terms as ct
+        from sparse2d.advisor.cost_model import AnalyticCostModel
+        from sparse2d.advisor.search import default_planner
 
         self.workload, self.topology, self.L, self.measured = workload, topology, L, measured
         planner = default_planner()
@@ -75,8 +75,8 @@ class Point:
         self.types = by_bytes.sharding_types
 
     def predict(self, topo: Any) -> Any:
-        from sparse2d.planner.cost_model import AnalyticCostModel
-        from sparse2d.planner.search import default_planner
+        from sparse2d.advisor.cost_model import AnalyticCostModel
+        from sparse2d.advisor.search import default_planner
 
         return AnalyticCostModel(self.workload, topo, default_planner()).estimate(self.L)
 
@@ -169,7 +169,7 @@ def fit(points: list[Point], base: Any) -> Any:
 def series_workload(series: Any, L: int) -> Any:
     """The advisor's view of one measured series at ``L``: its tables (table-wise at L=1, as
     the harness builds them), batch and qcomms; the harness draws ids uniformly (Zipf 0)."""
-    from sparse2d.planner.workload import TableLoad, Workload
+    from sparse2d.advisor.workload import TableLoad, Workload
 
     tables = tuple(
         TableLoad(n, r, d, 1, 2.0, t if L > 1 else "table_wise")
@@ -185,7 +185,7 @@ def series_topology(series: Any, L: int) -> Any:
     """``cpu_gloo`` at the series' world. A ``node_group_size`` series pretends hosts of
     ``node`` ranks (TorchRec lays TWRW/grid out by host); the cores those ranks share are
     still the box's, so each pretend host gets its share of them."""
-    from sparse2d.planner.topology import PRESETS
+    from sparse2d.advisor.topology import PRESETS
 
     base = PRESETS["cpu_gloo"]
     if not series.node:

@@ -32,11 +32,11 @@ from sparse2d.mesh import rank_layout, replica_groups
 
 if TYPE_CHECKING:
     from sparse2d import checkpoint, patches
+    from sparse2d.advisor.trial import TrialOptions, measured_group_size
     from sparse2d.collection import DMPCollection
     from sparse2d.ft.optim import FTOptimizer
     from sparse2d.ft.options import FTOptions
     from sparse2d.ft.replica import FaultTolerance
-    from sparse2d.planner.trial import TrialOptions, measured_group_size
     from sparse2d.sync.options import SyncOptions, SyncReport
 
 # name -> the module that defines it, imported on first access.
@@ -47,8 +47,8 @@ _LAZY = {
     "FaultTolerance": "sparse2d.ft.replica",
     "FTOptimizer": "sparse2d.ft.optim",
     "FTOptions": "sparse2d.ft.options",
-    "TrialOptions": "sparse2d.planner.trial",
-    "measured_group_size": "sparse2d.planner.trial",
+    "TrialOptions": "sparse2d.advisor.trial",
+    "measured_group_size": "sparse2d.advisor.trial",
 }
 _SUBMODULES = ("checkpoint", "patches")
 """``sparse2d.checkpoint.save`` (save/load/latest/prune/repair); ``sparse2d.patches`` (which

@@ -45,6 +45,7 @@ from torchrec.distributed.types import (
 )
 
 from sparse2d import validation
+from sparse2d.advisor.auto import AUTO, auto_group_size
 from sparse2d.compat import (
     adapt_all_reduce,
     check_world_size,
@@ -66,7 +67,6 @@ from sparse2d.mesh import Mesh2D, build_mesh, validate_group_size, validate_layo
 from sparse2d.patches import apply_all
 from sparse2d.patches.torchrec_comm import forget_destroyed_groups
 from sparse2d.planner import default_sharders, remap_plan
-from sparse2d.planner.auto import AUTO, auto_group_size
 from sparse2d.planner.plan_store import PlanStore, as_plan_store
 from sparse2d.replica_sync import ReplicaSync
 from sparse2d.resources import GroupRecorder, Resources

@@ -1,6 +1,6 @@
 """bench/auto_bench.py and bench/main_job_layouts.py: their reports rendered from the saved runs
 (the measurements themselves spawn worlds for ~20 minutes; the trial they run is
-``sparse2d.planner.trial``, tested in tests/test_planner_trial.py and test_train_auto_trial.py)."""
+``sparse2d.advisor.trial``, tested in tests/test_advisor_trial.py and test_train_auto_trial.py)."""
 
 from __future__ import annotations
 

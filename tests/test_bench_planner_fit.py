@@ -13,7 +13,7 @@ import tests.bench_path  # noqa: F401  (bench/ on sys.path)
 import planner_fit as pf
 from planner_holdout import FIT_SERIES, SERIES
 
-from sparse2d.planner.topology import PRESETS
+from sparse2d.advisor.topology import PRESETS
 
 
 def _points(truth) -> list[pf.Point]:

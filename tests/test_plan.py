@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from sparse2d.advisor.search import advise
 from sparse2d.cli import main as cli
-from sparse2d.planner.search import advise
 from sparse2d.train.config import load_config
 from sparse2d.train.plan import topology_for, workload_from_config
 

@@ -58,7 +58,7 @@ def auto_then_explicit(run_dir: str) -> dict[str, Any]:
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("sparse2d.planner.trial").addHandler(handler)
+    logging.getLogger("sparse2d.advisor.trial").addHandler(handler)
     logging.disable(logging.NOTSET)  # the shared workers mute WARNING (TorchRec's plan chatter)
     try:
         auto, log, auto_state = _run(
@@ -66,7 +66,7 @@ def auto_then_explicit(run_dir: str) -> dict[str, Any]:
         )
     finally:
         logging.disable(logging.WARNING)
-        logging.getLogger("sparse2d.planner.trial").removeHandler(handler)
+        logging.getLogger("sparse2d.advisor.trial").removeHandler(handler)
     chosen = auto["sharding_group_size"]
     _, _, fixed_state = _run(
         [*COMMON, f"parallel.sharding_group_size={chosen}", f"run_dir={run_dir}/fixed"]

@@ -1,7 +1,7 @@
 """The trainer's measured ``sharding_group_size: auto`` (``parallel.auto``).
 
 The advisor ranks every divisor of the world on the config's workload (rank 0, broadcast);
-``sparse2d.planner.trial`` builds each shortlisted ``L`` exactly as the trainer would (same
+``sparse2d.advisor.trial`` builds each shortlisted ``L`` exactly as the trainer would (same
 ``model.init_seed``, same factory, a fresh dense optimizer), runs ``warmup + timed`` steps
 of the job's own first batches through the job's own step (plain or pipelined), and closes
 it. RNG is restored after each candidate and data is positional (``DataSource.train(step)``),
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparse2d.planner.trial import TrialReport, measure_group_sizes
+from sparse2d.advisor.trial import TrialReport, measure_group_sizes
 from sparse2d.train.config import Config
 
 Build = Callable[[int], tuple[Any, torch.optim.Optimizer]]
@@ -31,10 +31,10 @@ def resolve_group_size(
     size = cfg.group_size(world)
     if size != "auto":
         return int(size), None
+    from sparse2d.advisor.auto import share_from_rank0, topology_for_device
+    from sparse2d.advisor.search import advise, no_fit_message
+    from sparse2d.advisor.trial import shortlist
     from sparse2d.errors import NoFitError
-    from sparse2d.planner.auto import share_from_rank0, topology_for_device
-    from sparse2d.planner.search import advise, no_fit_message
-    from sparse2d.planner.trial import shortlist
     from sparse2d.train.plan import workload_from_config
 
     options = cfg.parallel.auto.options()

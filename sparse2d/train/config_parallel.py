@@ -58,7 +58,7 @@ class SyncConfig:
 @dataclass(kw_only=True, slots=True)
 class AutoTrialConfig:
     """``sharding_group_size: auto``: the cost model shortlists, a short trial on the job decides.
-    Maps 1:1 onto ``sparse2d.planner.trial.TrialOptions`` (same names and meaning)."""
+    Maps 1:1 onto ``sparse2d.advisor.trial.TrialOptions`` (same names and meaning)."""
 
     candidates: int = 3
     """Most group sizes to measure (the model's best first, then those within the margin);
@@ -71,7 +71,7 @@ class AutoTrialConfig:
     """Timed steps per candidate (same batches, following the warm-up); the median counts."""
 
     def __post_init__(self) -> None:
-        from sparse2d.planner.trial import RANGES, out_of_range
+        from sparse2d.advisor.trial import RANGES, out_of_range
 
         for key in RANGES:
             why = out_of_range(key, getattr(self, key))
@@ -80,7 +80,7 @@ class AutoTrialConfig:
 
     def options(self) -> Any:
         """The ``TrialOptions`` these settings describe."""
-        from sparse2d.planner.trial import TrialOptions
+        from sparse2d.advisor.trial import TrialOptions
 
         return TrialOptions(**dataclasses.asdict(self))
 

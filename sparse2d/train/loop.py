@@ -118,7 +118,7 @@ class Loop:
 
     def _log_balance(self) -> None:
         """Per-rank balance of the built plan: max/mean lookup load and shard memory."""
-        from sparse2d.planner.balance import local_load, max_over_mean
+        from sparse2d.advisor.balance import local_load, max_over_mean
         from sparse2d.train.plan import workload_from_config
 
         tables = workload_from_config(self.cfg).tables

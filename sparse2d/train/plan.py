@@ -15,9 +15,9 @@ import argparse
 import dataclasses
 import sys
 
+from sparse2d.advisor.topology import ClusterTopology, load_topology
+from sparse2d.advisor.workload import TableLoad, Workload
 from sparse2d.errors import ConfigError
-from sparse2d.planner.topology import ClusterTopology, load_topology
-from sparse2d.planner.workload import TableLoad, Workload
 from sparse2d.train.config import Config, load_config
 
 
@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
 
         trainer = importlib.import_module("sparse2d.train.main")  # by name, as cli.py routes
         return int(trainer.main(["--config", args.config, "--measure", *args.overrides]))
-    from sparse2d.planner.report import explain, format_table, to_json
-    from sparse2d.planner.search import advise, no_fit_message
+    from sparse2d.advisor.report import explain, format_table, to_json
+    from sparse2d.advisor.search import advise, no_fit_message
 
     try:
         if args.world_size < 1:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sparse2d.advisor.topology import PRESETS, GiB, load_topology
 from sparse2d.errors import ConfigError
-from sparse2d.planner.topology import PRESETS, GiB, load_topology
 
 
 def test_presets_describe_their_hosts() -> None:

@@ -6,12 +6,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from sparse2d.advisor.cost_model import AnalyticCostModel, Candidate, CostModel
+from sparse2d.advisor.group_layout import GroupLayoutPlanner, TorchRecGroupPlanner
+from sparse2d.advisor.topology import ClusterTopology, GiB
+from sparse2d.advisor.workload import Workload
 from sparse2d.errors import NoFitError
 from sparse2d.mesh import divisors
-from sparse2d.planner.cost_model import AnalyticCostModel, Candidate, CostModel
-from sparse2d.planner.group_layout import GroupLayoutPlanner, TorchRecGroupPlanner
-from sparse2d.planner.topology import ClusterTopology, GiB
-from sparse2d.planner.workload import Workload
 
 _DEFAULT_PLANNER: GroupLayoutPlanner | None = None
 

@@ -1,4 +1,4 @@
-"""``sparse2d.planner.trial``: the shortlist, the refused settings, the RNG left untouched, a
+"""``sparse2d.advisor.trial``: the shortlist, the refused settings, the RNG left untouched, a
 failing candidate skipped, and every failure listed. One process (no process group: the
 agreement all-reduce is the identity); the world-4 trainer run is ``test_train_auto_trial``."""
 
@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from sparse2d.errors import ConfigError, TrialError
-from sparse2d.planner.auto import topology_for_device, workload_from_module
-from sparse2d.planner.search import advise
-from sparse2d.planner.trial import (
+from sparse2d.advisor.auto import topology_for_device, workload_from_module
+from sparse2d.advisor.search import advise
+from sparse2d.advisor.trial import (
     TrialOptions,
     measure_group_sizes,
     rng_preserved,
     shortlist,
 )
+from sparse2d.errors import ConfigError, TrialError
 from tests.models import MIXED_TABLES, build_model, constraints_for
 
 
@@ -124,7 +124,7 @@ def _library_door() -> dict[str, object]:
     import torch.distributed as dist
 
     from sparse2d import DMPCollection
-    from sparse2d.planner.trial import measured_group_size
+    from sparse2d.advisor.trial import measured_group_size
     from tests.models import make_batch, train
     from tests.state_views import flat_state
 

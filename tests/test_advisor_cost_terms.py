@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from sparse2d.planner import cost_terms as ct
-from sparse2d.planner.cost_model import AnalyticCostModel
-from sparse2d.planner.search import advise, default_planner
-from sparse2d.planner.topology import ClusterTopology, load_topology
-from sparse2d.planner.workload import TableLoad, Workload
+from sparse2d.advisor import cost_terms as ct
+from sparse2d.advisor.cost_model import AnalyticCostModel
+from sparse2d.advisor.search import advise, default_planner
+from sparse2d.advisor.topology import ClusterTopology, load_topology
+from sparse2d.advisor.workload import TableLoad, Workload
 
 V = 1000.0  # one rank's output values of a shard
 
@@ -122,7 +122,7 @@ def test_advisor_switches_sharding_type_with_group_size() -> None:
 def test_presets_are_yaml_with_their_sources() -> None:
     import os
 
-    from sparse2d.planner.topology import PRESET_DIR, PRESETS
+    from sparse2d.advisor.topology import PRESET_DIR, PRESETS
 
     assert set(PRESETS) >= {"h100_8x", "h200_8x", "cpu_gloo"}
     for name in PRESETS:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sparse2d.planner.workload import TableLoad
+from sparse2d.advisor.workload import TableLoad
 
 
 def local_load(

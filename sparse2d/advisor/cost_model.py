@@ -30,12 +30,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from sparse2d.advisor import cost_terms as ct
+from sparse2d.advisor.cost_terms import ID_BYTES
+from sparse2d.advisor.group_layout import GroupLayout, GroupLayoutPlanner, PlacedShard
+from sparse2d.advisor.topology import ClusterTopology
+from sparse2d.advisor.workload import Workload
 from sparse2d.mesh import rank_layout, replica_groups
-from sparse2d.planner import cost_terms as ct
-from sparse2d.planner.cost_terms import ID_BYTES
-from sparse2d.planner.group_layout import GroupLayout, GroupLayoutPlanner, PlacedShard
-from sparse2d.planner.topology import ClusterTopology
-from sparse2d.planner.workload import Workload
 
 TYPE_ORDER = (
     "table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "grid_shard",

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from sparse2d.planner.cost_model import AnalyticCostModel, zipf_unique
-from sparse2d.planner.group_layout import TorchRecGroupPlanner
-from sparse2d.planner.topology import ClusterTopology
-from sparse2d.planner.workload import TableLoad, Workload
+from sparse2d.advisor.cost_model import AnalyticCostModel, zipf_unique
+from sparse2d.advisor.group_layout import TorchRecGroupPlanner
+from sparse2d.advisor.topology import ClusterTopology
+from sparse2d.advisor.workload import TableLoad, Workload
 
 ROWS, DIM, B = 1000, 16, 32
 PLANNER = TorchRecGroupPlanner()

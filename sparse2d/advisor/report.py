@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
+from sparse2d.advisor.cost_model import Candidate
+from sparse2d.advisor.search import Advice
+from sparse2d.advisor.topology import GiB
 from sparse2d.errors import ConfigError
-from sparse2d.planner.cost_model import Candidate
-from sparse2d.planner.search import Advice
-from sparse2d.planner.topology import GiB
 
 _HEADER = (
     f"{'L':>6} {'G':>5} {'mem/rank':>10} {'a2a':>9} {'sync':>9} {'compute':>9} "

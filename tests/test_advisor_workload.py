@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sparse2d.advisor.workload import TableLoad, Workload
 from sparse2d.errors import ConfigError
-from sparse2d.planner.workload import TableLoad, Workload
 
 
 def test_state_values_per_row_and_weight_bytes() -> None:

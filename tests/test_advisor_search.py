@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from sparse2d.advisor.report import format_table, to_json
+from sparse2d.advisor.search import advise, recommend_group_size
+from sparse2d.advisor.topology import ClusterTopology
+from sparse2d.advisor.workload import TableLoad, Workload
 from sparse2d.errors import NoFitError
-from sparse2d.planner.report import format_table, to_json
-from sparse2d.planner.search import advise, recommend_group_size
-from sparse2d.planner.topology import ClusterTopology
-from sparse2d.planner.workload import TableLoad, Workload
 
 TABLES = tuple(TableLoad(f"t{i}", 20_000, 32, sharding="table_wise") for i in range(8))
 WORKLOAD = Workload(tables=TABLES, batch_size_per_rank=64)

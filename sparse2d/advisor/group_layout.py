@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sparse2d.advisor.workload import TableLoad, Workload
 from sparse2d.errors import PlanError
-from sparse2d.planner.workload import TableLoad, Workload
 
 PROPOSALS = ("min_perf", "min_storage")
 

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sparse2d.advisor.search import Advice
 from sparse2d.errors import ConfigError, NoFitError, TrialError
-from sparse2d.planner.search import Advice
 
 logger = logging.getLogger(__name__)
 
@@ -283,9 +283,9 @@ def measured_group_size(
     real model with ``report.chosen``. ``make_module`` must return a fresh module each call
     (sharding consumes it; seed inside it for the same initial weights). With
     ``options.candidates == 0`` no trial runs (``report.results`` is empty)."""
+    from sparse2d.advisor.auto import share_from_rank0, topology_for_device, workload_from_module
+    from sparse2d.advisor.search import advise, no_fit_message
     from sparse2d.collection import DMPCollection
-    from sparse2d.planner.auto import share_from_rank0, topology_for_device, workload_from_module
-    from sparse2d.planner.search import advise, no_fit_message
 
     options = options or TrialOptions()
     resolved = torch.device(device)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sparse2d.planner.group_layout import TorchRecGroupPlanner
-from sparse2d.planner.workload import TableLoad, Workload
+from sparse2d.advisor.group_layout import TorchRecGroupPlanner
+from sparse2d.advisor.workload import TableLoad, Workload
 
 
 def test_layout_covers_every_table_and_stays_inside_the_group() -> None:

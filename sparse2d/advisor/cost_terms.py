@@ -2,7 +2,7 @@
 
 Each function models one mechanism of a 2D step, per rank, and says which measurement or
 hardware figure sets its constants. The constants themselves live in the topology (YAML
-presets under ``sparse2d/planner/presets/``, every field with its source), never here:
+presets under ``sparse2d/advisor/presets/``, every field with its source), never here:
 nothing in this module is tuned to reach a published number.
 """
 
@@ -12,8 +12,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from sparse2d.advisor.topology import ClusterTopology
 from sparse2d.errors import ConfigError, PlanError
-from sparse2d.planner.topology import ClusterTopology
 
 ID_BYTES = 8
 """int64 ids (and their lengths, neglected) in the input all-to-all; TorchRec never

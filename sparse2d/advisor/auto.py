@@ -13,8 +13,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sparse2d.planner.topology import ClusterTopology, load_topology
-from sparse2d.planner.workload import TableLoad, Workload
+from sparse2d.advisor.topology import ClusterTopology, load_topology
+from sparse2d.advisor.workload import TableLoad, Workload
 
 if TYPE_CHECKING:
     import torch
@@ -116,7 +116,7 @@ def auto_group_size(
     constraints: dict[str, Any] | None = None,
 ) -> int:
     """The advisor's ``L`` for this job, decided on rank 0 of ``pg`` and broadcast to all."""
-    from sparse2d.planner.search import recommend_group_size
+    from sparse2d.advisor.search import recommend_group_size
 
     def decide() -> int:
         workload = workload_from_module(

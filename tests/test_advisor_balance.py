@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparse2d.planner.balance import local_load, max_over_mean
-from sparse2d.planner.workload import TableLoad
+from sparse2d.advisor.balance import local_load, max_over_mean
+from sparse2d.advisor.workload import TableLoad
 from sparse2d.sync.tensors import ShardState
 
 
