@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError, FaultToleranceError, SyncError
+from sparse2d.ft import in_world
 from sparse2d.ft import state as heal_state
 from sparse2d.ft.lighthouse import check_reachable
 from sparse2d.ft.options import FTOptions
@@ -80,16 +81,7 @@ class FaultTolerance:
                 "fault tolerance with sharding_strategy=FULLY_SHARDED is not supported: a group "
                 "holds only 1/G of the buffers, so no live group could heal a lost one"
             )
-        contexts = getattr(model, "contexts", None) or [model]  # per-module group sizes too
-        replicated = [
-            getattr(c, "num_replicas", 1) for c in contexts if getattr(c, "num_replicas", 1) != 1
-        ]
-        if replicated:
-            raise ConfigError(
-                f"fault tolerance needs one sharding group per torchrun world (sharding_group_size="
-                f"world size, for every module); got {replicated[0]} replicas in this world: "
-                "replicas are the torchft groups (one torchrun per group)"
-            )
+        in_world.replicated_contexts(model)  # refuses the default module's; see in_world
         self.model, self.optimizer, self.options = model, dense_optimizer, options
         self.shards = list(model.shard_states)
         self._has_mc = bool(sharded_mc_table_names(model))
@@ -97,7 +89,8 @@ class FaultTolerance:
         self.config_keys = dict(config_digest) if isinstance(config_digest, Mapping) else {}
         """``{dotted key: value}`` every group must agree on (a refusal names the key)."""
         digest = json.dumps(self.config_keys, sort_keys=True) if self.config_keys else config_digest
-        self.fingerprint = heal_state.fingerprint(model, self.shards, str(digest))
+        digest = f"{digest}|{in_world.layout_digest(model)}"  # each module's L, replicas
+        self.fingerprint = heal_state.fingerprint(model, self.shards, digest)
         self.position = 0
         """Data position: advances on every attempted step (committed or not)."""
         self.slices_skipped = 0
@@ -178,8 +171,9 @@ class FaultTolerance:
             if kind == "sparse"
             else DenseEngine(plain, None)
         )
-        policy = SyncPolicy(
-            plain, None, options.num_groups, sync_options,
+        stage1 = in_world.in_world_policies(model, base)  # modules with replicas inside this world
+        policy = in_world.TwoStagePolicy(
+            stage1, plain, None, options.num_groups, sync_options,
             engine=engine, global_pg=dist.group.WORLD,
             channel=self.channel, mc=mc,
         )  # fmt: skip
