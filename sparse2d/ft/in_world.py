@@ -53,6 +53,17 @@ def layout_digest(model: nn.Module) -> str:
 def in_world_policies(model: nn.Module, base: SyncOptions) -> list[SyncPolicy]:
     """One exact, blocking, dense ``SyncPolicy`` per context with in-world replicas (stage 1),
     after refusing what does not compose in two stages."""
+    contexts = refuse(model, base)
+    exact = SyncOptions(engine="dense", check_finite=False)  # stage 2 scans what it sends
+    return [
+        SyncPolicy(list(ctx.shards), ctx.replica_pg, ctx.num_replicas, exact) for ctx in contexts
+    ]
+
+
+def refuse(model: nn.Module, base: SyncOptions) -> list[Any]:
+    """The contexts with in-world replicas, once every option that does not compose in two
+    stages is refused (``ConfigError``; local checks only, so every rank raises alike before
+    the fault-tolerant group connects)."""
     contexts = replicated_contexts(model)
     if not contexts:
         return []
@@ -76,10 +87,7 @@ def in_world_policies(model: nn.Module, base: SyncOptions) -> list[SyncPolicy]:
                 "replicas holding its id, and merged in two stages a world's holders would "
                 "count as one (other weights than in-world 2D); give that module L = world size"
             )
-    exact = SyncOptions(engine="dense", check_finite=False)  # stage 2 scans what it sends
-    return [
-        SyncPolicy(list(ctx.shards), ctx.replica_pg, ctx.num_replicas, exact) for ctx in contexts
-    ]
+    return contexts
 
 
 _WHY = {

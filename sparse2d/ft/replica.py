@@ -81,7 +81,7 @@ class FaultTolerance:
                 "fault tolerance with sharding_strategy=FULLY_SHARDED is not supported: a group "
                 "holds only 1/G of the buffers, so no live group could heal a lost one"
             )
-        in_world.replicated_contexts(model)  # refuses the default module's; see in_world
+        self._refuse(model)  # every rank, before the lighthouse or any collective
         self.model, self.optimizer, self.options = model, dense_optimizer, options
         self.shards = list(model.shard_states)
         self._has_mc = bool(sharded_mc_table_names(model))
@@ -133,10 +133,9 @@ class FaultTolerance:
         self.last_committed: bool | None = None
         """Whether the latest ``finish_step`` committed (a pipeline's ``step()`` hides it)."""
 
-    def _replica_policy(self, model: nn.Module, options: FTOptions) -> SyncPolicy:
-        """The replica sync (``sparse2d.sync``) over torchft's managed group, installed as the
-        model's policy: ``model.sync()`` (a user's, or a TorchRec pipeline's
-        ``sync_embeddings``) averages into copies that this step's commit writes back."""
+    @staticmethod
+    def _refuse(model: nn.Module) -> None:
+        """What the fault-tolerant sync cannot run, refused from local facts only."""
         local = model.sync_policy
         base = getattr(local, "options", None) or SyncOptions()
         if local.hook is not None:
@@ -152,6 +151,14 @@ class FaultTolerance:
                 "fault-tolerant average lands at the step's commit; an average landing after "
                 "a later step was not covered by that step's vote (docs/fault_tolerance.md)"
             )
+        in_world.refuse(model, base)  # per-module sizes: what two stages cannot run
+
+    def _replica_policy(self, model: nn.Module, options: FTOptions) -> SyncPolicy:
+        """The replica sync (``sparse2d.sync``) over torchft's managed group, installed as the
+        model's policy: ``model.sync()`` (a user's, or a TorchRec pipeline's
+        ``sync_embeddings``) averages into copies that this step's commit writes back."""
+        local = model.sync_policy
+        base = getattr(local, "options", None) or SyncOptions()
         # hide: the average lands at the commit, which is before the next lookup anyway
         # NaN/inf: each rank scans what it sent and its flag rides the step's control
         # all-reduce (``finish_step``), instead of the guard's own vote over the group: a
