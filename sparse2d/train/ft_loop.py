@@ -258,6 +258,10 @@ class FTLoop:
                 # The pipeline is built after the first quorum: a restarted group has healed
                 # (its data position included) before the pipeline's first prefetch.
                 pipeline = self._pipeline()
+                # Joining is start-up, like the standard launcher's rendezvous and start
+                # broadcast (outside its timed steps): the first quorum's wait for every
+                # planned group and the step-0 heal do not count as training time.
+                start = time.perf_counter()
             if ft.heals and ft.heals[-1].get("logged") is None:
                 ft.heals[-1]["logged"] = True
                 self.log(
