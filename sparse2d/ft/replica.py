@@ -429,11 +429,12 @@ FINGERPRINT_BYTES = 6
 
 
 def _control_vector(fingerprint: int, bad: bool, grads: list[torch.Tensor]) -> torch.Tensor:
-    """The step's vote payload, in the gradients' dtype so that it rides their all-reduce:
-    the fingerprint's bytes ``b``, their squares ``b*b`` (all exact in fp32 for < 256
-    groups) and the NaN/inf flag, last."""
+    """The step's vote payload, fp32 (or fp64 beside fp64 gradients) so that it rides the
+    gradients' all-reduce: the fingerprint's bytes ``b``, their squares ``b*b`` (sums and
+    averages exact enough to round back for < 128 groups) and the NaN/inf flag, last."""
     digits = [float((fingerprint >> (8 * i)) & 0xFF) for i in range(FINGERPRINT_BYTES)]
-    dtype = grads[0].dtype if grads and grads[0].is_floating_point() else torch.float32
+    wide = bool(grads) and grads[0].dtype == torch.float64  # bf16/fp16 would round b*b
+    dtype = torch.float64 if wide else torch.float32
     return torch.tensor([*digits, *(d * d for d in digits), 1.0 if bad else 0.0], dtype=dtype)
 
 
