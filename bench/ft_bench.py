@@ -243,15 +243,19 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
         ],
         "",
         f"Goal >= 0.95: **{'met' if min(ratios) >= 0.95 else 'not met'}** "
-        f"({min(ratios):.2f}-{max(ratios):.2f} in this run). Per step, a fault-tolerant group runs "
-        "a blocking quorum RPC (manager server -> lighthouse), the in-group DDP all-reduce, the "
-        "embedding payload copied and averaged over torchft's group, the dense-gradient bucket "
-        "(flatten, all-reduce, unflatten), the control vector (fingerprint, NaN/inf flag), the "
-        "`should_commit` RPC and the write-back from the copies; the standard world runs one DDP "
-        "all-reduce that also carries the folded embedding sync and the NaN/inf vote "
-        "(`sync.fold`, `sync.ddp_vote`). Left to close: torchft's asynchronous quorum "
-        "(overlapping the RPC with the forward) and one fp32 all-reduce carrying payload, "
-        "gradients and control flags together.",
+        f"({min(ratios):.2f}-{max(ratios):.2f} in this run). Samples/s count the training steps "
+        "on both sides: the fault-tolerant group's join (its first quorum, which waits for every "
+        "planned group, and the step-0 heal) is start-up, like the standard world's rendezvous. "
+        "Per step, a fault-tolerant group runs a blocking quorum RPC (manager server -> "
+        "lighthouse), the in-group DDP all-reduce, ONE cross-group all-reduce carrying the "
+        "embedding copies, the dense gradients and the control vector (fingerprint bytes, "
+        "NaN/inf flag), the `should_commit` RPC and the write-back from the copies; the standard "
+        "world runs one DDP all-reduce that also carries the folded embedding sync and the "
+        "NaN/inf vote (`sync.fold`, `sync.ddp_vote`). Left: the two RPCs per step (quorum, "
+        "`should_commit`), latency-bound, so they cost most on an oversubscribed box. "
+        "torchft's asynchronous quorum cannot simply hide the first behind the forward: a live "
+        "group's heal send runs on torchft's quorum thread and would read embeddings that "
+        "FBGEMM updates inside the backward (docs/fault_tolerance.md).",
     ])  # fmt: skip
 
 

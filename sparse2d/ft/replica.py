@@ -324,16 +324,14 @@ class FaultTolerance:
         bad_here = self._sync_error is not None or not all(all_finite(g) for g in grads)
         if self.policy.uncommitted and self._check_finite and not bad_here:  # what it sent
             bad_here = not all(all_finite(t) for t in live_tensors(self.shards, True, True))
-        control = torch.tensor(
-            [float(self.fingerprint), 1.0 if bad_here else 0.0], dtype=torch.float64
-        )
-        finishers = [self.channel.start_tensors([control]), self.channel.start_tensors(grads)]
-        for finish in finishers:
-            finish()
+        control = _control_vector(self.fingerprint, bad_here, grads)
+        # ONE all-reduce per dtype (one in all when everything is fp32): the sync's queued
+        # copies, the dense gradients and the control vector travel together
+        self.channel.start_tensors([*grads, control])()
         if m.errored() is not None:
             self._drop_process_group()
-        mismatch = not m.errored() and float(control[0]) != float(self.fingerprint)
-        bad_anywhere = not m.errored() and float(control[1]) > 0
+        mismatch = not m.errored() and _fingerprints_differ(control, self.fingerprint, m)
+        bad_anywhere = not m.errored() and float(control[-1]) > 0
         if mismatch or bad_anywhere:  # never apply an average that a bad replica took part in
             m.report_error(RuntimeError("non-finite values or another plan in the quorum"))
         participants = self.participants
@@ -434,3 +432,30 @@ class FaultTolerance:
     def shutdown(self) -> None:
         """Stop this group's manager server and checkpoint server."""
         self.manager.shutdown(wait=False)
+
+
+FINGERPRINT_BYTES = 6
+"""``heal_state.fingerprint`` is a 48-bit hash; it travels as 6 bytes and their squares."""
+
+
+def _control_vector(fingerprint: int, bad: bool, grads: list[torch.Tensor]) -> torch.Tensor:
+    """The step's vote payload, fp32 (or fp64 beside fp64 gradients) so that it rides the
+    gradients' all-reduce: the fingerprint's bytes ``b``, their squares ``b*b`` (sums and
+    averages exact enough to round back for < 128 groups) and the NaN/inf flag, last."""
+    digits = [float((fingerprint >> (8 * i)) & 0xFF) for i in range(FINGERPRINT_BYTES)]
+    wide = bool(grads) and grads[0].dtype == torch.float64  # bf16/fp16 would round b*b
+    dtype = torch.float64 if wide else torch.float32
+    return torch.tensor([*digits, *(d * d for d in digits), 1.0 if bad else 0.0], dtype=dtype)
+
+
+def _fingerprints_differ(control: torch.Tensor, fingerprint: int, manager: Any) -> bool:
+    """Whether some group in the quorum has another fingerprint: the sums (average times
+    participants) of the bytes ``b`` and squares ``b*b`` equal ``n*b`` and ``n*b*b`` for
+    every byte exactly when every group sent the same ``b`` (equality in Cauchy-Schwarz)."""
+    n = int(manager.num_participants())
+    sums = torch.round(control[: 2 * FINGERPRINT_BYTES].double() * n).tolist()
+    for i in range(FINGERPRINT_BYTES):
+        digit = (fingerprint >> (8 * i)) & 0xFF
+        if sums[i] != n * digit or sums[FINGERPRINT_BYTES + i] != n * digit * digit:
+            return True
+    return False

@@ -55,6 +55,8 @@ class ManagedChannel:
     def __init__(self, manager: Any) -> None:
         self.manager = manager
         self.pg = None  # no metadata collectives over the quorum (see ``sparse2d.ft``)
+        self._queued: list[torch.Tensor] = []  # averages waiting for the step's all-reduce
+        self._sent: Callable[[], None] | None = None  # the all-reduce carrying them
 
     @property
     def size(self) -> int:
@@ -66,14 +68,18 @@ class ManagedChannel:
     ) -> Reduction:
         """Average ``buffers`` in place over the quorum; torchft divides by its participants.
 
+        Asynchronous averages are queued, not sent: they travel with the step's dense
+        gradients and control vector in ONE all-reduce per dtype (``start_tensors``), so a
+        step pays one cross-group latency, not three. Waiting on the returned reduction
+        first sends whatever is queued (a discarded step drains the same way).
+
         A user all-reduce hook is written for a torch process group and cannot ride torchft's
         managed one, so it is refused where the fault-tolerant sync is built."""
-        works = [self.manager.allreduce(buffer) for buffer in buffers]
-        reduction = Reduction(works, lambda: buffers)
         if not async_op:
-            reduction.wait()
+            self._send(buffers)()
             return Reduction([], lambda: buffers)
-        return reduction
+        self._queued.extend(buffers)
+        return Reduction([_Flush(self)], lambda: buffers)
 
     def all_gather(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int]:
         """Every quorum member's ``tensor`` (same shape everywhere) and this group's index,
@@ -110,25 +116,61 @@ class ManagedChannel:
         return self.manager.errored() is not None
 
     def start_tensors(self, tensors: list[torch.Tensor]) -> Callable[[], None]:
-        """Start averaging ``tensors`` (any shapes) with one all-reduce per dtype, as DDP
-        buckets gradients; the returned call waits and writes the averages into them.
+        """Start averaging ``tensors`` (any shapes) together with every queued average, in
+        one all-reduce per dtype (as DDP buckets gradients); the returned call waits and
+        writes the averages into them (and into the queued buffers).
 
         For values that are not live state (dense gradients: the dense optimizer steps only
-        on commit) and for the step's control vector."""
+        on commit), the step's control vector and the sync's copies."""
+        queued, self._queued = self._queued, []
+        finish = self._send(queued + tensors)
+        self._sent = finish if queued else self._sent
+        return finish
+
+    def flush(self) -> None:
+        """Send what is queued, if anything, and wait for it (a reduction's ``wait``)."""
+        if self._queued:
+            self.start_tensors([])
+        sent, self._sent = self._sent, None
+        if sent is not None:
+            sent()
+
+    def _send(self, tensors: list[torch.Tensor]) -> Callable[[], None]:
+        """One all-reduce per dtype over ``tensors`` (copied into one flat buffer unless a
+        dtype has a single tensor); the returned call waits and writes back (once)."""
         groups = list(by_dtype(tensors).values())
-        flats = [_flatten_dense_tensors(group) for group in groups]
-        reduction = self.start(flats)
+        flats = [group[0] if len(group) == 1 else _flatten_dense_tensors(group) for group in groups]
+        works = [self.manager.allreduce(flat) for flat in flats]
+        done = False
 
         def finish() -> None:
-            reduction.wait()
+            nonlocal done
+            if done:
+                return
+            done = True
+            for work in works:
+                work.wait()
             with torch.no_grad():
                 for group, flat in zip(groups, flats, strict=True):
+                    if len(group) == 1:  # averaged in place
+                        continue
                     for tensor, value in zip(
                         group, _unflatten_dense_tensors(flat, group), strict=True
                     ):
                         tensor.copy_(value)
 
         return finish
+
+
+class _Flush:
+    """A queued average's wait handle: sends the queue if nobody did, then waits."""
+
+    def __init__(self, channel: ManagedChannel) -> None:
+        self.channel = channel
+
+    def wait(self) -> bool:
+        self.channel.flush()
+        return True
 
 
 ReplicaChannel = InWorldChannel | ManagedChannel

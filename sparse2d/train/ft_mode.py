@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -120,8 +121,12 @@ class FaultTolerantMode:
     # ---- a step ------------------------------------------------------------------------
     def attempt(self, loop: Loop) -> Attempt | None:
         ft = self.ft
-        if self._first and not self._join(loop):
-            return None
+        startup_s, first = 0.0, self._first
+        if first:
+            joined = time.perf_counter()
+            if not self._join(loop):
+                return None
+            startup_s = time.perf_counter() - joined
         if self._pipeline is None:
             ft.start_step()  # quorum; a group behind heals here (already open at the first)
             self._record_heals(loop)
@@ -136,7 +141,7 @@ class FaultTolerantMode:
             self._record_heals(loop)
         self._participants = participants
         samples = participants * self.samples_per_group
-        return Attempt(logits, labels, committed, samples, participants)
+        return Attempt(logits, labels, committed, samples, participants, startup_s)
 
     def _join(self, loop: Loop) -> bool:
         """The first quorum. A (re)launch first loads its checkpoint (the quorum then starts

@@ -170,7 +170,7 @@ class Loop:
                 self.recorder.close()
                 mode.close()
                 return {}
-            clock.seconds += time.perf_counter() - start
+            clock.seconds += time.perf_counter() - start - attempt.startup_s
             if not attempt.committed:
                 self.log({"kind": "failed_commit", "step": self.step + 1,
                           "participants": attempt.participants})  # fmt: skip

@@ -37,6 +37,10 @@ class Attempt:
     """Samples the job trained in this step, over every replica taking part."""
     participants: int | None = None
     """Replica groups in the step's quorum (fault tolerance), else None."""
+    startup_s: float = 0.0
+    """Seconds of this attempt that were start-up, not training: a fault-tolerant group's
+    first quorum (waiting for every planned group, the step-0 heal), as the standard
+    launcher's rendezvous is outside its timed steps."""
 
 
 class Mode(Protocol):
