@@ -8,7 +8,7 @@ vs best). Then one full run (1000 steps, eval as shipped) at L=2 and at L=4 for 
 AUC the README quotes, with the planted model's AUC and the wall time.
 
 Run: ``PYTHONPATH=. .venv/bin/python bench/main_job_layouts.py`` (~12 minutes on 2 cores).
-Writes ``bench/main_job_layouts.json`` and the ``main-job-layouts`` section of
+Writes ``bench/results/main_job_layouts.json`` and the ``main-job-layouts`` section of
 ``bench/RESULTS.md``; prints the README sentence.
 """
 
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_util import publish, timed
+from bench_util import RESULTS_DIR, publish, timed
 from main_job_bench import run_trainer
 
 HERE = Path(__file__).resolve().parent
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-full", dest="full", action="store_false")
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true")
     args = parser.parse_args(argv)
     result, wall = timed(args, measure, args)

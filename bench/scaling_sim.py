@@ -1,7 +1,7 @@
 """Simulate the large config from 64 to 4096 ranks: full sharding vs the advisor's best 2D.
 
 No process group, meta-device tables: the advisor's cost model on the ``h100_8x`` topology
-(weak scaling: ``data.batch_size_per_rank`` fixed). Writes ``bench/scaling.png`` (estimated
+(weak scaling: ``data.batch_size_per_rank`` fixed). Writes ``bench/results/scaling.png`` (estimated
 step time and all-to-all time vs ranks) and a section of ``bench/RESULTS.md``.
 Usage: ``.venv/bin/python bench/scaling_sim.py [--config configs/dlrm_large_1024gpu.yaml]``.
 """
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"planning CPU time for all {len(WORLDS)} worlds: {cpu_s:.0f} s")
     if not args.no_write:
-        plot(rows, os.path.join(HERE, "scaling.png"))
+        plot(rows, os.path.join(HERE, "results", "scaling.png"))
         write_section(f"{text}\n", "scaling-sim-terms")
     return 0
 

@@ -18,8 +18,8 @@ BENCH = Path(tests.bench_path.BENCH)
 
 
 def test_auto_report_renders_every_series_from_the_saved_run(tmp_path) -> None:
-    saved = json.loads((BENCH / "auto.json").read_text())
-    assert auto_bench.main(["--render", str(BENCH / "auto.json"), "--out", str(tmp_path),
+    saved = json.loads((BENCH / "results" / "auto.json").read_text())
+    assert auto_bench.main(["--render", str(BENCH / "results" / "auto.json"), "--out", str(tmp_path),
                             "--no-results-md"]) == 0  # fmt: skip
     rendered = json.loads((tmp_path / "auto.json").read_text())
     assert rendered["series"].keys() == saved["series"].keys()
@@ -35,7 +35,7 @@ def test_auto_report_renders_every_series_from_the_saved_run(tmp_path) -> None:
 
 
 def test_main_job_layouts_sentence_is_what_the_readme_quotes() -> None:
-    saved = json.loads((BENCH / "main_job_layouts.json").read_text())
+    saved = json.loads((BENCH / "results" / "main_job_layouts.json").read_text())
     text = main_job_layouts.sentence(saved)
     readme = (BENCH.parent / "README.md").read_text()
     best = {L: max(v) for L, v in saved["samples_per_s"].items()}
