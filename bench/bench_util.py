@@ -65,7 +65,10 @@ def write_section(
     stamp = bench_environment() if stamp is None else stamp
     begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     old = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    block = f"{begin}\n{text.strip()}\n\n_Environment: {one_line(stamp)}._\n{end}"
+    # The line names the commit only: a tree with changes is committed afterwards, so
+    # "uncommitted changes" would go stale in the file; environment.json keeps git_dirty.
+    line = one_line({**stamp, "git_dirty": False})
+    block = f"{begin}\n{text.strip()}\n\n_Environment: {line}._\n{end}"
     if begin in old and end in old:
         new = old[: old.index(begin)] + block + old[old.index(end) + len(end) :]
     else:

@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "_zch" if args.kind == "zch" else ""
     with open(os.path.join(HERE, "results", f"mc{suffix}.json"), "w") as f:
         json.dump(result, f, indent=1)
-    write_section(text, f"managed_collision{suffix}")
+    marker = {"": "managed_collision", "_zch": "managed_collision_zch"}[suffix]  # RESULTS.md
+    write_section(text, marker)
     return 0
 
 

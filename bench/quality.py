@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         f"machine. Plot: `bench/{png}`. Reproduce: `.venv/bin/python bench/quality.py "
         f"--variant {args.variant} --steps {args.steps}`.\n\n"
     )
-    write_section(header + text + "\n\n" + summary, f"quality{suffix}")
+    marker = {"": "quality", "_hard": "quality_hard"}[suffix]  # the RESULTS.md sections
+    write_section(header + text + "\n\n" + summary, marker)
     return 0
 
 
