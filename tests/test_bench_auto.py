@@ -43,3 +43,11 @@ def test_main_job_layouts_sentence_is_what_the_readme_quotes() -> None:
     assert figure in text and figure in " ".join(readme.split())
     assert f"{saved['full']['2']['eval_auc']:.4f} in 2D" in " ".join(readme.split())
     assert "6 tables" in main_job_layouts.shape()
+
+
+def test_main_job_layouts_repeat_is_rendered_from_its_json() -> None:
+    saved = json.loads((BENCH / "results" / "main_job_layouts.json").read_text())
+    repeat = json.loads((BENCH / "inputs" / "main_job_layouts_repeat.json").read_text())
+    text = main_job_layouts.repeat_paragraph(saved, repeat)
+    assert "L=2 beat L=1 in 6 of 7 rounds" in text  # 2 of 3 + 4 of 4, counted from the rounds
+    assert text in (BENCH / "RESULTS.md").read_text()
