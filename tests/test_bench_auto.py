@@ -51,3 +51,21 @@ def test_main_job_layouts_repeat_is_rendered_from_its_json() -> None:
     text = main_job_layouts.repeat_paragraph(saved, repeat)
     assert "L=2 beat L=1 in 6 of 7 rounds" in text  # 2 of 3 + 4 of 4, counted from the rounds
     assert text in (BENCH / "RESULTS.md").read_text()
+
+
+def _section(path: Path, marker: str) -> str:
+    """A RESULTS.md section's body without its environment stamp."""
+    text = path.read_text()
+    return text[
+        text.index(f"<!-- {marker}:begin -->") : text.index(f"<!-- {marker}:end -->")
+    ].split("\n\n_Environment:")[0]
+
+
+def test_auto_section_is_exactly_what_the_script_renders(tmp_path) -> None:
+    """No hand-written text inside the script's section: rendering the saved run again
+    reproduces it (the stamp aside, which names the commit of the render)."""
+    assert (
+        auto_bench.main(["--render", str(BENCH / "results" / "auto.json"), "--out", str(tmp_path)])
+        == 0
+    )
+    assert _section(tmp_path / "RESULTS.md", "auto") == _section(BENCH / "RESULTS.md", "auto")
