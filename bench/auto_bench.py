@@ -20,7 +20,7 @@ used to change the model (the model's out-of-sample error on them is reported as
 ``auto``: the trial's seconds over the run's wall time (goal <= 10%).
 
 Run: ``PYTHONPATH=. .venv/bin/python bench/auto_bench.py [--main-job]`` (~20 min on 2 cores).
-Writes ``bench/auto.json`` and the ``auto`` section of ``bench/RESULTS.md``.
+Writes ``bench/results/auto.json`` and the ``auto`` section of ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from bench_util import publish, spawn, timed  # noqa: E402
+from bench_util import RESULTS_DIR, publish, spawn, timed  # noqa: E402
 from planner_holdout import FIT_SERIES, SERIES, Series, _batch, _build  # noqa: E402
 
 NEW_SERIES: tuple[Series, ...] = (
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, help="trial warm-up steps (default: shipped)")
     parser.add_argument("--timed", type=int, help="trial timed steps (default: shipped)")
     parser.add_argument("--only", nargs="*", help="series names (default all)")
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true")
     parser.add_argument("--render", metavar="JSON", help="re-render a saved run, no measuring")
     args = parser.parse_args(argv)

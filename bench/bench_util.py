@@ -7,10 +7,30 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from queue import Empty
 from typing import Any
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
+BENCH = Path(__file__).resolve().parent
+RESULTS = str(BENCH / "RESULTS.md")
+# What the scripts measured (JSON, plots; each section of RESULTS.md renders from one) and
+# what calibration reads (earlier measured series), apart from the scripts themselves.
+RESULTS_DIR = BENCH / "results"
+INPUTS_DIR = BENCH / "inputs"
+
+
+def results_md(out: str | os.PathLike[str]) -> Path:
+    """The RESULTS.md a script writing its JSON under ``out`` updates: bench/RESULTS.md for
+    bench/'s own folders, else ``out/RESULTS.md`` (a test's or a trial's scratch folder)."""
+    out = Path(out).resolve()
+    return Path(RESULTS) if out in (BENCH, RESULTS_DIR) else out / "RESULTS.md"
+
+
+def stamps_dir(directory: str | os.PathLike[str]) -> Path:
+    """Where ``environment.json`` lives for results under ``directory``: bench/results for
+    bench/'s own folders (and bench/RESULTS.md), else ``directory`` itself."""
+    directory = Path(directory).resolve()
+    return RESULTS_DIR if directory in (BENCH, RESULTS_DIR) else directory
 
 
 def free_port() -> int:
@@ -38,14 +58,17 @@ def write_section(
 
     Re-running a benchmark therefore updates its own section and leaves the others alone.
     The section ends with the environment stamp (code and library versions behind the
-    numbers), also kept in full, keyed by ``marker``, in ``environment.json`` beside ``path``.
+    numbers), also kept in full, keyed by ``marker``, in ``environment.json`` (``stamps_dir``).
     """
     from sparse2d.environment import one_line
 
     stamp = bench_environment() if stamp is None else stamp
     begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     old = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    block = f"{begin}\n{text.strip()}\n\n_Environment: {one_line(stamp)}._\n{end}"
+    # The line names the commit only: a tree with changes is committed afterwards, so
+    # "uncommitted changes" would go stale in the file; environment.json keeps git_dirty.
+    line = one_line({**stamp, "git_dirty": False})
+    block = f"{begin}\n{text.strip()}\n\n_Environment: {line}._\n{end}"
     if begin in old and end in old:
         new = old[: old.index(begin)] + block + old[old.index(end) + len(end) :]
     else:
@@ -58,8 +81,8 @@ def write_section(
 def record_environment(
     marker: str, directory: str | os.PathLike[str], stamp: dict[str, Any]
 ) -> None:
-    """Keep ``stamp`` as ``marker``'s entry of ``directory/environment.json``."""
-    stamps_path = os.path.join(directory, "environment.json")
+    """Keep ``stamp`` as ``marker``'s entry of ``environment.json`` under ``stamps_dir(directory)``."""
+    stamps_path = stamps_dir(directory) / "environment.json"
     stamps = {}
     if os.path.exists(stamps_path):
         with open(stamps_path) as f:
@@ -88,8 +111,8 @@ def timed(args: Any, measure: Callable[..., Any], *measure_args: Any) -> tuple[A
 
 def publish(args: Any, result: Any, markdown: str, json_name: str, marker: str) -> None:
     """Write the raw ``result`` to ``args.out/json_name`` (its environment stamp to
-    ``args.out/environment.json``), print the section and, unless ``--no-results-md``,
-    replace the ``marker`` section of ``args.out/RESULTS.md``."""
+    ``environment.json``, ``stamps_dir``), print the section and, unless ``--no-results-md``,
+    replace the ``marker`` section of ``results_md(args.out)``."""
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / json_name).write_text(json.dumps(result, indent=1))
     print(markdown)
@@ -97,7 +120,7 @@ def publish(args: Any, result: Any, markdown: str, json_name: str, marker: str) 
     if args.no_results_md:
         record_environment(marker, args.out, stamp)
     else:
-        write_section(markdown, marker, args.out / "RESULTS.md", stamp)
+        write_section(markdown, marker, results_md(args.out), stamp)
 
 
 def meta_ebc(tables: int, rows: int, dim: int) -> Any:

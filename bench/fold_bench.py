@@ -9,7 +9,7 @@ shards of one sharding group. Interleaved repetitions, slowest rank, medians. Wh
 ``sparse2d.sync.fold.FOLD_MAX_BYTES`` is set well below the crossover.
 
 Run: ``PYTHONPATH=. .venv/bin/python bench/fold_bench.py`` (about 1 minute). Writes the
-``fold`` section of ``bench/RESULTS.md`` and ``bench/fold.json``.
+``fold`` section of ``bench/RESULTS.md`` and ``bench/results/fold.json``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_util import publish, spawn, stats, timed
+from bench_util import RESULTS_DIR, publish, spawn, stats, timed
 
 HERE = Path(__file__).resolve().parent
 WORLD, L, BUCKET = 4, 2, 16 << 10
@@ -94,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES_KB), help="KB")
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
     result, wall = timed(args, spawn, WORLD, fold_rank, args.sizes, args.reps)

@@ -7,7 +7,7 @@ them alike; the table reports the best and every round. Goal: 2D (L=2, sync
 every step, default engine) >= 1D (L=4).
 
 Run: ``.venv/bin/python bench/main_job_bench.py`` (about 7 minutes on 2 cores).
-Writes the ``main-job`` section of ``bench/RESULTS.md`` and ``bench/main_job.json``.
+Writes the ``main-job`` section of ``bench/RESULTS.md`` and ``bench/results/main_job.json``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_util import publish, timed
+from bench_util import RESULTS_DIR, publish, timed
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -156,7 +156,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
     results, wall = timed(args, measure, SETTINGS, args.steps, args.rounds)

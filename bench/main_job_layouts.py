@@ -8,13 +8,14 @@ vs best). Then one full run (1000 steps, eval as shipped) at L=2 and at L=4 for 
 AUC the README quotes, with the planted model's AUC and the wall time.
 
 Run: ``PYTHONPATH=. .venv/bin/python bench/main_job_layouts.py`` (~12 minutes on 2 cores).
-Writes ``bench/main_job_layouts.json`` and the ``main-job-layouts`` section of
+Writes ``bench/results/main_job_layouts.json`` and the ``main-job-layouts`` section of
 ``bench/RESULTS.md``; prints the README sentence.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_util import publish, timed
+from bench_util import RESULTS_DIR, publish, timed
 from main_job_bench import run_trainer
 
 HERE = Path(__file__).resolve().parent
@@ -56,7 +57,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "load": loads, "full": full}  # fmt: skip
 
 
-def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> str:
+def markdown(
+    result: dict[str, Any], args: argparse.Namespace, wall: float, repeat: Path | None = None
+) -> str:
     best = {L: max(v) for L, v in result["samples_per_s"].items()}
     lines = [
         "## Main job at every L (bench/main_job_layouts.py)",
@@ -76,6 +79,8 @@ def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> s
             f"| {L} | {names[L]} | {best[L]:.0f} | {', '.join(f'{x:.0f}' for x in runs)} |"
         )
     lines += ["", sentence(result)]
+    if repeat is not None:
+        lines += ["", repeat_paragraph(result, json.loads(repeat.read_text()))]
     return "\n".join(lines)
 
 
@@ -115,16 +120,41 @@ def sentence(result: dict[str, Any]) -> str:
     return text
 
 
+def repeat_paragraph(result: dict[str, Any], repeat: dict[str, Any]) -> str:
+    """A second run of this bench (``--rounds 4 --no-full``, given as ``--repeat``) beside
+    ``result``: its best-vs-best ratios and the rounds each L won, pooled over both runs."""
+    speed = repeat["samples_per_s"]
+    best = {L: max(v) for L, v in speed.items()}
+    rounds = [
+        dict(zip(("1", "2", "4"), r, strict=True))
+        for run in (result, repeat)
+        for r in zip(*(run["samples_per_s"][L] for L in ("1", "2", "4")), strict=True)
+    ]
+    over_full = sum(r["2"] > r["1"] for r in rounds)
+    one_d = sum(r["4"] > r["2"] for r in rounds)
+    every = "; ".join(f"L={L} {', '.join(f'{x:.0f}' for x in v)}" for L, v in speed.items())
+    return (
+        f"A repeat with {repeat['rounds']} rounds (`bench/main_job_layouts.py --rounds "
+        f"{repeat['rounds']} --no-full`, raw: `bench/inputs/main_job_layouts_repeat.json`, load "
+        f"{repeat['load'][0]:.1f} -> {repeat['load'][-1]:.1f}): {every} samples/s: L=2 at "
+        f"{best['2'] / best['1']:.2f}x full replication and {best['2'] / best['4']:.2f}x 1D "
+        f"(best vs best). Pooled over both runs, L=2 beat L=1 in {over_full} of {len(rounds)} "
+        f"rounds, and L=4 beat L=2 in {one_d} of {len(rounds)}."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-full", dest="full", action="store_false")
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true")
+    parser.add_argument("--repeat", type=Path, help="an earlier run's JSON to report beside "
+                        "this one (bench/inputs/main_job_layouts_repeat.json)")  # fmt: skip
     args = parser.parse_args(argv)
     result, wall = timed(args, measure, args)
-    publish(args, result, markdown(result, args, wall), "main_job_layouts.json",
+    publish(args, result, markdown(result, args, wall, args.repeat), "main_job_layouts.json",
             "main-job-layouts")  # fmt: skip
     return 0
 

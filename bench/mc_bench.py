@@ -9,7 +9,7 @@
    (so the MC replicas' identities diverge), then ``model.sync()`` is timed; the two models
    alternate, repeated; bytes are what ``SyncReport`` counts.
 
-Writes ``bench/mc.json`` and the ``managed_collision`` section of ``bench/RESULTS.md``.
+Writes ``bench/results/mc.json`` and the ``managed_collision`` section of ``bench/RESULTS.md``.
 Usage: ``.venv/bin/python bench/mc_bench.py [--steps 800] [--rows 20000] [--repeats 15]``.
 """
 
@@ -259,9 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     text = section(q, cost, args, machine_note(load))
     print(text)
     suffix = "_zch" if args.kind == "zch" else ""
-    with open(os.path.join(HERE, f"mc{suffix}.json"), "w") as f:
+    with open(os.path.join(HERE, "results", f"mc{suffix}.json"), "w") as f:
         json.dump(result, f, indent=1)
-    write_section(text, f"managed_collision{suffix}")
+    marker = {"": "managed_collision", "_zch": "managed_collision_zch"}[suffix]  # RESULTS.md
+    write_section(text, marker)
     return 0
 
 

@@ -9,7 +9,7 @@ touched-row stamps of the default ``auto`` engine (4 bytes per local row); *RSS
 model* = peak RSS minus the RSS after imports, before the model was built.
 
 Run: ``.venv/bin/python bench/memory_bench.py`` (about 1 minute). Writes the
-``memory`` section of ``bench/RESULTS.md`` and ``bench/memory.json``.
+``memory`` section of ``bench/RESULTS.md`` and ``bench/results/memory.json``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from bench_util import publish, spawn, timed
+from bench_util import RESULTS_DIR, publish, spawn, timed
 
 HERE = Path(__file__).resolve().parent
 WORLD, DIM = 4, 64
@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--tables", type=int, default=8)
     parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
 

@@ -10,7 +10,7 @@ alternate between the two (which goes first alternates too); per block the
 slowest rank counts; the ratio is median(ours) / median(torchrec).
 
 Run: ``.venv/bin/python bench/overhead_bench.py`` (about 1 minute). Writes the
-``overhead`` section of ``bench/RESULTS.md`` and ``bench/overhead.json``.
+``overhead`` section of ``bench/RESULTS.md`` and ``bench/results/overhead.json``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_util import publish, spawn, stats, timed
+from bench_util import RESULTS_DIR, publish, spawn, stats, timed
 
 HERE = Path(__file__).resolve().parent
 CONFIG = str(HERE.parent / "configs" / "tiny_cpu.yaml")
@@ -118,7 +118,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=40)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
     result, wall = timed(args, spawn, WORLD, overhead_rank, args.blocks, args.steps)

@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         header = (
             "## Group-size advisor: calibration, fit vs held-out (bench/planner_calibration.py)\n\n"
             "Command: `PYTHONPATH=. .venv/bin/python bench/planner_calibration.py --holdout` "
-            "(reads `bench/planner_fit_set*.json` and `bench/planner_holdout*.json`; "
+            "(reads `bench/inputs/planner_fit_set*.json` and `bench/inputs/planner_holdout*.json`; "
             "`bench/planner_holdout.py KIND ROUNDS STEPS [SERIES...]` measures). gloo CPU "
             "processes on the shared 2-core box; every series alternates its L within one run "
             "(ROUNDS x 2 steps per L after a warm-up round: 4 rounds for the fit set and runs "

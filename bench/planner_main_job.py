@@ -2,7 +2,7 @@
 world 4) at every L, trainer samples/s, alternating L within each round.
 
 Usage: ``PYTHONPATH=. .venv/bin/python bench/planner_main_job.py [--steps 200] [--rounds 2]``;
-writes ``bench/planner_main_job.json`` (read by ``planner_calibration.py --holdout``).
+writes ``bench/inputs/planner_main_job.json`` (read by ``planner_calibration.py --holdout``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 from main_job_bench import run_trainer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SAVED = os.path.join(HERE, "planner_main_job.json")
+SAVED = os.path.join(HERE, "inputs", "planner_main_job.json")
 GROUP_SIZES = (1, 2, 4)
 
 

@@ -11,8 +11,8 @@ replicas) synced every N in {1, 4, 16, 64} steps with each strategy:
 * ``bf16``: bf16 deltas since the last sync with error feedback.
 
 Every run goes through the real trainer loop (``sparse2d.train.loop.Loop``) in one pool of 4
-spawned ranks (no per-run start-up). Writes ``bench/quality_results.json``,
-``bench/quality_auc_vs_n.png`` and the section between the quality markers of
+spawned ranks (no per-run start-up). Writes ``bench/results/quality_results.json``,
+``bench/results/quality_auc_vs_n.png`` and the section between the quality markers of
 ``bench/RESULTS.md``. Usage: ``.venv/bin/python bench/quality.py [--steps 800]``.
 """
 
@@ -201,12 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_write:
         return 0
     suffix = "" if args.variant == "tiny" else f"_{args.variant}"
-    with open(os.path.join(HERE, f"quality_results{suffix}.json"), "w") as f:
+    with open(os.path.join(HERE, "results", f"quality_results{suffix}.json"), "w") as f:
         json.dump(
             {"steps": args.steps, "eval_batches": args.eval_batches, "rows": rows}, f, indent=2
         )
     png = f"quality_auc_vs_n{suffix}.png"
-    plot(rows, os.path.join(HERE, png), args.variant)
+    plot(rows, os.path.join(HERE, "results", png), args.variant)
     planted = rows[0].get("planted_auc")
     header = (
         f"## Quality: 1D vs 2D sync strategies, {args.variant} data (bench/quality.py)\n\n"
@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         f"machine. Plot: `bench/{png}`. Reproduce: `.venv/bin/python bench/quality.py "
         f"--variant {args.variant} --steps {args.steps}`.\n\n"
     )
-    write_section(header + text + "\n\n" + summary, f"quality{suffix}")
+    marker = {"": "quality", "_hard": "quality_hard"}[suffix]  # the RESULTS.md sections
+    write_section(header + text + "\n\n" + summary, marker)
     return 0
 
 

@@ -20,7 +20,7 @@ import resource
 import time
 from pathlib import Path
 
-from bench_util import publish, timed
+from bench_util import RESULTS_DIR, publish, timed
 
 from tests.harness import DistWorld, thread_count
 from tests.test_resources import build_variant, open_sockets
@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, nargs="+", default=[0, 50, 200])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--constructions", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -1,7 +1,7 @@
 """Simulate the large config from 64 to 4096 ranks: full sharding vs the advisor's best 2D.
 
 No process group, meta-device tables: the advisor's cost model on the ``h100_8x`` topology
-(weak scaling: ``data.batch_size_per_rank`` fixed). Writes ``bench/scaling.png`` (estimated
+(weak scaling: ``data.batch_size_per_rank`` fixed). Writes ``bench/results/scaling.png`` (estimated
 step time and all-to-all time vs ranks) and a section of ``bench/RESULTS.md``.
 Usage: ``.venv/bin/python bench/scaling_sim.py [--config configs/dlrm_large_1024gpu.yaml]``.
 """
@@ -110,6 +110,23 @@ def table(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def header(config: str, topology: str, cpu_s: float) -> str:
+    """What the table is: the command, the config and topology, how to read the columns."""
+    return (
+        "## Group-size advisor: scale study with the new terms (bench/scaling_sim.py)\n\n"
+        f"Command: `PYTHONPATH=. .venv/bin/python bench/scaling_sim.py --config {config} "
+        f"--topology {topology}` (no process group, meta-device tables; writes "
+        f"`bench/results/scaling.png` and this table; {cpu_s:.0f} s of CPU for all "
+        f"{len(WORLDS)} worlds). Weak scaling: `data.batch_size_per_rank` fixed, the trainer's "
+        "sync settings of the config; the topology preset's figures are vendor figures with "
+        "stated derates, none fitted to a GPU (`sparse2d/advisor/presets/`). Term columns are "
+        'ms per step of the best L; "L=256" is the blog\'s group size at that world. '
+        "Efficiency = best step at 256 ranks / best step at N. How to read it: "
+        "`docs/advisor_cost_model.md`.\n\n"
+        "![scaling](results/scaling.png)\n\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/dlrm_large_1024gpu.yaml")
@@ -123,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"planning CPU time for all {len(WORLDS)} worlds: {cpu_s:.0f} s")
     if not args.no_write:
-        plot(rows, os.path.join(HERE, "scaling.png"))
-        write_section(f"{text}\n", "scaling-sim-terms")
+        plot(rows, os.path.join(HERE, "results", "scaling.png"))
+        write_section(header(args.config, args.topology, cpu_s) + text, "scaling-sim-terms")
     return 0
 
 

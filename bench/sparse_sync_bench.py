@@ -10,7 +10,7 @@ replicas, so the union is exactly that fraction) and times a never-dense sparse
 sync against the dense one.
 
 Run: ``.venv/bin/python bench/sparse_sync_bench.py`` (about 5 minutes on 2 cores).
-Writes ``bench/sparse_sync.json``, ``bench/sparse_sync.png`` and the section of
+Writes ``bench/results/sparse_sync.json``, ``bench/results/sparse_sync.png`` and the section of
 ``bench/RESULTS.md`` between the ``sparse-sync`` markers.
 """
 
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
-from bench_util import free_port, publish, rendezvous_env, timed
+from bench_util import RESULTS_DIR, free_port, publish, rendezvous_env, timed
 from sparse_sync_report import BATCH, DIM, DISTS, TABLES, WORLD, L, _markdown, _plot
 
 HERE = Path(__file__).resolve().parent
@@ -245,7 +245,7 @@ def main() -> None:
     parser.add_argument(
         "--ab-reps", type=int, default=120, help="alternating syncs for the auto-vs-fixed check"
     )
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     parser.add_argument(
         "--replot", action="store_true", help="redraw the PNG from OUT/sparse_sync.json; no run"

@@ -14,7 +14,7 @@ TorchRec's output all-to-all is awaited lazily inside the dense forward;
 steps.
 
 Run: ``.venv/bin/python bench/step_breakdown.py`` (about 5 minutes on 2 cores).
-Writes ``bench/step_breakdown.json``, ``bench/step_breakdown.png`` and the
+Writes ``bench/results/step_breakdown.json``, ``bench/results/step_breakdown.png`` and the
 ``step-breakdown`` section of ``bench/RESULTS.md``.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_util import publish, spawn, stats, timed
+from bench_util import RESULTS_DIR, publish, spawn, stats, timed
 
 HERE = Path(__file__).resolve().parent
 CONFIG = str(HERE.parent / "configs" / "tiny_cpu.yaml")
@@ -106,7 +106,7 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: flo
         f"forward+backward+dense optimizer minus lookup, *sync* = the replica sync's "
         f"exposed time (run at the end of the backward where its NaN/inf vote rides "
         f"DDP's all-reduce), "
-        f"*data* = building the batch. Wall time {wall:.0f} s. Plot: `bench/step_breakdown.png`.",
+        f"*data* = building the batch. Wall time {wall:.0f} s. Plot: `bench/results/step_breakdown.png`.",
         "",
         "| world | L | replicas | data ms | lookup ms | dense ms | sync ms | step+sync+data ms (median) |",
         "|---:|---:|---:|---|---|---|---|---:|",
@@ -152,7 +152,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--global-batch", type=int, default=GLOBAL_BATCH)
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
 

@@ -100,7 +100,7 @@ def main() -> None:
     for index in range(len(runs) + 1, len(runs) + args.runs + 1):
         runs.append(one_run(index))
         print(json.dumps(runs[-1]), flush=True)
-    (ROOT / "bench" / "suite.json").write_text(json.dumps(runs, indent=1))
+    (ROOT / "bench" / "results" / "suite.json").write_text(json.dumps(runs, indent=1))
     text = markdown(runs)
     print(text)
     if not args.no_results_md:

@@ -15,7 +15,7 @@ the sync buffer and gloo's coalescing copy (~3 GB each, 12 GB in all), more than
 this shared 24 GiB machine can spare; pass ``--sizes ... 1024`` on a larger host.
 
 Run: ``.venv/bin/python bench/sync_vs_raw_bench.py`` (about 3 minutes). Writes the
-``sync-vs-raw`` section of ``bench/RESULTS.md`` and ``bench/sync_vs_raw.json``.
+``sync-vs-raw`` section of ``bench/RESULTS.md`` and ``bench/results/sync_vs_raw.json``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_util import publish, spawn, timed
+from bench_util import RESULTS_DIR, publish, spawn, timed
 
 HERE = Path(__file__).resolve().parent
 WORLD, L, DIM, MB = 4, 2, 64, 1 << 20
@@ -166,7 +166,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES_MB), help="MB/rank")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--loopback-mb", type=int, default=256)
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     args = parser.parse_args()
     result, wall = timed(

@@ -18,8 +18,8 @@ BENCH = Path(tests.bench_path.BENCH)
 
 
 def test_auto_report_renders_every_series_from_the_saved_run(tmp_path) -> None:
-    saved = json.loads((BENCH / "auto.json").read_text())
-    assert auto_bench.main(["--render", str(BENCH / "auto.json"), "--out", str(tmp_path),
+    saved = json.loads((BENCH / "results" / "auto.json").read_text())
+    assert auto_bench.main(["--render", str(BENCH / "results" / "auto.json"), "--out", str(tmp_path),
                             "--no-results-md"]) == 0  # fmt: skip
     rendered = json.loads((tmp_path / "auto.json").read_text())
     assert rendered["series"].keys() == saved["series"].keys()
@@ -35,7 +35,7 @@ def test_auto_report_renders_every_series_from_the_saved_run(tmp_path) -> None:
 
 
 def test_main_job_layouts_sentence_is_what_the_readme_quotes() -> None:
-    saved = json.loads((BENCH / "main_job_layouts.json").read_text())
+    saved = json.loads((BENCH / "results" / "main_job_layouts.json").read_text())
     text = main_job_layouts.sentence(saved)
     readme = (BENCH.parent / "README.md").read_text()
     best = {L: max(v) for L, v in saved["samples_per_s"].items()}
@@ -43,3 +43,29 @@ def test_main_job_layouts_sentence_is_what_the_readme_quotes() -> None:
     assert figure in text and figure in " ".join(readme.split())
     assert f"{saved['full']['2']['eval_auc']:.4f} in 2D" in " ".join(readme.split())
     assert "6 tables" in main_job_layouts.shape()
+
+
+def test_main_job_layouts_repeat_is_rendered_from_its_json() -> None:
+    saved = json.loads((BENCH / "results" / "main_job_layouts.json").read_text())
+    repeat = json.loads((BENCH / "inputs" / "main_job_layouts_repeat.json").read_text())
+    text = main_job_layouts.repeat_paragraph(saved, repeat)
+    assert "L=2 beat L=1 in 6 of 7 rounds" in text  # 2 of 3 + 4 of 4, counted from the rounds
+    assert text in (BENCH / "RESULTS.md").read_text()
+
+
+def _section(path: Path, marker: str) -> str:
+    """A RESULTS.md section's body without its environment stamp."""
+    text = path.read_text()
+    return text[
+        text.index(f"<!-- {marker}:begin -->") : text.index(f"<!-- {marker}:end -->")
+    ].split("\n\n_Environment:")[0]
+
+
+def test_auto_section_is_exactly_what_the_script_renders(tmp_path) -> None:
+    """No hand-written text inside the script's section: rendering the saved run again
+    reproduces it (the stamp aside, which names the commit of the render)."""
+    assert (
+        auto_bench.main(["--render", str(BENCH / "results" / "auto.json"), "--out", str(tmp_path)])
+        == 0
+    )
+    assert _section(tmp_path / "RESULTS.md", "auto") == _section(BENCH / "RESULTS.md", "auto")

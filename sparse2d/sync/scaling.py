@@ -16,7 +16,7 @@ accumulator grows about G times faster than 1D's, shrinking the effective
 learning rate. Dividing the averaged increment since the last sync by
 ``c = G`` (the number of replica groups, as the 2D paper reports) restores 1D
 growth, exactly for rows touched by one group per interval. Measured ratios on
-the test model are in ``bench/RESULTS.md``.
+the test model are in ``docs/sync_strategies.md`` (momentum scaling).
 
 Implementation on the fused FBGEMM state (no kernel change): keep an fp32 copy
 ``ref`` of each accumulator at the last sync; after states are averaged set
