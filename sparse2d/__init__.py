@@ -32,7 +32,8 @@ from sparse2d.mesh import rank_layout, replica_groups
 
 if TYPE_CHECKING:
     from sparse2d import checkpoint, patches
-    from sparse2d.advisor.trial import TrialOptions, measured_group_size
+    from sparse2d.advisor.trial import measured_group_size
+    from sparse2d.advisor.trial_options import TrialOptions
     from sparse2d.collection import DMPCollection
     from sparse2d.ft.optim import FTOptimizer
     from sparse2d.ft.options import FTOptions
@@ -47,7 +48,7 @@ _LAZY = {
     "FaultTolerance": "sparse2d.ft.replica",
     "FTOptimizer": "sparse2d.ft.optim",
     "FTOptions": "sparse2d.ft.options",
-    "TrialOptions": "sparse2d.advisor.trial",
+    "TrialOptions": "sparse2d.advisor.trial_options",
     "measured_group_size": "sparse2d.advisor.trial",
 }
 _SUBMODULES = ("checkpoint", "patches")

@@ -76,7 +76,7 @@ def test_table_count_expands_names_and_features() -> None:
         (["model.tables.0.dim=8"], "model.dense_arch=[32, 16] must end in the tables' dim 8"),
         (["model.over_arch=[4, 2]"], "model.over_arch=[4, 2] must end in 1"),
         (["model.tables.0.rows=[1, 2]"], "model.tables[0].rows=[1, 2] has 2 entries but count=6"),
-        (["parallel.sync.every=0"], "parallel.sync.every=0 must be > 0"),
+        (["parallel.sync.every=0"], "parallel.sync.every=0 must be an int >= 1"),
         (["parallel.sync.compression=fp8"], "parallel.sync.compression='fp8' must be one of"),
         (["data.source=criteo"], "data.criteo.train_files=[] is empty"),
         (["model.tables.3.rows=1"], "'model.tables.3' needs an index below 1"),
@@ -151,6 +151,26 @@ def test_every_field_is_documented_and_docs_are_current() -> None:
         assert f.read() == reference(), (
             "regenerate: python -m sparse2d.train.config --reference > docs/CONFIG.md"
         )
+
+
+def test_reference_header_says_where_it_comes_from() -> None:
+    """docs/CONFIG.md names its generator and the command that regenerates it, and that
+    command (as launchers and Makefile run modules) reproduces the file."""
+    import subprocess
+    import sys
+
+    head = reference().split("## `top level`")[0]
+    assert "sparse2d/train/config/io.py" in head and "do not edit by hand" in head
+    command = "python -m sparse2d.train.config --reference > docs/CONFIG.md"
+    assert command in head
+    out = subprocess.run(
+        [sys.executable, "-m", "sparse2d.train.config", "--reference"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    with open("docs/CONFIG.md") as f:
+        assert f.read() == out
 
 
 def test_cli_config_subcommand(capsys) -> None:

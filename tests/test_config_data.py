@@ -1,11 +1,11 @@
-"""The ``data`` config section (sparse2d.train.config_data)."""
+"""The ``data`` config section (sparse2d.train.config.data)."""
 
 from __future__ import annotations
 
 import pytest
 
 from sparse2d.errors import ConfigError
-from sparse2d.train.config_data import CriteoConfig, DataConfig, SyntheticConfig
+from sparse2d.train.config.data import CriteoConfig, DataConfig, SyntheticConfig
 
 
 def test_criteo_needs_train_and_held_out_files() -> None:

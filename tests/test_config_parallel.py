@@ -1,15 +1,15 @@
-"""The ``parallel`` config section (sparse2d.train.config_parallel): its sync keys are
-``SyncOptions``' keys, and FULLY_SHARDED refuses the sync options it replaces."""
+"""The ``parallel`` config section (sparse2d.train.config.parallel): its sync section is
+``SyncOptions`` itself (trainer defaults, errors naming ``parallel.sync.*``), and
+FULLY_SHARDED refuses, by the library's rule, the sync options it replaces."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 
 from sparse2d.errors import ConfigError
+from sparse2d.sync.options import SyncOptions
 from sparse2d.train.config import load_config
-from sparse2d.train.config_parallel import ParallelConfig, SyncConfig
+from sparse2d.train.config.parallel import ParallelConfig
 
 TINY = "configs/tiny_cpu.yaml"
 
@@ -20,14 +20,30 @@ def _error(overrides: list[str]) -> str:
     return str(info.value)
 
 
-def test_sync_section_maps_one_to_one_onto_sync_options() -> None:
-    from sparse2d.sync.policy import SyncOptions
+def test_sync_section_is_sync_options_with_the_trainer_defaults() -> None:
+    cfg = load_config(TINY, ["parallel.sync.every=4", "parallel.sync.overlap=true"])
+    sync = cfg.parallel.sync
+    assert type(sync) is SyncOptions and (sync.every, sync.overlap) == (4, True)
+    # keys the YAML leaves out keep the trainer's defaults, not the library's
+    assert (sync.engine, sync.hide) == ("auto", True)
+    assert (SyncOptions().engine, SyncOptions().hide) == ("dense", False)
+    assert load_config(TINY, ["parallel.sync.hide=false"]).parallel.sync.hide is False
 
-    mine = [f.name for f in dataclasses.fields(SyncConfig)]
-    theirs = [f.name for f in dataclasses.fields(SyncOptions)]
-    assert mine == theirs
-    options = load_config(TINY, ["parallel.sync.every=4"]).parallel.sync.options()
-    assert isinstance(options, SyncOptions) and options.every == 4
+
+def test_bad_sync_values_name_the_dotted_key() -> None:
+    assert _error(["parallel.sync.every=0"]).startswith("parallel.sync.every=0 must be")
+    assert _error(["parallel.sync.divergence_rows=0"]).startswith("parallel.sync.divergence_rows=0")
+    message = _error(["parallel.sync.engine=sparse", "parallel.sync.compression=bf16"])
+    assert message.startswith("parallel.sync.compression='bf16'") and "engine='dense'" in message
+    message = _error(
+        [
+            "parallel.sync.delayed_optimizer_state=true",
+            "parallel.sync.include_optimizer_state=false",
+        ]
+    )
+    assert message.startswith("parallel.sync.delayed_optimizer_state=True")
+    assert "must be one of 'dense', 'sparse', 'auto'" in _error(["parallel.sync.engine=fast"])
+    assert "unknown key 'bogus' in section 'parallel.sync'" in _error(["parallel.sync.bogus=1"])
 
 
 def test_fully_sharded_strategy_and_the_sync_options_it_replaces() -> None:
@@ -41,10 +57,20 @@ def test_fully_sharded_strategy_and_the_sync_options_it_replaces() -> None:
     message = _error(["parallel.sharding_strategy=fully_sharded", "parallel.sync.overlap=true"])
     assert "sync.overlap=True" in message
     assert "fully_sharded" in _error(["parallel.sharding_strategy=full"])
+    # the library's rule: no skipped NaN/inf vote; hide and engine=auto do not apply
+    message = _error(
+        ["parallel.sharding_strategy=fully_sharded", "parallel.sync.check_finite=false"]
+    )
+    assert "sync.check_finite=False" in message and "NaN/inf vote" in message
+    for harmless in ("parallel.sync.hide=false", "parallel.sync.engine=dense"):
+        load_config(TINY, ["parallel.sharding_strategy=fully_sharded", harmless])
+    assert "sync.engine='sparse'" in _error(
+        ["parallel.sharding_strategy=fully_sharded", "parallel.sync.engine=sparse"]
+    )
 
 
 def test_bad_sync_options_are_refused_when_the_section_is_built() -> None:
     with pytest.raises(ConfigError, match="node_group_size=0 must be > 0"):
         ParallelConfig(node_group_size=0)
-    with pytest.raises(ConfigError, match="every=0 must be > 0"):
-        SyncConfig(every=0)
+    with pytest.raises(ConfigError, match="every=0 must be an int >= 1"):
+        SyncOptions(every=0)

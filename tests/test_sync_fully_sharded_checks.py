@@ -10,7 +10,7 @@ from sparse2d.sync.fully_sharded.checks import (
     check_fully_sharded_options,
     check_fully_sharded_plan,
 )
-from sparse2d.sync.policy import SyncOptions
+from sparse2d.sync.options import SyncOptions
 
 FS = ShardingStrategy.FULLY_SHARDED
 
@@ -21,6 +21,21 @@ def test_options_that_do_not_apply_are_refused() -> None:
     check_fully_sharded_options(ShardingStrategy.PER_MODULE, SyncOptions(every=4))
     check_fully_sharded_options(FS, SyncOptions())  # the defaults are fine
     check_fully_sharded_options(ShardingStrategy.DEFAULT, SyncOptions(every=4))
+
+
+def test_skipping_the_finite_vote_is_refused_and_what_does_not_apply_is_accepted() -> None:
+    """FullyShardedEmbeddings always votes on NaN/inf before its reduce-scatter (which
+    overwrites each replica's only copy), so ``check_finite=False`` would be silently
+    ignored: it is refused instead, as the trainer's config used to do on its own."""
+    with pytest.raises(ConfigError, match="check_finite=False"):
+        check_fully_sharded_options(FS, SyncOptions(check_finite=False))
+    with pytest.raises(ConfigError, match="include_optimizer_state=False"):
+        check_fully_sharded_options(FS, SyncOptions(include_optimizer_state=False))
+    with pytest.raises(ConfigError, match="engine='sparse'"):
+        check_fully_sharded_options(FS, SyncOptions(engine="sparse"))
+    # every row is reduce-scattered each step: auto has nothing to choose, hide nothing to hide
+    check_fully_sharded_options(FS, SyncOptions(engine="auto", hide=True, divergence_every=5))
+    check_fully_sharded_options(ShardingStrategy.DEFAULT, SyncOptions(check_finite=False))
 
 
 def _plan(kernel: str) -> ShardingPlan:

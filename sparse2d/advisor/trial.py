@@ -33,54 +33,10 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.advisor.search import Advice
-from sparse2d.errors import ConfigError, NoFitError, TrialError
+from sparse2d.advisor.trial_options import TrialOptions
+from sparse2d.errors import NoFitError, TrialError
 
 logger = logging.getLogger(__name__)
-
-RANGES: dict[str, tuple[float, float]] = {
-    "candidates": (0, 64),
-    "margin": (0.0, 100.0),
-    "warmup_steps": (0, 1000),
-    "timed_steps": (1, 1000),
-}
-"""Accepted values of each :class:`TrialOptions` field (inclusive)."""
-
-
-def out_of_range(key: str, value: object) -> str | None:
-    """Why ``value`` is refused for ``key`` (None: accepted)."""
-    low, high = RANGES[key]
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if key != "margin" and not isinstance(value, int):
-        number = False
-    if number and low <= value <= high:  # type: ignore[operator]
-        return None
-    kind = "a number" if key == "margin" else "an integer"
-    return f"must be {kind} in [{low:g}, {high:g}]"
-
-
-@dataclass(frozen=True, slots=True)
-class TrialOptions:
-    """How much the measured ``auto`` may spend (defaults: <= 10% of a 1000-step main job)."""
-
-    candidates: int = 3
-    """Most shortlisted ``L`` to measure (k); 0 keeps the model-only pick (no trial)."""
-    margin: float = 0.5
-    """Shortlist the ``L`` whose predicted step is within ``(1 + margin)`` x the predicted best
-    (0.5: the model's out-of-sample misses reached 1.48x)."""
-    warmup_steps: int = 2
-    """Untimed steps per candidate (first-step allocations, the sync engine's start-up)."""
-    timed_steps: int = 5
-    """Timed steps per candidate; the median is its step time."""
-
-    def __post_init__(self) -> None:
-        for key in RANGES:
-            why = out_of_range(key, getattr(self, key))
-            if why is not None:
-                raise ConfigError(f"{key}={getattr(self, key)!r} {why}.")
-
-    @property
-    def steps(self) -> int:
-        return self.warmup_steps + self.timed_steps
 
 
 @dataclass(slots=True)

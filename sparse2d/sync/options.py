@@ -6,8 +6,9 @@ Kept apart from the policy so configs and reports can be read without the machin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from sparse2d.errors import ConfigError
+from sparse2d.errors import KeyValueError
 
 ENGINES = ("dense", "sparse", "auto")
 COMPRESSIONS = ("none", "bf16")
@@ -15,7 +16,8 @@ COMPRESSIONS = ("none", "bf16")
 
 @dataclass(kw_only=True, slots=True)
 class SyncOptions:
-    """How and when replicas are synchronized."""
+    """How and when replicas are synchronized. Bad values raise ``KeyValueError`` naming the
+    field (the trainer's loader prefixes ``parallel.sync.``)."""
 
     every: int = 1
     """Average replicas every N optimizer steps (local SGD in between)."""
@@ -35,10 +37,10 @@ class SyncOptions:
     embedding lookup (a forward pre-hook on the fused kernels), hiding it behind the dense
     optimizer step, the next batch's data and its input all-to-all. Exact: nothing updates the
     embeddings in between, so the landed values equal the blocking sync's bit for bit."""
-    compression: str = "none"
+    compression: Literal["none", "bf16"] = "none"
     """``"none"`` (fp32 average) or ``"bf16"`` (bf16 deltas since the last sync, fp32 master
     values and error feedback); bf16 needs the dense engine."""
-    engine: str = "dense"
+    engine: Literal["dense", "sparse", "auto"] = "dense"
     """Which values a sync covers: ``"dense"`` (every row), ``"sparse"`` (only rows some replica
     looked up since the last sync; never dense) or ``"auto"`` (per sync, whichever of the two
     a cost model measured over the replica group at start-up and refined from timed syncs
@@ -68,34 +70,36 @@ class SyncOptions:
             "check_finite",
         ):
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"sync {name}={getattr(self, name)!r} must be True or False.")
+                raise KeyValueError(name, f"={getattr(self, name)!r} must be True or False.")
         for name in ("overlap", "hide"):
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"sync {name}={getattr(self, name)!r} must be True or False.")
+                raise KeyValueError(name, f"={getattr(self, name)!r} must be True or False.")
         if self.compression not in COMPRESSIONS:
-            raise ConfigError(
-                f"sync compression={self.compression!r} is not one of {COMPRESSIONS}."
+            raise KeyValueError(
+                "compression", f"={self.compression!r} is not one of {COMPRESSIONS}."
             )
         if self.engine not in ENGINES:
-            raise ConfigError(f"sync engine={self.engine!r} is not one of {ENGINES}.")
+            raise KeyValueError("engine", f"={self.engine!r} is not one of {ENGINES}.")
         needs_state = [
             n for n in ("delayed_optimizer_state", "momentum_scaling") if getattr(self, n)
         ]
         if needs_state and not self.include_optimizer_state:
-            raise ConfigError(
-                f"sync {needs_state[0]}=True acts on optimizer state, but "
-                "include_optimizer_state=False; enable include_optimizer_state or drop it."
+            raise KeyValueError(
+                needs_state[0],
+                "=True acts on optimizer state, but include_optimizer_state=False; enable "
+                "include_optimizer_state or drop it.",
             )
         if self.compression == "bf16" and self.engine == "sparse":
-            raise ConfigError(
-                "sync compression='bf16' keeps fp32 references at fixed positions and is not "
-                "supported with engine='sparse'; use engine='dense' (or 'auto') with bf16."
+            raise KeyValueError(
+                "compression",
+                "='bf16' keeps fp32 references at fixed positions and is not "
+                "supported with engine='sparse'; use engine='dense' (or 'auto') with bf16.",
             )
 
 
 def _check_int(name: str, value: object, low: int, meaning: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"sync {name}={value!r} must be an int >= {low} ({meaning}).")
+        raise KeyValueError(name, f"={value!r} must be an int >= {low} ({meaning}).")
 
 
 @dataclass(slots=True)

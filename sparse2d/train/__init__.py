@@ -1,7 +1,7 @@
 """The training application built on the sparse2d library.
 
 ``python -m sparse2d.train`` (or ``sparse2d train``) runs ``main.main``: a YAML config
-(``config``, ``config_io``, ``config_model``) describes TorchRec's DLRM (``model``), its data
+(the ``config`` package: one module per section) describes TorchRec's DLRM (``model``), its data
 (``data/``: planted-signal synthetic or Criteo TSV) and the 2D layout; ``loop.Loop`` trains,
 syncs, evaluates and checkpoints it; ``metrics`` computes loss, AUC and NE. The library
 (``sparse2d`` outside this package) never imports from here.

@@ -37,7 +37,7 @@ def resolve_group_size(
     from sparse2d.errors import NoFitError
     from sparse2d.train.plan import workload_from_config
 
-    options = cfg.parallel.auto.options()
+    options = cfg.parallel.auto
 
     def rank_candidates() -> tuple[int, list[tuple[int, float]]]:
         workload = workload_from_config(cfg)

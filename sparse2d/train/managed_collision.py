@@ -23,7 +23,7 @@ from torchrec.modules.mc_modules import (
 )
 
 from sparse2d.errors import ConfigError
-from sparse2d.train.config_model import ManagedCollisionConfig
+from sparse2d.train.config.model import ManagedCollisionConfig
 
 POLICIES = {
     "lfu": LFU_EvictionPolicy,

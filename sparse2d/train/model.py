@@ -144,7 +144,7 @@ def shard_at(cfg: Config, module: torch.nn.Module, device: torch.device, size: i
         replica_layout=cfg.parallel.replica_layout,
         node_group_size=cfg.parallel.node_group_size,
         planner_batch_size=cfg.data.batch_size_per_rank,
-        sync_options=None if fully_sharded else cfg.parallel.sync.options(),
+        sync_options=None if fully_sharded else cfg.parallel.sync,
         sharding_strategy=cfg.parallel.strategy(),
         plan_store=os.path.join(cfg.run_dir, "plans"),
     )

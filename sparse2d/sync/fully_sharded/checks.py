@@ -11,7 +11,10 @@ from __future__ import annotations
 from torchrec.distributed.types import ShardingPlan, ShardingStrategy
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.policy import SyncOptions
+from sparse2d.sync.options import SyncOptions
+
+FIXED = ("every", "overlap", "compression", "delayed_optimizer_state", "momentum_scaling")
+"""Options FULLY_SHARDED replaces: they must keep ``SyncOptions``' defaults."""
 
 
 def check_fully_sharded_options(
@@ -19,27 +22,44 @@ def check_fully_sharded_options(
 ) -> None:
     """Refuse what FULLY_SHARDED replaces (pure: runs on every rank before any collective).
 
+    The one place these refusals are written (the trainer's config calls it too). Every
+    row is reduce-scattered, so ``engine`` may be ``dense`` or ``auto`` (which then has
+    nothing to choose) but not ``sparse``; ``hide`` and the divergence metric have no
+    separate sync to act on and are ignored. Optimizer state and ``check_finite`` cannot be
+    turned off: the reduce-scatter overwrites the only copy each replica keeps (1/G at
+    rest, no full local copy to fall back to), so unaveraged state would leave replicas
+    disagreeing for good, and the finite vote before it is what keeps one replica's NaN/inf
+    from reaching every replica's slice (``FullyShardedEmbeddings`` always runs it).
+
     A ``custom_all_reduce`` hook is kept, as TorchRec does: ``sync()`` hands it the full
     weights and optimizer states (see ``FullyShardedEmbeddings.run_hook``).
     """
-    if strategy != ShardingStrategy.FULLY_SHARDED:
+    if strategy != ShardingStrategy.FULLY_SHARDED or sync_options is None:
         return
-    if sync_options is None:
-        return
-    default = SyncOptions()
-    changed = [
-        name
-        for name in ("every", "engine", "overlap", "compression", "delayed_optimizer_state")
-        + ("momentum_scaling", "include_optimizer_state")
-        if getattr(sync_options, name) != getattr(default, name)
-    ]
+    changed = fully_sharded_conflicts(sync_options)
     if changed:
         raise ConfigError(
-            f"sync_options {', '.join(f'{n}={getattr(sync_options, n)!r}' for n in changed)} "
-            "do not apply with sharding_strategy=FULLY_SHARDED, which averages weights and "
-            "optimizer state by a dense reduce-scatter after every step (no cadence, sparse "
-            "engine, overlap, compression or state scaling). Drop them or use DEFAULT."
+            f"sync_options {', '.join(changed)} do not apply with "
+            f"sharding_strategy=FULLY_SHARDED: {WHY}. Drop them or use DEFAULT."
         )
+
+
+WHY = (
+    "it averages weights and optimizer state by a dense reduce-scatter after every step, "
+    "after a NaN/inf vote (no cadence, sparse engine, overlap, compression, state scaling "
+    "or skipped checks)"
+)
+
+
+def fully_sharded_conflicts(sync_options: SyncOptions) -> list[str]:
+    """``name=value`` of each option FULLY_SHARDED refuses (see the check above)."""
+    default = SyncOptions()
+    changed = [n for n in FIXED if getattr(sync_options, n) != getattr(default, n)]
+    changed += [
+        n for n in ("include_optimizer_state", "check_finite") if not getattr(sync_options, n)
+    ]
+    changed += ["engine"] if sync_options.engine == "sparse" else []
+    return [f"{n}={getattr(sync_options, n)!r}" for n in changed]
 
 
 def check_fully_sharded_plan(strategy: ShardingStrategy, plan: ShardingPlan) -> None:

@@ -24,8 +24,8 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from sparse2d.train.config_data import SyntheticConfig
-from sparse2d.train.config_model import TableSpec
+from sparse2d.train.config.data import SyntheticConfig
+from sparse2d.train.config.model import TableSpec
 
 TRAIN, EVAL = 0, 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

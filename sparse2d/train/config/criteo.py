@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from sparse2d.train.config_io import bad
+from sparse2d.train.config.io import bad
 
 KINDS = ("dense", "sparse", "labels")
 

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from sparse2d.train.config_io import bad, positive
+from sparse2d.train.config.io import bad, positive
 
 
 @dataclass(kw_only=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sparse2d.train.config_io import bad, positive
+from sparse2d.train.config.io import bad, positive
 
 
 @dataclass(kw_only=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from sparse2d.train.config_io import bad, positive
+from sparse2d.train.config.io import bad, positive
 
 SHARDING_TYPES = (
     "table_wise",

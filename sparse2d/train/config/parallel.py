@@ -1,0 +1,70 @@
+"""Trainer configuration, ``parallel`` section: the 2D layout and the replica sync."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sparse2d.advisor.trial_options import TrialOptions
+from sparse2d.sync.options import SyncOptions
+from sparse2d.train.config.io import bad, positive
+
+
+def trainer_sync() -> SyncOptions:
+    """The trainer's ``parallel.sync`` defaults: the library's, but with the sync engine picked
+    per sync by the cost model (``engine: auto``) and the all-reduce hidden behind the next
+    lookup (``hide: true``; exact, so bit-identical to a blocking sync)."""
+    return SyncOptions(engine="auto", hide=True)
+
+
+@dataclass(kw_only=True, slots=True)
+class ParallelConfig:
+    """The 2D layout: sharding groups of ``L`` ranks, replicated ``world / L`` times."""
+
+    sharding_group_size: int | Literal["auto"] | None = None
+    """Ranks per sharding group ``L``; must divide the world size. null: the whole world (1D);
+    ``auto``: at start-up the advisor shortlists and a short trial on the job's first batches
+    picks the fastest (``parallel.auto``; ``sparse2d plan`` shows the model's table)."""
+    replica_layout: Literal["intra_host", "inter_host"] = "intra_host"
+    """``intra_host``: replicas of a shard on adjacent ranks; ``inter_host``: contiguous groups."""
+    node_group_size: int | None = None
+    """Ranks of one group sharing a host (table-row-wise/grid); null: from ``LOCAL_WORLD_SIZE``."""
+    sync: SyncOptions = field(default_factory=trainer_sync)
+    """Replica sync cadence and options: ``sparse2d.SyncOptions`` itself, with the trainer's
+    defaults (``parallel.sync.every`` is the sync interval)."""
+    auto: TrialOptions = field(default_factory=TrialOptions)
+    """The measured ``auto`` trial (used only with ``sharding_group_size: auto``):
+    ``sparse2d.TrialOptions`` itself."""
+    sharding_strategy: Literal["default", "fully_sharded"] = "default"
+    """``default``: each replica holds its group's embedding shards; ``fully_sharded``: between
+    steps each replica holds 1/G of them and every step averages weights and optimizer state
+    by reduce-scatter (exact; ``parallel.sync`` must stay at every=1 without overlap,
+    compression, delay or scaling, with optimizer state and ``check_finite``; ``engine:
+    sparse`` is refused, ``hide`` and the divergence metric do not apply)."""
+    timeout_s: float = 300.0
+    """Process-group timeout: a rank stuck this long in a collective fails instead of hanging."""
+
+    def __post_init__(self) -> None:
+        if self.sharding_group_size not in (None, "auto"):
+            positive(self, "sharding_group_size")
+        if self.node_group_size is not None:
+            positive(self, "node_group_size")
+        positive(self, "timeout_s")
+        if self.sharding_strategy == "fully_sharded":
+            from sparse2d.sync.fully_sharded import checks  # the refusal is the library's
+
+            changed = checks.fully_sharded_conflicts(self.sync)
+            if changed:
+                keys = ", ".join(f"sync.{c}" for c in changed)
+                raise bad(
+                    "sharding_strategy",
+                    self.sharding_strategy,
+                    f"cannot run with {keys}: {checks.WHY}; drop them or use "
+                    "sharding_strategy=default",
+                )
+
+    def strategy(self) -> Any:
+        """TorchRec's ``ShardingStrategy`` for ``sharding_strategy``."""
+        from torchrec.distributed.types import ShardingStrategy
+
+        return ShardingStrategy[self.sharding_strategy.upper()]

@@ -1,0 +1,158 @@
+"""The whole trainer config (``Config``): its sections, the checks across sections, and the
+checks that need the world size or the file system (``check_runtime``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sparse2d.errors import ConfigError
+from sparse2d.mesh import divisors
+from sparse2d.train.config.checkpoint import CheckpointConfig
+from sparse2d.train.config.criteo import check_features, missing_files, unreadable
+from sparse2d.train.config.data import DataConfig
+from sparse2d.train.config.fault_tolerance import FaultToleranceConfig, refusals
+from sparse2d.train.config.io import bad
+from sparse2d.train.config.model import ModelConfig
+from sparse2d.train.config.optimizer import OptimizerConfig
+from sparse2d.train.config.parallel import ParallelConfig
+from sparse2d.train.config.train import MetricsConfig, TrainConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class Config:
+    """A training run."""
+
+    model: ModelConfig
+    """The model (required: at least ``model.tables``)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The data."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """The 2D layout and replica sync."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizers."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The training loop."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoints."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Run records (TensorBoard)."""
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    """Fault-tolerant 2D on torchft (one torchrun world per sharding group; docs/fault_tolerance.md)."""
+    run_dir: str = "runs/default"
+    """Output directory: ``summary.json``, ``metrics.jsonl``, ``config.yaml``, checkpoints."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """``auto``: CUDA + nccl when a GPU is visible, else CPU + gloo."""
+
+    def __post_init__(self) -> None:
+        every, sync = self.checkpoint.every, self.parallel.sync.every
+        if every and every % sync:
+            raise bad(
+                "checkpoint.every",
+                every,
+                f"must be a multiple of parallel.sync.every={sync} (save right after a sync, "
+                "when the replicas agree)",
+            )
+        if self.data.source == "criteo":
+            check_features(self.model.feature_names, self.model.dense_in_features)
+        mc = self.model.managed_collision
+        if mc.enabled and mc.kind == "mch" and every % mc.eviction_interval:
+            raise bad(
+                "checkpoint.every",
+                every,
+                f"must be a multiple of model.managed_collision.eviction_interval="
+                f"{mc.eviction_interval} (ids seen since the last eviction round are not in "
+                "checkpoints, as in TorchRec's own state dict)",
+            )
+        mc = self.model.managed_collision
+        if mc.enabled:
+            from sparse2d.sync.mc.rules import refusals as mc_refusals
+
+            refused = mc_refusals(
+                momentum_scaling=self.parallel.sync.momentum_scaling,
+                fully_sharded=self.parallel.sharding_strategy == "fully_sharded",
+                pipeline=self.train.pipeline,
+            )
+            if refused:
+                raise ConfigError(
+                    f"model.managed_collision.enabled=true (kind={mc.kind}) cannot run with "
+                    + "; ".join(refused)
+                    + ": drop the option or the managed-collision tables"
+                )
+        refused = refusals(self)
+        if refused:
+            raise ConfigError(
+                "fault_tolerance.enable=true cannot run with " + "; ".join(refused) + ": drop "
+                "the option or disable fault tolerance"
+            )
+
+    # ---- derived ------------------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.checkpoint.dir or os.path.join(self.run_dir, "checkpoints")
+
+    def group_size(self, world_size: int) -> int | str:
+        """``L`` for ``world_size`` ranks, or ``"auto"`` (resolved by the advisor at start-up)."""
+        return self.parallel.sharding_group_size or world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def check_runtime(
+        self, world_size: int, local_world_size: int | None = None, check_paths: bool = True
+    ) -> None:
+        """Checks that need the world size or the file system; pure, so every rank agrees."""
+        local = local_world_size or world_size
+        nodes = max(1, world_size // local)
+        factors = f"world_size={world_size} ({nodes} node(s) x {local} process(es) per node)"
+        size = self.parallel.sharding_group_size
+        if self.fault_tolerance.enable and size not in (None, world_size):
+            raise ConfigError(
+                f"parallel.sharding_group_size={size} with fault_tolerance.enable: each torchrun "
+                f"world ({factors}) is one sharding group; leave it null (or {world_size}) and "
+                "set fault_tolerance.group_size to the number of groups"
+            )
+        if size != "auto":  # "auto" is resolved at start-up and always divides the world
+            self._check_group(size, world_size, factors)
+        if self.metrics.tensorboard and not tensorboard_installed():
+            raise ConfigError(
+                "metrics.tensorboard=true needs the tensorboard package, which is not installed: "
+                "pip install 'sparse2d[train]' (or tensorboard), or set metrics.tensorboard=false."
+            )
+        if check_paths and self.data.source == "criteo":
+            for key in ("train_files", "eval_files"):
+                for i, path in enumerate(getattr(self.data.criteo, key)):
+                    missing = missing_files(path)
+                    if missing:
+                        raise ConfigError(
+                            f"data.criteo.{key}[{i}]={path!r}: file not found: {missing[0]!r}."
+                        )
+                    problem = unreadable(path)
+                    if problem:
+                        raise ConfigError(f"data.criteo.{key}[{i}]={path!r}: {problem}.")
+
+    def _check_group(self, size: int | None, world_size: int, factors: str) -> None:
+        if size is not None and (size > world_size or world_size % size):
+            raise ConfigError(
+                f"parallel.sharding_group_size={size} does not divide {factors}: "
+                f"{world_size} % {size} = {world_size % size}; choose one of "
+                f"{divisors(world_size)}."
+            )
+        group = size or world_size
+        ngs = self.parallel.node_group_size
+        if ngs is not None and group % ngs:
+            raise ConfigError(
+                f"parallel.node_group_size={ngs} does not divide the sharding group size "
+                f"{group} (parallel.sharding_group_size={size}, {factors})."
+            )
+
+
+def tensorboard_installed() -> bool:
+    """Whether ``torch.utils.tensorboard`` can write (the trainer's optional dependency)."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
