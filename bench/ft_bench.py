@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.bench_util import free_port, machine_note, publish  # noqa: E402
+from bench.bench_util import RESULTS_DIR, free_port, machine_note, publish  # noqa: E402
 from tests.test_ft_launch import workers  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -79,7 +79,7 @@ def run(kind: str, run_dir: Path, steps: int, kill_at: int | None) -> dict:
         if kill_at is not None and killed_at is None and line.startswith(prefix):
             step = int(line[len(prefix) :].split()[0])
             if step >= kill_at:
-                pids = workers(1) if kind == "ft" else _std_workers(job.pid)
+                pids = workers(1, run_dir) if kind == "ft" else _std_workers(job.pid)
                 os.kill(pids[1], signal.SIGKILL)
                 killed_at, kill_step = time.time(), step
     job.wait()
@@ -177,7 +177,7 @@ def main() -> None:
         action="store_true",
         help="only the alternated no-failure rounds (section ft-pipeline with --pipeline)",
     )
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     parser.add_argument(
         "--render-only", action="store_true", help="rewrite the section from --out/ft.json"

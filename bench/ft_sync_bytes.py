@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_util import free_port, publish, rendezvous_env
+from bench_util import RESULTS_DIR, free_port, publish, rendezvous_env
 
 HERE = Path(__file__).resolve().parent
 ROWS, DIM, LOOKUPS, ZIPF = 100_000, 16, 256, 1.05
@@ -183,7 +183,7 @@ def _markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     parser.add_argument("--render", action="store_true", help="re-render from the JSON")
     args = parser.parse_args()
