@@ -22,7 +22,6 @@ backward, before anyone knows whether the step commits. So:
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import logging
@@ -35,18 +34,14 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError, FaultToleranceError, SyncError
-from sparse2d.ft import in_world
+from sparse2d.ft import in_world, replica_sync
 from sparse2d.ft import state as heal_state
 from sparse2d.ft.lighthouse import check_reachable
 from sparse2d.ft.options import FTOptions
 from sparse2d.sync.channel import ManagedChannel
-from sparse2d.sync.engine import DenseEngine
 from sparse2d.sync.finite import all_finite
-from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
+from sparse2d.sync.mc import mc_identity_buffers
 from sparse2d.sync.mc.tables import sharded_mc_table_names
-from sparse2d.sync.options import SyncOptions
-from sparse2d.sync.policy import SyncPolicy
-from sparse2d.sync.sparse import SparseEngine
 from sparse2d.sync.tensors import live_tensors
 
 logger = logging.getLogger(__name__)
@@ -76,12 +71,7 @@ class FaultTolerance:
         config_digest: str | Mapping[str, str] = "",
         extra_state: tuple[Callable[[], dict], Callable[[dict], None]] | None = None,
     ) -> None:
-        if getattr(model, "fully_sharded", None) is not None:
-            raise ConfigError(
-                "fault tolerance with sharding_strategy=FULLY_SHARDED is not supported: a group "
-                "holds only 1/G of the buffers, so no live group could heal a lost one"
-            )
-        self._refuse(model)  # every rank, before the lighthouse or any collective
+        replica_sync.refuse(model)  # every rank, before the lighthouse or any collective
         self.model, self.optimizer, self.options = model, dense_optimizer, options
         self.shards = list(model.shard_states)
         self._has_mc = bool(sharded_mc_table_names(model))
@@ -125,68 +115,15 @@ class FaultTolerance:
             init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
         )
         self.channel = ManagedChannel(self.manager)
-        self.policy = self._replica_policy(model, options)
+        self.policy, self._check_finite = replica_sync.install(
+            model, options, self.channel, self.shards, self._has_mc
+        )
         self.final_step: int | None = None
         """The job's last step: its sync is forced, so every group ends averaged."""
         self._open = False  # a quorum was formed for the step in progress
         self._sync_error: SyncError | None = None
         self.last_committed: bool | None = None
         """Whether the latest ``finish_step`` committed (a pipeline's ``step()`` hides it)."""
-
-    @staticmethod
-    def _refuse(model: nn.Module) -> None:
-        """What the fault-tolerant sync cannot run, refused from local facts only."""
-        local = model.sync_policy
-        base = getattr(local, "options", None) or SyncOptions()
-        if local.hook is not None:
-            raise ConfigError(
-                "fault tolerance with a custom all-reduce hook: the hook takes a torch process "
-                "group, the fault-tolerant average runs over torchft's managed group; drop "
-                "custom_all_reduce"
-            )
-        later = [k for k in ("overlap", "delayed_optimizer_state") if getattr(base, k)]
-        if later:
-            raise ConfigError(
-                f"fault tolerance with sync {later}: the "
-                "fault-tolerant average lands at the step's commit; an average landing after "
-                "a later step was not covered by that step's vote (docs/fault_tolerance.md)"
-            )
-        in_world.refuse(model, base)  # per-module sizes: what two stages cannot run
-
-    def _replica_policy(self, model: nn.Module, options: FTOptions) -> SyncPolicy:
-        """The replica sync (``sparse2d.sync``) over torchft's managed group, installed as the
-        model's policy: ``model.sync()`` (a user's, or a TorchRec pipeline's
-        ``sync_embeddings``) averages into copies that this step's commit writes back."""
-        local = model.sync_policy
-        base = getattr(local, "options", None) or SyncOptions()
-        # hide: the average lands at the commit, which is before the next lookup anyway
-        # NaN/inf: each rank scans what it sent and its flag rides the step's control
-        # all-reduce (``finish_step``), instead of the guard's own vote over the group: a
-        # group whose flag is set fails the commit everywhere, so nothing bad lands
-        self._check_finite = base.check_finite
-        # touched rows: metadata over the quorum too; auto runs dense (its choice is learned
-        # from past syncs, which a group that joined by a heal has not seen)
-        kind = "sparse" if base.engine == "sparse" else "dense"
-        sync_options = dataclasses.replace(
-            base, every=options.sync_every, engine=kind, hide=False, check_finite=False
-        )
-        # Managed-collision tables: identities merged over the quorum by the in-world rules
-        mc = mc_sync_for(model, self.shards, None, self.channel) if self._has_mc else None
-        plain = plain_shards(self.shards, mc)
-        engine = (
-            SparseEngine(plain, None, crossover=1.0, channel=self.channel)
-            if kind == "sparse"
-            else DenseEngine(plain, None)
-        )
-        stage1 = in_world.in_world_policies(model, base)  # modules with replicas inside this world
-        policy = in_world.TwoStagePolicy(
-            stage1, plain, None, options.num_groups, sync_options,
-            engine=engine, global_pg=dist.group.WORLD,
-            channel=self.channel, mc=mc,
-        )  # fmt: skip
-        local.close()  # G=1 in this world: the local policy never syncs; remove its hooks
-        model.sync_policy = policy
-        return policy
 
     # ---- heal state (torchft calls these) -------------------------------------------------
     def _capture(self) -> dict[str, Any]:
