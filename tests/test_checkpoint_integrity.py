@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.checkpoint import CheckpointError, latest, list_checkpoints, load, prune, save
-from sparse2d.checkpoint.dcp import LATEST, MARKER
+from sparse2d.checkpoint.directory import LATEST, MARKER
 from tests.models import MIXED_TABLES
 from tests.test_checkpoint import _dense_opt, _model, _train, check_rejects, snapshot
 

@@ -39,16 +39,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 
 from sparse2d.checkpoint.directory import (
-    LATEST,
     MARKER,
     PREFIX,
-    fsync_dir,
     latest,
     list_checkpoints,
     prune,
+    publish,
     resolve_checkpoint,
-    step_of,
-    write_atomic,
+    save_target,
 )
 from sparse2d.checkpoint.integrity import MARKER_KEY, agree_on_failure, digest_files, verify_files
 from sparse2d.checkpoint.layout import (
@@ -192,35 +190,43 @@ def save(
     policy = getattr(model, "sync_policy", None)
     if policy is not None:  # land any overlapped/delayed transfer before reading the shards
         policy.finish()
-    named = step_of(os.path.basename(os.path.normpath(root)))
-    if named is not None:  # given root/step_N: save as step N under root
-        if step is not None and step != named:
-            raise CheckpointError(f"save path {root!r} names step {named} but step={step}")
-        root, step = os.path.dirname(os.path.normpath(root)), named
-    if keep is not None and keep < 1:
-        raise CheckpointError(f"keep={keep} must be >= 1 (the number of checkpoints to retain)")
-    if step is None:
-        given = (extra or {}).get("step")
-        if isinstance(given, int):
-            step = given
-        else:
-            newest = latest(root)
-            step = 0 if newest is None else int(os.path.basename(newest)[len(PREFIX) :]) + 1
-    if step < 0:
-        raise CheckpointError(f"step={step} must be >= 0")
+    root, step = save_target(root, step, extra, keep)
     rank = dist.get_rank()
     token = [uuid.uuid4().hex[:8] if rank == 0 else None]
     dist.broadcast_object_list(token, src=0)
     name = f"{PREFIX}{step:08d}"
     tmp = os.path.join(root, f"{name}.tmp-{token[0]}")
     start = time.perf_counter()
+    marker = _write(tmp, root, step, model, dense_optimizer, extra)
+    marker["save_seconds"] = time.perf_counter() - start
+    outcome: list[Any] = [None]
+    if rank == 0:
+        try:
+            publish(tmp, root, name, token[0], marker, keep)
+        except OSError as error:
+            outcome[0] = f"{type(error).__name__}: {error}"
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[0] is not None:
+        raise CheckpointError(f"finalizing checkpoint {tmp!r} failed on rank 0: {outcome[0]}")
+    return os.path.join(root, name)
+
+
+def _write(
+    tmp: str,
+    root: str,
+    step: int,
+    model: nn.Module,
+    dense_optimizer: torch.optim.Optimizer | None,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Every rank writes its part under ``tmp`` (collective); a failure on any rank removes
+    ``tmp`` and raises on every rank. Returns the completion marker (without the timing)."""
+    rank = dist.get_rank()
     with materialized(model):  # FULLY_SHARDED: the full buffers while DCP reads them
         state = build_save_state(model, dense_optimizer, extra)
         specs = table_specs(model)
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, (_fused_iter(model), describe(model)))
-        iters = [fused for fused, _ in gathered]
-        managed = {t: info for _, part in gathered for t, info in part.items()}
         failure: dict[int, str] = {}
         try:
             dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=True))
@@ -238,41 +244,18 @@ def save(
             f"{latest(root)!r} is untouched and loadable. Free disk space (or raise the "
             "file-size/quota limit) and save again."
         )
-    files = digest_files(tmp)
-    outcome: list[Any] = [None]
-    if rank == 0:
-        try:
-            marker = {
-                "format": FORMAT_VERSION,
-                "step": step,
-                "world_size": dist.get_world_size(),
-                "sharding_group_size": model.sharding_group_size,
-                "num_replicas": model.num_replicas,
-                "fused_iter": max(iters),
-                "tables": {t: [s.rows, s.cols] for t, s in specs.items()},
-                "managed_collision": managed,
-                "save_seconds": time.perf_counter() - start,
-                MARKER_KEY: files,
-            }
-            write_atomic(os.path.join(tmp, MARKER), json.dumps(marker, indent=1))
-            final = os.path.join(root, name)
-            trash = None
-            if os.path.exists(final):
-                trash = os.path.join(root, f"{name}.trash-{token[0]}")
-                os.rename(final, trash)
-            os.rename(tmp, final)
-            fsync_dir(root)
-            write_atomic(os.path.join(root, LATEST), name)
-            if trash is not None:
-                shutil.rmtree(trash, ignore_errors=True)
-            if keep is not None:
-                prune(root, keep)
-        except OSError as error:
-            outcome[0] = f"{type(error).__name__}: {error}"
-    dist.broadcast_object_list(outcome, src=0)
-    if outcome[0] is not None:
-        raise CheckpointError(f"finalizing checkpoint {tmp!r} failed on rank 0: {outcome[0]}")
-    return os.path.join(root, name)
+    return {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "world_size": dist.get_world_size(),
+        "sharding_group_size": model.sharding_group_size,
+        "num_replicas": model.num_replicas,
+        "fused_iter": max(fused for fused, _ in gathered),
+        "tables": {t: [s.rows, s.cols] for t, s in specs.items()},
+        "managed_collision": {t: info for _, part in gathered for t, info in part.items()},
+        "save_seconds": 0.0,
+        MARKER_KEY: digest_files(tmp),
+    }
 
 
 # ---- load --------------------------------------------------------------------------
@@ -310,19 +293,7 @@ def load(
     RNG states are restored when the world size is unchanged (they are per rank).
     """
     ckpt = resolve_checkpoint(os.fspath(path))
-    marker = _read_marker(ckpt)
-    try:  # truncation first: its message names the tables that lost data
-        metadata = _read_metadata(ckpt)
-        check_files(ckpt, metadata, CorruptCheckpointError)
-    except CorruptCheckpointError as damaged:
-        try:  # add which file failed its checksum, when one did
-            verify_files(ckpt, marker, CorruptCheckpointError)
-        except CorruptCheckpointError as corrupt:
-            raise CorruptCheckpointError(f"{damaged} [{corrupt}]") from None
-        raise
-    saved_mc = marker.get("managed_collision", {})  # checked before the first collective
-    check_identities(ckpt, saved_mc, metadata, describe(model), CheckpointError)
-    verify_files(ckpt, marker, CorruptCheckpointError)  # flipped bytes DCP would load silently
+    marker, metadata = _checked(ckpt, model)
     specs = table_specs(model)  # collective, reached unconditionally by every rank
     dense = dense_entries(model)
     check_tables(ckpt, metadata, specs, dense, CheckpointError)
@@ -332,7 +303,7 @@ def load(
             f"checkpoint {ckpt!r} has no dense optimizer state; load without dense_optimizer"
         )
     mc_state, mc_commit, rebuilt = load_entries(
-        model, model.shard_states, saved_mc, specs, metadata
+        model, model.shard_states, saved_mc(marker), specs, metadata
     )
     positional = [s for s in model.shard_states if id(s) not in rebuilt]
     state, commit = build_load_state(model, specs, metadata, positional)
@@ -342,25 +313,11 @@ def load(
     state["extra"] = b""
     if dense_optimizer is not None:
         state["dense_optimizer"] = b""
-    rank = dist.get_rank()
-    rng_key = f"rng.rank{rank}"
+    rng_key = f"rng.rank{dist.get_rank()}"
     use_rng = restore_rng and marker.get("world_size") == dist.get_world_size()
     if use_rng and rng_key in keys:
         state[rng_key] = b""
-    failure = ""
-    try:
-        dcp.load(state, storage_reader=FileSystemReader(ckpt))
-    except CheckpointException as error:  # DCP gathers read errors from every rank
-        failure = "; ".join(f"rank {r}: {_one_line(p[0])}" for r, p in error.failures.items())
-    except Exception as error:
-        failure = _one_line(error)
-    ok = torch.tensor([0 if failure else 1])
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    if not int(ok):
-        raise CheckpointError(
-            f"checkpoint {ckpt!r}: reading failed, the model was not modified: "
-            f"{failure or 'another rank failed'}"
-        )
+    _read(ckpt, state)
     with materialized(model), torch.no_grad():  # identical values land on every replica
         commit()
         mc_commit()  # identity tables, and the rows of MC tables rebuilt by id
@@ -378,3 +335,46 @@ def load(
     if rng_key in state:
         _set_rng_state(_unblob(state[rng_key]))
     return _unblob(state["extra"])
+
+
+def saved_mc(marker: dict[str, Any]) -> dict[str, Any]:
+    """The managed-collision description a checkpoint's marker recorded (``{}``: none)."""
+    return marker.get("managed_collision", {})
+
+
+def _checked(ckpt: str, model: nn.Module) -> tuple[dict[str, Any], Metadata]:
+    """The marker and DCP metadata of ``ckpt`` once it proved complete and intact and its
+    identity tables match the model's MC configuration; raises on every rank otherwise."""
+    marker = _read_marker(ckpt)
+    try:  # truncation first: its message names the tables that lost data
+        metadata = _read_metadata(ckpt)
+        check_files(ckpt, metadata, CorruptCheckpointError)
+    except CorruptCheckpointError as damaged:
+        try:  # add which file failed its checksum, when one did
+            verify_files(ckpt, marker, CorruptCheckpointError)
+        except CorruptCheckpointError as corrupt:
+            raise CorruptCheckpointError(f"{damaged} [{corrupt}]") from None
+        raise
+    # checked before the first collective
+    check_identities(ckpt, saved_mc(marker), metadata, describe(model), CheckpointError)
+    verify_files(ckpt, marker, CorruptCheckpointError)  # flipped bytes DCP would load silently
+    return marker, metadata
+
+
+def _read(ckpt: str, state: dict[str, Any]) -> None:
+    """DCP reads ``state``'s scratch buffers (collective); any rank's failure raises on every
+    rank before a live value is touched."""
+    failure = ""
+    try:
+        dcp.load(state, storage_reader=FileSystemReader(ckpt))
+    except CheckpointException as error:  # DCP gathers read errors from every rank
+        failure = "; ".join(f"rank {r}: {_one_line(p[0])}" for r, p in error.failures.items())
+    except Exception as error:
+        failure = _one_line(error)
+    ok = torch.tensor([0 if failure else 1])
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if not int(ok):
+        raise CheckpointError(
+            f"checkpoint {ckpt!r}: reading failed, the model was not modified: "
+            f"{failure or 'another rank failed'}"
+        )

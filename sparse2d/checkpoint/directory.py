@@ -7,9 +7,12 @@ tensors) so it can be read, tested and called on one rank without a process grou
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 from sparse2d.errors import CheckpointError
 
@@ -105,3 +108,47 @@ def resolve_checkpoint(path: str) -> str:
             f"holding step_* checkpoints; partial saves (*.tmp-*) are never loaded"
         )
     return found
+
+
+def save_target(
+    root: str, step: int | None, extra: Mapping[str, Any] | None, keep: int | None
+) -> tuple[str, int]:
+    """The root and step a save writes: ``root/step_N`` names both; else ``step``, else
+    ``extra["step"]``, else latest + 1. Local checks only (every rank raises alike)."""
+    named = step_of(os.path.basename(os.path.normpath(root)))
+    if named is not None:  # given root/step_N: save as step N under root
+        if step is not None and step != named:
+            raise CheckpointError(f"save path {root!r} names step {named} but step={step}")
+        root, step = os.path.dirname(os.path.normpath(root)), named
+    if keep is not None and keep < 1:
+        raise CheckpointError(f"keep={keep} must be >= 1 (the number of checkpoints to retain)")
+    if step is None:
+        given = (extra or {}).get("step")
+        if isinstance(given, int):
+            step = given
+        else:
+            newest = latest(root)
+            step = 0 if newest is None else int(os.path.basename(newest)[len(PREFIX) :]) + 1
+    if step < 0:
+        raise CheckpointError(f"step={step} must be >= 0")
+    return root, step
+
+
+def publish(
+    tmp: str, root: str, name: str, token: str, marker: dict[str, Any], keep: int | None
+) -> None:
+    """Rank 0: the marker, then ``tmp`` -> ``root/name`` and ``latest`` (an existing
+    ``name`` is swapped out first and removed last), then pruning to ``keep``."""
+    write_atomic(os.path.join(tmp, MARKER), json.dumps(marker, indent=1))
+    final = os.path.join(root, name)
+    trash = None
+    if os.path.exists(final):
+        trash = os.path.join(root, f"{name}.trash-{token}")
+        os.rename(final, trash)
+    os.rename(tmp, final)
+    fsync_dir(root)
+    write_atomic(os.path.join(root, LATEST), name)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+    if keep is not None:
+        prune(root, keep)
