@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sparse2d.advisor import cost_terms as ct
@@ -162,6 +162,35 @@ def _type_rank(candidate: Candidate) -> int:
                default=0)  # fmt: skip
 
 
+@dataclass(slots=True)
+class _RankLoads:
+    """Per rank of one group (index = rank in the group): bytes held, looked up, synced and
+    sent; ``*_total`` over the group; ``types``: sharding type -> {table: shards}."""
+
+    memory: list[float]
+    state: list[float]
+    synced: list[float]
+    lookup: list[float]
+    full: list[float]
+    touched: list[float]
+    links: list[ct.LinkBytes]  # all-to-all part of the output dist
+    scatters: list[ct.LinkBytes]  # its reduce-scatter part
+    ids_send: list[float]
+    ids_recv: list[float]
+    host_out: list[float]  # received output values served from each host (by first rank)
+    own_out: list[float]
+    out_total: float = 0.0
+    ids_total: float = 0.0
+    types: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, L: int) -> _RankLoads:
+        zeros = [[0.0] * L for _ in range(10)]
+        links = [ct.LinkBytes() for _ in range(L)]
+        scatters = [ct.LinkBytes() for _ in range(L)]
+        return cls(*zeros[:6], links, scatters, *zeros[6:])
+
+
 class AnalyticCostModel(CostModel):
     """The terms of ``cost_terms`` over every candidate TorchRec layout of a group."""
 
@@ -192,78 +221,21 @@ class AnalyticCostModel(CostModel):
 
     def _estimate(self, layout: GroupLayout, replicas: int, group: list[int]) -> Candidate:
         w, topo = self.workload, self.topology
-        L, B, eb = layout.group_size, w.batch_size_per_rank, w.element_bytes
+        L, B = layout.group_size, w.batch_size_per_rank
         local_peers, remote_peers = _peers(topo, group)
-        H = local_peers + 1
-        per_rank = layout.per_rank()
-        memory, state, synced, lookup, full, touched = ([0.0] * L for _ in range(6))
-        links = [ct.LinkBytes() for _ in range(L)]  # all-to-all part of the output dist
-        scatters = [ct.LinkBytes() for _ in range(L)]  # its reduce-scatter part
-        ids_send, ids_recv = [0.0] * L, [0.0] * L
-        host_out = [0.0] * L  # received output values served from each host (by first rank)
-        own_out = [0.0] * L
-        out_total = ids_total = 0.0
-        types: dict[str, dict[str, int]] = {}
-        for rank, shards in enumerate(per_rank):
-            for s in shards:
-                t, n = self._by_name[s.table], s.count
-                types.setdefault(s.sharding_type, {})[s.table] = n
-                weights, opt = shard_state_bytes(s, w, replicas)
-                state[rank] += n * (weights + opt)
-                memory[rank] += n * (weights + opt + s.io_bytes)
-                synced[rank] += n * self._synced_bytes(s, replicas)
-                full[rank] += n * s.rows * (s.cols + w.row_state_values(s.cols)) * eb
-                share = s.rows / t.rows  # 0 for a row-wise shard left empty (rows < L)
-                table_ids = L * B * t.features * t.pooling_factor  # the group's ids into t
-                ids = table_ids * share  # group ids hitting s
-                lookup[rank] += n * ids * s.cols * eb
-                touched[rank] += n * self._touched_rows(t.rows, table_ids) * share
-                values = B * t.features * s.cols  # one rank's samples, these columns
-                scattered = ct.scattered_values(s.sharding_type, values, L, H)
-                links[rank].add(ct.output_values_sent(s.sharding_type, values, L, H), n)
-                links[rank].add(scattered, -n)
-                scatters[rank].add(scattered, n)
-                if s.sharding_type in ct.TW_LIKE:  # others receive from this holder
-                    served = n * values
-                elif s.sharding_type in ct.HOST_RW_LIKE:  # the host serves it, 1/H each
-                    served = n * values / H
-                else:  # row-wise: symmetric, all of it in its reduce-scatter
-                    served = 0.0
-                out_total += served
-                host_out[rank // H * H] += served
-                own_out[rank] += served
-                ids_recv[rank] += n * (L - 1) / L * ids * ID_BYTES
-                ids_total += n * ids / L * ID_BYTES
-                ids_send[rank] -= n * ids / L * ID_BYTES  # its own samples never leave
-        wire = ct.qcomm_bytes(w.qcomm_forward) + ct.qcomm_bytes(w.qcomm_backward)
-        out_s, a2a_bytes, ids_s = [0.0] * L, [0.0] * L, [0.0] * L
-        for r in range(L):
-            here = host_out[r // H * H]
-            lb = links[r]
-            lb.recv_intra += here - own_out[r]
-            lb.recv_inter += out_total - here
-            sc = scatters[r]
-            out_s[r] = ct.link_time_s(lb.intra * wire, lb.inter * wire, topo)
-            out_s[r] += ct.output_values_s(2 * (lb.intra + lb.inter), topo)
-            out_s[r] += ct.scatter_s(sc.intra * wire, sc.inter * wire, topo)
-            ids_bytes = max(ids_send[r] + ids_total, ids_recv[r])
-            ids_s[r] = self._split_s(ids_bytes, local_peers, remote_peers)
-            a2a_bytes[r] = (lb.intra + lb.inter + sc.intra + sc.inter) * wire + ids_bytes
-        if L > 1:  # output: forward values + backward gradients; input: splits, then ids
-            out_a2a = max(out_s) + ct.a2a_latency_s(remote_peers, 2, topo)
-            ids_a2a = max(ids_s) + ct.a2a_latency_s(remote_peers, 2, topo)
-        else:
-            out_a2a = ids_a2a = 0.0
-        busiest = max(ct.lookup_s(lookup[r], touched[r], topo) for r in range(L))
+        loads = self._loads(layout, replicas, local_peers + 1)
+        out_a2a, ids_a2a, a2a_bytes = self._all_to_alls(loads, local_peers, remote_peers)
+        busiest = max(ct.lookup_s(loads.lookup[r], loads.touched[r], topo) for r in range(L))
         compute_s = busiest + 6 * w.dense_params * B / topo.dense_flops
         ids_exposed = (
             ct.exposed_s(ids_a2a, compute_s + out_a2a, topo.comm_overlap) if w.pipeline else ids_a2a
         )
         dense_s = _allreduce_s(w.dense_params * 4, list(range(topo.world_size)), topo)
-        sync_s, sync_kind = self._sync_s(max(synced), sum(synced), max(full), replicas, L)
+        synced = loads.synced
+        sync_s, sync_kind = self._sync_s(max(synced), sum(synced), max(loads.full), replicas, L)
         if w.hide and sync_kind in ("dense", "sparse"):  # beside the next input dist only:
             sync_s = ct.exposed_s(sync_s, ids_a2a, topo.comm_overlap)  # the dense step is tiny
-        mem = max(memory)
+        mem = max(loads.memory)
         terms = (
             ("compute", compute_s), ("output_a2a", out_a2a), ("input_a2a", ids_exposed),
             ("sync", sync_s), ("dense_allreduce", dense_s),
@@ -274,21 +246,89 @@ class AnalyticCostModel(CostModel):
             num_replicas=replicas,
             fits=mem <= topo.usable_memory_bytes,
             memory_per_rank_bytes=int(mem),
-            state_per_rank_bytes=int(max(state)),
-            memory_imbalance=ct.straggler(memory),
-            a2a_bytes=int(max(a2a_bytes)),
+            state_per_rank_bytes=int(max(loads.state)),
+            memory_imbalance=ct.straggler(loads.memory),
+            a2a_bytes=int(a2a_bytes),
             a2a_s=out_a2a + ids_exposed,
             sync_bytes=int(max(synced)),
             sync_s=sync_s,
             compute_s=compute_s,
-            imbalance=ct.straggler([ct.lookup_s(b, n, topo) for b, n in zip(lookup, touched)]),
+            imbalance=ct.straggler(
+                [ct.lookup_s(b, n, topo) for b, n in zip(loads.lookup, loads.touched)]
+            ),
             dense_s=dense_s,
             step_s=sum(v for _, v in terms),
             proposal=layout.proposal,
-            sharding_types=tuple(sorted((k, sum(v.values())) for k, v in types.items())),
+            sharding_types=tuple(sorted((k, sum(v.values())) for k, v in loads.types.items())),
             terms=terms,
             sync_kind=sync_kind,
         )
+
+    def _loads(self, layout: GroupLayout, replicas: int, H: int) -> _RankLoads:
+        """What each rank of the group holds, looks up, syncs and sends, shard by shard."""
+        w = self.workload
+        L, B, eb = layout.group_size, w.batch_size_per_rank, w.element_bytes
+        loads = _RankLoads.empty(L)
+        for rank, shards in enumerate(layout.per_rank()):
+            for s in shards:
+                t, n = self._by_name[s.table], s.count
+                loads.types.setdefault(s.sharding_type, {})[s.table] = n
+                weights, opt = shard_state_bytes(s, w, replicas)
+                loads.state[rank] += n * (weights + opt)
+                loads.memory[rank] += n * (weights + opt + s.io_bytes)
+                loads.synced[rank] += n * self._synced_bytes(s, replicas)
+                loads.full[rank] += n * s.rows * (s.cols + w.row_state_values(s.cols)) * eb
+                share = s.rows / t.rows  # 0 for a row-wise shard left empty (rows < L)
+                table_ids = L * B * t.features * t.pooling_factor  # the group's ids into t
+                ids = table_ids * share  # group ids hitting s
+                loads.lookup[rank] += n * ids * s.cols * eb
+                loads.touched[rank] += n * self._touched_rows(t.rows, table_ids) * share
+                values = B * t.features * s.cols  # one rank's samples, these columns
+                scattered = ct.scattered_values(s.sharding_type, values, L, H)
+                loads.links[rank].add(ct.output_values_sent(s.sharding_type, values, L, H), n)
+                loads.links[rank].add(scattered, -n)
+                loads.scatters[rank].add(scattered, n)
+                if s.sharding_type in ct.TW_LIKE:  # others receive from this holder
+                    served = n * values
+                elif s.sharding_type in ct.HOST_RW_LIKE:  # the host serves it, 1/H each
+                    served = n * values / H
+                else:  # row-wise: symmetric, all of it in its reduce-scatter
+                    served = 0.0
+                loads.out_total += served
+                loads.host_out[rank // H * H] += served
+                loads.own_out[rank] += served
+                loads.ids_recv[rank] += n * (L - 1) / L * ids * ID_BYTES
+                loads.ids_total += n * ids / L * ID_BYTES
+                loads.ids_send[rank] -= n * ids / L * ID_BYTES  # its own samples never leave
+        return loads
+
+    def _all_to_alls(
+        self, loads: _RankLoads, local_peers: int, remote_peers: int
+    ) -> tuple[float, float, float]:
+        """Seconds of the output all-to-all (values forward, gradients backward) and of the
+        input all-to-all (splits, then ids) at the slowest rank, and the most bytes a rank
+        moves in them."""
+        w, topo, L, H = self.workload, self.topology, len(loads.memory), local_peers + 1
+        wire = ct.qcomm_bytes(w.qcomm_forward) + ct.qcomm_bytes(w.qcomm_backward)
+        out_s, a2a_bytes, ids_s = [0.0] * L, [0.0] * L, [0.0] * L
+        for r in range(L):
+            here = loads.host_out[r // H * H]
+            lb = loads.links[r]
+            lb.recv_intra += here - loads.own_out[r]
+            lb.recv_inter += loads.out_total - here
+            sc = loads.scatters[r]
+            out_s[r] = ct.link_time_s(lb.intra * wire, lb.inter * wire, topo)
+            out_s[r] += ct.output_values_s(2 * (lb.intra + lb.inter), topo)
+            out_s[r] += ct.scatter_s(sc.intra * wire, sc.inter * wire, topo)
+            ids_bytes = max(loads.ids_send[r] + loads.ids_total, loads.ids_recv[r])
+            ids_s[r] = self._split_s(ids_bytes, local_peers, remote_peers)
+            a2a_bytes[r] = (lb.intra + lb.inter + sc.intra + sc.inter) * wire + ids_bytes
+        if L > 1:
+            out_a2a = max(out_s) + ct.a2a_latency_s(remote_peers, 2, topo)
+            ids_a2a = max(ids_s) + ct.a2a_latency_s(remote_peers, 2, topo)
+        else:
+            out_a2a = ids_a2a = 0.0
+        return out_a2a, ids_a2a, max(a2a_bytes)
 
     def _touched_rows(self, rows: int, ids: float) -> float:
         """Expected distinct rows among one step's ``ids`` into a table of ``rows`` (only
