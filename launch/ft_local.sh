@@ -27,7 +27,7 @@ done
 FT=(fault_tolerance.enable=true "fault_tolerance.group_size=$NGROUPS" "fault_tolerance.min_replica_size=$MIN_REPLICAS")
 # Validate once before starting anything (a bad key is one line here, not one per rank).
 "$PYTHON" -m sparse2d.train.config --check "$CONFIG" --world-size "$NPROC" --local-world-size "$NPROC" "$@" "${FT[@]}"
-RUN_DIR=$("$PYTHON" -c 'import sys; from sparse2d.train.config import load_config; print(load_config(sys.argv[1], sys.argv[2:]).run_dir)' "$CONFIG" "$@")
+RUN_DIR=$("$PYTHON" -c 'import sys; from sparse2d.train.config import load_config; print(load_config(sys.argv[1], sys.argv[2:]).run_dir)' "$CONFIG" "$@" "${FT[@]}")
 mkdir -p "$RUN_DIR"
 # A restarted group that finds no live group checks whether another group finished THIS job.
 export SPARSE2D_FT_LAUNCH_TIME="$(date +%s)"
