@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.sync import fold
-from sparse2d.sync.tensors import live_tensors
+from sparse2d.sync.shards import live_tensors
 from tests.models import adagrad_2d
 
 SETTINGS = {

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from sparse2d.sync.choice import DENSE, SPARSE, ModeChooser
 from sparse2d.sync.cost import LinkCosts, probe
 from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine
+from sparse2d.sync.shards import ShardState, flush_caches, live_tensors
 from sparse2d.sync.sparse import (
     STATES,
     WEIGHTS,
@@ -47,7 +48,6 @@ from sparse2d.sync.sparse import (
     _build_payload,
     _row_bytes,
 )
-from sparse2d.sync.tensors import ShardState, flush_caches, live_tensors
 
 SAMPLE_EVERY = 8
 """Dense syncs carry touched counts and the last sync's time (the tail) once in this many,

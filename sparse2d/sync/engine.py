@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync.tensors import ShardState, by_dtype, flush_caches, live_tensors
+from sparse2d.sync.shards import ShardState, by_dtype, flush_caches, live_tensors
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.errors import SyncError
-from sparse2d.sync.tensors import ShardState
+from sparse2d.sync.shards import ShardState
 
 
 def all_finite(tensor: torch.Tensor) -> bool:

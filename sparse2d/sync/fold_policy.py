@@ -14,16 +14,16 @@ import torch
 
 from sparse2d.sync.fold import Folded, write_back
 from sparse2d.sync.options import SyncOptions, SyncReport
-from sparse2d.sync.tensors import ShardState, flush_caches, live_tensors
+from sparse2d.sync.shards import ShardState, flush_caches, live_tensors
 
 if TYPE_CHECKING:
-    from sparse2d.sync.collectives import AllReduceHook
     from sparse2d.sync.compression import Bf16DeltaCompressor
     from sparse2d.sync.ddp_vote import DdpVote
     from sparse2d.sync.engine import SyncEngine
     from sparse2d.sync.finite import FiniteGuard
     from sparse2d.sync.mc.sync import ManagedCollisionSync
     from sparse2d.sync.scaling import AccumulatorScaler
+    from sparse2d.sync.transport.collectives import AllReduceHook
 
 
 class FoldingPolicy:

@@ -20,8 +20,6 @@ import torch.distributed as dist
 
 from sparse2d.errors import ConfigError, SyncError
 from sparse2d.sync.auto import make_engine
-from sparse2d.sync.channel import InWorldChannel, ManagedChannel, ReplicaChannel
-from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.compression import Bf16DeltaCompressor
 from sparse2d.sync.divergence import DivergenceSampler
 from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine, metadata_bytes
@@ -29,9 +27,11 @@ from sparse2d.sync.finite import FiniteGuard, Verdict
 from sparse2d.sync.fold import Folded
 from sparse2d.sync.fold_policy import FoldingPolicy
 from sparse2d.sync.options import SyncOptions, SyncReport
-from sparse2d.sync.overlap import Pending, Reduction
 from sparse2d.sync.scaling import AccumulatorScaler
-from sparse2d.sync.tensors import ShardState, live_tensors
+from sparse2d.sync.shards import ShardState, live_tensors
+from sparse2d.sync.transport.channel import InWorldChannel, ManagedChannel, ReplicaChannel
+from sparse2d.sync.transport.collectives import AllReduceHook
+from sparse2d.sync.transport.transfer import Pending, Reduction
 
 __all__ = ["SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 
@@ -57,7 +57,7 @@ class SyncPolicy(FoldingPolicy):
     ) -> None:
         self.options = options or SyncOptions()
         self.channel: ReplicaChannel = channel or InWorldChannel(replica_pg)
-        """Where the averages travel (``sync.channel``): the in-world replica group, or
+        """Where the averages travel (``sync.transport.channel``): the in-world replica group, or
         torchft's managed group, whose averages wait in copies for the step's commit."""
         self._uncommitted: list[tuple[Pending, bool, bool]] = []  # (transfer, weights, states)
         self._mc_land: Callable[[], None] | None = None  # a deferred MC merge, for ``commit``

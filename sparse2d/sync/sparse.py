@@ -53,11 +53,11 @@ import torch.distributed as dist
 
 from sparse2d.errors import ConfigError
 from sparse2d.sync.engine import BufferPool, Payload, SyncEngine
-from sparse2d.sync.tensors import ShardState, flush_caches
+from sparse2d.sync.shards import ShardState, flush_caches
 from sparse2d.sync.touched import TouchedRows
 
 if TYPE_CHECKING:
-    from sparse2d.sync.channel import ManagedChannel
+    from sparse2d.sync.transport.channel import ManagedChannel
 
 DEFAULT_CROSSOVER = 0.5
 """Union fraction of a shard's rows above which it is synced densely. Measured with
