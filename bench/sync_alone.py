@@ -10,7 +10,7 @@ an all-reduce, the vote and a fixed cost).
 
 ``--crossover SERIES...`` times each series' sync with every dense payload averaged in
 place (after the vote) and with every payload copied (the vote beside the transfer): where
-one overtakes the other is ``sparse2d.sync.engine.IN_PLACE_MIN_BYTES``.
+one overtakes the other is ``sparse2d.sync.engines.base.IN_PLACE_MIN_BYTES``.
 
 Usage: ``PYTHONPATH=. .venv/bin/python bench/sync_alone.py [SERIES] [ROUNDS]`` (default
 ``rw_a2a_w4``, 8 rounds x 2 steps per L after a warm-up round), or
@@ -73,7 +73,7 @@ def _rank(series: Series, rounds: int, limits: tuple[int | None, ...]) -> list[A
     import torch.distributed as dist
     from planner_holdout import _batch, _build
 
-    import sparse2d.sync.engine as engine
+    import sparse2d.sync.engines.base as engine
     from sparse2d.mesh import divisors
 
     shipped = engine.IN_PLACE_MIN_BYTES

@@ -19,7 +19,7 @@ from sparse2d.sync.shards import ShardState, flush_caches, live_tensors
 if TYPE_CHECKING:
     from sparse2d.sync.compression import Bf16DeltaCompressor
     from sparse2d.sync.ddp_vote import DdpVote
-    from sparse2d.sync.engine import SyncEngine
+    from sparse2d.sync.engines.base import SyncEngine
     from sparse2d.sync.finite import FiniteGuard
     from sparse2d.sync.mc.sync import ManagedCollisionSync
     from sparse2d.sync.scaling import AccumulatorScaler

@@ -19,10 +19,11 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.errors import ConfigError, SyncError
-from sparse2d.sync.auto import make_engine
 from sparse2d.sync.compression import Bf16DeltaCompressor
 from sparse2d.sync.divergence import DivergenceSampler
-from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine, metadata_bytes
+from sparse2d.sync.engines.auto import make_engine
+from sparse2d.sync.engines.base import Payload, SyncEngine, metadata_bytes
+from sparse2d.sync.engines.dense import DenseEngine
 from sparse2d.sync.finite import FiniteGuard, Verdict
 from sparse2d.sync.fold import Folded
 from sparse2d.sync.fold_policy import FoldingPolicy

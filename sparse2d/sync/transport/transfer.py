@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync.engine import Payload
+from sparse2d.sync.engines.base import Payload
 from sparse2d.sync.transport.collectives import AllReduceHook
 
 
