@@ -70,7 +70,7 @@ from sparse2d.planner import default_sharders, remap_plan
 from sparse2d.planner.plan_store import PlanStore, as_plan_store
 from sparse2d.replica_sync import ReplicaSync
 from sparse2d.resources import GroupRecorder, Resources
-from sparse2d.sync.ddp_vote import EarlySync
+from sparse2d.sync.ddp.vote import EarlySync
 from sparse2d.sync.fully_sharded import FullyShardedEmbeddings
 from sparse2d.sync.fully_sharded.checks import (
     check_fully_sharded_options,

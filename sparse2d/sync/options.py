@@ -47,8 +47,8 @@ class SyncOptions:
     predicts cheaper; dense with bf16). The trainer defaults to ``"auto"``; the sparse engines
     cost 4 bytes of tracking per embedding row. With ``"dense"`` or ``"auto"``, a cadence
     sync whose values are small (all replica groups' shards within
-    ``sparse2d.sync.fold.FOLD_MAX_BYTES``) rides DDP's gradient all-reduce as a plain dense
-    average, with no collective of its own (``sparse2d.sync.fold``)."""
+    ``sparse2d.sync.ddp.fold.FOLD_MAX_BYTES``) rides DDP's gradient all-reduce as a plain dense
+    average, with no collective of its own (``sparse2d.sync.ddp.fold``)."""
     divergence_every: int = 0
     """Measure replica divergence before every k-th sync (0 = off); reported in ``SyncReport``."""
     divergence_rows: int = 32
@@ -57,7 +57,7 @@ class SyncOptions:
     """Before averaging, check every value a sync would send for NaN/inf; if any rank finds
     one, every rank raises ``sparse2d.SyncError`` and no replica changes (see
     ``sparse2d.sync.finite``; one sum per payload buffer and a job-wide vote, carried by
-    DDP's gradient all-reduce where the payload is known early: ``sparse2d.sync.ddp_vote``)."""
+    DDP's gradient all-reduce where the payload is known early: ``sparse2d.sync.ddp.vote``)."""
 
     def __post_init__(self) -> None:
         _check_int("every", self.every, 1, "1 = every step")

@@ -20,13 +20,13 @@ import torch.distributed as dist
 
 from sparse2d.errors import ConfigError, SyncError
 from sparse2d.sync.compression import Bf16DeltaCompressor
+from sparse2d.sync.ddp.fold import Folded
+from sparse2d.sync.ddp.folding import FoldingPolicy
 from sparse2d.sync.divergence import DivergenceSampler
 from sparse2d.sync.engines.auto import make_engine
 from sparse2d.sync.engines.base import Payload, SyncEngine, metadata_bytes
 from sparse2d.sync.engines.dense import DenseEngine
 from sparse2d.sync.finite import FiniteGuard, Verdict
-from sparse2d.sync.fold import Folded
-from sparse2d.sync.fold_policy import FoldingPolicy
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.scaling import AccumulatorScaler
 from sparse2d.sync.shards import ShardState, live_tensors
@@ -37,7 +37,7 @@ from sparse2d.sync.transport.transfer import Pending, Reduction
 __all__ = ["SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 
 if TYPE_CHECKING:
-    from sparse2d.sync.ddp_vote import DdpVote
+    from sparse2d.sync.ddp.vote import DdpVote
     from sparse2d.sync.mc.sync import ManagedCollisionSync
 
 
@@ -90,11 +90,11 @@ class SyncPolicy(FoldingPolicy):
             None  # the NaN/inf vote of the hidden sync, waited in ``land``
         )
         self.carrier: tuple[DdpVote, int] | None = None
-        """The DDP carrier of this policy's NaN/inf vote and its slot (``sync.ddp_vote``)."""
+        """The DDP carrier of this policy's NaN/inf vote and its slot (``sync.ddp.vote``)."""
         self.votes_carried = 0
         """Syncs whose NaN/inf vote rode DDP's gradient all-reduce (no vote of their own)."""
         self.folds = 0
-        """Syncs whose values rode DDP's gradient all-reduce too (``sync.fold``)."""
+        """Syncs whose values rode DDP's gradient all-reduce too (``sync.ddp.fold``)."""
         self._folded: Folded | None = None
         self._hidden_wait = 0.0
         self._hidden_exposed = 0.0  # build + start time of the hidden sync in flight

@@ -1,7 +1,7 @@
-"""The sync policy's side of ``sync.fold``: may a cadence sync ride DDP's gradient
+"""The sync policy's side of ``sync.ddp.fold``: may a cadence sync ride DDP's gradient
 all-reduce, what does it send, and landing the average DDP brings back.
 
-Mixed into ``SyncPolicy`` (it implements ``sync.fold.Foldable``); kept apart so the policy
+Mixed into ``SyncPolicy`` (it implements ``sync.ddp.fold.Foldable``); kept apart so the policy
 module holds the sync itself. It reads the policy's options, shards, engine and guard.
 """
 
@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sparse2d.sync.fold import Folded, write_back
+from sparse2d.sync.ddp.fold import Folded, write_back
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState, flush_caches, live_tensors
 
 if TYPE_CHECKING:
     from sparse2d.sync.compression import Bf16DeltaCompressor
-    from sparse2d.sync.ddp_vote import DdpVote
+    from sparse2d.sync.ddp.vote import DdpVote
     from sparse2d.sync.engines.base import SyncEngine
     from sparse2d.sync.finite import FiniteGuard
     from sparse2d.sync.mc.sync import ManagedCollisionSync

@@ -1,4 +1,4 @@
-"""The sync policy's side of folding (``sparse2d.sync.fold_policy``) on a real 2x2 gloo mesh:
+"""The sync policy's side of folding (``sparse2d.sync.ddp.folding``) on a real 2x2 gloo mesh:
 which settings may ride DDP's all-reduce, and what a fold names and lands."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync import fold
+from sparse2d.sync.ddp import fold
 from sparse2d.sync.shards import live_tensors
 from tests.models import adagrad_2d
 
