@@ -41,7 +41,7 @@ vote, start the all-reduce, wait for it and write the average back."""
 def _instrument(models: dict[int, Any], spent: dict[str, float]) -> None:
     """Time the sync's parts into ``spent`` (seconds, summed per sync) by wrapping the
     functions the sync policy calls; nothing else changes."""
-    import sparse2d.sync.finite as finite
+    import sparse2d.sync.guard as finite
     import sparse2d.sync.transport.channel as channel
     import sparse2d.sync.transport.transfer as overlap
 

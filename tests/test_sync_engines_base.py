@@ -1,4 +1,5 @@
-"""``sync.engines.base`` helpers without a process group: flat views over live shards, buffer pool."""
+"""``sync.engines.base`` helpers without a process group: flat views over live shards,
+buffer pool."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The replica channel (``sparse2d.sync.transport.channel``) on a real 2x2 gloo mesh: a deferred channel
-averages into copies; ``commit`` writes the average back, ``discard`` keeps each replica's own
-values. (torchft's managed channel runs in tests/test_ft_replica.py.)"""
+"""The replica channel (``sparse2d.sync.transport.channel``) on a real 2x2 gloo mesh: a
+deferred channel averages into copies; ``commit`` writes the average back, ``discard`` keeps
+each replica's own values. (torchft's managed channel runs in tests/test_ft_replica.py.)"""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ class SyncOptions:
     check_finite: bool = True
     """Before averaging, check every value a sync would send for NaN/inf; if any rank finds
     one, every rank raises ``sparse2d.SyncError`` and no replica changes (see
-    ``sparse2d.sync.finite``; one sum per payload buffer and a job-wide vote, carried by
+    ``sparse2d.sync.guard``; one sum per payload buffer and a job-wide vote, carried by
     DDP's gradient all-reduce where the payload is known early: ``sparse2d.sync.ddp.vote``)."""
 
     def __post_init__(self) -> None:

@@ -26,7 +26,7 @@ from sparse2d.sync.divergence import DivergenceSampler
 from sparse2d.sync.engines.auto import make_engine
 from sparse2d.sync.engines.base import Payload, SyncEngine, metadata_bytes
 from sparse2d.sync.engines.dense import DenseEngine
-from sparse2d.sync.finite import FiniteGuard, Verdict
+from sparse2d.sync.guard import FiniteGuard, Verdict
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.scaling import AccumulatorScaler
 from sparse2d.sync.shards import ShardState, live_tensors

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from sparse2d.sync.compression import Bf16DeltaCompressor
     from sparse2d.sync.ddp.vote import DdpVote
     from sparse2d.sync.engines.base import SyncEngine
-    from sparse2d.sync.finite import FiniteGuard
+    from sparse2d.sync.guard import FiniteGuard
     from sparse2d.sync.mc.sync import ManagedCollisionSync
     from sparse2d.sync.scaling import AccumulatorScaler
     from sparse2d.sync.transport.collectives import AllReduceHook

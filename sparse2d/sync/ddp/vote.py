@@ -1,7 +1,7 @@
 """The NaN/inf vote of a sync, carried by the DDP gradient all-reduce, and the sync run
 right after it, at the end of the backward.
 
-The guard's own vote (``sparse2d.sync.finite``) is one more world collective per sync. On
+The guard's own vote (``sparse2d.sync.guard``) is one more world collective per sync. On
 the 2-core gloo box that cost the main job 7% of its step time: not the few bytes, but one
 more point per step where every rank of the job waits for the slowest. Every step already
 has such a point: DDP's gradient all-reduce of the dense parameters, over the same world.
@@ -41,7 +41,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from sparse2d.sync.ddp.fold import FOLD_DTYPE, Foldable, Folded, FoldSlot, plan_folds, write_slot
-from sparse2d.sync.finite import FiniteGuard, all_finite, raise_non_finite
+from sparse2d.sync.guard import FiniteGuard, all_finite, raise_non_finite
 
 logger = logging.getLogger(__name__)
 

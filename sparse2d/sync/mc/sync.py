@@ -70,8 +70,8 @@ class ManagedCollisionSync:
         """MP-ZCH tables (``sync.mc.zch_sync``): merged TorchRec's way, rows averaged here."""
         self.replica_pg = replica_pg
         self.channel = channel
-        """A managed channel (``sync.transport.channel.ManagedChannel``: torchft's quorum) instead of
-        ``replica_pg``; None: the replica process group."""
+        """A managed channel (``sync.transport.channel.ManagedChannel``: torchft's quorum)
+        instead of ``replica_pg``; None: the replica process group."""
         self.baselines: list[Identity | None] = [None] * len(tables)
         self.last_seconds = 0.0
 

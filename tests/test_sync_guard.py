@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from sparse2d import DMPCollection, SyncError
-from sparse2d.sync.finite import all_finite
+from sparse2d.sync.guard import all_finite
 from sparse2d.sync.policy import SyncOptions
 from tests.models import MIXED_TABLES, adagrad_2d, train
 
