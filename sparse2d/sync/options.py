@@ -28,7 +28,7 @@ class SyncOptions:
     the next interval and lands with delta correction (needs ``include_optimizer_state``)."""
     momentum_scaling: bool = False
     """Divide the averaged AdaGrad accumulator growth by the number of replica groups so it
-    grows like 1D training's (see ``sparse2d.sync.scaling``); needs optimizer-state sync."""
+    grows like 1D training's (see ``sparse2d.sync.variants.scaling``); needs optimizer-state sync."""
     overlap: bool = False
     """Start the weight (and state) all-reduce at a sync point, finish it at the next one;
     updates made meanwhile are kept by delta correction. Not bit-exact versus 1D."""

@@ -19,20 +19,20 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.errors import ConfigError, SyncError
-from sparse2d.sync.compression import Bf16DeltaCompressor
 from sparse2d.sync.ddp.fold import Folded
 from sparse2d.sync.ddp.folding import FoldingPolicy
-from sparse2d.sync.divergence import DivergenceSampler
 from sparse2d.sync.engines.auto import make_engine
 from sparse2d.sync.engines.base import Payload, SyncEngine, metadata_bytes
 from sparse2d.sync.engines.dense import DenseEngine
 from sparse2d.sync.guard import FiniteGuard, Verdict
 from sparse2d.sync.options import SyncOptions, SyncReport
-from sparse2d.sync.scaling import AccumulatorScaler
 from sparse2d.sync.shards import ShardState, live_tensors
 from sparse2d.sync.transport.channel import InWorldChannel, ManagedChannel, ReplicaChannel
 from sparse2d.sync.transport.collectives import AllReduceHook
 from sparse2d.sync.transport.transfer import Pending, Reduction
+from sparse2d.sync.variants.compression import Bf16DeltaCompressor
+from sparse2d.sync.variants.divergence import DivergenceSampler
+from sparse2d.sync.variants.scaling import AccumulatorScaler
 
 __all__ = ["SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 

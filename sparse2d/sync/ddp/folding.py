@@ -17,13 +17,13 @@ from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState, flush_caches, live_tensors
 
 if TYPE_CHECKING:
-    from sparse2d.sync.compression import Bf16DeltaCompressor
     from sparse2d.sync.ddp.vote import DdpVote
     from sparse2d.sync.engines.base import SyncEngine
     from sparse2d.sync.guard import FiniteGuard
     from sparse2d.sync.mc.sync import ManagedCollisionSync
-    from sparse2d.sync.scaling import AccumulatorScaler
     from sparse2d.sync.transport.collectives import AllReduceHook
+    from sparse2d.sync.variants.compression import Bf16DeltaCompressor
+    from sparse2d.sync.variants.scaling import AccumulatorScaler
 
 
 class FoldingPolicy:
