@@ -38,7 +38,7 @@ def check_may_fold() -> dict:
                 "due": [policy.fold_due(s) for s in range(4)],
                 "numel": policy.fold_numel(fold.FOLD_DTYPE) == sum(t.numel() for t in live),
             }
-            policy._folded = None  # begun by hand, never landed: not a sync to land
+            policy.folding.forget()  # begun by hand, never landed: not a sync to land
     return out
 
 
