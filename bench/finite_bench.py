@@ -73,7 +73,7 @@ def _worker(rank: int, world: int, port: int, repeats: int, out: Any) -> None:
     from torchrec.distributed.planner.types import ParameterConstraints
 
     from sparse2d import DMPCollection
-    from sparse2d.sync.finite import FiniteGuard, all_finite
+    from sparse2d.sync.guard import FiniteGuard, all_finite
     from sparse2d.sync.policy import SyncOptions, SyncPolicy
 
     torch.set_num_threads(1)

@@ -3,10 +3,10 @@
 World 4 gloo CPU ranks, L=2. *separate*: what an unfolded sync adds to a step: DDP's
 world all-reduce of a 16 KB bucket (the main job's dense gradients), then a replica-group
 all-reduce of this rank's shard (X / L bytes). *folded*: one world all-reduce of
-16 KB + X (every replica group's slot; ``sparse2d.sync.fold``). X is the region: all
+16 KB + X (every replica group's slot; ``sparse2d.sync.ddp.fold``). X is the region: all
 shards of one sharding group. Interleaved repetitions, slowest rank, medians. Where
 *folded* costs less, one rendezvous saved outweighs sending L times the bytes to T ranks;
-``sparse2d.sync.fold.FOLD_MAX_BYTES`` is set well below the crossover.
+``sparse2d.sync.ddp.fold.FOLD_MAX_BYTES`` is set well below the crossover.
 
 Run: ``PYTHONPATH=. .venv/bin/python bench/fold_bench.py`` (about 1 minute). Writes the
 ``fold`` section of ``bench/RESULTS.md`` and ``bench/results/fold.json``.
@@ -64,7 +64,7 @@ def fold_rank(sizes_kb: list[int], reps: int) -> dict[str, Any]:
 
 
 def _markdown(r: dict[str, Any], args: argparse.Namespace, wall: float) -> str:
-    from sparse2d.sync.fold import FOLD_MAX_BYTES
+    from sparse2d.sync.ddp.fold import FOLD_MAX_BYTES
 
     return "\n".join([
         "## Fold: a replica sync inside DDP's all-reduce vs its own all-reduce",

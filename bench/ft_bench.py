@@ -251,7 +251,7 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
         "embedding copies, the dense gradients and the control vector (fingerprint bytes, "
         "NaN/inf flag), the `should_commit` RPC and the write-back from the copies; the standard "
         "world runs one DDP all-reduce that also carries the folded embedding sync and the "
-        "NaN/inf vote (`sync.fold`, `sync.ddp_vote`). Left: the two RPCs per step (quorum, "
+        "NaN/inf vote (`sync.ddp.fold`, `sync.ddp.vote`). Left: the two RPCs per step (quorum, "
         "`should_commit`), latency-bound, so they cost most on an oversubscribed box. "
         "torchft's asynchronous quorum cannot simply hide the first behind the forward: a live "
         "group's heal send runs on torchft's quorum thread and would read embeddings that "

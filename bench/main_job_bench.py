@@ -37,7 +37,7 @@ SETTINGS = {
 """The first two are the acceptance pair; the fixed engines check auto against the better
 one on the main job (the touched-rows engine cost twice the dense one there, issue 11); the
 guard-off run prices the NaN/inf guard, the last one folding the sync into DDP's
-all-reduce (``sparse2d.sync.fold``; off through ``ENV``)."""
+all-reduce (``sparse2d.sync.ddp.fold``; off through ``ENV``)."""
 ENV = {"2D (L=2, default, not folded)": {"SPARSE2D_FOLD_MAX_BYTES": "0"}}
 """Environment variables per setting, on top of the bench's own."""
 

@@ -133,9 +133,9 @@ def _run_size(
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from sparse2d.collection import DMPCollection
-    from sparse2d.sync.auto import AutoEngine
-    from sparse2d.sync.engine import DenseEngine
-    from sparse2d.sync.sparse import SparseEngine
+    from sparse2d.sync.engines.auto import AutoEngine
+    from sparse2d.sync.engines.dense import DenseEngine
+    from sparse2d.sync.engines.sparse import SparseEngine
 
     module = Model(rows)
     _apply_optimizer_in_backward(RowWiseAdagrad, module.ebc.parameters(), {"lr": 0.05})

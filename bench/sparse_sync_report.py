@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from sparse2d.sync.sparse import DEFAULT_CROSSOVER
+from sparse2d.sync.engines.sparse import DEFAULT_CROSSOVER
 
 WORLD, L, DIM, BATCH, TABLES = 4, 2, 64, 512, 2
 DISTS = ("uniform", "zipf")
@@ -120,7 +120,7 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: flo
         f"Measured crossover (sparse time = dense time): {crossovers}. The engine's default "
         f"`DEFAULT_CROSSOVER` = {DEFAULT_CROSSOVER} (a shard whose replica union exceeds it is "
         f"synced densely) was used for the *sparse* columns of the first table. *auto* = "
-        f'`engine="auto"` (`sparse2d/sync/auto.py`): per sync the cheaper of dense and '
+        f'`engine="auto"` (`sparse2d/sync/engines/auto.py`): per sync the cheaper of dense and '
         f"touched rows by the cost model probed at start-up, corrected per mode by its timed "
         f"syncs; *auto dense* = fraction of its measured syncs that ran dense; *auto / best* = "
         f"its median time over the better of the sparse and dense medians. With {args.reps} "

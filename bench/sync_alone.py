@@ -10,7 +10,7 @@ an all-reduce, the vote and a fixed cost).
 
 ``--crossover SERIES...`` times each series' sync with every dense payload averaged in
 place (after the vote) and with every payload copied (the vote beside the transfer): where
-one overtakes the other is ``sparse2d.sync.engine.IN_PLACE_MIN_BYTES``.
+one overtakes the other is ``sparse2d.sync.engines.base.IN_PLACE_MIN_BYTES``.
 
 Usage: ``PYTHONPATH=. .venv/bin/python bench/sync_alone.py [SERIES] [ROUNDS]`` (default
 ``rw_a2a_w4``, 8 rounds x 2 steps per L after a warm-up round), or
@@ -41,9 +41,9 @@ vote, start the all-reduce, wait for it and write the average back."""
 def _instrument(models: dict[int, Any], spent: dict[str, float]) -> None:
     """Time the sync's parts into ``spent`` (seconds, summed per sync) by wrapping the
     functions the sync policy calls; nothing else changes."""
-    import sparse2d.sync.channel as channel
-    import sparse2d.sync.finite as finite
-    import sparse2d.sync.overlap as overlap
+    import sparse2d.sync.guard as guard
+    import sparse2d.sync.transport.channel as channel
+    import sparse2d.sync.transport.transfer as transfer
 
     def timed(part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -55,10 +55,10 @@ def _instrument(models: dict[int, Any], spent: dict[str, float]) -> None:
 
         return run
 
-    finite.all_finite = timed("scan", finite.all_finite)
-    finite.Verdict.wait = timed("vote_wait", finite.Verdict.wait)
+    guard.all_finite = timed("scan", guard.all_finite)
+    guard.Verdict.wait = timed("vote_wait", guard.Verdict.wait)
     channel.start_average = timed("start", channel.start_average)  # the in-world channel's
-    overlap.Pending.complete = timed("land", overlap.Pending.complete)
+    transfer.Pending.complete = timed("land", transfer.Pending.complete)
     for model in models.values():
         engine = model.sync_policy.engine
         engine.payload = timed("payload", engine.payload)
@@ -73,7 +73,7 @@ def _rank(series: Series, rounds: int, limits: tuple[int | None, ...]) -> list[A
     import torch.distributed as dist
     from planner_holdout import _batch, _build
 
-    import sparse2d.sync.engine as engine
+    import sparse2d.sync.engines.base as engine
     from sparse2d.mesh import divisors
 
     shipped = engine.IN_PLACE_MIN_BYTES

@@ -56,7 +56,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Any
 
     from sparse2d import DMPCollection
     from sparse2d.sync.policy import SyncOptions, SyncPolicy
-    from sparse2d.sync.tensors import live_tensors
+    from sparse2d.sync.shards import live_tensors
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))

@@ -70,8 +70,7 @@ from sparse2d.planner import default_sharders, remap_plan
 from sparse2d.planner.plan_store import PlanStore, as_plan_store
 from sparse2d.replica_sync import ReplicaSync
 from sparse2d.resources import GroupRecorder, Resources
-from sparse2d.sync.collectives import AllReduceHook
-from sparse2d.sync.ddp_vote import EarlySync
+from sparse2d.sync.ddp.vote import EarlySync
 from sparse2d.sync.fully_sharded import FullyShardedEmbeddings
 from sparse2d.sync.fully_sharded.checks import (
     check_fully_sharded_options,
@@ -87,7 +86,8 @@ from sparse2d.sync.mc.pipelines import install_pipeline_guard
 from sparse2d.sync.mc.tables import check_managed_collision
 from sparse2d.sync.multi import PolicySet
 from sparse2d.sync.policy import SyncOptions, SyncPolicy
-from sparse2d.sync.tensors import ShardState, collect_shard_states
+from sparse2d.sync.shards import ShardState, collect_shard_states
+from sparse2d.sync.transport.collectives import AllReduceHook
 
 logger = logging.getLogger(__name__)
 FS = ShardingStrategy.FULLY_SHARDED

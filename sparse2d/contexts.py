@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from sparse2d.mesh import Mesh2D
     from sparse2d.sync.policy import SyncPolicy
-    from sparse2d.sync.tensors import ShardState
+    from sparse2d.sync.shards import ShardState
 
 
 @dataclass(slots=True)

@@ -12,12 +12,12 @@ from typing import Any
 import torch
 
 from sparse2d.compat import adapt_all_reduce
-from sparse2d.sync.collectives import broadcast_
 from sparse2d.sync.fully_sharded import materialized
 from sparse2d.sync.mc import mc_identity_buffers
 from sparse2d.sync.multi import merge_reports
 from sparse2d.sync.options import SyncReport
-from sparse2d.sync.tensors import live_tensors
+from sparse2d.sync.shards import live_tensors
+from sparse2d.sync.transport.collectives import broadcast_
 
 
 class ReplicaSync:

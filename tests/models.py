@@ -20,7 +20,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from sparse2d.collection import DMPCollection
 from sparse2d.planner.sharders import default_sharders
 from sparse2d.sync.options import SyncOptions
-from sparse2d.sync.tensors import collect_shard_states
+from sparse2d.sync.shards import collect_shard_states
 
 DENSE_IN = 4
 

@@ -7,7 +7,7 @@ import torch
 
 from sparse2d.advisor.balance import local_load, max_over_mean
 from sparse2d.advisor.workload import TableLoad
-from sparse2d.sync.tensors import ShardState
+from sparse2d.sync.shards import ShardState
 
 
 def test_load_and_memory_of_local_shards_by_hand() -> None:

@@ -190,7 +190,7 @@ def _replica_check(model: Any) -> float:
 
     from sparse2d.sync.fully_sharded import materialized
     from sparse2d.sync.mc import mc_identity_buffers
-    from sparse2d.sync.tensors import live_tensors
+    from sparse2d.sync.shards import live_tensors
 
     worst = torch.zeros((), dtype=torch.float64)
     with materialized(model), torch.no_grad():

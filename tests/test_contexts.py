@@ -19,7 +19,7 @@ from torchrec.distributed.types import DMPCollectionConfig, ShardingStrategy
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d import DMPCollection, checkpoint
-from sparse2d.sync.tensors import collect_shard_states
+from sparse2d.sync.shards import collect_shard_states
 from tests.models import (
     MIXED_TABLES,
     SEQUENCE_TABLES,

@@ -49,7 +49,7 @@ def _model(**sync_options: object):
 
 def _values(shards) -> list[torch.Tensor]:
     """Weights first, then optimizer states (``STATES_FROM`` marks where they start)."""
-    from sparse2d.sync.tensors import flush_caches, live_tensors
+    from sparse2d.sync.shards import flush_caches, live_tensors
 
     flush_caches(shards)
     weights = live_tensors(shards, weights=True, states=False)

@@ -29,7 +29,7 @@ def _start(ebc_group: int, ec_group: int):
 
 
 def _shards(model) -> dict[tuple, torch.Tensor]:
-    from sparse2d.sync.tensors import flush_caches
+    from sparse2d.sync.shards import flush_caches
 
     flush_caches(model.shard_states)
     return {(s.table, s.row_offset, s.col_offset): s.weight.clone() for s in model.shard_states}

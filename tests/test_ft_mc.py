@@ -34,7 +34,7 @@ def _set_rows(model) -> None:
 
 def _state(model, policy) -> dict:
     from sparse2d.sync.mc import mc_identity_buffers
-    from sparse2d.sync.tensors import flush_caches
+    from sparse2d.sync.shards import flush_caches
 
     flush_caches(model.shard_states)
     return {

@@ -199,7 +199,7 @@ def test_replicas_inside_one_world_are_refused_before_connecting(world2) -> None
 
 
 def _shard_values(model, shards) -> list[torch.Tensor]:
-    from sparse2d.sync.tensors import flush_caches, live_tensors
+    from sparse2d.sync.shards import flush_caches, live_tensors
 
     flush_caches(shards)
     return [t.clone() for t in live_tensors(shards, weights=True, states=True)]

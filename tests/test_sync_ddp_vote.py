@@ -1,5 +1,5 @@
 """The NaN/inf vote carried by DDP's gradient all-reduce, and the sync run at the end of the
-backward (``sparse2d.sync.ddp_vote``), on a real 2x2 gloo mesh (world 4, L=2)."""
+backward (``sparse2d.sync.ddp.vote``), on a real 2x2 gloo mesh (world 4, L=2)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d import DMPCollection, SyncError
-from sparse2d.sync import fold
+from sparse2d.sync.ddp import fold
 from tests.models import (
     MIXED_TABLES,
     adagrad_2d,
@@ -19,7 +19,7 @@ from tests.models import (
     replica_max_diff,
     train,
 )
-from tests.test_sync_fold import fold_limit
+from tests.test_sync_ddp_fold import fold_limit
 
 STEPS = 6
 

@@ -30,7 +30,7 @@ def _mch_modules(model: Any) -> dict[str, Any]:
 
 def snapshot(model: Any) -> dict[str, dict[str, Any]]:
     """Per table: buffers, and {raw id: (row, weight row, state rows, metadata)}."""
-    from sparse2d.sync.tensors import collect_shard_states
+    from sparse2d.sync.shards import collect_shard_states
 
     shards = {s.table: s for s in collect_shard_states(model)}
     out: dict[str, dict[str, Any]] = {}

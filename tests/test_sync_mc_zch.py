@@ -28,7 +28,7 @@ def _zch_modules(model: Any) -> dict[str, Any]:
 
 def snapshot(model: Any) -> dict[str, dict[str, Any]]:
     """Per table: identities, metadata, rows, and {raw id: (slot, weight, states, meta)}."""
-    from sparse2d.sync.tensors import collect_shard_states
+    from sparse2d.sync.shards import collect_shard_states
 
     shards = {s.table: s for s in collect_shard_states(model)}
     out: dict[str, dict[str, Any]] = {}

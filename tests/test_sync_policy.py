@@ -83,10 +83,10 @@ def check_hidden_sync_is_exact(
 ) -> list[bool]:
     """``hide=True`` lands before the next lookup and equals the blocking sync bit for bit
     (``in_place``: the hidden one averages the live views, the blocking one copies)."""
-    from sparse2d.sync import engine as engines
+    from sparse2d.sync.engines import base as engines
     from sparse2d.sync.policy import SyncPolicy
     from tests.models import SPARSE_SYNC_TABLES, train
-    from tests.test_sync_sparse import _assert_replicas_equal, _assert_same, _model
+    from tests.test_sync_engines_sparse import _assert_replicas_equal, _assert_same, _model
 
     models = [_model(SPARSE_SYNC_TABLES, "rowwise_adagrad") for _ in range(2)]
     policies = [

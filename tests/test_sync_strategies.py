@@ -9,7 +9,7 @@ from torchrec.optim import RowWiseAdagrad
 
 from sparse2d import DMPCollection
 from sparse2d.sync.policy import SyncOptions
-from sparse2d.sync.tensors import collect_shard_states
+from sparse2d.sync.shards import collect_shard_states
 from tests.models import (
     MIXED_TABLES,
     build_model,

@@ -155,7 +155,7 @@ def test_non_finite_sync_stops_the_trainer_in_one_line(tmp_path) -> None:
     lines = [line for line in run.stderr.splitlines() if line.startswith("sparse2d.train:")]
     assert len(lines) == 1, run.stderr[-3000:]
     assert "SyncError: sync at step" in lines[0] and "t_0 (weight)" in lines[0], lines[0]
-    assert "sparse2d/sync/finite.py" not in run.stderr  # one line, no traceback of ours
+    assert "sparse2d/sync/guard.py" not in run.stderr  # one line, no traceback of ours
     assert not os.path.exists(tmp_path / "summary.json")
 
 

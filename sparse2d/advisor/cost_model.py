@@ -358,7 +358,7 @@ class AnalyticCostModel(CostModel):
             return ct.fully_sharded_s(
                 full, replicas, remote > 0, topo
             ) + topo.sync_overhead_s, "fully_sharded"
-        from sparse2d.sync.fold import FOLD_MAX_BYTES
+        from sparse2d.sync.ddp.fold import FOLD_MAX_BYTES
 
         if w.ddp and w.engine != "sparse" and region <= FOLD_MAX_BYTES:
             # the region holds one slot per replica group: all of one group's shard bytes

@@ -216,7 +216,7 @@ def allreduce_s(nbytes: float, members: int, remote: bool, topo: ClusterTopology
 
 
 def fold_s(region_bytes: float, world: int, remote: bool, topo: ClusterTopology) -> float:
-    """A sync folded into DDP's gradient all-reduce (``sparse2d.sync.fold``): the region's
+    """A sync folded into DDP's gradient all-reduce (``sparse2d.sync.ddp.fold``): the region's
     bytes ride an all-reduce that runs anyway, so only its bandwidth counts, no latency and
     no per-sync overhead (``bench/RESULTS.md`` "Fold": 0.5 MB added to DDP's all-reduce cost
     nothing measurable on the gloo box)."""
@@ -228,7 +228,7 @@ def fold_s(region_bytes: float, world: int, remote: bool, topo: ClusterTopology)
 
 def vote_s(world: int, remote: bool, topo: ClusterTopology) -> float:
     """The NaN/inf vote of a guarded sync: one job-wide all-reduce of a few bytes (latency
-    only). Zero when DDP's all-reduce carries it (``sparse2d.sync.ddp_vote``)."""
+    only). Zero when DDP's all-reduce carries it (``sparse2d.sync.ddp.vote``)."""
     if world <= 1:
         return 0.0
     alpha = topo.inter_host_latency_s if remote else topo.intra_host_latency_s

@@ -60,7 +60,7 @@ from sparse2d.checkpoint.layout import (
 from sparse2d.checkpoint.mc import check_identities, describe, load_entries, save_entries
 from sparse2d.errors import CheckpointError, CorruptCheckpointError
 from sparse2d.sync.fully_sharded import materialized
-from sparse2d.sync.tensors import flush_caches
+from sparse2d.sync.shards import flush_caches
 
 FORMAT_VERSION = 1
 

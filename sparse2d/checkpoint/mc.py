@@ -43,7 +43,7 @@ from sparse2d.checkpoint.layout import ELEM, Collector, TableSpec, row_blocks, s
 from sparse2d.sync.mc.merge import INT64_MAX, score
 from sparse2d.sync.mc.tables import find_mc_tables, policy_name
 from sparse2d.sync.mc.zch_sync import find_zch_tables
-from sparse2d.sync.tensors import ShardState
+from sparse2d.sync.shards import ShardState
 
 MCH, ZCH = "mch", "zch"
 KINDS = {MCH: "MCHManagedCollisionModule", ZCH: "HashZchManagedCollisionModule"}

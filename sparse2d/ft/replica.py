@@ -38,11 +38,11 @@ from sparse2d.ft import in_world, replica_sync
 from sparse2d.ft import state as heal_state
 from sparse2d.ft.lighthouse import check_reachable
 from sparse2d.ft.options import FTOptions
-from sparse2d.sync.channel import ManagedChannel
-from sparse2d.sync.finite import all_finite
+from sparse2d.sync.guard import all_finite
 from sparse2d.sync.mc import mc_identity_buffers
 from sparse2d.sync.mc.tables import sharded_mc_table_names
-from sparse2d.sync.tensors import live_tensors
+from sparse2d.sync.shards import live_tensors
+from sparse2d.sync.transport.channel import ManagedChannel
 
 logger = logging.getLogger(__name__)
 START_POLL_S = 0.25

@@ -18,12 +18,12 @@ import torch.nn as nn
 from sparse2d.errors import ConfigError
 from sparse2d.ft import in_world
 from sparse2d.ft.options import FTOptions
-from sparse2d.sync.channel import ManagedChannel
-from sparse2d.sync.engine import DenseEngine
+from sparse2d.sync.engines.dense import DenseEngine
+from sparse2d.sync.engines.sparse import SparseEngine
 from sparse2d.sync.mc import mc_sync_for, plain_shards
 from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.policy import SyncPolicy
-from sparse2d.sync.sparse import SparseEngine
+from sparse2d.sync.transport.channel import ManagedChannel
 
 
 def refuse(model: nn.Module) -> None:

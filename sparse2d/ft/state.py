@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from sparse2d.sync.tensors import ShardState, flush_caches, live_tensors
+from sparse2d.sync.shards import ShardState, flush_caches, live_tensors
 
 
 def _kernels(shards: list[ShardState]) -> list[Any]:

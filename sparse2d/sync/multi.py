@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
+from sparse2d.sync.transport.collectives import AllReduceHook
 
 
 def merge_reports(reports: list[SyncReport]) -> SyncReport:

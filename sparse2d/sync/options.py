@@ -28,7 +28,7 @@ class SyncOptions:
     the next interval and lands with delta correction (needs ``include_optimizer_state``)."""
     momentum_scaling: bool = False
     """Divide the averaged AdaGrad accumulator growth by the number of replica groups so it
-    grows like 1D training's (see ``sparse2d.sync.scaling``); needs optimizer-state sync."""
+    grows like 1D training's (see ``sparse2d.sync.variants.scaling``); needs optimizer-state sync."""
     overlap: bool = False
     """Start the weight (and state) all-reduce at a sync point, finish it at the next one;
     updates made meanwhile are kept by delta correction. Not bit-exact versus 1D."""
@@ -47,8 +47,8 @@ class SyncOptions:
     predicts cheaper; dense with bf16). The trainer defaults to ``"auto"``; the sparse engines
     cost 4 bytes of tracking per embedding row. With ``"dense"`` or ``"auto"``, a cadence
     sync whose values are small (all replica groups' shards within
-    ``sparse2d.sync.fold.FOLD_MAX_BYTES``) rides DDP's gradient all-reduce as a plain dense
-    average, with no collective of its own (``sparse2d.sync.fold``)."""
+    ``sparse2d.sync.ddp.fold.FOLD_MAX_BYTES``) rides DDP's gradient all-reduce as a plain dense
+    average, with no collective of its own (``sparse2d.sync.ddp.fold``)."""
     divergence_every: int = 0
     """Measure replica divergence before every k-th sync (0 = off); reported in ``SyncReport``."""
     divergence_rows: int = 32
@@ -56,8 +56,8 @@ class SyncOptions:
     check_finite: bool = True
     """Before averaging, check every value a sync would send for NaN/inf; if any rank finds
     one, every rank raises ``sparse2d.SyncError`` and no replica changes (see
-    ``sparse2d.sync.finite``; one sum per payload buffer and a job-wide vote, carried by
-    DDP's gradient all-reduce where the payload is known early: ``sparse2d.sync.ddp_vote``)."""
+    ``sparse2d.sync.guard``; one sum per payload buffer and a job-wide vote, carried by
+    DDP's gradient all-reduce where the payload is known early: ``sparse2d.sync.ddp.vote``)."""
 
     def __post_init__(self) -> None:
         _check_int("every", self.every, 1, "1 = every step")

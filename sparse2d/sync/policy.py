@@ -7,6 +7,11 @@ steps), *how* (blocking, overlapped with the next interval, delayed optimizer
 state, bf16 deltas) and what to do around it (AdaGrad accumulator scaling,
 replica divergence). ``sync_now`` is always a blocking sync that leaves the
 replicas identical; overlap and delay apply to cadence syncs only.
+
+The policy composes its collaborators, each in the module of its concern: the engine
+(``sync.engines``), the channel (``sync.transport``), the NaN/inf guard (``sync.guard``),
+the plan of a sync (``sync.plan``), the averages in flight (``sync.landing``), folding into
+DDP's all-reduce (``sync.ddp.folding``) and the variants (``sync.variants``).
 """
 
 from __future__ import annotations
@@ -18,29 +23,32 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from sparse2d.errors import ConfigError, SyncError
-from sparse2d.sync.auto import make_engine
-from sparse2d.sync.channel import InWorldChannel, ManagedChannel, ReplicaChannel
-from sparse2d.sync.collectives import AllReduceHook
-from sparse2d.sync.compression import Bf16DeltaCompressor
-from sparse2d.sync.divergence import DivergenceSampler
-from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine, metadata_bytes
-from sparse2d.sync.finite import FiniteGuard, Verdict
-from sparse2d.sync.fold import Folded
-from sparse2d.sync.fold_policy import FoldingPolicy
+from sparse2d.errors import ConfigError
+from sparse2d.sync.ddp.fold import Folded
+from sparse2d.sync.ddp.folding import Folding
+from sparse2d.sync.engines.auto import make_engine
+from sparse2d.sync.engines.base import Payload, SyncEngine, metadata_bytes
+from sparse2d.sync.engines.dense import DenseEngine
+from sparse2d.sync.guard import FiniteGuard, Verdict
+from sparse2d.sync.landing import Landing
 from sparse2d.sync.options import SyncOptions, SyncReport
-from sparse2d.sync.overlap import Pending, Reduction
-from sparse2d.sync.scaling import AccumulatorScaler
-from sparse2d.sync.tensors import ShardState, live_tensors
+from sparse2d.sync.plan import Opening, Part, plan_sync
+from sparse2d.sync.shards import ShardState, live_tensors
+from sparse2d.sync.transport.channel import InWorldChannel, ManagedChannel, ReplicaChannel
+from sparse2d.sync.transport.collectives import AllReduceHook
+from sparse2d.sync.transport.transfer import Pending, Reduction
+from sparse2d.sync.variants.compression import Bf16DeltaCompressor
+from sparse2d.sync.variants.divergence import DivergenceSampler
+from sparse2d.sync.variants.scaling import AccumulatorScaler
 
 __all__ = ["SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 
 if TYPE_CHECKING:
-    from sparse2d.sync.ddp_vote import DdpVote
+    from sparse2d.sync.ddp.vote import CarriedVote, DdpVote
     from sparse2d.sync.mc.sync import ManagedCollisionSync
 
 
-class SyncPolicy(FoldingPolicy):
+class SyncPolicy:
     """Runs replica syncs for a ``DMPCollection`` according to ``SyncOptions``."""
 
     def __init__(
@@ -57,9 +65,8 @@ class SyncPolicy(FoldingPolicy):
     ) -> None:
         self.options = options or SyncOptions()
         self.channel: ReplicaChannel = channel or InWorldChannel(replica_pg)
-        """Where the averages travel (``sync.channel``): the in-world replica group, or
+        """Where the averages travel (``sync.transport.channel``): the in-world replica group, or
         torchft's managed group, whose averages wait in copies for the step's commit."""
-        self._uncommitted: list[tuple[Pending, bool, bool]] = []  # (transfer, weights, states)
         self._mc_land: Callable[[], None] | None = None  # a deferred MC merge, for ``commit``
         self.shards = shards
         self.mc = mc
@@ -83,20 +90,14 @@ class SyncPolicy(FoldingPolicy):
         self.guard = (
             FiniteGuard(named, global_pg or dist.group.WORLD) if opts.check_finite else None
         )
-        self._pending: list[Pending] = []
-        self._hidden: list[Pending] = []
-        self._verdict: Verdict | None = (
-            None  # the NaN/inf vote of the hidden sync, waited in ``land``
-        )
+        self.landing = Landing(self.engine, self.scaler, self.compressor)
+        """Started averages that have not landed (``sync.landing``)."""
         self.carrier: tuple[DdpVote, int] | None = None
-        """The DDP carrier of this policy's NaN/inf vote and its slot (``sync.ddp_vote``)."""
+        """The DDP carrier of this policy's NaN/inf vote and its slot (``sync.ddp.vote``)."""
         self.votes_carried = 0
         """Syncs whose NaN/inf vote rode DDP's gradient all-reduce (no vote of their own)."""
-        self.folds = 0
-        """Syncs whose values rode DDP's gradient all-reduce too (``sync.fold``)."""
-        self._folded: Folded | None = None
-        self._hidden_wait = 0.0
-        self._hidden_exposed = 0.0  # build + start time of the hidden sync in flight
+        self.folding = Folding(shards, opts, self.engine, self.scaler)
+        """Cadence syncs whose values ride DDP's gradient all-reduce (``sync.ddp.folding``)."""
         self._syncs = 0
         self.lookahead = False
         """Set by ``look_ahead`` (an early-lookup pipeline drives the model)."""
@@ -108,8 +109,8 @@ class SyncPolicy(FoldingPolicy):
         """Call after optimizer step ``step`` (0-based); syncs when ``step + 1`` is a multiple of N."""
         if (step + 1) % self.options.every != 0:
             return None
-        folded, self._folded = self._folded, None
-        if folded is not None and folded.step == step:  # its values rode DDP's all-reduce
+        folded = self.folding.take(step)
+        if folded is not None:  # its values rode DDP's all-reduce
             return self._land_folded(folded)
         opts = self.options
         return self._sync(
@@ -134,46 +135,35 @@ class SyncPolicy(FoldingPolicy):
     @property
     def in_flight(self) -> bool:
         """A hidden sync has started and not landed yet (the next lookup will land it)."""
-        return bool(self._hidden)
+        return bool(self.landing.hidden)
 
     def land(self) -> float:
         """Land hidden syncs: wait for their all-reduce and write the average back (exact).
 
         Runs before every fused-kernel forward; call it before reading the embeddings.
         """
-        if not self._hidden:
-            return 0.0
-        begin = time.perf_counter()
-        waited = 0.0
-        hidden, self._hidden = self._hidden, []
-        verdict, self._verdict = self._verdict, None
-        if verdict is not None:
-            try:
-                verdict.wait()
-            except SyncError:
-                self._abandon(hidden)
-                raise
-        for transfer in hidden:
-            waited += transfer.complete()
-            if transfer.kind == "states" and self.scaler is not None:
-                self.scaler.apply()
-        self._hidden_wait += waited
-        self.engine.observe(self._hidden_exposed + time.perf_counter() - begin)
-        return waited
+        return self.landing.land()
 
     @property
     def may_scan_early(self) -> bool:
         """Guarded syncs whose payload can be known before they start: the dense engine, or
         ``auto`` while dense is its home; not bf16 deltas, overlap or delayed state."""
+        return self.guard is not None and self._plain_cadence
+
+    @property
+    def _plain_cadence(self) -> bool:
+        """Cadence syncs are plain averages of values known before they start: more than one
+        replica, no managed-collision tables (merged and voted on by the sync itself), the
+        dense or auto engine, no bf16 deltas, overlap or delayed state, and no early-lookup
+        pipeline (the embedding update lands after DDP's backward)."""
         opts = self.options
         return (
-            self.guard is not None
-            and self.num_replicas > 1
-            and self.mc is None  # MC rows are voted on by the sync itself
+            self.num_replicas > 1
+            and self.mc is None
             and opts.engine in ("dense", "auto")
             and self.compressor is None
             and not (opts.overlap or opts.delayed_optimizer_state)
-            and not self.lookahead  # the embedding update lands after DDP's backward
+            and not self.lookahead
         )
 
     def early_scan(self) -> tuple[list[torch.Tensor], bool] | None:
@@ -201,7 +191,7 @@ class SyncPolicy(FoldingPolicy):
     @property
     def uncommitted(self) -> bool:
         """Averages of a deferred channel wait for the step's commit (``commit``/``discard``)."""
-        return bool(self._uncommitted) or self._mc_land is not None
+        return bool(self.landing.uncommitted) or self._mc_land is not None
 
     def commit(self) -> None:
         """The step committed: write the averages held in copies back into the shards."""
@@ -210,20 +200,12 @@ class SyncPolicy(FoldingPolicy):
             land()
         if self.scaler is not None:  # c = the replicas averaged: under FT, the quorum's
             self.scaler.factor = float(getattr(self.channel, "size", self.num_replicas))
-        pending, self._uncommitted = self._uncommitted, []
-        for transfer, weights, states in pending:
-            transfer.complete()
-            self.engine.synced(weights=weights, states=states)
-            if states and self.scaler is not None:
-                self.scaler.apply()
+        self.landing.commit()
 
     def discard(self) -> None:
         """The step failed its commit: drop the averages, every shard keeps its own values."""
         self._mc_land = None
-        pending, self._uncommitted = self._uncommitted, []
-        self._abandon([transfer for transfer, _, _ in pending])
-        if pending:  # groups that committed it hold other values in its rows
-            self.engine.diverged()
+        self.landing.discard()
 
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
         self.land()
@@ -240,13 +222,7 @@ class SyncPolicy(FoldingPolicy):
 
     def finish(self) -> float:
         """Land transfers still in flight (hide/overlap/delay); return seconds spent waiting."""
-        waited = self.land()
-        pending, self._pending = self._pending, []
-        for transfer in pending:
-            waited += transfer.complete()
-            if transfer.kind == "states" and self.scaler is not None:
-                self.scaler.apply()
-        return waited
+        return self.landing.finish()
 
     def measure_divergence(self) -> float:
         """Relative L2 distance of this replica to the replica mean (a small collective)."""
@@ -266,6 +242,40 @@ class SyncPolicy(FoldingPolicy):
         if self.channel.deferred:  # loaded values (a heal) may differ from the others' anywhere
             self.engine.diverged()
 
+    # ---- folding into DDP's all-reduce (``sync.ddp.fold``: ``Foldable``) ---------------
+    @property
+    def may_fold(self) -> bool:
+        """Cadence syncs may ride DDP's all-reduce: plain averages (dense or auto engine; no
+        user all-reduce hook, bf16 deltas, overlap or delayed state)."""
+        return self.hook is None and self._plain_cadence
+
+    @property
+    def folds(self) -> int:
+        """Syncs whose values rode DDP's gradient all-reduce too."""
+        return self.folding.folds
+
+    def fold_numel(self, dtype: torch.dtype) -> int:
+        return self.folding.numel(dtype)
+
+    def fold_due(self, step: int) -> bool:
+        return self.folding.due(step)
+
+    def fold_begin(self, step: int) -> Folded | None:
+        """Begin cadence sync ``step`` as a fold (``step()`` lands it); None when this policy
+        cannot fold now."""
+        return self.folding.begin(step, self._open) if self.may_fold else None
+
+    def _land_folded(self, folded: Folded) -> SyncReport:
+        if folded.error is not None:
+            raise folded.error
+        carried = self._take_vote(folded.states)
+        if self.guard is not None:
+            if carried is None:
+                raise RuntimeError(f"sync of step {folded.step}: folded, but no vote came back")
+            self.votes_carried += 1
+            carried.settle(self.guard, folded.step, folded.states)
+        return self.folding.land(folded)
+
     # ---- internals -------------------------------------------------------------------
     def _sync(
         self,
@@ -276,98 +286,70 @@ class SyncPolicy(FoldingPolicy):
         async_states: bool,
         hide: bool = False,
     ) -> SyncReport:
-        self._folded = None  # never landed (another policy's sync raised first): stale
+        """Open (land earlier transfers, divergence), managed-collision tables, plan, build
+        every payload, vote on NaN/inf, start the averages, then land each part where the
+        plan says."""
+        self.folding.forget()
         if self.num_replicas == 1:
             return SyncReport(step=step, bytes=0, seconds=0.0)
         self.engine.track_rows(True)  # after folds: every row counts as touched
-        start = time.perf_counter()
-        waited = self.finish()
-        landed, self._hidden_wait = self._hidden_wait, 0.0  # the last hidden sync's wait
-        self._syncs += 1
-        divergence = None
-        every = self.options.divergence_every
-        if every and self._syncs % every == 0:
-            divergence = self.measure_divergence()
-        mc_bytes = self._sync_mc(step)
+        opening = self._open(step)
+        moved = self._sync_mc(step)
         if self.mc is not None and not self.shards:  # MC tables only: nothing else to send
-            return SyncReport(
-                step=step,
-                bytes=mc_bytes,
-                seconds=time.perf_counter() - start + landed,
-                divergence=divergence,
-                wait_seconds=waited + landed,
-            )
-        if states and async_weights == async_states:
-            # One payload for both kinds: one collective per dtype, as few copies as possible.
-            parts = [("all", True, True, async_weights)]
-        else:
-            parts = [("weights", True, False, async_weights)]
-            parts += [("states", False, True, async_states)] if states else []
-        built = time.perf_counter()
-        # Live views may be averaged in place unless the payload must stay a private copy:
-        # compression rewrites it, an overlapped transfer runs while training writes shards.
-        in_place = (
-            self.compressor is None
-            and not self.channel.deferred
-            and not any(async_op for *_, async_op in parts)
+            return opening.report(moved)
+        plan = plan_sync(
+            states=states,
+            async_weights=async_weights,
+            async_states=async_states,
+            hide=hide,
+            copies=self.compressor is not None or self.channel.deferred,
         )
+        built = time.perf_counter()
         with torch.no_grad():  # every payload before any transfer: the guard sees them all
             payloads = [
-                self.engine.payload(weights=w, states=s, in_place=in_place) for _, w, s, _ in parts
+                self.engine.payload(weights=p.weights, states=p.states, in_place=plan.in_place)
+                for p in plan.parts
             ]
-        verdict = None
-        carried = self.carrier[0].take(self.carrier[1], states) if self.carrier else None
-        if self.guard is not None and carried is not None:  # voted in DDP's all-reduce
+        verdict = self._vote(step, states, payloads)
+        started = [self._begin(p, payload) for p, payload in zip(plan.parts, payloads, strict=True)]
+        self.landing.await_vote(verdict, plan, [pending for pending, _ in started])
+        for part, (pending, sent) in zip(plan.parts, started, strict=True):
+            self.landing.place(part, pending, plan, deferred=self.channel.deferred)
+            moved += sent
+        self.landing.observe(built)
+        return opening.report(moved)
+
+    def _open(self, step: int) -> Opening:
+        """Begin a sync (or a fold): land what is in flight, measure divergence when due."""
+        began = time.perf_counter()
+        waited = self.finish()
+        landed = self.landing.take_hidden_wait()
+        self._syncs += 1
+        every = self.options.divergence_every
+        divergence = self.measure_divergence() if every and self._syncs % every == 0 else None
+        return Opening(step, waited, landed, divergence, began)
+
+    def _take_vote(self, states: bool) -> CarriedVote | None:
+        """This sync's NaN/inf vote, if it rode DDP's all-reduce (``sync.ddp.vote``)."""
+        return self.carrier[0].take(self.carrier[1], states) if self.carrier else None
+
+    def _vote(self, step: int, states: bool, payloads: list[Payload]) -> Verdict | None:
+        """The job-wide NaN/inf vote on what this sync sends: settled now when it rode DDP's
+        all-reduce or the payloads are live views (nothing is sent before the job agrees);
+        else started, for ``Landing.await_vote``."""
+        carried = self._take_vote(states)
+        if self.guard is None:
+            return None
+        if carried is not None:  # voted in DDP's all-reduce
             self.votes_carried += 1
             carried.settle(self.guard, step, states)
-        elif self.guard is not None:
-            buffers = [b for p in payloads for b in p.buffers]
-            verdict = self.guard.start(step, buffers, weights=True, states=states)
-            if any(p.in_place for p in payloads):  # nothing is sent before the job agrees
-                verdict.wait()
-                verdict = None
-        started = [
-            self._begin(key, payload, states=s, async_op=async_op)
-            for (key, _, s, async_op), payload in zip(parts, payloads, strict=True)
-        ]
-        hide = hide and not any(async_op for *_, async_op in parts)
-        if verdict is not None and hide:  # voted on in the background too; ``land`` waits
-            self._verdict = verdict
-        elif verdict is not None:  # the averages landed in copies only; write back if finite
-            try:
-                verdict.wait()
-            except SyncError:
-                self._abandon([pending for pending, _ in started])
-                raise
-        moved = mc_bytes
-        for (_, w, s, async_op), (pending, sent) in zip(parts, started, strict=True):
-            moved += sent
-            if async_op:  # tracking restarts now: updates from here on are the next delta
-                self.engine.synced(weights=w, states=s)
-                self._pending.append(pending)
-                continue
-            if hide:  # lands as is before the next lookup (``land``): exact
-                self.engine.synced(weights=w, states=s)
-                self._hidden.append(pending)
-                continue
-            if self.channel.deferred:  # written back by ``commit`` once the step commits
-                self._uncommitted.append((pending, w, s))
-                continue
-            pending.complete()
-            self.engine.synced(weights=w, states=s)
-            if s and self.scaler is not None:
-                self.scaler.apply()
-        if self._hidden:  # the rest of its exposed time is the landing wait (``land``)
-            self._hidden_exposed = time.perf_counter() - built
-        else:
-            self.engine.observe(time.perf_counter() - built)
-        return SyncReport(
-            step=step,
-            bytes=moved,
-            seconds=time.perf_counter() - start + landed,
-            divergence=divergence,
-            wait_seconds=waited + landed,
-        )
+            return None
+        buffers = [b for p in payloads for b in p.buffers]
+        verdict = self.guard.start(step, buffers, weights=True, states=states)
+        if any(p.in_place for p in payloads):
+            verdict.wait()
+            return None
+        return verdict
 
     def _sync_mc(self, step: int) -> int:
         """Managed-collision tables first, blocking: a job-wide NaN/inf vote on every table
@@ -384,27 +366,20 @@ class SyncPolicy(FoldingPolicy):
             sent, self._mc_land = self.mc.prepare()
             return sent
 
-    def _begin(
-        self, key: str, payload: Payload, *, states: bool, async_op: bool
-    ) -> tuple[Pending, int]:
+    def _begin(self, part: Part, payload: Payload) -> tuple[Pending, int]:
         """Start averaging one payload into its copy buffers; nothing is written back until
         ``Pending.complete``. Returns the transfer and the bytes it sends."""
+        key = part.key
         with torch.no_grad():
-            snapshot = [b.clone() for b in payload.buffers] if async_op else None
+            snapshot = [b.clone() for b in payload.buffers] if part.background else None
             sent = (
                 self.compressor.wire_bytes(key, payload.buffers)
                 if self.compressor is not None
                 else payload.bytes
             ) + metadata_bytes(self.engine)
             reduction = self._start(key, payload.buffers, async_op=True)
-        return Pending(payload, reduction, snapshot, "states" if states else "weights"), sent
-
-    def _abandon(self, started: list[Pending]) -> None:
-        """Drain refused transfers without writing back (the process groups stay usable)."""
-        for pending in started:
-            pending.reduction.wait()
-        if self.compressor is not None:  # its references took the refused averages
-            self.compressor.reset()
+        kind = "states" if part.states else "weights"
+        return Pending(payload, reduction, snapshot, kind), sent
 
     def _start(self, key: str, buffers: list[torch.Tensor], async_op: bool) -> Reduction:
         if self.compressor is not None:

@@ -49,15 +49,15 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.patches import glibc_malloc
-from sparse2d.sync.collectives import AllReduceHook, average_
-from sparse2d.sync.finite import all_finite
 from sparse2d.sync.fully_sharded.slices import (
     FlatSlice,
     Kernel,
     slice_kernels,
 )
+from sparse2d.sync.guard import all_finite
 from sparse2d.sync.policy import SyncReport
-from sparse2d.sync.tensors import ShardState, live_tensors
+from sparse2d.sync.shards import ShardState, live_tensors
+from sparse2d.sync.transport.collectives import AllReduceHook, average_
 
 logger = logging.getLogger(__name__)
 _INSTANCES = itertools.count()

@@ -12,7 +12,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.tensors import ShardState
+from sparse2d.sync.shards import ShardState
 
 STATE_PREFIXES = ("momentum1", "momentum2")
 """FBGEMM's flat optimizer-state buffers (each ``{prefix}_{dev,host,uvm}``)."""

@@ -16,7 +16,7 @@ import torch.nn as nn
 from sparse2d.sync.mc.sync import ManagedCollisionSync, identity_buffers
 from sparse2d.sync.mc.tables import find_mc_tables
 from sparse2d.sync.mc.zch_sync import find_zch_tables, zch_identity_buffers
-from sparse2d.sync.tensors import ShardState
+from sparse2d.sync.shards import ShardState
 
 __all__ = ["ManagedCollisionSync", "mc_identity_buffers", "mc_sync_for", "plain_shards"]
 

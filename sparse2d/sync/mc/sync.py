@@ -23,7 +23,7 @@ import torch.distributed as dist
 from sparse2d.sync.mc.merge import Identity, Merged, merge
 from sparse2d.sync.mc.tables import MCTable
 from sparse2d.sync.mc.zch_sync import ZchTable, merge_zch, pack, sync_zch
-from sparse2d.sync.tensors import ShardState, by_dtype
+from sparse2d.sync.shards import ShardState, by_dtype
 
 
 def _metadata_keys(table: MCTable) -> list[str]:
@@ -70,8 +70,8 @@ class ManagedCollisionSync:
         """MP-ZCH tables (``sync.mc.zch_sync``): merged TorchRec's way, rows averaged here."""
         self.replica_pg = replica_pg
         self.channel = channel
-        """A managed channel (``sync.channel.ManagedChannel``: torchft's quorum) instead of
-        ``replica_pg``; None: the replica process group."""
+        """A managed channel (``sync.transport.channel.ManagedChannel``: torchft's quorum)
+        instead of ``replica_pg``; None: the replica process group."""
         self.baselines: list[Identity | None] = [None] * len(tables)
         self.last_seconds = 0.0
 

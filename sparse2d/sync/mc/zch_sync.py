@@ -24,7 +24,7 @@ from torchrec.distributed.mc_modules import ShardedManagedCollisionCollection
 from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
 
 from sparse2d.patches.torchrec_hash_mc_modules import zch_insert
-from sparse2d.sync.tensors import ShardState
+from sparse2d.sync.shards import ShardState
 
 _ALWAYS_EVICT = 2**31 - 1
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync.tensors import ShardState, flush_caches
+from sparse2d.sync.shards import ShardState, flush_caches
 
 
 class DivergenceSampler:

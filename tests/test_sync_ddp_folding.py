@@ -1,4 +1,4 @@
-"""The sync policy's side of folding (``sparse2d.sync.fold_policy``) on a real 2x2 gloo mesh:
+"""The sync policy's side of folding (``sparse2d.sync.ddp.folding``) on a real 2x2 gloo mesh:
 which settings may ride DDP's all-reduce, and what a fold names and lands."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync import fold
-from sparse2d.sync.tensors import live_tensors
+from sparse2d.sync.ddp import fold
+from sparse2d.sync.shards import live_tensors
 from tests.models import adagrad_2d
 
 SETTINGS = {
@@ -38,7 +38,7 @@ def check_may_fold() -> dict:
                 "due": [policy.fold_due(s) for s in range(4)],
                 "numel": policy.fold_numel(fold.FOLD_DTYPE) == sum(t.numel() for t in live),
             }
-            policy._folded = None  # begun by hand, never landed: not a sync to land
+            policy.folding.forget()  # begun by hand, never landed: not a sync to land
     return out
 
 

@@ -12,13 +12,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync.auto import AutoEngine
-from sparse2d.sync.choice import DENSE, SPARSE
-from sparse2d.sync.cost import LinkCosts, probe
-from sparse2d.sync.engine import DenseEngine
+from sparse2d.sync.engines.auto import AutoEngine
+from sparse2d.sync.engines.choice import DENSE, SPARSE
+from sparse2d.sync.engines.cost import LinkCosts, probe
+from sparse2d.sync.engines.dense import DenseEngine
 from sparse2d.sync.policy import SyncOptions, SyncPolicy
 from tests.models import SPARSE_SYNC_TABLES, train
-from tests.test_sync_sparse import _assert_replicas_equal, _assert_same, _model, _policy
+from tests.test_sync_engines_sparse import _assert_replicas_equal, _assert_same, _model, _policy
 
 TABLES = SPARSE_SYNC_TABLES
 

@@ -1,15 +1,15 @@
-"""The replica channel (``sparse2d.sync.channel``) on a real 2x2 gloo mesh: a deferred channel
-averages into copies; ``commit`` writes the average back, ``discard`` keeps each replica's own
-values. (torchft's managed channel runs in tests/test_ft_replica.py.)"""
+"""The replica channel (``sparse2d.sync.transport.channel``) on a real 2x2 gloo mesh: a
+deferred channel averages into copies; ``commit`` writes the average back, ``discard`` keeps
+each replica's own values. (torchft's managed channel runs in tests/test_ft_replica.py.)"""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync.channel import InWorldChannel
 from sparse2d.sync.policy import SyncPolicy
-from sparse2d.sync.tensors import live_tensors
+from sparse2d.sync.shards import live_tensors
+from sparse2d.sync.transport.channel import InWorldChannel
 from tests.models import adagrad_2d
 
 

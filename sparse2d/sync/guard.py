@@ -9,13 +9,13 @@ replica group, whose peers would otherwise wait in their next collective)
 raises ``SyncError`` naming the tables and global ranks, and no averaged value
 has been written back.
 
-Where the payload is known before the sync (dense payloads), the vote rides DDP's
-gradient all-reduce instead and the sync runs at the end of the backward
-(``sparse2d.sync.ddp_vote``): no collective of its own. Otherwise the vote is hidden: it runs in the background while the
-payload is averaged into its copy buffers (which is harmless, nothing live
-changes), and the policy waits for it before writing back. A separate blocking
-world all-reduce cost 3 ms per sync on the loaded 4-process CPU test box, as
-much as a whole sync of small tables.
+Where the payload is known before the sync (dense payloads), the vote rides DDP's gradient
+all-reduce instead and the sync runs at the end of the backward
+(``sparse2d.sync.ddp.vote``): no collective of its own. Otherwise the vote is hidden: it
+runs in the background while the payload is averaged into its copy buffers (which is
+harmless, nothing live changes), and the policy waits for it before writing back. A separate
+blocking world all-reduce cost 3 ms per sync on the loaded 4-process CPU test box, as much
+as a whole sync of small tables.
 
 The scan is one ``sum`` per payload buffer: a finite sum proves every element
 finite (a NaN or inf always makes the sum non-finite). Only a non-finite sum,
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.errors import SyncError
-from sparse2d.sync.tensors import ShardState
+from sparse2d.sync.shards import ShardState
 
 
 def all_finite(tensor: torch.Tensor) -> bool:

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from sparse2d import DMPCollection, SyncError
-from sparse2d.sync.finite import all_finite
+from sparse2d.sync.guard import all_finite
 from sparse2d.sync.policy import SyncOptions
 from tests.models import MIXED_TABLES, adagrad_2d, train
 
@@ -24,7 +24,7 @@ def check_poisoned_sync(where: str, value: float, options: dict) -> dict:
     """Train a little with syncs, poison one row on one rank, sync: every rank must raise."""
     options = dict(options)
     if options.pop("in_place", False):  # average the live views, whatever their size
-        from sparse2d.sync import engine
+        from sparse2d.sync.engines import base as engine
 
         saved, engine.IN_PLACE_MIN_BYTES = engine.IN_PLACE_MIN_BYTES, 0
         try:

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from sparse2d.sync.collectives import AllReduceHook
-from sparse2d.sync.overlap import Reduction, start_average
-from sparse2d.sync.tensors import by_dtype
+from sparse2d.sync.shards import by_dtype
+from sparse2d.sync.transport.collectives import AllReduceHook
+from sparse2d.sync.transport.transfer import Reduction, start_average
 
 
 class InWorldChannel:

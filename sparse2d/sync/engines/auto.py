@@ -6,7 +6,7 @@ all-reduce, plus a scan of the row stamps and indexed copies. On small shards
 those collectives cost more than the bytes they save (the main job: 14.4 ms vs
 6.9 ms per sync); on large, sparsely touched shards they save 60x.
 
-How it decides (``sync.choice``): the start-up ``LinkCosts`` and the expected union per
+How it decides (``sync.engines.choice``): the start-up ``LinkCosts`` and the expected union per
 shard give each mode's modelled seconds; per mode, a fit of its own measured syncs turns
 that into a prediction (``fixed + slope x modelled``); the cheaper mode is home, switched with
 hysteresis; the other mode is re-measured now and then while predicted within 2x.
@@ -36,18 +36,18 @@ import time
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync.choice import DENSE, SPARSE, ModeChooser
-from sparse2d.sync.cost import LinkCosts, probe
-from sparse2d.sync.engine import DenseEngine, Payload, SyncEngine
-from sparse2d.sync.sparse import (
+from sparse2d.sync.engines.base import Payload, SyncEngine
+from sparse2d.sync.engines.choice import DENSE, SPARSE, ModeChooser
+from sparse2d.sync.engines.cost import LinkCosts, probe
+from sparse2d.sync.engines.dense import DenseEngine
+from sparse2d.sync.engines.rows import row_bytes, row_payload
+from sparse2d.sync.engines.sparse import (
     STATES,
     WEIGHTS,
     SparseEngine,
     SparseStats,
-    _build_payload,
-    _row_bytes,
 )
-from sparse2d.sync.tensors import ShardState, flush_caches, live_tensors
+from sparse2d.sync.shards import ShardState, flush_caches, live_tensors
 
 SAMPLE_EVERY = 8
 """Dense syncs carry touched counts and the last sync's time (the tail) once in this many,
@@ -96,7 +96,7 @@ class AutoEngine(SparseEngine):
         key = tuple(kinds)
         if key not in self._entry_cache:
             self._entry_cache[key] = [
-                (i, kind, shard.rows, sum(_row_bytes(t) for t in tensors))
+                (i, kind, shard.rows, sum(row_bytes(t) for t in tensors))
                 for i, shard in enumerate(self.shards)
                 for kind, tensors in self._kinds(shard, WEIGHTS in kinds, STATES in kinds)
             ]
@@ -140,13 +140,13 @@ class AutoEngine(SparseEngine):
         buffers = max(1, len(self._dtypes(kinds)))
         dense = c.dense_s(sum(r * b for _, _, r, b in entries), buffers) + scan
         rest, unions = scan, False
-        for i, kind, rows, row_bytes in entries:
+        for i, kind, rows, width in entries:
             union = self._union.get((i, kind))
             if union is None:
                 return {DENSE: dense, SPARSE: None}
-            whole = c.dense_s(rows * row_bytes, 0)
+            whole = c.dense_s(rows * width, 0)
             if union <= self.crossover * rows:
-                rest += min(c.rows_s(union * row_bytes) + 4 * union * c.wire_s_per_byte, whole)
+                rest += min(c.rows_s(union * width) + 4 * union * c.wire_s_per_byte, whole)
                 unions = unions or union > 0
             else:
                 rest += whole
@@ -255,12 +255,12 @@ class AutoEngine(SparseEngine):
                 spread = max(0.0, second - first * first) ** 0.5
                 self._refine(previous, max(0.0, first - (self._replicas - 1) ** 0.5 * spread))
 
-        return _build_payload(tensors, tail, landed, pool=(self.pool, tuple(kinds)))
+        return row_payload(tensors, tail, landed, pool=(self.pool, tuple(kinds)))
 
 
 def make_engine(kind: str, shards: list[ShardState], replica_pg: dist.ProcessGroup) -> SyncEngine:
     """``dense``: every row. ``sparse``: touched rows only, never dense. ``auto``: per sync the
-    cheaper of the two by a cost model measured over the replica group (``sync.auto``)."""
+    cheaper of the two by a cost model measured over the replica group (``sync.engines.auto``)."""
     if kind == "dense":
         return DenseEngine(shards, replica_pg)
     if kind == "auto":

@@ -1,5 +1,8 @@
 """Averaging transfers that may run in the background, with delta correction on landing.
 
+Every sync lands through a ``Pending``; the overlap variant (``SyncOptions.overlap``,
+delayed optimizer state) is a transfer that carries a snapshot.
+
 A transfer averages a payload's buffers over the replica group. Started
 asynchronously at sync point k and completed at sync point k+1, the replicas
 keep training meanwhile, so landing the plain average would erase those
@@ -17,8 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync.collectives import AllReduceHook
-from sparse2d.sync.engine import Payload
+from sparse2d.sync.engines.base import Payload
+from sparse2d.sync.transport.collectives import AllReduceHook
 
 
 class Reduction:

@@ -29,7 +29,7 @@ import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.tensors import ShardState
+from sparse2d.sync.shards import ShardState
 
 ACCUMULATING = (
     EmbOptimType.EXACT_ADAGRAD,

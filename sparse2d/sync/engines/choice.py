@@ -1,7 +1,7 @@
 """Which mode the next sync of ``engine="auto"`` runs: the decision alone.
 
 No tensors and no collectives: fed the same agreed numbers, every replica makes the same
-choice (``sync.auto`` makes sure the numbers are agreed). Per mode, a ``CostFit`` learns the
+choice (``sync.engines.auto`` makes sure the numbers are agreed). Per mode, a ``CostFit`` learns the
 measured seconds as ``fixed + slope x modelled``: the start-up probe prices bytes well but
 fixed costs (collective latency on a busy host, Python, small kernels) badly, and those do not
 scale with the bytes; a single measured/modelled ratio learnt at one union size was off by

@@ -21,7 +21,7 @@ Per shard, at each ``payload``:
 ``crossover`` is the touched fraction above which a shard is synced densely
 (``DEFAULT_CROSSOVER``, measured by ``bench/sparse_sync_bench.py``; see
 ``bench/RESULTS.md``). ``SyncOptions.engine="sparse"`` means ``crossover=1.0``
-(never dense); ``"auto"`` is ``sync.auto.AutoEngine``, which derives the crossover
+(never dense); ``"auto"`` is ``sync.engines.auto.AutoEngine``, which derives the crossover
 from measured costs and also picks a plain dense sync when that is cheaper.
 
 Delayed optimizer state and overlap: each kind keeps its own ``base``
@@ -44,7 +44,6 @@ next agreement dense everywhere: the flag rides with the counts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -52,12 +51,13 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.engine import BufferPool, Payload, SyncEngine
-from sparse2d.sync.tensors import ShardState, flush_caches
-from sparse2d.sync.touched import TouchedRows
+from sparse2d.sync.engines.base import Payload, SyncEngine
+from sparse2d.sync.engines.rows import row_bytes, row_payload
+from sparse2d.sync.engines.touched import TouchedRows
+from sparse2d.sync.shards import ShardState, flush_caches
 
 if TYPE_CHECKING:
-    from sparse2d.sync.channel import ManagedChannel
+    from sparse2d.sync.transport.channel import ManagedChannel
 
 DEFAULT_CROSSOVER = 0.5
 """Union fraction of a shard's rows above which it is synced densely. Measured with
@@ -155,7 +155,7 @@ class SparseEngine(SyncEngine):
                 rows = self.tracker.count_since(i, self._base[kind])
                 if shard.rows and rows > self.crossover * shard.rows:
                     rows = shard.rows
-                total += sum(rows * _row_bytes(t) for t in tensors)
+                total += sum(rows * row_bytes(t) for t in tensors)
         return total
 
     # ---- SyncEngine ---------------------------------------------------------------------
@@ -180,7 +180,7 @@ class SparseEngine(SyncEngine):
                     if selected is None or selected.numel() > 0:
                         entries += [(t, selected) for t in tensors]
         self.stats = stats
-        return _build_payload(entries, pool=(self.pool, tuple(kinds)))
+        return row_payload(entries, pool=(self.pool, tuple(kinds)))
 
     def synced(self, weights: bool, states: bool) -> None:
         """Advance each synced kind's base to the cut of its payload; under ``lookahead``
@@ -343,82 +343,3 @@ class SparseEngine(SyncEngine):
             result[key] = torch.nonzero(bitmap[offset : offset + size]).squeeze(1)
             offset += size
         return bitmap.numel()
-
-
-def _row_bytes(tensor: torch.Tensor) -> int:
-    return _row_numel(tensor) * tensor.element_size()
-
-
-def _build_payload(
-    entries: list[tuple[torch.Tensor, torch.Tensor | None]],
-    tail: torch.Tensor | None = None,
-    on_tail: Callable[[torch.Tensor], None] | None = None,
-    pool: tuple[BufferPool, object] | None = None,
-) -> Payload:
-    """One contiguous buffer per dtype of the selected rows (all rows where ``None``).
-
-    Rows are gathered straight into the buffer (``index_select(out=...)``): one copy.
-    ``tail`` (fp32, needs an fp32 entry) rides at the end of the fp32 buffer: it is averaged
-    with the rows at no extra collective, never written to a shard, and ``scatter`` hands its
-    averaged value to ``on_tail``.
-    """
-    groups: dict[torch.dtype, list[tuple[torch.Tensor, torch.Tensor | None, int, int]]] = {}
-    sizes: dict[torch.dtype, int] = {}
-    for tensor, rows in entries:
-        count = tensor.shape[0] if rows is None else rows.numel()
-        n = count * _row_numel(tensor)
-        offset = sizes.get(tensor.dtype, 0)
-        groups.setdefault(tensor.dtype, []).append((tensor, rows, offset, count))
-        sizes[tensor.dtype] = offset + n
-    if tail is not None and torch.float32 not in sizes:
-        raise ConfigError(
-            "a payload tail rides on the fp32 buffer; this payload has none: pass tail=None "
-            "or include an fp32 tensor in entries"
-        )
-    extra = {torch.float32: tail.numel()} if tail is not None else {}
-
-    def gather(pooled: bool = False) -> list[torch.Tensor]:
-        buffers = []
-        for dtype, group in groups.items():
-            numel, device = sizes[dtype] + extra.get(dtype, 0), group[0][0].device
-            flat = (
-                pool[0].take(pool[1], numel, dtype, device)
-                if pooled and pool is not None
-                else torch.empty(numel, dtype=dtype, device=device)
-            )
-            if all(rows is None for _, rows, _, _ in group):  # whole tensors: one concatenation
-                parts = [tensor.reshape(-1) for tensor, *_ in group]
-                if dtype in extra and tail is not None:
-                    parts.append(tail.to(dtype))
-                buffers.append(torch.cat(parts, out=flat))
-                continue
-            for tensor, rows, offset, count in group:
-                chunk = flat[offset : offset + count * _row_numel(tensor)]
-                chunk = chunk.view(count, *tensor.shape[1:])
-                if rows is None:
-                    chunk.copy_(tensor)
-                else:
-                    torch.index_select(tensor, 0, rows, out=chunk)
-            if dtype in extra and tail is not None:
-                flat[sizes[dtype] :].copy_(tail)
-            buffers.append(flat)
-        return buffers
-
-    def scatter(values: list[torch.Tensor]) -> None:
-        with torch.no_grad():
-            for (dtype, group), flat in zip(groups.items(), values, strict=True):
-                for tensor, rows, offset, count in group:
-                    chunk = flat[offset : offset + count * _row_numel(tensor)]
-                    chunk = chunk.view(count, *tensor.shape[1:]).to(tensor.dtype)
-                    if rows is None:
-                        tensor.copy_(chunk)
-                    else:
-                        tensor.index_copy_(0, rows, chunk)
-                if dtype in extra and on_tail is not None:
-                    on_tail(flat[sizes[dtype] :].clone())
-
-    return Payload(buffers=gather(pooled=True), scatter=scatter, gather=gather)
-
-
-def _row_numel(tensor: torch.Tensor) -> int:
-    return tensor.numel() // max(tensor.shape[0], 1)

@@ -1,7 +1,7 @@
 """The NaN/inf vote of a sync, carried by the DDP gradient all-reduce, and the sync run
 right after it, at the end of the backward.
 
-The guard's own vote (``sparse2d.sync.finite``) is one more world collective per sync. On
+The guard's own vote (``sparse2d.sync.guard``) is one more world collective per sync. On
 the 2-core gloo box that cost the main job 7% of its step time: not the few bytes, but one
 more point per step where every rank of the job waits for the slowest. Every step already
 has such a point: DDP's gradient all-reduce of the dense parameters, over the same world.
@@ -9,7 +9,7 @@ So on a backward that a sync follows (``armed`` by the cadence), DDP's last buck
 for the backward's final callback, which scans the values the sync will send and appends
 three numbers per sync policy: "I hold a NaN/inf", "I could not scan" (the touched-rows
 engine, bf16 deltas, overlap: those policies vote in their sync as before, on every rank
-alike) and "I folded". A small sync's values ride along too (``sparse2d.sync.fold``: its
+alike) and "I folded". A small sync's values ride along too (``sparse2d.sync.ddp.fold``: its
 replica average comes out of the same all-reduce, no collective of its own). Then, still
 in that callback, ``on_voted`` runs the sync (or writes the folded average back), so
 nothing can change a scanned value before it is sent: a value written after the backward
@@ -40,8 +40,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from sparse2d.sync.finite import FiniteGuard, all_finite, raise_non_finite
-from sparse2d.sync.fold import FOLD_DTYPE, Foldable, Folded, FoldSlot, plan_folds, write_slot
+from sparse2d.sync.ddp.fold import FOLD_DTYPE, Foldable, Folded, FoldSlot, plan_folds, write_slot
+from sparse2d.sync.guard import FiniteGuard, all_finite, raise_non_finite
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class DdpVote:
         self.sync_step = 0
         """The step whose cadence sync the armed backward runs."""
         self.slots: list[FoldSlot | None] = [None] * len(self.policies)
-        """Per policy, its place in a folded all-reduce (``sync.fold``); None = not folded."""
+        """Per policy, its place in a folded all-reduce (``sync.ddp.fold``); None = not folded."""
         self.backwards = 0
         """Backwards that reached the hook (the same count on every rank)."""
         self._votes: list[CarriedVote | None] = [None] * len(self.policies)

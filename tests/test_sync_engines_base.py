@@ -1,11 +1,12 @@
-"""``sync.engine`` helpers without a process group: flat views over live shards, buffer pool."""
+"""``sync.engines.base`` helpers without a process group: flat views over live shards,
+buffer pool."""
 
 from __future__ import annotations
 
 import torch
 
-from sparse2d.sync import engine
-from sparse2d.sync.engine import BufferPool, flat_views, in_place_payload
+from sparse2d.sync.engines import base as engine
+from sparse2d.sync.engines.base import BufferPool, flat_views, in_place_payload
 
 
 def test_flat_views_merge_adjacent_tensors_of_one_storage() -> None:

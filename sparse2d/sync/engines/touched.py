@@ -27,7 +27,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 from torch.utils.hooks import RemovableHandle
 
-from sparse2d.sync.tensors import ShardState
+from sparse2d.sync.shards import ShardState
 
 
 class TouchedRows:

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from sparse2d.sync.tensors import by_dtype
+from sparse2d.sync.shards import by_dtype
 
 AllReduceHook = Callable[[list[torch.Tensor], dist.ProcessGroup], None]
 """A user all-reduce: averages the given same-dtype tensors in place over the given group."""

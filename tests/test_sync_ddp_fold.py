@@ -1,4 +1,4 @@
-"""Replica syncs folded into DDP's gradient all-reduce (``sparse2d.sync.fold``) on a real
+"""Replica syncs folded into DDP's gradient all-reduce (``sparse2d.sync.ddp.fold``) on a real
 2x2 gloo mesh (world 4, L=2): equal to TorchRec's 1D DMP and to the unfolded sync,
 replicas bit-identical, and a NaN refused with nothing written."""
 
@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d import DMPCollection, SyncError
-from sparse2d.sync import fold
+from sparse2d.sync.ddp import fold
 from tests.models import (
     MIXED_TABLES,
     adagrad_2d,

@@ -1,4 +1,4 @@
-"""``sync.choice``: the decision of ``engine="auto"`` alone, on simulated workloads whose
+"""``sync.engines.choice``: the decision of ``engine="auto"`` alone, on simulated workloads whose
 real costs differ from the model (no process group; measurements land one sync late, like
 the engine's piggybacked times)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparse2d.sync.choice import DENSE, EXPLORE_RATIO, SPARSE, CostFit, ModeChooser
+from sparse2d.sync.engines.choice import DENSE, EXPLORE_RATIO, SPARSE, CostFit, ModeChooser
 
 
 def _simulate(model: dict[str, float], true: dict[str, float], syncs: int) -> tuple[list, dict]:

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync.collectives import AllReduceHook
-from sparse2d.sync.overlap import Reduction, start_average
+from sparse2d.sync.transport.collectives import AllReduceHook
+from sparse2d.sync.transport.transfer import Reduction, start_average
 
 if TYPE_CHECKING:
-    from sparse2d.sync.channel import ManagedChannel
+    from sparse2d.sync.transport.channel import ManagedChannel
 
 
 @dataclass(slots=True)

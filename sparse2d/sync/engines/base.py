@@ -4,7 +4,8 @@ An engine turns the live shards into a ``Payload``: contiguous buffers that are
 safe to all-reduce (also asynchronously, also in reduced precision), plus
 ``scatter`` to write averaged values back and ``gather`` to re-read the live
 values at the same positions (for overlapped sync's delta correction).
-``DenseEngine`` covers every row; the sparse engine covers touched rows only.
+``engines.dense`` covers every row, ``engines.sparse`` touched rows only and
+``engines.auto`` picks between them per sync.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync.tensors import ShardState, by_dtype, flush_caches, live_tensors
+from sparse2d.sync.shards import ShardState
 
 
 @dataclass(slots=True)
@@ -148,46 +149,6 @@ class SyncEngine(ABC):
         """Tensors covering every value the next sync of (weights, states) may send, known
         before it starts (for the NaN/inf vote carried by DDP); None when unknown."""
         return None
-
-
-class DenseEngine(SyncEngine):
-    """Every row of every shard: one flat buffer per dtype and kind."""
-
-    def early_scan(self, weights: bool, states: bool) -> list[torch.Tensor] | None:
-        flush_caches(self.shards)
-        live = live_tensors(self.shards, weights, states)
-        return flat_views(live) or live
-
-    def payload(self, weights: bool, states: bool, in_place: bool = False) -> Payload:
-        flush_caches(self.shards)
-        live = live_tensors(self.shards, weights, states)
-        direct = in_place_payload(live) if in_place else None
-        if direct is not None:
-            return direct
-        groups = list(by_dtype(live).values())
-
-        def gather(pooled: bool = False) -> list[torch.Tensor]:
-            out = []
-            for group in groups:
-                parts = [t.reshape(-1) for t in group]
-                numel, first = sum(p.numel() for p in parts), group[0]
-                if not pooled:
-                    out.append(torch.cat(parts))
-                    continue
-                buffer = self.pool.take((weights, states), numel, first.dtype, first.device)
-                out.append(torch.cat(parts, out=buffer))
-            return out
-
-        def scatter(values: list[torch.Tensor]) -> None:
-            with torch.no_grad():
-                for group, flat in zip(groups, values, strict=True):
-                    offset = 0
-                    for tensor in group:
-                        n = tensor.numel()
-                        tensor.copy_(flat[offset : offset + n].view_as(tensor))
-                        offset += n
-
-        return Payload(buffers=gather(pooled=True), scatter=scatter, gather=gather)
 
 
 def metadata_bytes(engine: SyncEngine) -> int:
