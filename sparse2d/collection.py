@@ -63,6 +63,7 @@ from sparse2d.contexts import (
     sharding_env,
 )
 from sparse2d.errors import ConfigError
+from sparse2d.group_refs import ClosedGroup, drop_references
 from sparse2d.mesh import Mesh2D, build_mesh, validate_group_size, validate_layout
 from sparse2d.patches import apply_all
 from sparse2d.patches.torchrec_comm import forget_destroyed_groups
@@ -235,7 +236,7 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
         )
         pg = call.global_pg if call.global_pg is not None else dist.group.WORLD
         self._resources = Resources("DMPCollection")
-        groups = GroupRecorder(on_destroyed=forget_destroyed_groups)
+        groups = self._groups = GroupRecorder(on_destroyed=forget_destroyed_groups)
         # A model dropped without close() still releases its groups when it is collected;
         # the finalizer holds the groups only, never the model.
         release_groups = weakref.finalize(self, groups.destroy)
@@ -355,8 +356,14 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
         """Release what this model created: sync hooks and transfers in flight, the
         FULLY_SHARDED hooks, and its process groups (the 2D mesh's, TorchRec's TWRW/grid
         groups; never ``global_pg`` or the default group). Local to the rank, no collective;
-        a second call does nothing; forward/sync afterwards raise a clear error."""
+        a second call does nothing; forward/sync afterwards raise a clear error. The groups'
+        threads and sockets end here, not at a later garbage collection: every reference
+        the model holds to them is replaced by a ``ClosedGroup`` (``sparse2d.group_refs``)."""
+        if self._resources.closed:
+            return
+        groups = list(self._groups.groups)
         self._resources.close()
+        drop_references(self, groups, lambda g: ClosedGroup(g.group_name, "DMPCollection"))
 
     @property
     def closed(self) -> bool:
