@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
 from torchrec.distributed.model_parallel import DMPCollection as TorchRecDMPCollection
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import (
@@ -61,7 +61,7 @@ from sparse2d.group_refs import ClosedGroup, drop_references
 from sparse2d.patches import apply_all
 from sparse2d.patches.torchrec_comm import forget_destroyed_groups
 from sparse2d.planner.plan_store import PlanStore
-from sparse2d.replica_sync import AnyPolicy, ReplicaSync
+from sparse2d.replica_sync import PolicyOrSet, ReplicaSync
 from sparse2d.resources import GroupRecorder, Resources
 from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.fully_sharded import FullyShardedEmbeddings
@@ -154,9 +154,9 @@ class DMPCollection(TorchRecDMPCollection):
         sharders: list[ModuleSharder[nn.Module]] | None = None,
         init_data_parallel: bool = True,
         init_parameters: bool = True,
-        data_parallel_wrapper: Any = None,
+        data_parallel_wrapper: DataParallelWrapper | None = None,
         use_inter_host_allreduce: bool = False,
-        custom_all_reduce: Any = None,
+        custom_all_reduce: Callable[..., None] | None = None,
         submodule_configs: list[DMPCollectionConfig] | None = None,
         rs_awaitable_hook_module: str | None = None,
         use_sharded_relay: bool = False,
@@ -313,12 +313,12 @@ class DMPCollection(TorchRecDMPCollection):
         reduce-scatters at the end of each backward (see ``sparse2d.sync.fully_sharded``)."""
 
     @property
-    def sync_policy(self) -> AnyPolicy:
+    def sync_policy(self) -> PolicyOrSet:
         """The policy ``maybe_sync``/``sync`` run (one per context, or their ``PolicySet``)."""
         return self._replicas.policy
 
     @sync_policy.setter
-    def sync_policy(self, policy: AnyPolicy) -> None:  # fault tolerance installs its own
+    def sync_policy(self, policy: PolicyOrSet) -> None:  # fault tolerance installs its own
         self._replicas.policy = policy
 
     # ---- surfaces that hand out tensors (sparse2d.sync.fully_sharded.surfaces) ---------

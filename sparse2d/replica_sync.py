@@ -29,7 +29,7 @@ from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.policy import SyncPolicy
 from sparse2d.sync.tensors import live_tensors
 
-AnyPolicy = SyncPolicy | PolicySet
+PolicyOrSet = SyncPolicy | PolicySet
 
 
 class ReplicaSync:
@@ -38,7 +38,7 @@ class ReplicaSync:
     def __init__(
         self,
         contexts: list[ShardingContext],
-        policy: AnyPolicy,
+        policy: PolicyOrSet,
         early: EarlySync,
         resources: Resources,
     ) -> None:
@@ -77,7 +77,7 @@ class ReplicaSync:
                 mc=mc,
             )
         policies = [c.policy for c in contexts if c.policy is not None]
-        policy: AnyPolicy = policies[0] if len(policies) == 1 else PolicySet(policies)
+        policy: PolicyOrSet = policies[0] if len(policies) == 1 else PolicySet(policies)
         early = EarlySync(weakref.proxy(model), policy)  # syncs run at the end of a backward
         resources.callback(early.close)
         return cls(contexts, policy, early, resources)
