@@ -1,10 +1,12 @@
 """``DMPCollection``: TorchRec's ``DistributedModelParallel`` over one sharding group, replicated.
 
-Construction order (each step logged): validate (pure, every rank) -> mesh ->
-plan for ``L`` ranks -> remap to this rank's group -> shard with
-``ShardingEnv2D`` -> align replicas (broadcast from replica-rank 0). With
-TorchRec's ``submodule_configs`` every configured module type gets its own
-context (group size, mesh, plan, replica sync; see ``sparse2d.contexts``).
+Construction (each step logged): validate (``sparse2d.collection_setup``, pure) -> mesh ->
+plan for ``L`` ranks -> remap to this rank's group (``sparse2d.contexts``) -> shard with
+``ShardingEnv2D`` -> align replicas. Each configured module type of TorchRec's
+``submodule_configs`` gets its own context (group size, mesh, plan, replica sync). The model
+delegates to collaborators that hold what they need and never the model (no reference
+cycle through them): ``ReplicaSync`` (``sparse2d.replica_sync``), ``SurfaceGuard``
+(``sparse2d.sync.fully_sharded.surfaces``) and its contexts (geometry attributes).
 
 Why a subclass of TorchRec's own ``DMPCollection``: TorchRec's train pipelines
 (``TrainPipelineSparseDist``, ``TrainPipelineSemiSync``, ...) sync replicas in
@@ -27,13 +29,14 @@ from __future__ import annotations
 import logging
 import os
 import weakref
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, overload
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
 from torchrec.distributed.model_parallel import DMPCollection as TorchRecDMPCollection
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import (
@@ -44,63 +47,42 @@ from torchrec.distributed.types import (
     ShardingStrategy,
 )
 
-from sparse2d import validation
-from sparse2d.advisor.auto import AUTO, auto_group_size
-from sparse2d.compat import (
-    adapt_all_reduce,
-    check_world_size,
-    note_ignored,
-    parse_call,
-    resolve_layout,
-    resolve_strategy,
-)
+from sparse2d.collection_setup import Setup, resolve_setup
 from sparse2d.construction import ConstructionReport
 from sparse2d.contexts import (
-    DefaultContextView,
+    DefaultContextAttr,
     ShardingContext,
-    describe_contexts,
-    plan_context,
+    assign_shards,
+    build_contexts,
+    geometry_repr,
     sharding_env,
 )
-from sparse2d.errors import ConfigError
-from sparse2d.mesh import Mesh2D, build_mesh, validate_group_size, validate_layout
+from sparse2d.group_refs import ClosedGroup, drop_references
 from sparse2d.patches import apply_all
 from sparse2d.patches.torchrec_comm import forget_destroyed_groups
-from sparse2d.planner import default_sharders, remap_plan
-from sparse2d.planner.plan_store import PlanStore, as_plan_store
-from sparse2d.replica_sync import ReplicaSync
+from sparse2d.planner.plan_store import PlanStore
+from sparse2d.replica_sync import PolicyOrSet, ReplicaSync
 from sparse2d.resources import GroupRecorder, Resources
-from sparse2d.sync.ddp.vote import EarlySync
 from sparse2d.sync.fully_sharded import FullyShardedEmbeddings
-from sparse2d.sync.fully_sharded.checks import (
-    check_fully_sharded_options,
-    check_fully_sharded_plan,
-)
 from sparse2d.sync.fully_sharded.surfaces import (
     GuardedOptimizer,
-    GuardedSurfaces,
-    guard_sharded_modules,
+    SurfaceGuard,
+    slice_fully_sharded,
 )
-from sparse2d.sync.mc import mc_sync_for, plain_shards
 from sparse2d.sync.mc.pipelines import install_pipeline_guard
-from sparse2d.sync.mc.tables import check_managed_collision
-from sparse2d.sync.multi import PolicySet
-from sparse2d.sync.policy import SyncOptions, SyncPolicy
-from sparse2d.sync.shards import ShardState, collect_shard_states
+from sparse2d.sync.options import SyncOptions, SyncReport
+from sparse2d.sync.shards import ShardState
 from sparse2d.sync.transport.collectives import AllReduceHook
 
 logger = logging.getLogger(__name__)
 FS = ShardingStrategy.FULLY_SHARDED
 
 
-class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDMPCollection):
+class DMPCollection(TorchRecDMPCollection):
     """Shard embedding tables over groups of ``sharding_group_size`` ranks; replicate the groups.
 
     Two call forms (``sparse2d.compat``): ``DMPCollection(module, L, *, device=..., ...)``
-    and TorchRec's unchanged ``DMPCollection(module, device, plan, world_size,
-    sharding_group_size, global_pg, sharding_strategy, node_group_size, sharders,
-    init_data_parallel, init_parameters, data_parallel_wrapper, use_inter_host_allreduce,
-    custom_all_reduce, submodule_configs, rs_awaitable_hook_module, use_sharded_relay)``.
+    and TorchRec's unchanged call, positional or keyword (the second overload below).
 
     Args:
         module: model holding TorchRec ``EmbeddingBagCollection``/``EmbeddingCollection``
@@ -172,70 +154,18 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
         sharders: list[ModuleSharder[nn.Module]] | None = None,
         init_data_parallel: bool = True,
         init_parameters: bool = True,
-        data_parallel_wrapper: Any = None,
+        data_parallel_wrapper: DataParallelWrapper | None = None,
         use_inter_host_allreduce: bool = False,
-        custom_all_reduce: Any = None,
+        custom_all_reduce: Callable[..., None] | None = None,
         submodule_configs: list[DMPCollectionConfig] | None = None,
         rs_awaitable_hook_module: str | None = None,
         use_sharded_relay: bool = False,
     ) -> None: ...
 
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
-        # 1. Validate: pure and identical on every rank, before any collective.
-        call = parse_call(args, kwargs)
-        resolved = validation.resolve_device(call.device)
-        world_size, rank = validation.check_process_group(call.global_pg)
-        check_world_size(call.world_size, world_size)
-        group_size = call.sharding_group_size
-        if group_size is None:
-            raise ConfigError(
-                "sharding_group_size is required: the ranks per sharding group, a divisor of "
-                f"the world size {world_size}."
-            )
-        if group_size == AUTO:  # the advisor decides on rank 0 and broadcasts (same L everywhere)
-            group_size = auto_group_size(
-                module, world_size, resolved,
-                call.global_pg if call.global_pg is not None else dist.group.WORLD,
-                call.planner_batch_size, call.sync_options,
-                resolve_layout(call.replica_layout, call.use_inter_host_allreduce),
-                call.constraints,
-            )  # fmt: skip
-        validate_group_size(world_size, group_size)  # type: ignore[arg-type]
-        layout = resolve_layout(call.replica_layout, call.use_inter_host_allreduce)
-        validate_layout(layout)
-        strategy = resolve_strategy(call.sharding_strategy)
-        hook = adapt_all_reduce(call.custom_all_reduce)
-        note_ignored(call)
-        call.plan_store = as_plan_store(call.plan_store)
-        sharders = list(call.sharders) if call.sharders is not None else default_sharders()
-        validation.check_shardable(module, sharders)
-        validation.check_optimizers(module, sharders, resolved)
-        default = ShardingContext(
-            module_type=None,
-            paths=[],
-            sharding_group_size=group_size,  # type: ignore[arg-type]
-            replica_layout=layout,
-            node_group_size=validation.resolve_node_group_size(
-                call.node_group_size,
-                group_size,
-                world_size // group_size,
-                layout,  # type: ignore[operator]
-            ),
-            strategy=strategy,
-            plan=call.plan,
-        )
-        contexts = describe_contexts(module, world_size, default, call.submodule_configs, sharders)
-        for ctx in contexts:
-            check_fully_sharded_options(ctx.strategy, call.sync_options)
-        has_mc = check_managed_collision(
-            module,
-            momentum_scaling=(call.sync_options or SyncOptions()).momentum_scaling,
-            hook=hook,
-            strategies=[c.strategy for c in contexts],
-        )
-        pg = call.global_pg if call.global_pg is not None else dist.group.WORLD
+        setup = resolve_setup(module, args, kwargs)  # 1. validate: pure, before any collective
         self._resources = Resources("DMPCollection")
-        groups = GroupRecorder(on_destroyed=forget_destroyed_groups)
+        groups = self._groups = GroupRecorder(on_destroyed=forget_destroyed_groups)
         # A model dropped without close() still releases its groups when it is collected;
         # the finalizer holds the groups only, never the model.
         release_groups = weakref.finalize(self, groups.destroy)
@@ -243,120 +173,66 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
         self._resources.callback(release_groups)
         try:
             with groups.recording():
-                self._build(
-                    module, call, contexts, sharders, resolved, world_size, rank, pg, hook, has_mc
-                )
+                self._build(module, setup)
         except BaseException:
             self._resources.close()  # a failed construction leaves no group behind
             raise
 
-    def _build(
-        self,
-        module: nn.Module,
-        call: Any,
-        contexts: list[ShardingContext],
-        sharders: list[ModuleSharder[nn.Module]],
-        resolved: torch.device,
-        world_size: int,
-        rank: int,
-        pg: dist.ProcessGroup,
-        hook: AllReduceHook | None,
-        has_mc: bool,
-    ) -> None:
-        """Steps 2-6 (collective); every process group they create is released by ``close``.
-        ``has_mc``: the model has managed-collision tables (``sparse2d.sync.mc``)."""
-        # 2. Mesh per context: the ("replicate", "shard") DeviceMesh and its two subgroups.
-        # 3. Plan once per context for its L ranks (rank 0 plans, all receive; under the fake
-        #    backend of a dry run each rank plans alone), or load the stored plan; then remap.
-        plan = ShardingPlan(plan={})
-        meshes: dict[tuple[int, str], Mesh2D] = {}  # contexts of one geometry share its groups
+    def _build(self, module: nn.Module, setup: Setup) -> None:
+        """Steps 2-6 (collective); every process group they create is released by ``close``."""
+        call, contexts = setup.call, setup.contexts
+        # 2-3. Mesh and plan per context (sparse2d.contexts), remapped to this rank's groups.
         report = self.construction = ConstructionReport()
-        store = call.plan_store
-        plan_pg = None if dist.get_backend(pg) == "fake" else pg
-        for ctx in contexts:
-            key = (ctx.sharding_group_size, ctx.replica_layout)
-            if key not in meshes:
-                with report.phase("mesh"):
-                    meshes[key] = build_mesh(world_size, *key, resolved.type, rank)
-            ctx.mesh = meshes[key]
-            logger.info(
-                "[sparse2d] %s mesh: %d groups x %d ranks (%s)",
-                ctx.name,
-                world_size // ctx.sharding_group_size,
-                ctx.sharding_group_size,
-                ctx.replica_layout,
-            )
-            if ctx.plan is None:
-                with report.phase("plan"):
-                    made = plan_context(
-                        ctx, contexts, module, sharders, resolved.type, plan_pg, call.constraints,
-                        call.planner_batch_size, store,
-                    )  # fmt: skip
-                ctx.plan = made.plan
-                report.note_plan(ctx.name, made.cache, made.file, made.reason)
-            else:
-                report.note_plan(ctx.name, "given")
-            check_fully_sharded_plan(ctx.strategy, ctx.plan)  # the same plan on every rank
-            plan.plan.update(remap_plan(ctx.plan, ctx.sharding_group, resolved).plan)
+        plan = build_contexts(
+            contexts, module, setup.sharders, setup.device, setup.rank, setup.pg,
+            call.constraints, call.planner_batch_size, call.plan_store, report,
+        )  # fmt: skip
         # 4. Shard: TorchRec's DMP, each module type with its context's ShardingEnv2D.
         apply_all()  # TorchRec/FBGEMM workarounds still needed (sparse2d.patches)
         install_pipeline_guard()
-        self._envs_by_type = {c.module_type: sharding_env(c, pg) for c in contexts}
+        self._envs_by_type = {c.module_type: sharding_env(c, setup.pg) for c in contexts}
         with report.phase("shard"):
             DistributedModelParallel.__init__(
                 self,
                 module,
                 env=self._envs_by_type[None],
-                device=resolved,
+                device=setup.device,
                 plan=plan,
-                sharders=sharders,
+                sharders=setup.sharders,
                 init_data_parallel=call.init_data_parallel,
                 init_parameters=call.init_parameters,
                 data_parallel_wrapper=call.data_parallel_wrapper,
             )
         self._contexts = contexts
-        self._assign_shards()
+        self._shards = assign_shards(contexts, self)
         sliced = [c for c in contexts if c.strategy == FS and c.num_replicas > 1]
-        for ctx in contexts:
-            mc = mc_sync_for(self, ctx.shards, ctx.replica_pg) if has_mc else None
-            ctx.policy = SyncPolicy(
-                [] if ctx in sliced else plain_shards(ctx.shards, mc),  # FULLY_SHARDED: every step
-                ctx.replica_pg,
-                ctx.num_replicas,
-                call.sync_options,
-                hook,
-                global_pg=pg,
-                mc=mc,
-            )
-        policies = [c.policy for c in contexts if c.policy is not None]
-        self.sync_policy: SyncPolicy | PolicySet = (
-            policies[0] if len(policies) == 1 else PolicySet(policies)
-        )
-        self._early = EarlySync(self, self.sync_policy)  # syncs run at the end of a backward
-        self._resources.callback(self._early.close)
+        self._replicas = ReplicaSync.build(
+            self, contexts, sliced, call.sync_options, setup.hook, setup.pg, setup.has_mc,
+            self._resources,
+        )  # fmt: skip
         # 5. Align replicas: TorchRec seeds each group's shards independently.
-        self._fully_sharded: FullyShardedEmbeddings | None = None
         with report.phase("align"):
-            self.align_replicas()
+            self._replicas.align()
         logger.info("[sparse2d] replicas aligned over %s", contexts[0].replica_group)
         # 6. FULLY_SHARDED contexts: keep this replica's 1/G slice, free the rest.
         self._resources.callback(self.sync_policy.close)
-        if sliced:
-            groups = [(c.shards, c.replica_pg) for c in sliced]
-            self._fully_sharded = FullyShardedEmbeddings(groups, pg)
-            self._resources.callback(self._fully_sharded.close)
-            for handle in guard_sharded_modules(self, self._fully_sharded):
-                self._resources.callback(handle.remove)
-            logger.info("[sparse2d] FULLY_SHARDED: %s", [(c.name, c.num_replicas) for c in sliced])
-        self._optim = GuardedOptimizer(self._optim, self._before_surface)
+        fully_sharded = slice_fully_sharded(self, sliced, setup.pg, self._resources)
+        self._replicas.fully_sharded = fully_sharded
+        self._guard = SurfaceGuard(self._resources, self._replicas.finish, fully_sharded)
+        self._optim = GuardedOptimizer(self._optim, self._guard)
 
     # ---- lifetime ----------------------------------------------------------------------
     def close(self) -> None:
         """Release what this model created: sync hooks and transfers in flight, the
         FULLY_SHARDED hooks, and its process groups (the 2D mesh's, TorchRec's TWRW/grid
         groups; never ``global_pg`` or the default group). Local to the rank, no collective;
-        a second call does nothing; forward/sync afterwards raise a clear error."""
+        a second call does nothing; forward/sync afterwards raise a clear error. The groups'
+        threads and sockets end here, without a garbage collection (``sparse2d.group_refs``)."""
+        if self._resources.closed:
+            return
+        groups = list(self._groups.groups)
         self._resources.close()
+        drop_references(self, groups, lambda g: ClosedGroup(g.group_name, "DMPCollection"))
 
     @property
     def closed(self) -> bool:
@@ -370,9 +246,9 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._resources.check_open("run forward")
-        self._early.raise_error()
-        if self._fully_sharded is not None:  # start the weight all-gathers before input dist
-            self._fully_sharded.prefetch()
+        self._replicas.early.raise_error()
+        if self.fully_sharded is not None:  # start the weight all-gathers before input dist
+            self.fully_sharded.prefetch()
         return super().forward(*args, **kwargs)
 
     def _shard_modules_impl(
@@ -391,24 +267,113 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
         finally:
             self._env = default
 
-    def _assign_shards(self) -> None:
-        """Give every context the local shards of its modules; the default gets the rest."""
-        taken: set[int] = set()
-        for ctx in self._contexts[1:]:
-            ctx.shards = [
-                s
-                for path in ctx.paths
-                for s in collect_shard_states(self.module.get_submodule(path))
-            ]
-            taken.update(id(s.kernel) for s in ctx.shards)
-        self._contexts[0].shards = [
-            s for s in collect_shard_states(self) if id(s.kernel) not in taken
-        ]
-        self._shards: list[ShardState] = [s for c in self._contexts for s in c.shards]
+    # ---- replica consistency (sparse2d.replica_sync) -----------------------------------
+    def align_replicas(self, include_optimizer_state: bool = True) -> None:
+        """Overwrite every replica's shards with replica-rank 0's copy (every context)."""
+        self._replicas.align(include_optimizer_state)
+
+    def sync(self, include_optimizer_state: bool = True) -> SyncReport:
+        """Average embedding weights and all fused optimizer state over the replica group.
+
+        Covers every context. Routed through the sync policy so its engine, hook and
+        compression apply; blocking, and it first lands any transfer still in flight from
+        ``maybe_sync``. TorchRec's train pipelines call this every
+        ``dmp_collection_sync_interval_batches`` batches. FULLY_SHARDED contexts were averaged
+        by every step's reduce-scatter: for them the NaN/inf check runs here, and a custom
+        all-reduce hook gets their full weights and states (TorchRec's semantics).
+        """
+        return self._replicas.sync(include_optimizer_state)
+
+    def maybe_sync(self, step: int) -> SyncReport | None:
+        """Sync if the policy's cadence says step ``step`` (0-based) ends an interval.
+
+        FULLY_SHARDED contexts report their step's reduce-scatters (and run the job-wide
+        NaN/inf check) at every step.
+        """
+        return self._replicas.maybe_sync(step)
+
+    def repair_from_replicas(self, ranks: list[int], include_dense: bool = True) -> None:
+        """Refill ``ranks`` (e.g. restarted with fresh weights) from a healthy replica.
+
+        Collective over the world: every rank calls it with the same ``ranks``. No storage is
+        read; see ``sparse2d.checkpoint.repair``.
+        """
+        self._resources.check_open("repair replicas")
+        from sparse2d.checkpoint.repair import repair_from_replicas
+
+        repair_from_replicas(self, ranks, include_dense)
+
+    def set_all_reduce_hook(self, reduce_hook: Callable[..., None] | None) -> None:  # type: ignore[override]
+        """Replace the averaging all-reduce: ``hook(tensors, replica_pg)``, or TorchRec's
+        ``hook(tensors)`` (1.8) / ``hook(pg, tensors)`` (1.9); ``None`` restores the default."""
+        self._replicas.set_hook(reduce_hook)
+
+    def ensure_reduce_scatter_complete(self) -> None:
+        """TorchRec's FULLY_SHARDED wait. Nothing to wait for: our FULLY_SHARDED lands its
+        reduce-scatters at the end of each backward (see ``sparse2d.sync.fully_sharded``)."""
 
     @property
-    def device_mesh(self) -> DeviceMesh:
-        return self._default.device_mesh
+    def sync_policy(self) -> PolicyOrSet:
+        """The policy ``maybe_sync``/``sync`` run (one per context, or their ``PolicySet``)."""
+        return self._replicas.policy
+
+    @sync_policy.setter
+    def sync_policy(self, policy: PolicyOrSet) -> None:  # fault tolerance installs its own
+        self._replicas.policy = policy
+
+    # ---- surfaces that hand out tensors (sparse2d.sync.fully_sharded.surfaces) ---------
+    def _before_surface(self, surface: str, land: bool = False) -> None:
+        guard = self.__dict__.get("_guard")  # TorchRec's construction reads surfaces too
+        if guard is not None:
+            guard(surface, land)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self._before_surface("state_dict()", land=True)
+        return super().state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+        """Load, then forget the sync references (bf16 deltas, momentum scaling, managed
+        collision) taken from the old values. Call it on every rank, as every load."""
+        self._before_surface("load_state_dict()", land=True)
+        result = super().load_state_dict(state_dict, *args, **kwargs)
+        self.sync_policy.reset()
+        return result
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
+        self._before_surface("named_parameters()")
+        return super().named_parameters(*args, **kwargs)
+
+    def bare_named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        self._before_surface("bare_named_parameters()")
+        return super().bare_named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        self._before_surface("named_buffers()")
+        return super().named_buffers(*args, **kwargs)
+
+    # ---- geometry: the default context's (sparse2d.contexts) ---------------------------
+    @property
+    def contexts(self) -> list[ShardingContext]:
+        """The default context, then one per ``submodule_configs`` entry."""
+        return list(self._contexts)
+
+    device_mesh = DefaultContextAttr[DeviceMesh]("device_mesh")  # overrides TorchRec's
+    sharding_pg = DefaultContextAttr[dist.ProcessGroup]("sharding_pg")
+    replica_pg = DefaultContextAttr[dist.ProcessGroup]("replica_pg")
+    sharding_group_size = DefaultContextAttr[int]("sharding_group_size")
+    num_replicas = DefaultContextAttr[int]("num_replicas")
+    replica_layout = DefaultContextAttr[str]("replica_layout")
+    sharding_strategy = DefaultContextAttr[ShardingStrategy]("strategy")
+    sharding_group = DefaultContextAttr[list[int]](
+        "sharding_group", "Global ranks of this rank's sharding group."
+    )
+    replica_group = DefaultContextAttr[list[int]](
+        "replica_group", "Global ranks holding the same shards as this rank."
+    )
+
+    group_plan = DefaultContextAttr[ShardingPlan](
+        "plan", "The default context's plan as made for ranks ``0..L-1`` (before remapping)."
+    )
 
     @property
     def shard_states(self) -> list[ShardState]:
@@ -422,14 +387,10 @@ class DMPCollection(GuardedSurfaces, ReplicaSync, DefaultContextView, TorchRecDM
     @property
     def fully_sharded(self) -> FullyShardedEmbeddings | None:
         """The FULLY_SHARDED machinery (``None`` without a FULLY_SHARDED context with replicas)."""
-        return self._fully_sharded
+        return self._replicas.fully_sharded
 
     def extra_repr(self) -> str:
-        sizes = ", ".join(f"{c.name}: L={c.sharding_group_size}" for c in self._contexts[1:])
-        return (
-            f"sharding_group_size={self.sharding_group_size}, num_replicas={self.num_replicas}, "
-            f"replica_layout={self.replica_layout!r}" + (f", submodules=({sizes})" if sizes else "")
-        )
+        return geometry_repr(self._contexts)
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError(

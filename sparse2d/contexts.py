@@ -7,14 +7,16 @@ Each context has its own sharding group size, replica layout, mesh, plan, shards
 sync policy; ``DMPCollection.sync()`` syncs every context over its own replica group.
 
 ``describe_contexts`` is pure (every rank gets the same answer or the same error);
-building meshes and plans is collective and happens in ``DMPCollection``.
+building meshes and plans (``build_contexts``) is collective.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torchrec.distributed.planner.types import ParameterConstraints
@@ -27,19 +29,23 @@ from torchrec.distributed.types import (
 )
 
 from sparse2d.compat import resolve_strategy
+from sparse2d.construction import ConstructionReport
 from sparse2d.errors import ConfigError
-from sparse2d.mesh import validate_group_size, validate_layout
-from sparse2d.planner import plan_for_group, validate_plan
+from sparse2d.mesh import Mesh2D, build_mesh, validate_group_size, validate_layout
+from sparse2d.planner import plan_for_group, remap_plan, validate_plan
 from sparse2d.planner.group_plan import GroupPlan
 from sparse2d.planner.plan_store import PlanStore
+from sparse2d.sync.fully_sharded.checks import check_fully_sharded_plan
+from sparse2d.sync.shards import ShardState, collect_shard_states
 from sparse2d.validation import resolve_node_group_size
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from sparse2d.mesh import Mesh2D
     from sparse2d.sync.policy import SyncPolicy
-    from sparse2d.sync.shards import ShardState
 
 
 @dataclass(slots=True)
@@ -248,59 +254,90 @@ def sharding_env(ctx: ShardingContext, pg: dist.ProcessGroup) -> ShardingEnv2D:
     )
 
 
-class DefaultContextView:
-    """The 2D geometry of a model's default context, as ``DMPCollection`` properties
-    (``device_mesh``, which overrides TorchRec's, stays in ``DMPCollection`` itself)."""
+def build_contexts(
+    contexts: list[ShardingContext],
+    module: nn.Module,
+    sharders: list[ModuleSharder[nn.Module]],
+    device: torch.device,
+    rank: int,
+    pg: dist.ProcessGroup,
+    constraints: dict[str, ParameterConstraints] | None,
+    batch_size: int | None,
+    store: PlanStore | None,
+    report: ConstructionReport,
+) -> ShardingPlan:
+    """Mesh and plan of every context (collective); returns their plans remapped to this
+    rank's sharding groups, merged: the plan TorchRec's DMP shards with.
 
-    _contexts: list[ShardingContext]
+    Contexts of one geometry share a mesh (its two groups). Rank 0 plans for ``L`` ranks
+    and all receive (under the fake backend of a dry run each rank plans alone), or the
+    stored plan is loaded; a given plan is used as it is."""
+    world_size = dist.get_world_size(pg)
+    plan = ShardingPlan(plan={})
+    meshes: dict[tuple[int, str], Mesh2D] = {}
+    plan_pg = None if dist.get_backend(pg) == "fake" else pg
+    for ctx in contexts:
+        key = (ctx.sharding_group_size, ctx.replica_layout)
+        if key not in meshes:
+            with report.phase("mesh"):
+                meshes[key] = build_mesh(world_size, *key, device.type, rank)
+        ctx.mesh = meshes[key]
+        logger.info(
+            "[sparse2d] %s mesh: %d groups x %d ranks (%s)", ctx.name,
+            world_size // ctx.sharding_group_size, ctx.sharding_group_size, ctx.replica_layout,
+        )  # fmt: skip
+        if ctx.plan is None:
+            with report.phase("plan"):
+                made = plan_context(
+                    ctx, contexts, module, sharders, device.type, plan_pg, constraints,
+                    batch_size, store,
+                )  # fmt: skip
+            ctx.plan = made.plan
+            report.note_plan(ctx.name, made.cache, made.file, made.reason)
+        else:
+            report.note_plan(ctx.name, "given")
+        check_fully_sharded_plan(ctx.strategy, ctx.plan)  # the same plan on every rank
+        plan.plan.update(remap_plan(ctx.plan, ctx.sharding_group, device).plan)
+    return plan
 
-    @property
-    def _default(self) -> ShardingContext:
-        return self._contexts[0]
 
-    @property
-    def contexts(self) -> list[ShardingContext]:
-        """The default context, then one per ``submodule_configs`` entry."""
-        return list(self._contexts)
+def assign_shards(contexts: list[ShardingContext], model: nn.Module) -> list[ShardState]:
+    """Give every context the local shards of its modules (the default: the rest, found
+    from ``model``, the sharded DMP); return them all."""
+    taken: set[int] = set()
+    for ctx in contexts[1:]:
+        ctx.shards = [
+            s for path in ctx.paths for s in collect_shard_states(model.module.get_submodule(path))
+        ]
+        taken.update(id(s.kernel) for s in ctx.shards)
+    contexts[0].shards = [s for s in collect_shard_states(model) if id(s.kernel) not in taken]
+    return [s for c in contexts for s in c.shards]
 
-    @property
-    def sharding_pg(self) -> dist.ProcessGroup:
-        return self._default.sharding_pg
 
-    @property
-    def replica_pg(self) -> dist.ProcessGroup:
-        return self._default.replica_pg
+def geometry_repr(contexts: list[ShardingContext]) -> str:
+    """A model's geometry in its ``repr``: the default context's, then each configured one's L."""
+    default = contexts[0]
+    sizes = ", ".join(f"{c.name}: L={c.sharding_group_size}" for c in contexts[1:])
+    return (
+        f"sharding_group_size={default.sharding_group_size}, "
+        f"num_replicas={default.num_replicas}, replica_layout={default.replica_layout!r}"
+        + (f", submodules=({sizes})" if sizes else "")
+    )
 
-    @property
-    def sharding_group_size(self) -> int:
-        return self._default.sharding_group_size
 
-    @property
-    def num_replicas(self) -> int:
-        return self._default.num_replicas
+class DefaultContextAttr(Generic[T]):
+    """A read-only ``DMPCollection`` attribute read from its default context (the model's
+    ``_contexts[0]``): the model's 2D geometry is its default context's."""
 
-    @property
-    def replica_layout(self) -> str:
-        return self._default.replica_layout
+    def __init__(self, name: str, doc: str = "") -> None:
+        self.name = name
+        self.__doc__ = doc or f"The default context's ``{name}``."
 
-    @property
-    def sharding_strategy(self) -> ShardingStrategy:
-        return self._default.strategy
-
-    @property
-    def sharding_group(self) -> list[int]:
-        """Global ranks of this rank's sharding group."""
-        return self._default.sharding_group
-
-    @property
-    def replica_group(self) -> list[int]:
-        """Global ranks holding the same shards as this rank."""
-        return self._default.replica_group
-
-    @property
-    def group_plan(self) -> ShardingPlan:
-        """The default context's plan as made for ranks ``0..L-1`` (before remapping)."""
-        plan = self._default.plan
-        if plan is None:
-            raise RuntimeError("the default context was never planned")
-        return plan
+    @overload
+    def __get__(self, model: None, owner: type) -> DefaultContextAttr[T]: ...
+    @overload
+    def __get__(self, model: object, owner: type) -> T: ...
+    def __get__(self, model: Any, owner: type) -> Any:
+        if model is None:
+            return self
+        return getattr(model._contexts[0], self.name)

@@ -47,8 +47,8 @@ def check_carried_matches_own_vote(options: dict) -> dict:
     return {
         "votes": carried.sync_policy.votes_carried,
         "plain_votes": plain.sync_policy.votes_carried,
-        "carrier": carried._early.carrier is not None,
-        "plain_carrier": plain._early.carrier is not None,
+        "carrier": carried._replicas.early.carrier is not None,
+        "plain_carrier": plain._replicas.early.carrier is not None,
         "replica_diff": replica_max_diff(carried, carried.replica_pg),
     }
 
@@ -153,7 +153,7 @@ def check_loop_changes_shape() -> dict:
     return {
         "early_votes": votes,
         "later_votes": model.sync_policy.votes_carried - votes,
-        "enabled": model._early.enabled,
+        "enabled": model._replicas.early.enabled,
         "replica_diff": replica_max_diff(model, model.replica_pg),
     }
 
@@ -195,7 +195,7 @@ def test_user_comm_hook_runs_and_nothing_is_carried(world4) -> None:
 def check_one_replica_has_no_carrier() -> bool:
     model = adagrad_2d(group_size=4, engine="dense")
     train(model, MIXED_TABLES, 3, after_step=model.maybe_sync)
-    return model._early.carrier is None
+    return model._replicas.early.carrier is None
 
 
 def test_1d_keeps_ddp_as_is(world4) -> None:

@@ -13,59 +13,56 @@ until the next forward re-slices them and keeps what was written meanwhile
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.types import ShardedModule
 from torchrec.optim.keyed import KeyedOptimizer, OptimizerWrapper
 
+from sparse2d.resources import Resources
 from sparse2d.sync.fully_sharded.schedule import FullyShardedEmbeddings
 
+if TYPE_CHECKING:
+    from sparse2d.contexts import ShardingContext
 
-class GuardedSurfaces:
-    """``DMPCollection`` mixin: the tensor-handing surfaces land in-flight syncs (state dict
-    and load only) and, under FULLY_SHARDED, materialize first.
+logger = logging.getLogger(__name__)
 
-    Cost under FULLY_SHARDED: a surface called between steps gathers the full buffers once
-    (the memory of DEFAULT until the next forward); repeated calls before that are free.
+
+class SurfaceGuard:
+    """Runs before each tensor-handing surface of a ``DMPCollection`` (``state_dict``,
+    ``load_state_dict``, ``named_parameters``, ``bare_named_parameters``, ``named_buffers``)
+    and of its fused optimizer: in-flight syncs land first (state dict and load only) and,
+    under FULLY_SHARDED, the full buffers are materialized.
+
+    Holds what it needs (the model's resources, how to land its syncs, the FULLY_SHARDED
+    schedule), not the model. Cost under FULLY_SHARDED: a surface called between steps
+    gathers the full buffers once (the memory of DEFAULT until the next forward); repeated
+    calls before that are free.
     """
 
-    def _before_surface(self, surface: str, land: bool = False) -> None:
-        if land and "_resources" in self.__dict__ and not self.closed:  # type: ignore[attr-defined]
+    def __init__(
+        self,
+        resources: Resources,
+        land: Callable[[], None],
+        fully_sharded: FullyShardedEmbeddings | None,
+    ) -> None:
+        self.resources = resources
+        self.land = land
+        self.fully_sharded = fully_sharded
+
+    def __call__(self, surface: str, land: bool = False) -> None:
+        if land:
             # Overlapped/hidden/delayed syncs land first (local waits): a state dict shows the
             # values the next forward will use, and a load is not overwritten by a landing.
-            self.sync_policy.finish()  # type: ignore[attr-defined]
-        fully_sharded = self.__dict__.get("_fully_sharded")  # absent while constructing
-        if fully_sharded is None:
+            self.land()
+        if self.fully_sharded is None:
             return
-        self._resources.check_open(f"read {surface} (its FULLY_SHARDED buffers are freed)")  # type: ignore[attr-defined]
-        fully_sharded.materialize(surface)
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        self._before_surface("state_dict()", land=True)
-        return super().state_dict(*args, **kwargs)  # type: ignore[misc]
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
-        """Load, then forget the sync references (bf16 deltas, momentum scaling, managed
-        collision) taken from the old values. Call it on every rank, as every load."""
-        self._before_surface("load_state_dict()", land=True)
-        result = super().load_state_dict(state_dict, *args, **kwargs)  # type: ignore[misc]
-        self.sync_policy.reset()  # type: ignore[attr-defined]
-        return result
-
-    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
-        self._before_surface("named_parameters()")
-        return super().named_parameters(*args, **kwargs)  # type: ignore[misc]
-
-    def bare_named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
-        self._before_surface("bare_named_parameters()")
-        return super().bare_named_parameters(*args, **kwargs)  # type: ignore[misc]
-
-    def named_buffers(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, torch.Tensor]]:
-        self._before_surface("named_buffers()")
-        return super().named_buffers(*args, **kwargs)  # type: ignore[misc]
+        self.resources.check_open(f"read {surface} (its FULLY_SHARDED buffers are freed)")
+        self.fully_sharded.materialize(surface)
 
 
 class GuardedOptimizer(OptimizerWrapper):
@@ -135,3 +132,21 @@ def guard_sharded_modules(
             )
         )
     return handles
+
+
+def slice_fully_sharded(
+    model: nn.Module,
+    sliced: list[ShardingContext],
+    pg: dist.ProcessGroup,
+    resources: Resources,
+) -> FullyShardedEmbeddings | None:
+    """Keep this replica's 1/G slice of the ``sliced`` contexts' buffers (FULLY_SHARDED with
+    replicas; none: ``None``) and guard their sharded modules; ``resources`` releases both."""
+    if not sliced:
+        return None
+    fully_sharded = FullyShardedEmbeddings([(c.shards, c.replica_pg) for c in sliced], pg)
+    resources.callback(fully_sharded.close)
+    for handle in guard_sharded_modules(model, fully_sharded):
+        resources.callback(handle.remove)
+    logger.info("[sparse2d] FULLY_SHARDED: %s", [(c.name, c.num_replicas) for c in sliced])
+    return fully_sharded
