@@ -81,7 +81,7 @@ def _measure(cfg: Any, device: torch.device, world: int, rank: int) -> None:
         print(json.dumps(report.as_json()), flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sparse2d.train", description=__doc__)
     parser.add_argument("--config", required=True, help="YAML file (configs/*.yaml)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
@@ -96,11 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run the measured sharding_group_size=auto trial (parallel.auto) and print its "
         "table and JSON, without training",
     )
-    args = parser.parse_args(argv)
-    ignore_known_warnings()  # by message: a new warning still shows
-    faulthandler.enable()  # a native abort (SIGABRT/SIGSEGV) prints every thread's stack
-    _single_process_env()
-    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    return parser
+
+
+def _warn_shared_agent_store(rank: int) -> None:
+    """torchrun restarts with its agent store shared across rounds never reconnect: say so
+    once, up front, instead of letting the restarted workers fail in gloo's connect."""
     if rank == 0 and _env_int("TORCHELASTIC_MAX_RESTARTS", 0) > 0:
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # see launch/local.sh
             print(
@@ -110,6 +111,15 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    ignore_known_warnings()  # by message: a new warning still shows
+    faulthandler.enable()  # a native abort (SIGABRT/SIGSEGV) prints every thread's stack
+    _single_process_env()
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    _warn_shared_agent_store(rank)
     world, local_world = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", 1)
     code = 1
     loop = None
