@@ -48,6 +48,12 @@ KNOWN_WARNINGS = (
         "TorchRec and FBGEMM script helpers at import (torch 2.13)",
     ),
     KnownWarning(
+        r"`torch\.jit\.(script|interface)` is deprecated",
+        FutureWarning,
+        "torch",
+        "the same deprecation, a FutureWarning since torch 2.14 (the TORCHREC=1.9 set)",
+    ),
+    KnownWarning(
         r"distutils Version classes are deprecated",
         DeprecationWarning,
         "torchmetrics",

@@ -6,6 +6,8 @@ import importlib.metadata as metadata
 import json
 import subprocess
 
+import torch
+
 import tests.bench_path  # noqa: F401  (bench/ on sys.path)
 
 # isort: split
@@ -24,13 +26,20 @@ def _fbgemm_version() -> str:
     raise AssertionError("no fbgemm-gpu(-cpu) installed")
 
 
+def _stamped(stamp: dict) -> dict[str, str]:
+    """The stamp's versions without the local build label: ``torch.__version__`` says
+    ``2.14.1+cu130`` where the PyPI wheel's metadata says ``2.14.1`` (the 1.9 set)."""
+    return {k: stamp[k].split("+")[0] for k in _installed()}
+
+
 def _installed() -> dict[str, str]:
-    return {
+    versions = {
         "sparse2d": metadata.version("sparse2d"),
         "torch": metadata.version("torch"),
         "torchrec": metadata.version("torchrec"),
         "fbgemm_gpu": _fbgemm_version(),
     }
+    return {k: v.split("+")[0] for k, v in versions.items()}
 
 
 def _git(*args: str) -> str | None:
@@ -42,7 +51,8 @@ def _git(*args: str) -> str | None:
 
 def test_stamp_matches_installed_versions_and_checkout() -> None:
     stamp = environment(backend="gloo", device_type="cpu", world_size=4, hosts=1)
-    assert {k: stamp[k] for k in _installed()} == _installed()
+    assert _stamped(stamp) == _installed()
+    assert stamp["torch"] == torch.__version__  # the build label stays in the stamp
     assert stamp["git_commit"] == _git("rev-parse", "HEAD")
     if stamp["git_commit"] is not None:
         assert stamp["git_dirty"] is bool(_git("status", "--porcelain", "--untracked-files=no"))
@@ -72,7 +82,7 @@ def test_trainer_stamps_start_record_and_summary(tiny_runs) -> None:
     assert start["kind"] == "start"
     assert summary["environment"] == start["environment"]
     stamp = summary["environment"]
-    assert {k: stamp[k] for k in _installed()} == _installed()
+    assert _stamped(stamp) == _installed()
     assert stamp["git_commit"] == _git("rev-parse", "HEAD")
     assert (stamp["backend"], stamp["device_type"], stamp["world_size"], stamp["hosts"]) == (
         "gloo", "cpu", 2, 1,
@@ -86,6 +96,6 @@ def test_bench_sections_carry_the_stamp(tmp_path) -> None:
     text = results.read_text()
     assert text.count("<!-- demo:begin -->") == 1 and "| 3 | 4 |" in text
     stamp = json.loads((tmp_path / "environment.json").read_text())["demo"]
-    assert {k: stamp[k] for k in _installed()} == _installed()
+    assert _stamped(stamp) == _installed()
     assert stamp["backend"] == "gloo" and stamp["git_commit"] == _git("rev-parse", "HEAD")
     assert f"_Environment: {one_line(stamp)}._" in text

@@ -20,6 +20,8 @@ EXAMPLES = (  # per KNOWN_WARNINGS entry, in order: a message as the library wor
     ("\x1b[93m\n    The Python module fbgemm_gpu.split_table_batched_embeddings_ops is now "
      "DEPRECATED and will be removed", "fbgemm_gpu.split_table_batched_embeddings_ops"),
     ("`torch.jit.interface` is deprecated. Please use `torch.compile` instead.", "torch.jit._script"),
+    ("`torch.jit.script` is deprecated. Please switch to `torch.compile` or `torch.export`.",
+     "torch.jit._script"),
     ("distutils Version classes are deprecated. Use packaging.version instead.",
      "torchmetrics.utilities.imports"),
     ("HeuristicalStorageReservation is known to cause issues, particularly during dry run",

@@ -26,13 +26,45 @@ def _module_of(patch: patches.Patch):
     return next(m for m in patches.MODULES if patch in m.PATCHES)
 
 
+def test_every_version_set_names_each_patch_with_an_upstream_line() -> None:
+    """Each row of ``RELEASES`` names known patches at ``file:line``; the installed set's
+    lines exist in the installed packages."""
+    import importlib.util
+
+    names = {p.name for p in patches.PATCHES}
+    for release, needed in patches.RELEASES.items():
+        assert set(needed) <= names, f"RELEASES[{release!r}] names unknown patches"
+        for name, where in needed.items():
+            assert re.fullmatch(r".+:\w+", where), f"{release} {name}: {where!r} is not file:line"
+    for name, where in patches.RELEASES.get(patches.installed_release(), {}).items():
+        path, _, line = where.rpartition(":")
+        if not line.isdigit():
+            continue  # glibc: a function name, not a line of a Python package
+        top = importlib.util.find_spec(path.split("/")[0])
+        source = Path(top.origin).parent.parent / path
+        assert len(source.read_text().splitlines()) >= int(line), f"{name}: no {where}"
+
+
 @pytest.mark.parametrize("patch", patches.PATCHES, ids=lambda p: p.name)
-def test_every_probe_still_says_needed_on_the_installed_versions(patch: patches.Patch) -> None:
+def test_each_probe_answers_as_recorded_for_the_installed_versions(patch: patches.Patch) -> None:
+    """``RELEASES`` says which patches the installed set needs; every probe must agree."""
+    release = patches.installed_release()
+    assert release in patches.RELEASES, (
+        f"torchrec {release} has no row in sparse2d.patches.RELEASES: run every probe "
+        "(python -m sparse2d.patches) and record which still say needed, at which file:line"
+    )
     if patch.name == "torchrec_runtime_forwards" and torch.cuda.is_available():
         pytest.skip("TorchRec's CUDA default is right on a CUDA host")
-    assert patch.needed(), (
-        f"{patch.name}: the installed version no longer behaves as {patch.upstream} did; drop "
-        f"the patch ({_module_of(patch).__name__}) and its row of docs/patches.md"
+    expected = patch.name in patches.RELEASES[release]
+    assert patch.needed() == expected, (
+        f"{patch.name}: on the installed set ({release}) its probe says needed={patch.needed()}"
+        f", RELEASES[{release!r}] says {expected}; "
+        + (
+            f"the installed version no longer behaves as {patch.upstream} did: drop the patch "
+            f"from RELEASES[{release!r}] (and {_module_of(patch).__name__} once no set needs it)"
+            if expected
+            else "the bug is back: record it in RELEASES"
+        )
     )
 
 

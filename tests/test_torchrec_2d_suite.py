@@ -21,10 +21,11 @@ from tests.harness import CheckFailed, DistWorld
 from tests.torchrec_suite import cases, runner
 from tests.torchrec_suite.cases import Case
 
-if not torchrec.__version__.startswith(runner.TORCHREC_RELEASE):
+if runner.release_folder(torchrec.__version__) is None:
     pytest.skip(
-        f"the vendored cases are TorchRec {runner.TORCHREC_RELEASE}x's (tests/torchrec_suite/"
-        f"vendored/PROVENANCE); torchrec {torchrec.__version__} is installed",
+        f"TorchRec's cases are vendored for releases {sorted(runner.RELEASES)} "
+        f"(tests/torchrec_suite/vendored/PROVENANCE); torchrec {torchrec.__version__} is "
+        "installed: vendor its test_2d_sharding.py",
         allow_module_level=True,
     )
 
@@ -154,7 +155,8 @@ def test_vendored_files_unchanged() -> None:
         if line.startswith("blob "):
             _, blob, name = line.split()
             entries[name] = blob
-    assert set(entries) >= {"test_2d_sharding.py", "test_sequence_model.py", "LICENSE"}
+    releases = {f"{folder}/test_2d_sharding.py" for folder in runner.RELEASES.values()}
+    assert set(entries) >= releases | {"test_sequence_model.py", "LICENSE"}
     for name, blob in entries.items():
         actual = subprocess.run(["git", "hash-object", str(vendored / name)], check=True,
                                 capture_output=True, text=True).stdout.strip()  # fmt: skip

@@ -111,6 +111,7 @@ def label(params: dict[str, Any]) -> str:
         "qcomms_config": lambda v: "qcomms" if v is not None else "",
         "apply_optimizer_in_backward_config": lambda v: "aob" if v is not None else "",
         "variable_batch_size": lambda v: "vbs" if v else "",
+        "variable_batch_per_feature": lambda v: "vbe" if v else "",
         "use_inter_host_allreduce": lambda v: "inter" if v else "intra",
         "custom_all_reduce": lambda v: "hook" if v else "",
     }

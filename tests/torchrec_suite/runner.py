@@ -31,20 +31,35 @@ PACKAGE = "torchrec.distributed.tests"
 """The vendored files' upstream package: the wheel omits it, and the files import each
 other by that name (``test_2d_sharding`` imports ``...tests.test_sequence_model``)."""
 
-TORCHREC_RELEASE = "1.8."
-"""The release the vendored files come from: they run against that release's test_utils."""
+RELEASES = {"1.8.": "v1_8", "1.9.": "v1_9"}
+"""TorchRec release -> the vendored folder holding that release's ``test_2d_sharding.py``:
+each runs against its own release's ``test_utils`` (PROVENANCE names the commits). The
+``test_sequence_model.py`` it imports is one file for both (the same blob)."""
 WORLD_SIZE = 4
 WORLD_SIZE_2D = 2
 
 
+def release_folder(version: str) -> Path | None:
+    """The vendored folder for torchrec ``version`` (None: no release of ours matches)."""
+    folder = next((f for prefix, f in RELEASES.items() if version.startswith(prefix)), None)
+    return None if folder is None else VENDORED / folder
+
+
 def install_vendored() -> None:
-    """Make ``torchrec.distributed.tests`` the vendored folder (idempotent, any process)."""
+    """Make ``torchrec.distributed.tests`` the installed release's vendored files
+    (idempotent, any process)."""
     if PACKAGE in sys.modules:
         return
     import torchrec.distributed
 
+    folder = release_folder(torchrec.__version__)
+    if folder is None:
+        raise RuntimeError(
+            f"no vendored TorchRec tests for torchrec {torchrec.__version__}; vendored: "
+            f"{sorted(RELEASES)} (tests/torchrec_suite/vendored/PROVENANCE)"
+        )
     package = types.ModuleType(PACKAGE)
-    package.__path__ = [str(VENDORED)]  # type: ignore[attr-defined]
+    package.__path__ = [str(folder), str(VENDORED)]  # type: ignore[attr-defined]
     package.__file__ = str(VENDORED / "__init__.py")
     sys.modules[PACKAGE] = package
     torchrec.distributed.tests = package  # type: ignore[attr-defined]
