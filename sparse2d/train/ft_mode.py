@@ -152,9 +152,9 @@ class FaultTolerantMode:
         if self.restart == 0:
             self._maybe_resume(loop)
         ft.start_step()
-        if self.restart and self._maybe_resume(loop):  # every group was lost
-            ft.start_step()  # ask again with the loaded step
-        elif self._check_not_all_lost(loop):
+        # every group was lost: continue from the checkpoint's step; the groups behind it
+        # heal at the next quorum (this step's quorum is already formed)
+        if not (self.restart and self._maybe_resume(loop)) and self._check_not_all_lost(loop):
             return False
         self._first = False
         self._record_heals(loop)
