@@ -213,9 +213,11 @@ def main() -> None:
                 r = run(kind, Path(tmp) / f"{kind}{i}", args.steps, None)
                 summary = r["summary"] if kind == "std" else r["g0"]
                 sps, auc = summary["samples_per_s"], summary["eval_auc"]
-                res["clean"][kind].append(
-                    {"samples_per_s": sps, "eval_auc": auc, "wall_s": r["wall_s"]}
-                )
+                entry = {"samples_per_s": sps, "eval_auc": auc, "wall_s": r["wall_s"]}
+                if kind != "std":  # main-thread ms per step blocked on the quorum / the vote
+                    for key in ("quorum_wait_s", "vote_wait_s"):
+                        entry[f"{key[:-2]}_ms_per_step"] = 1e3 * summary[key] / args.steps
+                res["clean"][kind].append(entry)
                 print(kind, res["clean"][kind][-1], flush=True)
             if args.compare_blocking:
                 print("round", i, "ft/std", res["clean"]["ft"][-1]["samples_per_s"]
@@ -248,7 +250,8 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
         f"configs/ft_tiny_cpu.yaml model and data, sync every step, {args.steps} steps, each driven "
         f"by TorchRec's pipeline; rounds alternated. {args.machine}.",
         f"Regenerate: `PYTHONPATH=. OMP_NUM_THREADS=1 python bench/ft_bench.py --clean-only "
-        f"--pipeline {res['pipeline']} --steps {args.steps} --rounds {args.rounds}`.",
+        f"--pipeline {res['pipeline']} --steps {args.steps} --rounds {args.rounds}"
+        f"{' --compare-blocking' if 'ft_blocking' in res['clean'] else ''}`.",
         "",
         "| round | fault tolerant samples/s | standard samples/s | ratio | AUC ft / std |",
         "|---|---|---|---|---|",
@@ -258,6 +261,27 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
             for i, (a, b, r) in enumerate(zip(ft, std, ratios, strict=True))
         ],
         "",
+        *(
+            [
+                "With every quorum blocking (`fault_tolerance.overlap_quorum=false`, "
+                "`--compare-blocking`), alternated in the same rounds: "
+                + ", ".join(
+                    f"{a['samples_per_s']:.0f} ({a['samples_per_s'] / b['samples_per_s']:.3f})"
+                    for a, b in zip(res["clean"]["ft_blocking"], std, strict=True)
+                )
+                + " samples/s (ratio). Main-thread ms per step blocked on the quorum, overlapped "
+                "vs blocking: "
+                + ", ".join(
+                    f"{a['quorum_wait_ms_per_step']:.1f} vs {b['quorum_wait_ms_per_step']:.1f}"
+                    for a, b in zip(ft, res["clean"]["ft_blocking"], strict=True)
+                    if "quorum_wait_ms_per_step" in a and "quorum_wait_ms_per_step" in b
+                )
+                + ".",
+                "",
+            ]
+            if "ft_blocking" in res["clean"]
+            else []
+        ),
         f"Goal >= 0.95: **{'met' if min(ratios) >= 0.95 else 'not met'}** "
         f"({min(ratios):.2f}-{max(ratios):.2f} in this run). Samples/s count the training steps "
         "on both sides: the fault-tolerant group's join (its first quorum, which waits for every "

@@ -96,6 +96,9 @@ class FaultTolerance:
         self._held: dict[str, Any] | None = None  # a heal that arrived at an overlapped quorum
         self._expect: int | None = None  # data position of the batch the loop read ahead
         self._opened_at = (0.0, 0)  # (time, step) the step's quorum started
+        self.waited = {"quorum_s": 0.0, "vote_s": 0.0}
+        """Main-thread seconds spent blocked on the quorum (whole RPC when it blocks, only the
+        join when it is overlapped) and on the commit vote, past the first step."""
         self._short_steps = 0
         address = options.lighthouse_address()
         check_reachable(address, options.connect_timeout_s)  # every rank, before any wait
@@ -196,6 +199,8 @@ class FaultTolerance:
             self._overlap.start(self._quorum)
             return
         self._quorum()
+        if self._started:
+            self.waited["quorum_s"] += time.perf_counter() - self._opened_at[0]
         if not self._started:  # e.g. all groups start at step 0, or resume one checkpoint
             polls = int(self.options.start_wait_s / START_POLL_S)
             while self.participants < self.options.num_groups and polls > 0:
@@ -209,8 +214,10 @@ class FaultTolerance:
         """Join an overlapped quorum and apply a heal that arrived there; nothing when none is
         pending. ``in_forward``: called by the model's forward pre-hook, so the loop already
         read this step's batch (a heal must not move the data position then)."""
+        joined = time.perf_counter()
         if self._overlap.on_helper() or not self._overlap.wait():
             return
+        self.waited["quorum_s"] += time.perf_counter() - joined
         held, self._held = self._held, None
         if held is not None:
             keep = in_forward and self._expect is None
@@ -318,6 +325,7 @@ class FaultTolerance:
             m.report_error(RuntimeError("non-finite values or another plan in the quorum"))
         participants = self.participants
         short = participants < opts.min_replica_size
+        voting = time.perf_counter()
         try:
             committed = m.should_commit()
         except Exception as error:
@@ -326,6 +334,7 @@ class FaultTolerance:
                 f"{opts.timeout_s:g} (a rank of this group was lost?): {type(error).__name__}: "
                 f"{str(error).splitlines()[0] if str(error) else ''}"
             ) from None
+        self.waited["vote_s"] += time.perf_counter() - voting
         self._position += 1
         self._open = False
         self._may_lag = not committed  # a group that committed is at the next quorum's step
@@ -410,6 +419,8 @@ class FaultTolerance:
             "min_groups_in_step": self.min_participants,
             "final_step": self.step,
             "data_position": self._position,
+            "quorum_wait_s": self.waited["quorum_s"],
+            "vote_wait_s": self.waited["vote_s"],
         }
 
     def shutdown(self) -> None:
