@@ -47,9 +47,10 @@ def _std(run_dir: Path, steps: int, kill: bool) -> list[str]:
             *extra, *PIPELINE]  # fmt: skip
 
 
-def _ft(run_dir: Path, steps: int) -> list[str]:
+def _ft(run_dir: Path, steps: int, blocking: bool = False) -> list[str]:
+    quorum = ("fault_tolerance.overlap_quorum=false",) if blocking else ()
     return ["launch/ft_local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON[:3],
-            "fault_tolerance.timeout_s=20", *PIPELINE]  # fmt: skip
+            "fault_tolerance.timeout_s=20", *quorum, *PIPELINE]  # fmt: skip
 
 
 def _steps(events: list[tuple[float, str]], prefix: str) -> list[tuple[float, int]]:
@@ -60,13 +61,17 @@ def _steps(events: list[tuple[float, str]], prefix: str) -> list[tuple[float, in
 
 
 def run(kind: str, run_dir: Path, steps: int, kill_at: int | None) -> dict:
-    """One launch; with ``kill_at``, SIGKILL rank 1 (of group 1 in ft) at that step."""
+    """One launch; with ``kill_at``, SIGKILL rank 1 (of group 1 in ft) at that step.
+    ``kind``: ``ft``, ``ft_blocking`` (every quorum blocks: ``overlap_quorum=false``), ``std``."""
+    blocking, kind = kind == "ft_blocking", "ft" if kind == "ft_blocking" else kind
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
                NPROC="2" if kind == "ft" else "4", NGROUPS="2", MAX_RESTARTS="3",
                LIGHTHOUSE_PORT=str(free_port()))  # fmt: skip
     env.pop("TORCHFT_LIGHTHOUSE", None)
     env["CONFIG"] = "configs/ft_tiny_cpu.yaml"  # both: the same model and data
-    argv = _ft(run_dir, steps) if kind == "ft" else _std(run_dir, steps, kill_at is not None)
+    argv = (
+        _ft(run_dir, steps, blocking) if kind == "ft" else _std(run_dir, steps, kill_at is not None)
+    )
     start = time.time()
     job = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -177,6 +182,11 @@ def main() -> None:
         action="store_true",
         help="only the alternated no-failure rounds (section ft-pipeline with --pipeline)",
     )
+    parser.add_argument(
+        "--compare-blocking",
+        action="store_true",
+        help="also alternate fault tolerance with every quorum blocking (overlap_quorum=false)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     parser.add_argument(
@@ -195,17 +205,25 @@ def main() -> None:
     global PIPELINE
     PIPELINE = () if args.pipeline == "none" else (f"train.pipeline={args.pipeline}",)
     load = os.getloadavg()[0]
-    res: dict = {"clean": {"ft": [], "std": []}, "pipeline": args.pipeline}
+    kinds = ("ft", "ft_blocking", "std") if args.compare_blocking else ("ft", "std")
+    res: dict = {"clean": {kind: [] for kind in kinds}, "pipeline": args.pipeline}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):  # alternate the variants: the box is shared
-            for kind in ("ft", "std"):
+            for kind in kinds:
                 r = run(kind, Path(tmp) / f"{kind}{i}", args.steps, None)
-                sps = r["g0"]["samples_per_s"] if kind == "ft" else r["summary"]["samples_per_s"]
-                auc = r["g0"]["eval_auc"] if kind == "ft" else r["summary"]["eval_auc"]
-                res["clean"][kind].append(
-                    {"samples_per_s": sps, "eval_auc": auc, "wall_s": r["wall_s"]}
-                )
+                summary = r["summary"] if kind == "std" else r["g0"]
+                sps, auc = summary["samples_per_s"], summary["eval_auc"]
+                entry = {"samples_per_s": sps, "eval_auc": auc, "wall_s": r["wall_s"]}
+                if kind != "std":  # main-thread ms per step blocked on the quorum / the vote
+                    for key in ("quorum_wait_s", "vote_wait_s"):
+                        entry[f"{key[:-2]}_ms_per_step"] = 1e3 * summary[key] / args.steps
+                res["clean"][kind].append(entry)
                 print(kind, res["clean"][kind][-1], flush=True)
+            if args.compare_blocking:
+                print("round", i, "ft/std", res["clean"]["ft"][-1]["samples_per_s"]
+                      / res["clean"]["std"][-1]["samples_per_s"], "ft_blocking/std",
+                      res["clean"]["ft_blocking"][-1]["samples_per_s"]
+                      / res["clean"]["std"][-1]["samples_per_s"], flush=True)  # fmt: skip
         if args.clean_only:
             args.machine = res["machine"] = machine_note(load)
             publish(args, res, clean_markdown(res, args), "ft_pipeline.json", "ft-pipeline")
@@ -232,7 +250,8 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
         f"configs/ft_tiny_cpu.yaml model and data, sync every step, {args.steps} steps, each driven "
         f"by TorchRec's pipeline; rounds alternated. {args.machine}.",
         f"Regenerate: `PYTHONPATH=. OMP_NUM_THREADS=1 python bench/ft_bench.py --clean-only "
-        f"--pipeline {res['pipeline']} --steps {args.steps} --rounds {args.rounds}`.",
+        f"--pipeline {res['pipeline']} --steps {args.steps} --rounds {args.rounds}"
+        f"{' --compare-blocking' if 'ft_blocking' in res['clean'] else ''}`.",
         "",
         "| round | fault tolerant samples/s | standard samples/s | ratio | AUC ft / std |",
         "|---|---|---|---|---|",
@@ -242,20 +261,43 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
             for i, (a, b, r) in enumerate(zip(ft, std, ratios, strict=True))
         ],
         "",
+        *(
+            [
+                "With every quorum blocking (`fault_tolerance.overlap_quorum=false`, "
+                "`--compare-blocking`), alternated in the same rounds: "
+                + ", ".join(
+                    f"{a['samples_per_s']:.0f} ({a['samples_per_s'] / b['samples_per_s']:.3f})"
+                    for a, b in zip(res["clean"]["ft_blocking"], std, strict=True)
+                )
+                + " samples/s (ratio). Main-thread ms per step blocked on the quorum, overlapped "
+                "vs blocking: "
+                + ", ".join(
+                    f"{a['quorum_wait_ms_per_step']:.1f} vs {b['quorum_wait_ms_per_step']:.1f}"
+                    for a, b in zip(ft, res["clean"]["ft_blocking"], strict=True)
+                    if "quorum_wait_ms_per_step" in a and "quorum_wait_ms_per_step" in b
+                )
+                + ".",
+                "",
+            ]
+            if "ft_blocking" in res["clean"]
+            else []
+        ),
         f"Goal >= 0.95: **{'met' if min(ratios) >= 0.95 else 'not met'}** "
         f"({min(ratios):.2f}-{max(ratios):.2f} in this run). Samples/s count the training steps "
         "on both sides: the fault-tolerant group's join (its first quorum, which waits for every "
         "planned group, and the step-0 heal) is start-up, like the standard world's rendezvous. "
-        "Per step, a fault-tolerant group runs a blocking quorum RPC (manager server -> "
-        "lighthouse), the in-group DDP all-reduce, ONE cross-group all-reduce carrying the "
+        "Per step, a fault-tolerant group runs the quorum RPC (manager server -> lighthouse) "
+        "on a helper thread from the pipeline's `zero_grad()` until the model's forward starts "
+        "(overlapping the wait for the batch, the next batch's input all-to-all and data "
+        "loading; a group that may be behind, at its first step or after a failed commit, "
+        "blocks instead), the in-group DDP all-reduce, ONE cross-group all-reduce carrying the "
         "embedding copies, the dense gradients and the control vector (fingerprint bytes, "
         "NaN/inf flag), the `should_commit` RPC and the write-back from the copies; the standard "
         "world runs one DDP all-reduce that also carries the folded embedding sync and the "
-        "NaN/inf vote (`sync.ddp.fold`, `sync.ddp.vote`). Left: the two RPCs per step (quorum, "
-        "`should_commit`), latency-bound, so they cost most on an oversubscribed box. "
-        "torchft's asynchronous quorum cannot simply hide the first behind the forward: a live "
-        "group's heal send runs on torchft's quorum thread and would read embeddings that "
-        "FBGEMM updates inside the backward (docs/fault_tolerance.md).",
+        "NaN/inf vote (`sync.ddp.fold`, `sync.ddp.vote`). The quorum is joined before the forward, "
+        "not the backward: a live group's heal capture runs on torchft's quorum thread and the "
+        "forward already changes captured state (FBGEMM's iteration counter, managed-collision "
+        "remaps) (docs/fault_tolerance.md).",
     ])  # fmt: skip
 
 

@@ -3,7 +3,8 @@ pattern), so any loop that calls ``zero_grad()`` before the forward and ``step()
 backward runs fault-tolerant 2D unchanged, TorchRec's train pipelines included.
 
 - ``zero_grad()`` joins the step's quorum; a group behind the quorum heals here, before its
-  forward (``FaultTolerance.start_step``; a second call in one step does nothing).
+  forward (``FaultTolerance.start_step``; a second call in one step does nothing). A group
+  that cannot be behind only starts the quorum here; the model's forward joins it.
 - between backward and ``step()``, ``model.sync()`` (TorchRec's ``sync_embeddings``) averages
   the embeddings over the quorum into copies; ``step()`` does it on the sync cadence when
   nobody did.
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from sparse2d.errors import ConfigError, FaultToleranceError
+from sparse2d.errors import ConfigError
 from sparse2d.ft.replica import FaultTolerance
 
 
@@ -35,15 +36,9 @@ class FTOptimizer(torch.optim.Optimizer):
         no batch is trained twice or out of place. ``None``: the loop reads ``ft.position``."""
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Join the step's quorum (heal if behind), then clear the dense gradients."""
-        self.ft.start_step()
-        expected = self.expect_position
-        if expected is not None and self.ft.position != expected:
-            raise FaultToleranceError(
-                f"group {self.ft.options.replica_id}: healed to data position "
-                f"{self.ft.position} while its pipeline holds the batch of position {expected}; "
-                "the group restarts and heals before its pipeline's first prefetch"
-            )
+        """Join the step's quorum (heal if behind; or start it, joined before the model's
+        forward), then clear the dense gradients."""
+        self.ft.start_step(expect_position=self.expect_position)
         self.optim.zero_grad(set_to_none)
 
     def step(self, closure: object = None) -> None:  # type: ignore[override]

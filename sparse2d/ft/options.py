@@ -44,6 +44,10 @@ class FTOptions:
     start_wait_s: float = 30.0
     """At the first quorum, wait up to this long for all ``num_groups`` groups to join it,
     so that groups launched together start together instead of the first one training alone."""
+    overlap_quorum: bool = True
+    """Run the step's quorum RPC on a helper thread from ``zero_grad()`` until the model's
+    forward starts (``sparse2d.ft.quorum``) when this group cannot be behind; False: every
+    quorum blocks in ``start_step``."""
 
     def __post_init__(self) -> None:
         for name in ("num_groups", "min_replica_size", "sync_every"):

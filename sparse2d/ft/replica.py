@@ -9,7 +9,9 @@ Step semantics (``docs/fault_tolerance.md``). FBGEMM updates the embeddings insi
 backward, before anyone knows whether the step commits. So:
 
 - ``start_step`` forms the quorum; a group behind the quorum's step heals from a live group
-  there (before its forward, so nothing it computes is lost).
+  there (before its forward, so nothing it computes is lost). When the group cannot be
+  behind (its last step committed) the quorum RPC runs on a helper thread until the model's
+  forward starts (``sparse2d.ft.quorum``): the same step, without its latency.
 - ``finish_step`` averages the dense gradients over the live groups (every step) and, on the
   sync cadence, the embedding weights and every fused optimizer state tensor, into copies.
 - Commit (every group's ranks vote, torchft's ``should_commit``): the dense optimizer steps
@@ -34,12 +36,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError, FaultToleranceError, SyncError
-from sparse2d.ft import in_world, replica_sync
+from sparse2d.ft import in_world, replica_sync, vote
 from sparse2d.ft import state as heal_state
 from sparse2d.ft.lighthouse import check_reachable
 from sparse2d.ft.options import FTOptions
+from sparse2d.ft.quorum import OverlappedQuorum
 from sparse2d.sync.guard import all_finite
-from sparse2d.sync.mc import mc_identity_buffers
 from sparse2d.sync.mc.tables import sharded_mc_table_names
 from sparse2d.sync.shards import live_tensors
 from sparse2d.sync.transport.channel import ManagedChannel
@@ -81,8 +83,7 @@ class FaultTolerance:
         digest = json.dumps(self.config_keys, sort_keys=True) if self.config_keys else config_digest
         digest = f"{digest}|{in_world.layout_digest(model)}"  # each module's L, replicas
         self.fingerprint = heal_state.fingerprint(model, self.shards, digest)
-        self.position = 0
-        """Data position: advances on every attempted step (committed or not)."""
+        self._position = 0
         self.slices_skipped = 0
         """Group-steps whose data slice nobody trained (absent groups), over the whole job."""
         self.committed = self.failed = 0
@@ -91,6 +92,13 @@ class FaultTolerance:
         self._heal_bytes = 0
         self._heal_from: int | None = None
         self._started = False
+        self._may_lag = True  # behind the next quorum? (first step, after a failed commit)
+        self._held: dict[str, Any] | None = None  # a heal that arrived at an overlapped quorum
+        self._expect: int | None = None  # data position of the batch the loop read ahead
+        self._opened_at = (0.0, 0)  # (time, step) the step's quorum started
+        self.waited = {"quorum_s": 0.0, "vote_s": 0.0}
+        """Main-thread seconds spent blocked on the quorum (whole RPC when it blocks, only the
+        join when it is overlapped) and on the commit vote, past the first step."""
         self._short_steps = 0
         address = options.lighthouse_address()
         check_reachable(address, options.connect_timeout_s)  # every rank, before any wait
@@ -124,70 +132,56 @@ class FaultTolerance:
         self._sync_error: SyncError | None = None
         self.last_committed: bool | None = None
         """Whether the latest ``finish_step`` committed (a pipeline's ``step()`` hides it)."""
+        self._overlap = OverlappedQuorum(model, lambda: self.wait_quorum(in_forward=True))
 
-    # ---- heal state (torchft calls these) -------------------------------------------------
+    # ---- heal state (torchft calls these; sparse2d.ft.state) ------------------------------
     def _capture(self) -> dict[str, Any]:
-        extra = {
-            "position": self.position,
-            "slices_skipped": self.slices_skipped,
-            "from_group": self.options.replica_id,
-            "fingerprint": self.fingerprint,
-            "config_keys": self.config_keys,
-            "rng": torch.get_rng_state(),
-            "user": self._extra[0]() if self._extra else {},
-        }
-        extra["mc_iters"] = self._mc_iters()
-        return heal_state.capture(
-            self.model, self.shards, self.optimizer, extra, mc_identity_buffers(self.policy)
-        )
-
-    def _mc_iters(self) -> list[int]:
-        """The MCH modules' iteration counters (eviction ages; plain ints, not buffers)."""
-        mc = self.policy.mc if hasattr(self, "policy") else None
-        return [int(t.module._current_iter) for t in mc.tables] if mc is not None else []
+        return heal_state.capture_group(self)
 
     def _restore(self, state: dict[str, Any]) -> None:
+        """torchft's load hook. On the overlapped quorum's helper thread the state is held
+        and applied by ``wait_quorum`` before the forward (the main thread may be running
+        the pipeline's input all-to-all right now); otherwise it is applied at once."""
+        heal_state.check_source(self, state["extra"])
+        if self._overlap.on_helper():
+            self._held = state
+            return
+        self._apply_heal(state)
+
+    def _apply_heal(self, state: dict[str, Any]) -> None:
+        self._heal_bytes = heal_state.restore_group(self, state)
         extra = state["extra"]
-        if extra["fingerprint"] != self.fingerprint:
-            theirs, source = extra.get("config_keys") or {}, extra["from_group"]
-            named = heal_state.config_mismatch(self.config_keys, theirs, source)
-            if named:
-                raise ConfigError(
-                    f"group {self.options.replica_id} cannot join: group {source} runs another "
-                    f"config: {named}; start every group with the same config"
-                )
-            raise ConfigError(
-                f"group {self.options.replica_id} cannot join: group {extra['from_group']} runs "
-                f"another plan/model/config (fingerprint {extra['fingerprint']:x} != "
-                f"{self.fingerprint:x}); start every group with the same config and world size"
-            )
-        self._heal_bytes = heal_state.restore(
-            self.model, self.shards, self.optimizer, state, mc_identity_buffers(self.policy)
-        )
-        if self.policy.mc is not None:
-            for table, it in zip(self.policy.mc.tables, extra["mc_iters"], strict=True):
-                table.module._current_iter = it
-        self.policy.reset()  # references (bf16 deltas, scaling) follow the healed values
         self._heal_from = int(extra["from_group"])
-        self.position = int(extra["position"])
+        self._position = int(extra["position"])
         self.slices_skipped = int(extra["slices_skipped"])
-        torch.set_rng_state(extra["rng"])
-        if self._extra:
-            self._extra[1](extra["user"])
 
     # ---- the step ----------------------------------------------------------------------
     @property
     def step(self) -> int:
         """Committed steps of the job (torchft's step: the quorum's max, healed on join)."""
+        self.wait_quorum()
         return self.manager.current_step()
 
     @property
     def participants(self) -> int:
         """Groups in the current quorum."""
+        self.wait_quorum()
         return self.manager.num_participants()
 
-    def start_step(self) -> None:
+    @property
+    def position(self) -> int:
+        """Data position: advances on every attempted step (committed or not). Reading it
+        joins an overlapped quorum first (a held heal may move it)."""
+        self.wait_quorum()
+        return self._position
+
+    def start_step(self, expect_position: int | None = None) -> None:
         """Join this step's quorum; heal from a live group when this group is behind.
+
+        ``expect_position``: the data position of the batch the loop already read (a
+        pipeline prefetches); a heal that moves the group elsewhere is then refused.
+        When the group cannot be behind, the quorum only starts here and is joined before
+        the model's forward (``wait_quorum``; ``sparse2d.ft.quorum``).
 
         At the first call the quorum is asked again (every ``START_POLL_S``, up to
         ``start_wait_s``) until every planned group is in it, so that groups launched
@@ -196,9 +190,17 @@ class FaultTolerance:
         """
         if self._open:  # already joined (the trainer opens the first step before a pipeline)
             return
-        start, self._heal_from = time.perf_counter(), None
-        before = self.step
+        self._heal_from, self._expect = None, expect_position
+        self._opened_at = (time.perf_counter(), self.manager.current_step())
+        overlap = self.options.overlap_quorum and not self._may_lag and self._overlap.forward_seen
+        self._overlap.arm()
+        if overlap:
+            self._open = True
+            self._overlap.start(self._quorum)
+            return
         self._quorum()
+        if self._started:
+            self.waited["quorum_s"] += time.perf_counter() - self._opened_at[0]
         if not self._started:  # e.g. all groups start at step 0, or resume one checkpoint
             polls = int(self.options.start_wait_s / START_POLL_S)
             while self.participants < self.options.num_groups and polls > 0:
@@ -206,11 +208,44 @@ class FaultTolerance:
                 self._quorum()
                 polls -= 1
         self._started = self._open = True
+        self._after_heal()
+
+    def wait_quorum(self, in_forward: bool = False) -> None:
+        """Join an overlapped quorum and apply a heal that arrived there; nothing when none is
+        pending. ``in_forward``: called by the model's forward pre-hook, so the loop already
+        read this step's batch (a heal must not move the data position then)."""
+        joined = time.perf_counter()
+        if self._overlap.on_helper() or not self._overlap.wait():
+            return
+        self.waited["quorum_s"] += time.perf_counter() - joined
+        held, self._held = self._held, None
+        if held is not None:
+            keep = in_forward and self._expect is None
+            expected = self._position if keep else self._expect
+            self._apply_heal(held)
+            self._expect = expected
+        self._after_heal()
+
+    def _after_heal(self) -> None:
+        """Record this step's heal, if any, and refuse one that moved the data position away
+        from the batch the loop already holds (the group restarts and heals before reading)."""
         if self._heal_from is not None:
-            self.heals.append({
-                "step": self.step, "from_group": self._heal_from, "from_step": before,
-                "seconds": time.perf_counter() - start, "bytes": self._heal_bytes,
-            })  # fmt: skip
+            self._record_heal()
+        if self._expect is not None and self._position != self._expect:
+            raise FaultToleranceError(
+                f"group {self.options.replica_id}: healed to data position "
+                f"{self._position} while the loop (its pipeline) already read the batch of "
+                f"position {self._expect}; the group restarts and heals before reading a batch"
+            )
+
+    def _record_heal(self) -> None:
+        start, before = self._opened_at
+        self.heals.append({
+            "step": self.manager.current_step(), "from_group": self._heal_from,
+            "from_step": before, "seconds": time.perf_counter() - start,
+            "bytes": self._heal_bytes,
+        })  # fmt: skip
+        self._heal_from = None
 
     def _quorum(self) -> None:
         try:
@@ -224,6 +259,19 @@ class FaultTolerance:
                 f"{self.options.quorum_timeout_s:g} ({type(error).__name__}: "
                 f"{str(error).splitlines()[0] if str(error) else ''})"
             ) from None
+
+    def _require_joined(self) -> None:
+        """The backward ran: an overlapped quorum must have been joined by the forward."""
+        if not self._overlap.pending:
+            return
+        self.wait_quorum()
+        raise FaultToleranceError(
+            f"group {self.options.replica_id}: the step's quorum was still open after the "
+            "backward: the loop ran no forward of the model passed to FaultTolerance "
+            "between zero_grad()/start_step() and the backward (its forward pre-hook joins "
+            "the quorum before a heal's capture could read a changing state); call that "
+            "model, or set FTOptions.overlap_quorum=False"
+        )
 
     def _dense_grads(self) -> list[torch.Tensor]:
         out = []
@@ -240,6 +288,7 @@ class FaultTolerance:
         """The replica sync of this step, into copies (``model.sync()`` does the same; a
         second call in one step does nothing). A non-finite value found by the sync's guard
         is remembered: the step's vote then refuses the average in every group."""
+        self._require_joined()
         if self.policy.uncommitted or self._sync_error is not None:
             return
         try:
@@ -253,6 +302,7 @@ class FaultTolerance:
         Call between the backward and the next step: the embeddings are averaged now unless
         ``model.sync()`` already ran this step (TorchRec's pipelines call it there), the
         dense gradients always. Returns whether the step committed."""
+        self._require_joined()
         m, opts = self.manager, self.options
         last = self.final_step is not None and self.step + 1 >= self.final_step
         if force_sync or last or (self.step + 1) % opts.sync_every == 0:
@@ -261,18 +311,21 @@ class FaultTolerance:
         bad_here = self._sync_error is not None or not all(all_finite(g) for g in grads)
         if self.policy.uncommitted and self._check_finite and not bad_here:  # what it sent
             bad_here = not all(all_finite(t) for t in live_tensors(self.shards, True, True))
-        control = _control_vector(self.fingerprint, bad_here, grads)
+        control = vote.control_vector(self.fingerprint, bad_here, grads)
         # ONE all-reduce per dtype (one in all when everything is fp32): the sync's queued
         # copies, the dense gradients and the control vector travel together
         self.channel.start_tensors([*grads, control])()
         if m.errored() is not None:
             self._drop_process_group()
-        mismatch = not m.errored() and _fingerprints_differ(control, self.fingerprint, m)
+        mismatch = not m.errored() and vote.fingerprints_differ(
+            control, self.fingerprint, self.participants
+        )
         bad_anywhere = not m.errored() and float(control[-1]) > 0
         if mismatch or bad_anywhere:  # never apply an average that a bad replica took part in
             m.report_error(RuntimeError("non-finite values or another plan in the quorum"))
         participants = self.participants
         short = participants < opts.min_replica_size
+        voting = time.perf_counter()
         try:
             committed = m.should_commit()
         except Exception as error:
@@ -281,8 +334,10 @@ class FaultTolerance:
                 f"{opts.timeout_s:g} (a rank of this group was lost?): {type(error).__name__}: "
                 f"{str(error).splitlines()[0] if str(error) else ''}"
             ) from None
-        self.position += 1
+        self.waited["vote_s"] += time.perf_counter() - voting
+        self._position += 1
         self._open = False
+        self._may_lag = not committed  # a group that committed is at the next quorum's step
         self.last_committed = committed
         if committed:
             self.policy.commit()
@@ -351,7 +406,7 @@ class FaultTolerance:
         whose quorum then reports this step; groups behind it heal from the furthest one.
         """
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
-        self.position, self.slices_skipped = position, slices_skipped
+        self._position, self.slices_skipped = position, slices_skipped
 
     def summary(self) -> dict[str, Any]:
         """The counters a run reports (``committed_steps``, ``failed_commits``, ``heals``...)."""
@@ -363,36 +418,12 @@ class FaultTolerance:
             "group_steps_skipped": self.slices_skipped,
             "min_groups_in_step": self.min_participants,
             "final_step": self.step,
-            "data_position": self.position,
+            "data_position": self._position,
+            "quorum_wait_s": self.waited["quorum_s"],
+            "vote_wait_s": self.waited["vote_s"],
         }
 
     def shutdown(self) -> None:
         """Stop this group's manager server and checkpoint server."""
+        self._overlap.close()
         self.manager.shutdown(wait=False)
-
-
-FINGERPRINT_BYTES = 6
-"""``heal_state.fingerprint`` is a 48-bit hash; it travels as 6 bytes and their squares."""
-
-
-def _control_vector(fingerprint: int, bad: bool, grads: list[torch.Tensor]) -> torch.Tensor:
-    """The step's vote payload, fp32 (or fp64 beside fp64 gradients) so that it rides the
-    gradients' all-reduce: the fingerprint's bytes ``b``, their squares ``b*b`` (sums and
-    averages exact enough to round back for < 128 groups) and the NaN/inf flag, last."""
-    digits = [float((fingerprint >> (8 * i)) & 0xFF) for i in range(FINGERPRINT_BYTES)]
-    wide = bool(grads) and grads[0].dtype == torch.float64  # bf16/fp16 would round b*b
-    dtype = torch.float64 if wide else torch.float32
-    return torch.tensor([*digits, *(d * d for d in digits), 1.0 if bad else 0.0], dtype=dtype)
-
-
-def _fingerprints_differ(control: torch.Tensor, fingerprint: int, manager: Any) -> bool:
-    """Whether some group in the quorum has another fingerprint: the sums (average times
-    participants) of the bytes ``b`` and squares ``b*b`` equal ``n*b`` and ``n*b*b`` for
-    every byte exactly when every group sent the same ``b`` (equality in Cauchy-Schwarz)."""
-    n = int(manager.num_participants())
-    sums = torch.round(control[: 2 * FINGERPRINT_BYTES].double() * n).tolist()
-    for i in range(FINGERPRINT_BYTES):
-        digit = (fingerprint >> (8 * i)) & 0xFF
-        if sums[i] != n * digit or sums[FINGERPRINT_BYTES + i] != n * digit * digit:
-            return True
-    return False

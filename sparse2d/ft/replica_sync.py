@@ -25,28 +25,52 @@ from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.policy import SyncPolicy
 from sparse2d.sync.transport.channel import ManagedChannel
 
+REASONS = {
+    "sharding_strategy": "a group would hold 1/G of the buffers: nothing to heal a lost group from",
+    "sync.overlap": "an overlapped average is still in flight at the step boundary, where "
+    "torchft forms the next quorum: it would span two quorums (a group healed into the next "
+    "step holds no part of it, a group lost after the vote breaks an average its step already "
+    "committed), and a step's commit vote can only cover collectives that finished before it",
+    "sync.delayed_optimizer_state": "the states' average would finish one step late, across "
+    "the boundary where torchft forms the next quorum: as with overlap, a step's commit vote "
+    "can only cover collectives that finished before it, and an average spanning two quorums "
+    "has members that joined or left in between",
+    "sync.include_optimizer_state": "a heal and the average carry the optimizer state; groups "
+    "must agree on it",
+}
+"""Why fault tolerance refuses an option (one copy: ``refuse`` and the trainer's config)."""
+
+
+def option_refusals(options: SyncOptions, fully_sharded: bool) -> list[tuple[str, Any, str]]:
+    """The options fault tolerance refuses, as ``(key, value, why)`` with keys relative to the
+    trainer's ``parallel`` section; decided from the options alone, so the trainer refuses
+    them when it loads its config and ``refuse`` on every rank before anything connects."""
+    values = {
+        "sharding_strategy": "fully_sharded" if fully_sharded else None,
+        "sync.overlap": options.overlap or None,
+        "sync.delayed_optimizer_state": options.delayed_optimizer_state or None,
+        "sync.include_optimizer_state": False if not options.include_optimizer_state else None,
+    }
+    return [(key, value, REASONS[key]) for key, value in values.items() if value is not None]
+
 
 def refuse(model: nn.Module) -> None:
     """Raise ``ConfigError`` for what the fault-tolerant sync cannot run, with the reason."""
-    if getattr(model, "fully_sharded", None) is not None:
-        raise ConfigError(
-            "fault tolerance with sharding_strategy=FULLY_SHARDED is not supported: a group "
-            "holds only 1/G of the buffers, so no live group could heal a lost one"
-        )
-    local = model.sync_policy
+    fully_sharded = getattr(model, "fully_sharded", None) is not None
+    local = getattr(model, "sync_policy", None)
     base = getattr(local, "options", None) or SyncOptions()
+    refused = option_refusals(base, fully_sharded)
+    if refused:
+        raise ConfigError(
+            "fault tolerance cannot run with "
+            + "; ".join(f"{key}={value!r} ({why})" for key, value, why in refused)
+            + " (docs/fault_tolerance.md)"
+        )
     if local.hook is not None:
         raise ConfigError(
             "fault tolerance with a custom all-reduce hook: the hook takes a torch process "
             "group, the fault-tolerant average runs over torchft's managed group; drop "
             "custom_all_reduce"
-        )
-    later = [k for k in ("overlap", "delayed_optimizer_state") if getattr(base, k)]
-    if later:
-        raise ConfigError(
-            f"fault tolerance with sync {later}: the "
-            "fault-tolerant average lands at the step's commit; an average landing after "
-            "a later step was not covered by that step's vote (docs/fault_tolerance.md)"
         )
     in_world.refuse(model, base)  # the default module's in-world replicas; per-module sizes
 

@@ -3,9 +3,12 @@
 Every embedding shard's weights and fused optimizer state (plus each kernel's step counter),
 the dense parameters and buffers, the dense optimizer, and the caller's extras (step, data
 position, RNG, counters). The sender clones everything at a safe point: torchft calls
-``capture`` from its quorum thread while the sender's main thread waits in ``start_step``
-(the quorum is synchronous), so no backward is updating the fused buffers, and the clones
-are what its HTTP transport serves while the sender trains on.
+``capture`` from its quorum thread while the sender's main thread either waits in
+``start_step`` or, with the quorum overlapped (``sparse2d.ft.quorum``), runs only what a
+loop does between ``zero_grad()`` and the model's forward (the pipeline's input all-to-all,
+data loading), which changes nothing captured; the forward pre-hook joins the quorum, so no
+forward or backward runs during the capture. The clones are what its HTTP transport serves
+while the sender trains on.
 
 ``fingerprint`` hashes what must match between groups (shard layout, dense shapes, the
 caller's config digest): a group joining with another plan or model is refused by name.
@@ -21,6 +24,8 @@ import torch
 import torch.nn as nn
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from sparse2d.errors import ConfigError
+from sparse2d.sync.mc import mc_identity_buffers
 from sparse2d.sync.shards import ShardState, flush_caches, live_tensors
 
 
@@ -129,4 +134,61 @@ def restore(
         for t in value.values():
             if isinstance(t, torch.Tensor):
                 nbytes += t.numel() * t.element_size()
+    return nbytes
+
+
+# ---- a FaultTolerance group's heal (its torchft state-dict hooks) -----------------------
+def capture_group(ft: Any) -> dict[str, Any]:
+    """``capture`` of a ``FaultTolerance`` group, with what it must hand on: data position,
+    skipped slices, its identity (fingerprint, config keys), RNG, MCH iteration counters
+    and the caller's extras."""
+    extra = {
+        "position": ft._position,
+        "slices_skipped": ft.slices_skipped,
+        "from_group": ft.options.replica_id,
+        "fingerprint": ft.fingerprint,
+        "config_keys": ft.config_keys,
+        "rng": torch.get_rng_state(),
+        "user": ft._extra[0]() if ft._extra else {},
+        "mc_iters": _mc_iters(ft),
+    }
+    return capture(ft.model, ft.shards, ft.optimizer, extra, mc_identity_buffers(ft.policy))
+
+
+def _mc_iters(ft: Any) -> list[int]:
+    """The MCH modules' iteration counters (eviction ages; plain ints, not buffers)."""
+    mc = ft.policy.mc if hasattr(ft, "policy") else None
+    return [int(t.module._current_iter) for t in mc.tables] if mc is not None else []
+
+
+def check_source(ft: Any, extra: dict[str, Any]) -> None:
+    """Refuse a heal from a group with another plan/model/config, naming the config keys."""
+    if extra["fingerprint"] == ft.fingerprint:
+        return
+    mine, source = ft.options.replica_id, extra["from_group"]
+    named = config_mismatch(ft.config_keys, extra.get("config_keys") or {}, source)
+    if named:
+        raise ConfigError(
+            f"group {mine} cannot join: group {source} runs another config: {named}; start "
+            "every group with the same config"
+        )
+    raise ConfigError(
+        f"group {mine} cannot join: group {source} runs another plan/model/config "
+        f"(fingerprint {extra['fingerprint']:x} != {ft.fingerprint:x}); start every group "
+        "with the same config and world size"
+    )
+
+
+def restore_group(ft: Any, state: dict[str, Any]) -> int:
+    """Load ``capture_group``'s output into a group (its caller sets the data position and
+    counters); return the bytes received."""
+    extra = state["extra"]
+    nbytes = restore(ft.model, ft.shards, ft.optimizer, state, mc_identity_buffers(ft.policy))
+    if ft.policy.mc is not None:
+        for table, it in zip(ft.policy.mc.tables, extra["mc_iters"], strict=True):
+            table.module._current_iter = it
+    ft.policy.reset()  # references (bf16 deltas, scaling) follow the healed values
+    torch.set_rng_state(extra["rng"])
+    if ft._extra:
+        ft._extra[1](extra["user"])
     return nbytes

@@ -99,6 +99,7 @@ class FaultTolerantMode:
             connect_timeout_s=ft.connect_timeout_s,
             # a restarted group rejoins a running job (or finds every group lost): no start wait
             start_wait_s=ft.start_wait_s if self.restart == 0 else 1e-9,
+            overlap_quorum=ft.overlap_quorum,
         )
         self.ft = FaultTolerance(
             loop.model, loop.optimizer, options, config_digest=config_digest(self.cfg)
@@ -129,8 +130,8 @@ class FaultTolerantMode:
             startup_s = time.perf_counter() - joined
         if self._pipeline is None:
             ft.start_step()  # quorum; a group behind heals here (already open at the first)
+            batch = loop.data.train(ft.position)[0].to(loop.device)  # joins the quorum first
             self._record_heals(loop)
-            batch = loop.data.train(ft.position)[0].to(loop.device)
             loss, (_, logits, labels) = loop.model(batch)
             loss.backward()
             participants = ft.participants
@@ -151,9 +152,9 @@ class FaultTolerantMode:
         if self.restart == 0:
             self._maybe_resume(loop)
         ft.start_step()
-        if self.restart and self._maybe_resume(loop):  # every group was lost
-            ft.start_step()  # ask again with the loaded step
-        elif self._check_not_all_lost(loop):
+        # every group was lost: continue from the checkpoint's step; the groups behind it
+        # heal at the next quorum (this step's quorum is already formed)
+        if not (self.restart and self._maybe_resume(loop)) and self._check_not_all_lost(loop):
             return False
         self._first = False
         self._record_heals(loop)

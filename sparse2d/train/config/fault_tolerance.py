@@ -37,6 +37,10 @@ class FaultToleranceConfig:
     """Reaching the lighthouse (checked on every rank before anything starts)."""
     start_wait_s: float = 30.0
     """At launch, wait up to this long for all ``group_size`` groups to join the first quorum."""
+    overlap_quorum: bool = True
+    """Run a step's quorum RPC from ``zero_grad()`` until the forward starts, overlapping the
+    pipeline's input all-to-all and data loading, when the group cannot be behind (its last
+    step committed); false: every quorum blocks before the step (``sparse2d.ft.quorum``)."""
 
     def __post_init__(self) -> None:
         positive(self, "group_size", "min_replica_size", "timeout_s", "quorum_timeout_s")
@@ -60,48 +64,31 @@ in the step's quorum; engine=sparse: the touched-row union agreed over the quoru
 bf16: deltas summed in bf16 over the quorum) or replaces (engine=auto runs dense; hide)."""
 
 
-_SYNC_REASONS = {
-    "overlap": "an overlapped average is still in flight at the step boundary, where torchft "
-    "forms the next quorum: it would span two quorums (a group healed into the next step holds "
-    "no part of it, a group lost after the vote breaks an average its step already committed), "
-    "and a step's commit vote can only cover collectives that finished before it",
-    "delayed_optimizer_state": "the states' average would finish one step late, across the "
-    "boundary where torchft forms the next quorum: as with overlap, a step's commit vote can "
-    "only cover collectives that finished before it, and an average spanning two quorums has "
-    "members that joined or left in between",
-}
-"""Why a ``parallel.sync`` key is refused under fault tolerance (default: the generic line)."""
-
-
 def refusals(cfg: Any) -> list[str]:
-    """Every option of ``cfg`` that fault-tolerant mode cannot run, as ``key=value (why)``."""
+    """Every option of ``cfg`` that fault-tolerant mode cannot run, as ``key=value (why)``: the
+    library's refusals (``sparse2d.ft.replica_sync.option_refusals``) and the trainer's own."""
     if not cfg.fault_tolerance.enable:
         return []
-    out = []
+    from sparse2d.ft.replica_sync import option_refusals
+
     p = cfg.parallel
+    out = []
     if p.sharding_group_size == "auto":
         out.append(
             "parallel.sharding_group_size='auto' (a group is one torchrun world: leave it null)"
         )
-    if p.sharding_strategy != "default":
-        out.append(
-            f"parallel.sharding_strategy={p.sharding_strategy!r} (a group would hold 1/G of the "
-            "buffers: nothing to heal a lost group from)"
-        )
+    library = option_refusals(p.sync, p.sharding_strategy == "fully_sharded")
+    out += [f"parallel.{key}={value!r} ({why})" for key, value, why in library]
+    decided = {key.removeprefix("sync.") for key, _, _ in library}
     default = type(p.sync)()
     for key, value in dataclasses.asdict(p.sync).items():
-        if key not in _SYNC_FREE and value != getattr(default, key):
-            why = _SYNC_REASONS.get(key, "the fault-tolerant sync is the blocking fp32 average")
+        if key not in _SYNC_FREE and key not in decided and value != getattr(default, key):
+            why = "the fault-tolerant sync is the blocking fp32 average"
             out.append(f"parallel.sync.{key}={value!r} ({why})")
     if p.replica_layout != "intra_host":
         out.append(
             f"parallel.replica_layout={p.replica_layout!r} (a torchrun world is one sharding "
             "group and torchft joins rank r of every group: where replicas sit is where each "
             "group's torchrun runs, not this key)"
-        )
-    if not p.sync.include_optimizer_state:
-        out.append(
-            "parallel.sync.include_optimizer_state=False (a heal and the average carry the "
-            "optimizer state; groups must agree on it)"
         )
     return out

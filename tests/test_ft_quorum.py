@@ -1,0 +1,140 @@
+"""``sparse2d.ft.quorum``: the step's quorum overlapped with the work before the forward.
+
+Two torchft groups of two gloo ranks, an in-process lighthouse, TorchRec's
+``TrainPipelineSparseDist`` over ``FTOptimizer`` (quorum started in ``zero_grad``, joined by
+the model's forward pre-hook). Group 1 fails two commits (a rank reports an error to torchft
+just before the vote, as a local fault would): after the first it heals at the next quorum
+the synchronous way; after the second it is made to believe it cannot lag (as a group left out
+of quorums while alive would), so its heal arrives at an overlapped quorum, is held and
+applied before the forward. Both groups end bit-identical, group 1 never reads a data position
+twice, one heal per failure, and every other step ran the quorum overlapped.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.distributed as dist
+
+from sparse2d.ft.lighthouse import start_lighthouse
+from tests.ft_groups import run_groups
+from tests.models import (
+    MIXED_TABLES,
+    constraints_for,
+    dense_params,
+    full_weights,
+    gather_tables,
+    load_full_weights,
+    make_batch,
+)
+
+GROUPS, SIZE, STEPS, EVERY = 2, 2, 9, 3
+FAIL_AT = {3: "sync", 6: "held"}
+"""Attempt index -> how group 1 heals after failing that attempt's commit."""
+
+
+def _train(group: int, lighthouse: str) -> dict:
+    from torchrec.datasets.utils import Batch
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from sparse2d import DMPCollection
+    from sparse2d.ft import FaultTolerance, FTOptimizer, FTOptions
+    from tests.test_torchrec_compat import DENSE_LR, pipeline_model
+
+    tables = MIXED_TABLES
+    weights = full_weights(pipeline_model().model)
+    model = DMPCollection(pipeline_model(), SIZE, device="cpu",
+                          constraints=constraints_for(tables), node_group_size=2)  # fmt: skip
+    load_full_weights(model, weights)
+    dense = torch.optim.SGD(
+        [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=DENSE_LR
+    )
+    options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=1,
+                        lighthouse=lighthouse, sync_every=EVERY, timeout_s=20,
+                        quorum_timeout_s=60)  # fmt: skip
+    ft = FaultTolerance(model, dense, options)
+    ft.final_step = STEPS  # the last step syncs: the groups end averaged
+    seen = {"overlapped": 0, "restore_threads": [], "attempt": 0}
+    start, restore, vote = ft._overlap.start, ft._restore, ft.manager.should_commit
+
+    def counting_start(quorum):
+        seen["overlapped"] += 1
+        start(quorum)
+
+    def recording_restore(state):
+        if ft.manager.current_step() > 0:  # not init_sync's copy at step 0 (either group)
+            seen["restore_threads"].append(threading.current_thread().name)
+        restore(state)
+
+    def failing_vote(*args, **kwargs):  # group 1's rank 0 hits a local error at the vote
+        if group == 1 and seen["attempt"] in FAIL_AT and dist.get_rank() == 0:
+            ft.manager.report_error(RuntimeError("injected local fault"))
+        return vote(*args, **kwargs)
+
+    ft._overlap.start, ft.manager.should_commit = counting_start, failing_vote
+    ft.manager._load_state_dict_fns["default"] = recording_restore  # torchft's load hook
+    ft.start_step()  # join (and heal) before the pipeline's first prefetch
+    pipeline = TrainPipelineSparseDist(model, FTOptimizer(ft, expect_position=ft.position),
+                                       torch.device("cpu"))  # fmt: skip
+    read: list[int] = []
+
+    def data():
+        position = ft.position
+        while True:
+            read.append(position)
+            kjt, x, target = make_batch(tables, position, group * SIZE + dist.get_rank())
+            yield Batch(dense_features=x, sparse_features=kjt, labels=target)
+            position += 1
+
+    it, committed = data(), []
+    while ft.step < STEPS:
+        pipeline.progress(it)
+        committed.append(ft.last_committed)
+        if group == 1 and FAIL_AT.get(seen["attempt"]) == "held":
+            ft._may_lag = False  # as if it had committed: the next quorum is overlapped
+        seen["attempt"] += 1
+    summary = ft.summary()
+    ft.shutdown()
+    return {"tables": gather_tables(model, tables, None), "dense": dense_params(model),
+            "committed": committed, "summary": summary, "read": read,
+            "overlapped": seen["overlapped"], "restores": seen["restore_threads"]}  # fmt: skip
+
+
+def test_heals_under_the_overlapped_quorum_end_identical_and_train_no_batch_twice() -> None:
+    lighthouse = start_lighthouse(min_replicas=1)
+    try:
+        out = run_groups(GROUPS, SIZE, _train, lighthouse.address(), timeout=300)
+    finally:
+        lighthouse.shutdown()
+    base = out[(0, 0)]
+    for (g, r), got in out.items():
+        s = got["summary"]
+        attempts = len(got["committed"])
+        assert s["final_step"] == STEPS and s["data_position"] == attempts, (g, r, s)
+        read = got["read"]  # positions the pipeline read: each once, in order
+        assert read == list(range(read[0], read[0] + len(read))) and read[0] == 0, (g, r, read)
+        for name in base["tables"]:  # bit-identical replicas
+            assert torch.equal(got["tables"][name], base["tables"][name]), (g, r, name)
+        for name in base["dense"]:
+            assert torch.equal(got["dense"][name], base["dense"][name]), (g, r, name)
+        if g == 0:
+            assert s["failed_commits"] == 0, (g, r, s)
+            assert [h for h in s["heals"] if h["step"] > 0] == [], (g, r, s)
+            assert attempts == STEPS and got["restores"] == [], (g, r, got["restores"])
+        else:
+            # one heal per failure (and maybe init_sync's copy of group 0 at step 0)
+            heals = [h for h in s["heals"] if h["step"] > 0]
+            assert s["failed_commits"] == len(FAIL_AT) and len(heals) == len(FAIL_AT), s
+            for heal, failed_at in zip(heals, sorted(FAIL_AT), strict=True):
+                assert heal["from_group"] == 0 and heal["from_step"] == failed_at, (heal, s)
+                assert heal["step"] == failed_at + 1, (failed_at, heal)  # at the next attempt
+            # after the first failure the heal runs in start_step (main thread); after the
+            # second it arrives on the overlapped quorum's helper thread and is held there
+            threads = got["restores"]
+            assert threads[0] == "MainThread" and len(threads) == 2, threads
+            assert threads[1].startswith("sparse2d_quorum"), threads
+        # every step but the first and those after a synchronous heal's cause overlapped
+        sync_steps = 1 + (sum(1 for v in FAIL_AT.values() if v == "sync") if g == 1 else 0)
+        assert got["overlapped"] == attempts - sync_steps, (g, r, got["overlapped"], attempts)
