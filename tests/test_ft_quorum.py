@@ -53,7 +53,7 @@ def _train(group: int, lighthouse: str) -> dict:
     )
     options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=1,
                         lighthouse=lighthouse, sync_every=EVERY, timeout_s=20,
-                        quorum_timeout_s=60)  # fmt: skip
+                        quorum_timeout_s=60, overlap_quorum=True)  # fmt: skip
     ft = FaultTolerance(model, dense, options)
     ft.final_step = STEPS  # the last step syncs: the groups end averaged
     seen = {"overlapped": 0, "restore_threads": [], "attempt": 0}

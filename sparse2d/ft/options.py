@@ -44,10 +44,11 @@ class FTOptions:
     start_wait_s: float = 30.0
     """At the first quorum, wait up to this long for all ``num_groups`` groups to join it,
     so that groups launched together start together instead of the first one training alone."""
-    overlap_quorum: bool = True
+    overlap_quorum: bool = False
     """Run the step's quorum RPC on a helper thread from ``zero_grad()`` until the model's
-    forward starts (``sparse2d.ft.quorum``) when this group cannot be behind; False: every
-    quorum blocks in ``start_step``."""
+    forward starts (``sparse2d.ft.quorum``) when this group cannot be behind; False (the
+    default): every quorum blocks in ``start_step``. Off by default: on a quiet 2-core CPU
+    box it measured no faster (0.76x vs 0.79x the standard launcher, bench/RESULTS.md)."""
 
     def __post_init__(self) -> None:
         for name in ("num_groups", "min_replica_size", "sync_every"):

@@ -25,12 +25,78 @@ forward, and refused if it moves the data position of a batch the loop already r
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch.nn as nn
+
+from sparse2d.errors import ConfigError, FaultToleranceError
+from sparse2d.ft.options import FTOptions
+
+logger = logging.getLogger(__name__)
+START_POLL_S = 0.25
+"""Seconds between the first step's quorum polls, and the wait of each short quorum."""
+
+
+def form(manager: Any, options: FTOptions) -> None:
+    """Join this step's quorum (torchft's ``start_quorum``; heals a group that is behind).
+    A refused heal (another plan) stays a ``ConfigError``; anything else, one line."""
+    try:
+        manager.start_quorum()
+    except ConfigError:  # a heal refused: the live group runs another plan/config
+        raise
+    except Exception as error:  # quorum RPC timed out or the lighthouse went away
+        raise FaultToleranceError(
+            f"group {options.replica_id}: no quorum of >= "
+            f"{options.min_replica_size} group(s) within fault_tolerance.quorum_timeout_s="
+            f"{options.quorum_timeout_s:g} ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''})"
+        ) from None
+
+
+def drop_process_group(pg: Any, manager: Any) -> None:
+    """Tear the cross-group process group down at once after a failed collective.
+
+    Peers still blocked in that collective then fail immediately instead of after the
+    gloo timeout: with 3 groups, a survivor waiting on another survivor (who already gave
+    up and waits for the next quorum) would otherwise hold both until the timeout. The
+    next quorum must build a fresh group even if its members did not change, so the
+    manager's quorum id is forgotten (torchft 0.2 reconfigures only on a new id).
+    """
+    try:
+        pg.abort()
+    except Exception as error:  # already torn down: nothing left to release
+        logger.info("process group abort: %s", error)
+    manager._quorum_id = -1
+
+
+class ShortQuorums:
+    """Stop, on every rank, after ``quorum_timeout_s`` of quorums below ``min_replica_size``.
+
+    torchft answers such a step with a failed commit and retries forever (a lighthouse
+    with a lower ``min_replicas`` forms them). Steps are counted, not timed, and each
+    short one waits ``START_POLL_S``: every rank of the group decides alike.
+    """
+
+    def __init__(self, options: FTOptions, participants: Callable[[], int]) -> None:
+        self.options, self._participants, self.steps = options, participants, 0
+
+    def after_step(self, short: bool) -> None:
+        self.steps = self.steps + 1 if short else 0
+        if not short:
+            return
+        time.sleep(START_POLL_S)
+        if self.steps * START_POLL_S >= self.options.quorum_timeout_s:
+            raise FaultToleranceError(
+                f"group {self.options.replica_id}: only {self._participants()} group(s) in the "
+                f"quorum for fault_tolerance.quorum_timeout_s={self.options.quorum_timeout_s:g} "
+                f"(min_replica_size={self.options.min_replica_size}); start the missing groups "
+                "or lower min_replica_size"
+            )
 
 
 class OverlappedQuorum:

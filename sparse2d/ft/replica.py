@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,18 +35,15 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError, FaultToleranceError, SyncError
-from sparse2d.ft import in_world, replica_sync, vote
+from sparse2d.ft import in_world, quorum, replica_sync, vote
 from sparse2d.ft import state as heal_state
 from sparse2d.ft.lighthouse import check_reachable
 from sparse2d.ft.options import FTOptions
-from sparse2d.ft.quorum import OverlappedQuorum
+from sparse2d.ft.quorum import START_POLL_S, OverlappedQuorum
 from sparse2d.sync.guard import all_finite
 from sparse2d.sync.mc.tables import sharded_mc_table_names
 from sparse2d.sync.shards import live_tensors
 from sparse2d.sync.transport.channel import ManagedChannel
-
-logger = logging.getLogger(__name__)
-START_POLL_S = 0.25
 
 
 class FaultTolerance:
@@ -99,7 +95,7 @@ class FaultTolerance:
         self.waited = {"quorum_s": 0.0, "vote_s": 0.0}
         """Main-thread seconds spent blocked on the quorum (whole RPC when it blocks, only the
         join when it is overlapped) and on the commit vote, past the first step."""
-        self._short_steps = 0
+        self._short = quorum.ShortQuorums(options, lambda: self.participants)
         address = options.lighthouse_address()
         check_reachable(address, options.connect_timeout_s)  # every rank, before any wait
         from torchft.manager import Manager
@@ -248,17 +244,7 @@ class FaultTolerance:
         self._heal_from = None
 
     def _quorum(self) -> None:
-        try:
-            self.manager.start_quorum()
-        except ConfigError:  # a heal refused: the live group runs another plan/config
-            raise
-        except Exception as error:  # quorum RPC timed out or the lighthouse went away
-            raise FaultToleranceError(
-                f"group {self.options.replica_id}: no quorum of >= "
-                f"{self.options.min_replica_size} group(s) within fault_tolerance.quorum_timeout_s="
-                f"{self.options.quorum_timeout_s:g} ({type(error).__name__}: "
-                f"{str(error).splitlines()[0] if str(error) else ''})"
-            ) from None
+        quorum.form(self.manager, self.options)
 
     def _require_joined(self) -> None:
         """The backward ran: an overlapped quorum must have been joined by the forward."""
@@ -326,14 +312,7 @@ class FaultTolerance:
         participants = self.participants
         short = participants < opts.min_replica_size
         voting = time.perf_counter()
-        try:
-            committed = m.should_commit()
-        except Exception as error:
-            raise FaultToleranceError(
-                f"group {opts.replica_id}: commit vote failed within fault_tolerance.timeout_s="
-                f"{opts.timeout_s:g} (a rank of this group was lost?): {type(error).__name__}: "
-                f"{str(error).splitlines()[0] if str(error) else ''}"
-            ) from None
+        committed = vote.should_commit(m, opts)
         self.waited["vote_s"] += time.perf_counter() - voting
         self._position += 1
         self._open = False
@@ -362,42 +341,11 @@ class FaultTolerance:
         else:
             self.failed += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self._short_quorum(short)
+        self._short.after_step(short)
         return committed
 
-    def _short_quorum(self, short: bool) -> None:
-        """Stop, on every rank, after ``quorum_timeout_s`` of quorums below ``min_replica_size``.
-
-        torchft answers such a step with a failed commit and retries forever (a lighthouse
-        with a lower ``min_replicas`` forms them). Steps are counted, not timed, and each
-        short one waits ``START_POLL_S``: every rank of the group decides alike.
-        """
-        self._short_steps = self._short_steps + 1 if short else 0
-        if not short:
-            return
-        time.sleep(START_POLL_S)
-        if self._short_steps * START_POLL_S >= self.options.quorum_timeout_s:
-            raise FaultToleranceError(
-                f"group {self.options.replica_id}: only {self.participants} group(s) in the "
-                f"quorum for fault_tolerance.quorum_timeout_s={self.options.quorum_timeout_s:g} "
-                f"(min_replica_size={self.options.min_replica_size}); start the missing groups "
-                "or lower min_replica_size"
-            )
-
     def _drop_process_group(self) -> None:
-        """Tear the cross-group process group down at once after a failed collective.
-
-        Peers still blocked in that collective then fail immediately instead of after the
-        gloo timeout: with 3 groups, a survivor waiting on another survivor (who already gave
-        up and waits for the next quorum) would otherwise hold both until the timeout. The
-        next quorum must build a fresh group even if its members did not change, so the
-        manager's quorum id is forgotten (torchft 0.2 reconfigures only on a new id).
-        """
-        try:
-            self._pg.abort()
-        except Exception as error:  # already torn down: nothing left to release
-            logger.info("process group abort: %s", error)
-        self.manager._quorum_id = -1
+        quorum.drop_process_group(self._pg, self.manager)
 
     def resume(self, step: int, position: int, slices_skipped: int = 0) -> None:
         """Continue from a checkpoint (every group was lost): set the step and data position.

@@ -7,7 +7,12 @@ seen by every group from the average alone, with no collective of its own.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from sparse2d.errors import FaultToleranceError
+from sparse2d.ft.options import FTOptions
 
 FINGERPRINT_BYTES = 6
 """``heal_state.fingerprint`` is a 48-bit hash; it travels as 6 bytes and their squares."""
@@ -35,3 +40,16 @@ def fingerprints_differ(control: torch.Tensor, fingerprint: int, groups: int) ->
         if sums[i] != n * digit or sums[FINGERPRINT_BYTES + i] != n * digit * digit:
             return True
     return False
+
+
+def should_commit(manager: Any, options: FTOptions) -> bool:
+    """torchft's commit vote over every rank of every group in the quorum; a vote that
+    cannot complete (a rank of this group lost) is one line, not a traceback."""
+    try:
+        return bool(manager.should_commit())
+    except Exception as error:
+        raise FaultToleranceError(
+            f"group {options.replica_id}: commit vote failed within fault_tolerance.timeout_s="
+            f"{options.timeout_s:g} (a rank of this group was lost?): {type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}"
+        ) from None

@@ -37,10 +37,11 @@ class FaultToleranceConfig:
     """Reaching the lighthouse (checked on every rank before anything starts)."""
     start_wait_s: float = 30.0
     """At launch, wait up to this long for all ``group_size`` groups to join the first quorum."""
-    overlap_quorum: bool = True
+    overlap_quorum: bool = False
     """Run a step's quorum RPC from ``zero_grad()`` until the forward starts, overlapping the
     pipeline's input all-to-all and data loading, when the group cannot be behind (its last
-    step committed); false: every quorum blocks before the step (``sparse2d.ft.quorum``)."""
+    step committed); false (the default): every quorum blocks before the step
+    (``sparse2d.ft.quorum``). Off by default: it measured no faster on CPU (bench/RESULTS.md)."""
 
     def __post_init__(self) -> None:
         positive(self, "group_size", "min_replica_size", "timeout_s", "quorum_timeout_s")
