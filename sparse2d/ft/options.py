@@ -48,7 +48,7 @@ class FTOptions:
     """Run the step's quorum RPC on a helper thread from ``zero_grad()`` until the model's
     forward starts (``sparse2d.ft.quorum``) when this group cannot be behind; False (the
     default): every quorum blocks in ``start_step``. Off by default: on a quiet 2-core CPU
-    box it measured no faster (0.76x vs 0.79x the standard launcher, bench/RESULTS.md)."""
+    box it measured no faster (0.80-0.85x vs 0.84x the standard launcher, bench/RESULTS.md)."""
 
     def __post_init__(self) -> None:
         for name in ("num_groups", "min_replica_size", "sync_every"):
