@@ -25,7 +25,7 @@ def test_sync_section_is_sync_options_with_the_trainer_defaults() -> None:
     sync = cfg.parallel.sync
     assert type(sync) is SyncOptions and (sync.every, sync.overlap) == (4, True)
     # keys the YAML leaves out keep the trainer's defaults, not the library's
-    assert (sync.engines.base, sync.hide) == ("auto", True)
+    assert (sync.engine, sync.hide) == ("auto", True)
     assert (SyncOptions().engine, SyncOptions().hide) == ("dense", False)
     assert load_config(TINY, ["parallel.sync.hide=false"]).parallel.sync.hide is False
 
