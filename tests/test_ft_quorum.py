@@ -8,6 +8,11 @@ the synchronous way; after the second it is made to believe it cannot lag (as a 
 of quorums while alive would), so its heal arrives at an overlapped quorum, is held and
 applied before the forward. Both groups end bit-identical, group 1 never reads a data position
 twice, one heal per failure, and every other step ran the quorum overlapped.
+
+With ``quorum_every=4`` (the lease, ``FTOptions.quorum_every``) steps reuse the last quorum's
+groups: group 1's local fault still makes every group form a quorum at the next step (the
+commit echo), group 1 heals there, group 0 loses no step, and torchft's quorum RPC runs only
+at the first step, at multiples of 4 and after the fault.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ FAIL_AT = {3: "sync", 6: "held"}
 """Attempt index -> how group 1 heals after failing that attempt's commit."""
 
 
-def _train(group: int, lighthouse: str) -> dict:
+def _train(group: int, lighthouse: str, quorum_every: int, fail_at: dict[int, str]) -> dict:
     from torchrec.datasets.utils import Batch
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
     from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -53,11 +58,17 @@ def _train(group: int, lighthouse: str) -> dict:
     )
     options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=1,
                         lighthouse=lighthouse, sync_every=EVERY, timeout_s=20,
-                        quorum_timeout_s=60, overlap_quorum=True)  # fmt: skip
+                        quorum_timeout_s=60, quorum_every=quorum_every,
+                        overlap_quorum=quorum_every == 1)  # fmt: skip
     ft = FaultTolerance(model, dense, options)
     ft.final_step = STEPS  # the last step syncs: the groups end averaged
-    seen = {"overlapped": 0, "restore_threads": [], "attempt": 0}
-    start, restore, vote = ft._overlap.start, ft._restore, ft.manager.should_commit
+    seen = {"overlapped": 0, "restore_threads": [], "attempt": 0, "quorum_rpcs": []}
+    start, restore, vote = ft._overlap.start, ft._restore, ft._vote
+    start_quorum = ft.manager.start_quorum
+
+    def counting_quorum(*args, **kwargs):  # torchft's quorum RPC, by attempt
+        seen["quorum_rpcs"].append(seen["attempt"])
+        return start_quorum(*args, **kwargs)
 
     def counting_start(quorum):
         seen["overlapped"] += 1
@@ -68,12 +79,13 @@ def _train(group: int, lighthouse: str) -> dict:
             seen["restore_threads"].append(threading.current_thread().name)
         restore(state)
 
-    def failing_vote(*args, **kwargs):  # group 1's rank 0 hits a local error at the vote
-        if group == 1 and seen["attempt"] in FAIL_AT and dist.get_rank() == 0:
+    def failing_vote():  # group 1's rank 0 hits a local error at the vote
+        if group == 1 and seen["attempt"] in fail_at and dist.get_rank() == 0:
             ft.manager.report_error(RuntimeError("injected local fault"))
-        return vote(*args, **kwargs)
+        return vote()
 
-    ft._overlap.start, ft.manager.should_commit = counting_start, failing_vote
+    ft._overlap.start, ft._vote = counting_start, failing_vote
+    ft.manager.start_quorum = counting_quorum
     ft.manager._load_state_dict_fns["default"] = recording_restore  # torchft's load hook
     ft.start_step()  # join (and heal) before the pipeline's first prefetch
     pipeline = TrainPipelineSparseDist(model, FTOptimizer(ft, expect_position=ft.position),
@@ -92,22 +104,29 @@ def _train(group: int, lighthouse: str) -> dict:
     while ft.step < STEPS:
         pipeline.progress(it)
         committed.append(ft.last_committed)
-        if group == 1 and FAIL_AT.get(seen["attempt"]) == "held":
+        if group == 1 and fail_at.get(seen["attempt"]) == "held":
             ft._may_lag = False  # as if it had committed: the next quorum is overlapped
         seen["attempt"] += 1
     summary = ft.summary()
     ft.shutdown()
     return {"tables": gather_tables(model, tables, None), "dense": dense_params(model),
             "committed": committed, "summary": summary, "read": read,
-            "overlapped": seen["overlapped"], "restores": seen["restore_threads"]}  # fmt: skip
+            "overlapped": seen["overlapped"], "restores": seen["restore_threads"],
+            "quorum_rpcs": sorted(set(seen["quorum_rpcs"]))}  # fmt: skip
 
 
-def test_heals_under_the_overlapped_quorum_end_identical_and_train_no_batch_twice() -> None:
+def _run(quorum_every: int, fail_at: dict[int, str]) -> dict:
     lighthouse = start_lighthouse(min_replicas=1)
     try:
-        out = run_groups(GROUPS, SIZE, _train, lighthouse.address(), timeout=300)
+        args = (lighthouse.address(), quorum_every, fail_at)
+        return run_groups(GROUPS, SIZE, _train, *args, timeout=300)
     finally:
         lighthouse.shutdown()
+
+
+def _check_identical_and_healed(out: dict, fail_at: dict[int, str]) -> None:
+    """Both groups end bit-identical, each read every data position once, in order; group 0
+    never failed; group 1 failed once per fault and healed from group 0 at the next attempt."""
     base = out[(0, 0)]
     for (g, r), got in out.items():
         s = got["summary"]
@@ -126,10 +145,19 @@ def test_heals_under_the_overlapped_quorum_end_identical_and_train_no_batch_twic
         else:
             # one heal per failure (and maybe init_sync's copy of group 0 at step 0)
             heals = [h for h in s["heals"] if h["step"] > 0]
-            assert s["failed_commits"] == len(FAIL_AT) and len(heals) == len(FAIL_AT), s
-            for heal, failed_at in zip(heals, sorted(FAIL_AT), strict=True):
+            assert s["failed_commits"] == len(fail_at) and len(heals) == len(fail_at), s
+            for heal, failed_at in zip(heals, sorted(fail_at), strict=True):
                 assert heal["from_group"] == 0 and heal["from_step"] == failed_at, (heal, s)
                 assert heal["step"] == failed_at + 1, (failed_at, heal)  # at the next attempt
+
+
+def test_heals_under_the_overlapped_quorum_end_identical_and_train_no_batch_twice() -> None:
+    out = _run(1, FAIL_AT)
+    _check_identical_and_healed(out, FAIL_AT)
+    for (g, r), got in out.items():
+        attempts = len(got["committed"])
+        assert got["quorum_rpcs"] == list(range(attempts)), (g, r, got["quorum_rpcs"])
+        if g == 1:
             # after the first failure the heal runs in start_step (main thread); after the
             # second it arrives on the overlapped quorum's helper thread and is held there
             threads = got["restores"]
@@ -138,3 +166,15 @@ def test_heals_under_the_overlapped_quorum_end_identical_and_train_no_batch_twic
         # every step but the first and those after a synchronous heal's cause overlapped
         sync_steps = 1 + (sum(1 for v in FAIL_AT.values() if v == "sync") if g == 1 else 0)
         assert got["overlapped"] == attempts - sync_steps, (g, r, got["overlapped"], attempts)
+
+
+LEASE_FAULT = {5: "sync"}
+
+
+def test_quorum_every_4_reuses_groups_and_a_local_fault_regroups_at_the_next_step() -> None:
+    out = _run(4, LEASE_FAULT)
+    _check_identical_and_healed(out, LEASE_FAULT)
+    for (g, r), got in out.items():
+        # the first attempt, committed steps 4 and 8, and the attempt after the fault
+        assert got["quorum_rpcs"] == [0, 4, 6, 8], (g, r, got["quorum_rpcs"])
+        assert got["summary"]["quorums"] == 4, (g, r, got["summary"])

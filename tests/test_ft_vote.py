@@ -37,3 +37,18 @@ def test_non_finite_flag_and_dtype() -> None:
     wide = control_vector(A, False, [torch.zeros(2, dtype=torch.float64)])
     assert wide.dtype == torch.float64 and control_vector(A, False, []).dtype == torch.float32
     assert wide.numel() == 2 * FINGERPRINT_BYTES + 1
+
+
+def test_torchft_manager_keeps_the_fields_group_commit_updates() -> None:
+    """``group_commit`` does what torchft 0.2's ``Manager.should_commit`` does after its RPC;
+    a torchft release that renames these fields must fail here, not train on a stale step."""
+    import inspect
+
+    from torchft.manager import Manager
+
+    from sparse2d.ft.vote import MANAGER_FIELDS
+
+    source = inspect.getsource(Manager.should_commit) + inspect.getsource(Manager.__init__)
+    for field in MANAGER_FIELDS:
+        assert f"self.{field}" in source, field
+    assert "disallow_checkpoint()" in inspect.getsource(Manager.should_commit)

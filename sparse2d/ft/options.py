@@ -44,6 +44,12 @@ class FTOptions:
     start_wait_s: float = 30.0
     """At the first quorum, wait up to this long for all ``num_groups`` groups to join it,
     so that groups launched together start together instead of the first one training alone."""
+    quorum_every: int = 8
+    """Form a quorum every N committed steps, at the first step and after any step that did
+    not commit; between, a step reuses the last quorum's groups (no RPC). A lost group is
+    still seen at once: the step's cross-group all-reduce fails, the step does not commit and
+    the next one forms a quorum. A restarted group joins the live groups' next quorum, at most
+    N steps later. 1: a quorum every step, as torchft's ``OptimizerWrapper``."""
     overlap_quorum: bool = False
     """Run the step's quorum RPC on a helper thread from ``zero_grad()`` until the model's
     forward starts (``sparse2d.ft.quorum``) when this group cannot be behind; False (the
@@ -51,7 +57,7 @@ class FTOptions:
     box it measured no faster (0.80-0.85x vs 0.84x the standard launcher, bench/RESULTS.md)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_groups", "min_replica_size", "sync_every"):
+        for name in ("num_groups", "min_replica_size", "sync_every", "quorum_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"fault_tolerance.{name}={value!r} must be a whole number >= 1")

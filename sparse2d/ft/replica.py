@@ -9,12 +9,16 @@ Step semantics (``docs/fault_tolerance.md``). FBGEMM updates the embeddings insi
 backward, before anyone knows whether the step commits. So:
 
 - ``start_step`` forms the quorum; a group behind the quorum's step heals from a live group
-  there (before its forward, so nothing it computes is lost). When the group cannot be
-  behind (its last step committed) the quorum RPC runs on a helper thread until the model's
-  forward starts (``sparse2d.ft.quorum``): the same step, without its latency.
+  there (before its forward, so nothing it computes is lost). While every group commits, a
+  quorum is formed only every ``quorum_every`` committed steps and the steps between reuse
+  its groups (each step ends with a one-float echo of the commit flags over the quorum, so
+  every group regroups at the next step when any failed). When the group cannot be behind
+  (its last step committed) the quorum RPC can run on a helper thread until the model's
+  forward starts (``overlap_quorum``, ``sparse2d.ft.quorum``).
 - ``finish_step`` averages the dense gradients over the live groups (every step) and, on the
   sync cadence, the embedding weights and every fused optimizer state tensor, into copies.
-- Commit (every group's ranks vote, torchft's ``should_commit``): the dense optimizer steps
+- Commit (the group's ranks vote: one all-reduce over the group, torchft's ``should_commit``
+  verdict and bookkeeping without its RPC, ``vote.group_commit``): the dense optimizer steps
   on the averaged gradients and the averaged embeddings are written back.
 - Failed commit: the dense step is skipped and each group keeps its own embedding values
   (its local update of this batch); they are averaged at the next successful sync, or a
@@ -82,13 +86,14 @@ class FaultTolerance:
         self._position = 0
         self.slices_skipped = 0
         """Group-steps whose data slice nobody trained (absent groups), over the whole job."""
-        self.committed = self.failed = 0
+        self.committed = self.failed = self.quorums = 0
         self.min_participants: int | None = None
         self.heals: list[dict[str, Any]] = []
         self._heal_bytes = 0
         self._heal_from: int | None = None
         self._started = False
         self._may_lag = True  # behind the next quorum? (first step, after a failed commit)
+        self._regroup = True  # form a quorum next step (a group lost, failed or behind)
         self._held: dict[str, Any] | None = None  # a heal that arrived at an overlapped quorum
         self._expect: int | None = None  # data position of the batch the loop read ahead
         self._opened_at = (0.0, 0)  # (time, step) the step's quorum started
@@ -190,6 +195,10 @@ class FaultTolerance:
         self._opened_at = (time.perf_counter(), self.manager.current_step())
         overlap = self.options.overlap_quorum and not self._may_lag and self._overlap.forward_seen
         self._overlap.arm()
+        if self._reuses_quorum():
+            self._open = True
+            return
+        self.quorums += 1
         if overlap:
             self._open = True
             self._overlap.start(self._quorum)
@@ -205,6 +214,35 @@ class FaultTolerance:
                 polls -= 1
         self._started = self._open = True
         self._after_heal()
+
+    def _reuses_quorum(self) -> bool:
+        """Whether this step keeps the last quorum's groups (``FTOptions.quorum_every``).
+
+        Every group of a quorum decides alike: they share the committed step, and each one
+        that did not commit its last step (so may be behind, or saw a peer fail) forms a
+        quorum, having torn its process group down so that a peer still reusing it fails at
+        once (``finish_step``) instead of waiting for it in the next all-reduce."""
+        every = self.options.quorum_every
+        return self._started and not self._regroup and self.manager.current_step() % every != 0
+
+    def _every_group_committed(self, committed: bool, pg_failed: bool) -> bool:
+        """Whether every group of the quorum committed this step, so that the next step may
+        reuse its groups: one 1-float SUM of the commit flags over this rank's cross-group
+        process group, called directly (torchft's ``allreduce`` skips a group whose step
+        failed, and that group must be heard). Every rank of every group then decides alike.
+        Not asked when this step's all-reduce failed here (its group was torn down; its peers
+        failed too) or with a quorum every step; a failed exchange (a peer lost) is a no."""
+        if pg_failed or self.options.quorum_every == 1:
+            return False
+        flag = torch.tensor([1.0 if committed else 0.0])
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        try:
+            self._pg.allreduce([flag], opts).wait()
+        except Exception:  # a peer was lost after the vote: regroup
+            self._drop_process_group()
+            return False
+        return committed and int(flag.item()) == self.participants
 
     def wait_quorum(self, in_forward: bool = False) -> None:
         """Join an overlapped quorum and apply a heal that arrived there; nothing when none is
@@ -301,7 +339,8 @@ class FaultTolerance:
         # ONE all-reduce per dtype (one in all when everything is fp32): the sync's queued
         # copies, the dense gradients and the control vector travel together
         self.channel.start_tensors([*grads, control])()
-        if m.errored() is not None:
+        pg_failed = m.errored() is not None
+        if pg_failed:
             self._drop_process_group()
         mismatch = not m.errored() and vote.fingerprints_differ(
             control, self.fingerprint, self.participants
@@ -312,8 +351,9 @@ class FaultTolerance:
         participants = self.participants
         short = participants < opts.min_replica_size
         voting = time.perf_counter()
-        committed = vote.should_commit(m, opts)
+        committed = self._vote()
         self.waited["vote_s"] += time.perf_counter() - voting
+        self._regroup = not self._every_group_committed(committed, pg_failed)
         self._position += 1
         self._open = False
         self._may_lag = not committed  # a group that committed is at the next quorum's step
@@ -344,6 +384,9 @@ class FaultTolerance:
         self._short.after_step(short)
         return committed
 
+    def _vote(self) -> bool:
+        return vote.group_commit(self.manager, self._pg, self.options)
+
     def _drop_process_group(self) -> None:
         quorum.drop_process_group(self._pg, self.manager)
 
@@ -367,6 +410,7 @@ class FaultTolerance:
             "min_groups_in_step": self.min_participants,
             "final_step": self.step,
             "data_position": self._position,
+            "quorums": self.quorums,
             "quorum_wait_s": self.waited["quorum_s"],
             "vote_wait_s": self.waited["vote_s"],
         }

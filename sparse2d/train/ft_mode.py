@@ -99,6 +99,7 @@ class FaultTolerantMode:
             connect_timeout_s=ft.connect_timeout_s,
             # a restarted group rejoins a running job (or finds every group lost): no start wait
             start_wait_s=ft.start_wait_s if self.restart == 0 else 1e-9,
+            quorum_every=ft.quorum_every,
             overlap_quorum=ft.overlap_quorum,
         )
         self.ft = FaultTolerance(

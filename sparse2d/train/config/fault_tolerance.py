@@ -37,6 +37,11 @@ class FaultToleranceConfig:
     """Reaching the lighthouse (checked on every rank before anything starts)."""
     start_wait_s: float = 30.0
     """At launch, wait up to this long for all ``group_size`` groups to join the first quorum."""
+    quorum_every: int = 8
+    """Form a quorum every N committed steps (and at the first step and after any step that
+    did not commit); between, steps reuse the last quorum's groups with no RPC. A lost group is
+    still seen at once (the step's all-reduce fails); a restarted group joins within N steps.
+    1: a quorum every step (torchft's ``OptimizerWrapper``)."""
     overlap_quorum: bool = False
     """Run a step's quorum RPC from ``zero_grad()`` until the forward starts, overlapping the
     pipeline's input all-to-all and data loading, when the group cannot be behind (its last
@@ -45,7 +50,7 @@ class FaultToleranceConfig:
 
     def __post_init__(self) -> None:
         positive(self, "group_size", "min_replica_size", "timeout_s", "quorum_timeout_s")
-        positive(self, "connect_timeout_s", "start_wait_s")
+        positive(self, "connect_timeout_s", "start_wait_s", "quorum_every")
         positive(self, "replica_id", allow_zero=True)
         if self.replica_id >= self.group_size:
             raise bad("replica_id", self.replica_id, f"must be < group_size={self.group_size}")
