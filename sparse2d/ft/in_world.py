@@ -15,7 +15,8 @@ run inside the managed policy's sync, so they share its cadence (``sync_every``,
 final syncs, ``model.sync()``) and run on every rank of the world, the in-world one first.
 Every world builds the same plan, so a heal still goes rank to rank.
 
-The quorum stage's options compose, because stage 1 leaves the world's replicas equal:
+The quorum stage's options compose, because stage 1 leaves the world's ``n = world / L``
+replicas equal:
 
 - touched rows (``engine='sparse'``): stage 1 changed rows that only an in-world replica
   touched, so before stage 2 each rank stamps the rows any in-world replica touched
