@@ -19,6 +19,7 @@ from torchrec.distributed.types import DMPCollectionConfig, ShardingStrategy
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d import DMPCollection, checkpoint
+from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.shards import collect_shard_states
 from tests.models import (
     MIXED_TABLES,
@@ -58,11 +59,11 @@ class MixedModel(nn.Module):
         return self.pooled(pooled, dense) + self.sequence(sequence, dense)
 
 
-def build(seed: int = 0) -> MixedModel:
+def build(seed: int = 0, optimizer: type = torch.optim.SGD, lr: float = LR) -> MixedModel:
     torch.manual_seed(seed)
     model = MixedModel()
     for module in (model.pooled.ebc, model.sequence.ec):
-        apply_optimizer_in_backward(torch.optim.SGD, module.parameters(), {"lr": LR})
+        apply_optimizer_in_backward(optimizer, module.parameters(), {"lr": lr})
     return model
 
 
@@ -75,8 +76,16 @@ def ec_plan(model: nn.Module, group: int):
     return planner.collective_plan(model, [EmbeddingCollectionSharder()], dist.group.WORLD)
 
 
-def per_module(seed: int = 0, ebc_group: int = 2, ec_group: int = 4, plan: bool = True):
-    model = build(seed)
+def per_module(
+    seed: int = 0,
+    ebc_group: int = 2,
+    ec_group: int = 4,
+    plan: bool = True,
+    optimizer: type = torch.optim.SGD,
+    lr: float = LR,
+    sync_options: SyncOptions | None = None,
+):
+    model = build(seed, optimizer, lr)
     config = DMPCollectionConfig(
         module=EmbeddingCollection,
         plan=ec_plan(model, ec_group) if plan else None,
@@ -90,6 +99,7 @@ def per_module(seed: int = 0, ebc_group: int = 2, ec_group: int = 4, plan: bool 
         constraints=constraints_for(ALL),
         submodule_configs=[config],
         sharding_strategy=ShardingStrategy.PER_MODULE,
+        sync_options=sync_options,
     )
 
 

@@ -14,15 +14,32 @@ in-world replicas hold equal values, so averaging them first changes no weight. 
 run inside the managed policy's sync, so they share its cadence (``sync_every``, forced and
 final syncs, ``model.sync()``) and run on every rank of the world, the in-world one first.
 Every world builds the same plan, so a heal still goes rank to rank.
+
+The quorum stage's options compose, because stage 1 leaves the world's ``n = world / L``
+replicas equal:
+
+- touched rows (``engine='sparse'``): stage 1 changed rows that only an in-world replica
+  touched, so before stage 2 each rank stamps the rows any in-world replica touched
+  (``SparseEngine.share_touched``, a MAX all-reduce of a bitmap over the in-world group);
+  the quorum's union is then every row any of the ``G x n`` replicas touched;
+- ``momentum_scaling``: stage 1 is unscaled; stage 2 divides the module's averaged growth
+  by ``c = G x n`` (``AccumulatorScaler.average_within``), what in-world 2D divides by;
+- ``compression='bf16'``: stage 1 is exact fp32; the world's ``n`` replicas then hold equal
+  values, references (the last commit's) and residuals, so each sends the same bf16 delta
+  of the world's mean, and the quorum's bf16 sum is that of ``G`` world means: the same
+  mean as in-world bf16 2D up to the bf16 rounding of those deltas (error fed back) and of
+  the sum, and bit-identical on the world's replicas.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError
+from sparse2d.sync.engines.sparse import SparseEngine
 from sparse2d.sync.mc.tables import find_mc_tables
 from sparse2d.sync.mc.zch_sync import find_zch_tables
 from sparse2d.sync.multi import merge_reports
@@ -50,35 +67,21 @@ def layout_digest(model: nn.Module) -> str:
     return ";".join(f"{c.name}:{c.sharding_group_size}x{c.num_replicas}" for c in contexts)
 
 
-def in_world_policies(model: nn.Module, base: SyncOptions) -> list[SyncPolicy]:
-    """One exact, blocking, dense ``SyncPolicy`` per context with in-world replicas (stage 1),
-    after refusing what does not compose in two stages."""
-    contexts = refuse(model, base)
+def in_world_policies(model: nn.Module) -> list[SyncPolicy]:
+    """One exact, blocking, dense, unscaled ``SyncPolicy`` per context with in-world replicas
+    (stage 1), after refusing what does not compose in two stages."""
+    contexts = refuse(model)
     exact = SyncOptions(engine="dense", check_finite=False)  # stage 2 scans what it sends
     return [
         SyncPolicy(list(ctx.shards), ctx.replica_pg, ctx.num_replicas, exact) for ctx in contexts
     ]
 
 
-def refuse(model: nn.Module, base: SyncOptions) -> list[Any]:
-    """The contexts with in-world replicas, once every option that does not compose in two
-    stages is refused (``ConfigError``; local checks only, so every rank raises alike before
-    the fault-tolerant group connects)."""
+def refuse(model: nn.Module) -> list[Any]:
+    """The contexts with in-world replicas, once managed-collision tables in them are refused
+    (``ConfigError``; local checks only, so every rank raises alike before the
+    fault-tolerant group connects). Every sync option composes (module docstring)."""
     contexts = replicated_contexts(model)
-    if not contexts:
-        return []
-    name = contexts[0].name
-    refused = {
-        "engine='sparse'": base.engine == "sparse",
-        "momentum_scaling": base.momentum_scaling,
-        "compression='bf16'": base.compression == "bf16",
-    }
-    for option, on in refused.items():
-        if on:
-            raise ConfigError(
-                f"fault tolerance with per-module group sizes ({name} has replicas inside "
-                f"the world) and sync {option}: {_WHY[option]}"
-            )
     for ctx in contexts:
         if find_mc_tables(model, ctx.shards) or find_zch_tables(model, ctx.shards):
             raise ConfigError(
@@ -90,17 +93,6 @@ def refuse(model: nn.Module, base: SyncOptions) -> list[Any]:
     return contexts
 
 
-_WHY = {
-    "engine='sparse'": "a rank's quorum sync would send only the rows its own replicas "
-    "touched, missing rows its in-world replicas touched and the in-world stage changed; use "
-    "the dense engine",
-    "momentum_scaling": "the scaling factor is one number per policy (the torchft groups), "
-    "but this module's accumulators are averaged over groups x in-world replicas; not built",
-    "compression='bf16'": "the two-stage average with bf16 deltas is not built or tested; "
-    "use compression='none'",
-}
-
-
 class TwoStagePolicy(SyncPolicy):
     """The managed (quorum) ``SyncPolicy`` whose every sync first runs ``in_world`` (stage 1;
     none: exactly a ``SyncPolicy``)."""
@@ -108,11 +100,18 @@ class TwoStagePolicy(SyncPolicy):
     def __init__(self, in_world: list[SyncPolicy], *args: Any, **kwargs: Any) -> None:
         self.in_world = in_world
         super().__init__(*args, **kwargs)
+        if self.scaler is not None:  # c = the quorum's groups x the module's in-world replicas
+            for policy in in_world:
+                self.scaler.average_within(policy.shards, policy.num_replicas)
 
     def _sync(self, step: int, *, states: bool, **kwargs: Any) -> SyncReport:
         if not self.in_world or self.uncommitted:  # a second sync in one step: stage 1 ran
             return super()._sync(step, states=states, **kwargs)
         reports = [p.sync_now(step, include_optimizer_state=states) for p in self.in_world]
+        if isinstance(self.engine, SparseEngine):  # rows the in-world replicas touched
+            began = time.perf_counter()
+            sent = sum(self.engine.share_touched(p.shards, p.replica_pg) for p in self.in_world)
+            reports.append(SyncReport(step, sent, time.perf_counter() - began))
         return merge_reports([*reports, super()._sync(step, states=states, **kwargs)])
 
     def reset(self) -> None:

@@ -72,7 +72,7 @@ def refuse(model: nn.Module) -> None:
             "group, the fault-tolerant average runs over torchft's managed group; drop "
             "custom_all_reduce"
         )
-    in_world.refuse(model, base)  # the default module's in-world replicas; per-module sizes
+    in_world.refuse(model)  # the default module's in-world replicas; per-module sizes
 
 
 def install(
@@ -100,7 +100,7 @@ def install(
         if kind == "sparse"
         else DenseEngine(plain, None)
     )
-    stage1 = in_world.in_world_policies(model, base)  # modules with replicas inside this world
+    stage1 = in_world.in_world_policies(model)  # modules with replicas inside this world
     policy = in_world.TwoStagePolicy(
         stage1, plain, None, options.num_groups, sync_options,
         engine=engine, global_pg=dist.group.WORLD, channel=channel, mc=mc,

@@ -194,6 +194,20 @@ class SparseEngine(SyncEngine):
                 previous, self._previous_cut[kind] = self._previous_cut[kind], cut
                 self._base[kind] = previous if self.lookahead else cut
 
+    def share_touched(self, shards: list[ShardState], pg: dist.ProcessGroup) -> int:
+        """Count as touched here the rows of ``shards`` (some of this engine's) that any
+        member of ``pg`` touched since the oldest kind's base: replicas inside a world whose
+        values an exact in-world average just mixed (fault tolerance's stage 1,
+        ``sparse2d.ft.in_world``), so the next agreement also sends rows only they touched.
+        Collective over ``pg``; returns the bytes sent."""
+        index = {id(shard): i for i, shard in enumerate(self.shards)}
+        missing = [s.table for s in shards if id(s) not in index]
+        if missing:
+            raise ValueError(f"share_touched: shards of {missing} are not this engine's")
+        self.track_rows(True)  # paused: every row counts as touched from here on
+        base = min(self._base.values())
+        return self.tracker.share([index[id(s)] for s in shards], base, pg)
+
     def piggyback(self) -> list[int]:
         """Integers sent along with the touched-row counts (none here; see ``AutoEngine``)."""
         return []

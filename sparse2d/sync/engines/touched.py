@@ -21,6 +21,7 @@ from itertools import accumulate
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
@@ -119,6 +120,21 @@ class TouchedRows:
             view.fill_(self.generation)
         else:
             view.index_fill_(0, rows.to(device=view.device, dtype=torch.int64), self.generation)
+
+    def share(self, indices: list[int], base: int, pg: dist.ProcessGroup) -> int:
+        """Stamp here the rows of shards ``indices`` that any member of ``pg`` touched after
+        ``base`` (one MAX all-reduce of a uint8 bitmap), for values that an average over
+        ``pg`` just mixed. Collective over ``pg``; returns the bytes sent."""
+        if not indices:
+            return 0
+        bitmap = torch.cat([(self._views[i] > base).to(torch.uint8) for i in indices])
+        dist.all_reduce(bitmap, op=dist.ReduceOp.MAX, group=pg)
+        offset = 0
+        for i in indices:
+            rows = self._views[i].numel()
+            self.mark_rows(i, torch.nonzero(bitmap[offset : offset + rows]).squeeze(1))
+            offset += rows
+        return bitmap.numel()
 
     def rows_since(self, shard_index: int, base: int) -> torch.Tensor:
         """Sorted local row ids (int64) of shard ``shard_index`` touched after generation ``base``."""

@@ -21,6 +21,14 @@ the test model are in ``docs/sync_strategies.md`` (momentum scaling).
 Implementation on the fused FBGEMM state (no kernel change): keep an fp32 copy
 ``ref`` of each accumulator at the last sync; after states are averaged set
 ``acc = ref + (acc - ref) / c`` and ``ref = acc``. Each increment is scaled once.
+
+Two-stage averages (fault tolerance with a module that has ``n`` replicas inside each
+world, ``sparse2d.ft.in_world``): stage 1 averages the ``n`` in-world replicas exactly and
+unscaled, stage 2 averages the ``G`` worlds, then its scaler divides that module's growth
+by ``c = G x n`` (``within``): ``ref + (mean_G(mean_n(acc)) - ref) / (G n)``, which is
+in-world 2D's ``ref + (mean_Gn(acc) - ref) / (G n)`` since equal-weight means nest. One
+reference (the last commit's) serves both stages: scaling stage 1 by ``n`` too would give
+the same number on a commit, but its reference would advance at a step that then fails.
 """
 
 from __future__ import annotations
@@ -43,6 +51,10 @@ STATELESS = (EmbOptimType.SGD, EmbOptimType.EXACT_SGD, EmbOptimType.NONE)
 
 def accumulators(shards: list[ShardState]) -> list[torch.Tensor]:
     """The sum-of-squares state of every shard; reject optimizers it does not apply to."""
+    return [tensor for _, tensor in _owned_accumulators(shards)]
+
+
+def _owned_accumulators(shards: list[ShardState]) -> list[tuple[ShardState, torch.Tensor]]:
     found = []
     for shard in shards:
         optimizer = shard.kernel.optimizer if shard.kernel is not None else EmbOptimType.NONE
@@ -54,7 +66,7 @@ def accumulators(shards: list[ShardState]) -> list[torch.Tensor]:
                 f"{shard.table!r} uses {optimizer.name}; use (row-wise) Adagrad or set "
                 f"momentum_scaling=False."
             )
-        found.append(shard.optimizer_states[0])
+        found.append((shard, shard.optimizer_states[0]))
     return found
 
 
@@ -63,8 +75,23 @@ class AccumulatorScaler:
 
     def __init__(self, shards: list[ShardState], factor: float) -> None:
         self.factor = float(factor)
-        self.tensors = accumulators(shards)
+        owned = _owned_accumulators(shards)
+        self.tensors = [tensor for _, tensor in owned]
+        self._owners = [id(shard) for shard, _ in owned]
+        self.within = [1] * len(self.tensors)
+        """Per accumulator: replicas an earlier, unscaled stage averaged (``average_within``)."""
         self.refs = [t.detach().float().clone() for t in self.tensors]
+
+    def average_within(self, shards: list[ShardState], replicas: int) -> None:
+        """``shards``' ``replicas`` copies inside a world are averaged, unscaled, before this
+        scaler's average: their growth is divided by ``factor x replicas`` (module docstring)."""
+        if replicas < 1:
+            raise ConfigError(f"average_within: replicas={replicas!r} must be >= 1")
+        ids = {id(shard) for shard in shards}
+        self.within = [
+            replicas if owner in ids else within
+            for owner, within in zip(self._owners, self.within, strict=True)
+        ]
 
     def reset(self) -> None:
         """Take the current accumulators as the reference (after a load or re-alignment)."""
@@ -73,7 +100,7 @@ class AccumulatorScaler:
     def apply(self) -> None:
         """Rescale growth since the last call; call right after states were averaged."""
         with torch.no_grad():
-            for tensor, ref in zip(self.tensors, self.refs, strict=True):
-                scaled = ref + (tensor.float() - ref) / self.factor
+            for tensor, ref, within in zip(self.tensors, self.refs, self.within, strict=True):
+                scaled = ref + (tensor.float() - ref) / (self.factor * within)
                 tensor.copy_(scaled)
                 ref.copy_(scaled)
