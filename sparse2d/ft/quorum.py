@@ -1,4 +1,6 @@
-"""The step's quorum overlapped with the work before the forward.
+"""The step's quorum: when one is formed (``QuorumLease``: every ``quorum_every`` committed
+steps, and after any step a group did not commit), and overlapping it with the work before
+the forward (``OverlappedQuorum``).
 
 torchft's quorum is an RPC to the lighthouse (plus, for a group behind, the heal transfer).
 Run synchronously it costs every step its whole latency. ``OverlappedQuorum`` runs it on a
@@ -32,6 +34,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError, FaultToleranceError
@@ -97,6 +101,50 @@ class ShortQuorums:
                 f"(min_replica_size={self.options.min_replica_size}); start the missing groups "
                 "or lower min_replica_size"
             )
+
+
+class QuorumLease:
+    """When a step forms a quorum (``FTOptions.quorum_every``): at the first step, every
+    ``every`` committed steps, and at the step after one that some group of the quorum did
+    not commit; the steps between reuse the last quorum's groups with no RPC.
+
+    Every rank of every group decides alike: the groups of a quorum share the committed step,
+    and after each vote one 1-float SUM of the commit flags over each rank's cross-group
+    process group (the commit echo) tells every group whether all committed. The echo calls
+    the process group directly: torchft's ``allreduce`` skips a group whose step failed,
+    and that group must be heard. It is not asked where this step's all-reduce failed (that
+    rank's group was torn down, and its peers failed too); a failed echo (a peer lost after
+    the vote) regroups as well. A lost group is thus seen at once, and a restarted one joins
+    the live groups' next quorum, at most ``every`` steps later.
+    """
+
+    def __init__(self, every: int, pg: Callable[[], Any], drop: Callable[[], None]) -> None:
+        self.every, self._pg, self._drop = every, pg, drop
+        self.regroup = True
+        """Form a quorum at the next step (first step; a group failed, was lost or is behind)."""
+        self.formed = 0
+        """Quorums formed (torchft's quorum RPC), over the whole run."""
+
+    def reuses(self, started: bool, step: int) -> bool:
+        """Whether the step that starts at committed step ``step`` keeps the last quorum."""
+        return started and not self.regroup and step % self.every != 0
+
+    def after_vote(self, committed: bool, pg_failed: bool, participants: int) -> None:
+        """The commit echo (class docstring): regroup next step unless every group committed."""
+        self.regroup = not self._every_group_committed(committed, pg_failed, participants)
+
+    def _every_group_committed(self, committed: bool, pg_failed: bool, participants: int) -> bool:
+        if pg_failed or self.every == 1:
+            return False
+        flag = torch.tensor([1.0 if committed else 0.0])
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        try:
+            self._pg().allreduce([flag], opts).wait()
+        except Exception:  # a peer was lost after the vote: regroup
+            self._drop()
+            return False
+        return committed and int(flag.item()) == participants
 
 
 class OverlappedQuorum:

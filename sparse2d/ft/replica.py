@@ -86,14 +86,13 @@ class FaultTolerance:
         self._position = 0
         self.slices_skipped = 0
         """Group-steps whose data slice nobody trained (absent groups), over the whole job."""
-        self.committed = self.failed = self.quorums = 0
+        self.committed = self.failed = 0
         self.min_participants: int | None = None
         self.heals: list[dict[str, Any]] = []
         self._heal_bytes = 0
         self._heal_from: int | None = None
         self._started = False
         self._may_lag = True  # behind the next quorum? (first step, after a failed commit)
-        self._regroup = True  # form a quorum next step (a group lost, failed or behind)
         self._held: dict[str, Any] | None = None  # a heal that arrived at an overlapped quorum
         self._expect: int | None = None  # data position of the batch the loop read ahead
         self._opened_at = (0.0, 0)  # (time, step) the step's quorum started
@@ -101,6 +100,9 @@ class FaultTolerance:
         """Main-thread seconds spent blocked on the quorum (whole RPC when it blocks, only the
         join when it is overlapped) and on the commit vote, past the first step."""
         self._short = quorum.ShortQuorums(options, lambda: self.participants)
+        self._lease = quorum.QuorumLease(
+            options.quorum_every, lambda: self._pg, self._drop_process_group
+        )
         address = options.lighthouse_address()
         check_reachable(address, options.connect_timeout_s)  # every rank, before any wait
         from torchft.manager import Manager
@@ -195,10 +197,10 @@ class FaultTolerance:
         self._opened_at = (time.perf_counter(), self.manager.current_step())
         overlap = self.options.overlap_quorum and not self._may_lag and self._overlap.forward_seen
         self._overlap.arm()
-        if self._reuses_quorum():
+        if self._lease.reuses(self._started, self.manager.current_step()):
             self._open = True
             return
-        self.quorums += 1
+        self._lease.formed += 1
         if overlap:
             self._open = True
             self._overlap.start(self._quorum)
@@ -214,35 +216,6 @@ class FaultTolerance:
                 polls -= 1
         self._started = self._open = True
         self._after_heal()
-
-    def _reuses_quorum(self) -> bool:
-        """Whether this step keeps the last quorum's groups (``FTOptions.quorum_every``).
-
-        Every group of a quorum decides alike: they share the committed step, and each one
-        that did not commit its last step (so may be behind, or saw a peer fail) forms a
-        quorum, having torn its process group down so that a peer still reusing it fails at
-        once (``finish_step``) instead of waiting for it in the next all-reduce."""
-        every = self.options.quorum_every
-        return self._started and not self._regroup and self.manager.current_step() % every != 0
-
-    def _every_group_committed(self, committed: bool, pg_failed: bool) -> bool:
-        """Whether every group of the quorum committed this step, so that the next step may
-        reuse its groups: one 1-float SUM of the commit flags over this rank's cross-group
-        process group, called directly (torchft's ``allreduce`` skips a group whose step
-        failed, and that group must be heard). Every rank of every group then decides alike.
-        Not asked when this step's all-reduce failed here (its group was torn down; its peers
-        failed too) or with a quorum every step; a failed exchange (a peer lost) is a no."""
-        if pg_failed or self.options.quorum_every == 1:
-            return False
-        flag = torch.tensor([1.0 if committed else 0.0])
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.SUM
-        try:
-            self._pg.allreduce([flag], opts).wait()
-        except Exception:  # a peer was lost after the vote: regroup
-            self._drop_process_group()
-            return False
-        return committed and int(flag.item()) == self.participants
 
     def wait_quorum(self, in_forward: bool = False) -> None:
         """Join an overlapped quorum and apply a heal that arrived there; nothing when none is
@@ -353,7 +326,7 @@ class FaultTolerance:
         voting = time.perf_counter()
         committed = self._vote()
         self.waited["vote_s"] += time.perf_counter() - voting
-        self._regroup = not self._every_group_committed(committed, pg_failed)
+        self._lease.after_vote(committed, pg_failed, self.participants)
         self._position += 1
         self._open = False
         self._may_lag = not committed  # a group that committed is at the next quorum's step
@@ -410,7 +383,7 @@ class FaultTolerance:
             "min_groups_in_step": self.min_participants,
             "final_step": self.step,
             "data_position": self._position,
-            "quorums": self.quorums,
+            "quorums": self._lease.formed,
             "quorum_wait_s": self.waited["quorum_s"],
             "vote_wait_s": self.waited["vote_s"],
         }
