@@ -52,8 +52,17 @@ FT_OVERLAP: tuple[str, ...] = ()
 (``overlap_quorum=true``, opt-in) and ``ft_blocking`` runs the default."""
 
 
-def _ft(run_dir: Path, steps: int, blocking: bool = False) -> list[str]:
-    quorum = ("fault_tolerance.overlap_quorum=false",) if blocking else FT_OVERLAP
+FT_VARIANTS: dict[str, tuple[str, ...]] = {
+    "ft": (),
+    "ft_blocking": ("fault_tolerance.overlap_quorum=false",),
+    "ft_every1": ("fault_tolerance.quorum_every=1",),
+}
+"""Keys of each fault-tolerant variant: ``ft_blocking`` (``--compare-blocking``: every quorum
+blocks) and ``ft_every1`` (``--compare-every1``: a quorum every step, as before the lease)."""
+
+
+def _ft(run_dir: Path, steps: int, variant: str = "ft") -> list[str]:
+    quorum = FT_VARIANTS[variant] if variant != "ft" else FT_OVERLAP
     return ["launch/ft_local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON[:3],
             "fault_tolerance.timeout_s=20", *quorum, *PIPELINE]  # fmt: skip
 
@@ -67,15 +76,15 @@ def _steps(events: list[tuple[float, str]], prefix: str) -> list[tuple[float, in
 
 def run(kind: str, run_dir: Path, steps: int, kill_at: int | None) -> dict:
     """One launch; with ``kill_at``, SIGKILL rank 1 (of group 1 in ft) at that step.
-    ``kind``: ``ft``, ``ft_blocking`` (every quorum blocks: ``overlap_quorum=false``), ``std``."""
-    blocking, kind = kind == "ft_blocking", "ft" if kind == "ft_blocking" else kind
+    ``kind``: ``std`` or a key of ``FT_VARIANTS``."""
+    variant, kind = kind, "ft" if kind in FT_VARIANTS else kind
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
                NPROC="2" if kind == "ft" else "4", NGROUPS="2", MAX_RESTARTS="3",
                LIGHTHOUSE_PORT=str(free_port()))  # fmt: skip
     env.pop("TORCHFT_LIGHTHOUSE", None)
     env["CONFIG"] = "configs/ft_tiny_cpu.yaml"  # both: the same model and data
     argv = (
-        _ft(run_dir, steps, blocking) if kind == "ft" else _std(run_dir, steps, kill_at is not None)
+        _ft(run_dir, steps, variant) if kind == "ft" else _std(run_dir, steps, kill_at is not None)
     )
     start = time.time()
     job = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -193,6 +202,11 @@ def main() -> None:
         help="run fault tolerance with the quorum overlapped (overlap_quorum=true) and also "
         "alternate it with every quorum blocking (overlap_quorum=false, the default)",
     )
+    parser.add_argument(
+        "--compare-every1",
+        action="store_true",
+        help="also alternate fault tolerance with a quorum every step (quorum_every=1)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     parser.add_argument(
@@ -211,7 +225,8 @@ def main() -> None:
     global PIPELINE
     PIPELINE = () if args.pipeline == "none" else (f"train.pipeline={args.pipeline}",)
     load = os.getloadavg()[0]
-    kinds = ("ft", "ft_blocking", "std") if args.compare_blocking else ("ft", "std")
+    kinds = ("ft", *(("ft_blocking",) if args.compare_blocking else ()),
+             *(("ft_every1",) if args.compare_every1 else ()), "std")  # fmt: skip
     if args.compare_blocking:
         global FT_OVERLAP
         FT_OVERLAP = ("fault_tolerance.overlap_quorum=true",)
@@ -224,8 +239,9 @@ def main() -> None:
                 sps, auc = summary["samples_per_s"], summary["eval_auc"]
                 entry = {"samples_per_s": sps, "eval_auc": auc, "wall_s": r["wall_s"]}
                 if kind != "std":  # main-thread ms per step blocked on the quorum / the vote
-                    for key in ("quorum_wait_s", "vote_wait_s"):
+                    for key in ("quorum_wait_s", "vote_wait_s", "echo_wait_s"):
                         entry[f"{key[:-2]}_ms_per_step"] = 1e3 * summary[key] / args.steps
+                    entry["quorums"] = summary["quorums"]
                 res["clean"][kind].append(entry)
                 print(kind, res["clean"][kind][-1], flush=True)
             if args.compare_blocking:
@@ -260,7 +276,8 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
         f"by TorchRec's pipeline; rounds alternated. {args.machine}.",
         f"Regenerate: `PYTHONPATH=. OMP_NUM_THREADS=1 python bench/ft_bench.py --clean-only "
         f"--pipeline {res['pipeline']} --steps {args.steps} --rounds {args.rounds}"
-        f"{' --compare-blocking' if 'ft_blocking' in res['clean'] else ''}`.",
+        f"{' --compare-blocking' if 'ft_blocking' in res['clean'] else ''}"
+        f"{' --compare-every1' if 'ft_every1' in res['clean'] else ''}`.",
         "",
         "| round | fault tolerant samples/s | standard samples/s | ratio | AUC ft / std |",
         "|---|---|---|---|---|",
@@ -292,16 +309,40 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
             if "ft_blocking" in res["clean"]
             else []
         ),
+        *(
+            [
+                "With a quorum every step (`fault_tolerance.quorum_every=1`, torchft's "
+                "`OptimizerWrapper` pattern; `--compare-every1`), alternated in the same rounds: "
+                + ", ".join(
+                    f"{a['samples_per_s']:.0f} ({a['samples_per_s'] / b['samples_per_s']:.3f})"
+                    for a, b in zip(res["clean"]["ft_every1"], std, strict=True)
+                )
+                + " samples/s (ratio to the standard launcher). Main-thread ms per step blocked "
+                "on the quorum / the vote / the commit echo, default lease vs every step: "
+                + ", ".join(
+                    f"{a['quorum_wait_ms_per_step']:.1f} / {a['vote_wait_ms_per_step']:.1f} / "
+                    f"{a['echo_wait_ms_per_step']:.1f} vs "
+                    f"{b['quorum_wait_ms_per_step']:.1f} / {b['vote_wait_ms_per_step']:.1f} / "
+                    f"{b['echo_wait_ms_per_step']:.1f}"
+                    for a, b in zip(ft, res["clean"]["ft_every1"], strict=True)
+                )
+                + f"; quorums formed per run: {', '.join(str(a['quorums']) for a in ft)} vs "
+                + f"{', '.join(str(b['quorums']) for b in res['clean']['ft_every1'])}.",
+                "",
+            ]
+            if "ft_every1" in res["clean"]
+            else []
+        ),
         f"Goal >= 0.95: **{'met' if min(ratios) >= 0.95 else 'not met'}** "
         f"({min(ratios):.2f}-{max(ratios):.2f} in this run). Samples/s count the training steps "
         "on both sides: the fault-tolerant group's join (its first quorum, which waits for every "
         "planned group, and the step-0 heal) is start-up, like the standard world's rendezvous. "
-        "Per step, a fault-tolerant group runs the quorum RPC (manager server -> lighthouse; "
-        "with `overlap_quorum=true` on a helper thread from the pipeline's `zero_grad()` until "
-        "the model's forward starts, overlapping the wait for the batch, the next batch's "
-        "input all-to-all and data loading), the in-group DDP all-reduce, ONE cross-group all-reduce carrying the "
-        "embedding copies, the dense gradients and the control vector (fingerprint bytes, "
-        "NaN/inf flag), the `should_commit` RPC and the write-back from the copies; the standard "
+        "Per step, a fault-tolerant group runs the in-group DDP all-reduce, ONE cross-group "
+        "all-reduce carrying the embedding copies, the dense gradients and the control vector "
+        "(fingerprint bytes, NaN/inf flag), the group's commit vote (one MIN all-reduce over the "
+        "group, `sparse2d.ft.vote.group_commit`), the commit echo (one float over the quorum) "
+        "and the write-back from the copies, plus torchft's quorum RPC (manager server -> "
+        "lighthouse) every `quorum_every` (8) committed steps and after any failed step; the standard "
         "world runs one DDP all-reduce that also carries the folded embedding sync and the "
         "NaN/inf vote (`sync.ddp.fold`, `sync.ddp.vote`). The quorum is joined before the forward, "
         "not the backward: a live group's heal capture runs on torchft's quorum thread and the "

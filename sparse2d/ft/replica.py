@@ -96,9 +96,9 @@ class FaultTolerance:
         self._held: dict[str, Any] | None = None  # a heal that arrived at an overlapped quorum
         self._expect: int | None = None  # data position of the batch the loop read ahead
         self._opened_at = (0.0, 0)  # (time, step) the step's quorum started
-        self.waited = {"quorum_s": 0.0, "vote_s": 0.0}
+        self.waited = {"quorum_s": 0.0, "vote_s": 0.0, "echo_s": 0.0}
         """Main-thread seconds spent blocked on the quorum (whole RPC when it blocks, only the
-        join when it is overlapped) and on the commit vote, past the first step."""
+        join when it is overlapped), on the commit vote and on its echo, past the first step."""
         self._short = quorum.ShortQuorums(options, lambda: self.participants)
         self._lease = quorum.QuorumLease(
             options.quorum_every, lambda: self._pg, self._drop_process_group
@@ -326,7 +326,9 @@ class FaultTolerance:
         voting = time.perf_counter()
         committed = self._vote()
         self.waited["vote_s"] += time.perf_counter() - voting
+        echoing = time.perf_counter()
         self._lease.after_vote(committed, pg_failed, self.participants)
+        self.waited["echo_s"] += time.perf_counter() - echoing
         self._position += 1
         self._open = False
         self._may_lag = not committed  # a group that committed is at the next quorum's step
@@ -386,6 +388,7 @@ class FaultTolerance:
             "quorums": self._lease.formed,
             "quorum_wait_s": self.waited["quorum_s"],
             "vote_wait_s": self.waited["vote_s"],
+            "echo_wait_s": self.waited["echo_s"],
         }
 
     def shutdown(self) -> None:
