@@ -4,8 +4,12 @@
 processes) at L=1 (full replication), L=2 (the shipped 2D layout) and L=4 (1D),
 ``--steps`` steps per run, ``--rounds`` rounds alternating the order of L so the machine's
 load hits them alike; best and every round, and the ratios of L=2 to the other two (best
-vs best). Then one full run (1000 steps, eval as shipped) at L=2 and at L=4 for the eval
+vs best). Then one full run (the config's steps and eval) at L=2 and at L=4 for the eval
 AUC the README quotes, with the planted model's AUC and the wall time.
+
+While exploring, ``--config`` points it at another job and ``--set KEY=VALUE`` (repeatable)
+adds dotted overrides to every run; with ``--out DIR --no-results-md`` nothing shipped is
+touched. The defaults measure the shipped main job.
 
 Run: ``PYTHONPATH=. .venv/bin/python bench/main_job_layouts.py`` (~12 minutes on 2 cores).
 Writes ``bench/results/main_job_layouts.json`` and the ``main-job-layouts`` section of
@@ -28,12 +32,14 @@ from main_job_bench import run_trainer
 
 HERE = Path(__file__).resolve().parent
 GROUP_SIZES = (1, 2, 4)
-FULL = ["train.eval_every=250", "train.eval_batches=10"]
-"""The shipped eval settings (``run_trainer`` turns eval off for speed runs)."""
+CONFIG = HERE.parent / "configs" / "tiny_cpu.yaml"
+RUN_KEYS = ("samples_per_s", "sync_s_per_step", "sync_bytes_per_step", "sync_modes")
+"""What each speed run keeps from its ``summary.json`` (with the 1-minute load at its end)."""
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     speed: dict[str, list[float]] = {str(L): [] for L in GROUP_SIZES}
+    runs: dict[str, list[dict[str, Any]]] = {str(L): [] for L in GROUP_SIZES}
     loads = [os.getloadavg()[0]]
     full: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -41,20 +47,46 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             order = GROUP_SIZES if r % 2 == 0 else tuple(reversed(GROUP_SIZES))
             for L in order:
                 run_dir = os.path.join(tmp, f"{r}_{L}")
-                s = run_trainer([f"parallel.sharding_group_size={L}"], args.steps, run_dir)
+                s = run_trainer([f"parallel.sharding_group_size={L}", *args.set], args.steps,
+                                run_dir, config=args.config)  # fmt: skip
                 speed[str(L)].append(s["samples_per_s"])
-                print(f"round {r} L={L} {s['samples_per_s']:.0f} samples/s", flush=True)
+                runs[str(L)].append({"load": os.getloadavg()[0],
+                                     **{k: s.get(k) for k in RUN_KEYS}})  # fmt: skip
+                print(f"round {r} L={L} {s['samples_per_s']:.0f} samples/s "
+                      f"load {runs[str(L)][-1]['load']:.1f}", flush=True)  # fmt: skip
         loads.append(os.getloadavg()[0])
         for L in (2, 4) if args.full else ():
             begin = time.perf_counter()
-            s = run_trainer([f"parallel.sharding_group_size={L}", *FULL], 1000,
-                            os.path.join(tmp, f"full_{L}"))  # fmt: skip
+            s = run_trainer([f"parallel.sharding_group_size={L}", *shipped_eval(args.config),
+                             *args.set], args.full_steps, os.path.join(tmp, f"full_{L}"),
+                            config=args.config)  # fmt: skip
             full[str(L)] = {"wall_s": time.perf_counter() - begin,
                             **{k: s.get(k) for k in ("eval_auc", "planted_auc", "samples_per_s",
                                                      "train_loss", "eval_loss")}}  # fmt: skip
             print(f"full L={L}", full[str(L)], flush=True)
     return {"samples_per_s": speed, "steps": args.steps, "rounds": args.rounds,
-            "load": loads, "full": full}  # fmt: skip
+            "load": loads, "full": full, "runs": runs, "config": config_name(args.config),
+            "overrides": list(args.set), "full_steps": args.full_steps}  # fmt: skip
+
+
+def shipped_eval(config: Path) -> list[str]:
+    """The config's own eval settings (``run_trainer`` turns eval off for speed runs)."""
+    t = load(config).train
+    return [f"train.eval_every={t.eval_every}", f"train.eval_batches={t.eval_batches}"]
+
+
+def load(config: Path, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    sys.path.insert(0, str(HERE.parent))
+    from sparse2d.train.config import load_config
+
+    return load_config(str(config), list(overrides))
+
+
+def config_name(config: Path) -> str:
+    try:
+        return str(Path(config).resolve().relative_to(HERE.parent))
+    except ValueError:
+        return str(config)
 
 
 def markdown(
@@ -64,7 +96,9 @@ def markdown(
     lines = [
         "## Main job at every L (bench/main_job_layouts.py)",
         "",
-        f"`configs/tiny_cpu.yaml` ({shape()}) through "
+        f"`{result.get('config', 'configs/tiny_cpu.yaml')}`"
+        f"{' with ' + ' '.join(result['overrides']) if result.get('overrides') else ''} "
+        f"({shape(args.config, args.set)}) through "
         f"the trainer, 4 gloo CPU processes, {result['steps']} steps per run, "
         f"{result['rounds']} rounds alternating the order of L; {args.machine}. The box is "
         f"shared with other agents: absolute samples/s are not comparable with other "
@@ -84,18 +118,18 @@ def markdown(
     return "\n".join(lines)
 
 
-def shape() -> str:
-    """The main job's tables and batch, read from the config (not restated by hand)."""
-    sys.path.insert(0, str(HERE.parent))
-    from sparse2d.train.config import load_config
-
-    cfg = load_config(str(HERE.parent / "configs" / "tiny_cpu.yaml"))
+def shape(config: Path = CONFIG, overrides: list[str] | tuple[str, ...] = ()) -> str:
+    """The job's tables, batch and sync, read from the config (not restated by hand)."""
+    cfg = load(config, overrides)
     specs = cfg.model.specs()
     rows = sorted({t.rows for t in specs})
+    kinds = sorted({t.sharding or "planner's choice" for t in specs})
+    sync = cfg.parallel.sync
     return (
         f"{len(specs)} tables x {'/'.join(str(r) for r in rows)} rows, dim {specs[0].dim}, "
-        f"bags of 1-{cfg.data.synthetic.ids_per_feature} ids, batch "
-        f"{cfg.data.batch_size_per_rank} per rank"
+        f"{'/'.join(kinds)}, bags of 1-{cfg.data.synthetic.ids_per_feature} ids, batch "
+        f"{cfg.data.batch_size_per_rank} per rank, sync every {sync.every} step"
+        f"{'s' if sync.every > 1 else ''} (engine {sync.engine})"
     )
 
 
@@ -145,14 +179,22 @@ def repeat_paragraph(result: dict[str, Any], repeat: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--config", type=Path, default=CONFIG,
+                        help="the job to measure (default: the main job, as shipped)")  # fmt: skip
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a dotted override for every run (repeatable; while exploring)")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=200, help="steps per speed run")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds alternating L")
+    parser.add_argument("--full-steps", type=int, help="steps of the two runs with eval "
+                        "(default: the config's train.steps)")  # fmt: skip
     parser.add_argument("--no-full", dest="full", action="store_false")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true")
     parser.add_argument("--repeat", type=Path, help="an earlier run's JSON to report beside "
                         "this one (bench/inputs/main_job_layouts_repeat.json)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.full_steps is None:
+        args.full_steps = load(args.config, args.set).train.steps
     result, wall = timed(args, measure, args)
     publish(args, result, markdown(result, args, wall, args.repeat), "main_job_layouts.json",
             "main-job-layouts")  # fmt: skip
