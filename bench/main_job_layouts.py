@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_util import RESULTS_DIR, publish, timed
+from bench_util import RESULTS_DIR, publish, results_md, timed, write_section
 from main_job_bench import run_trainer
 
 HERE = Path(__file__).resolve().parent
 GROUP_SIZES = (1, 2, 4)
 CONFIG = HERE.parent / "configs" / "tiny_cpu.yaml"
-RUN_KEYS = ("samples_per_s", "sync_s_per_step", "sync_bytes_per_step", "sync_modes")
+RUN_KEYS = ("samples_per_s", "sync_s_per_step", "sync_bytes_per_step", "sync_modes", "eval_auc")
 """What each speed run keeps from its ``summary.json`` (with the 1-minute load at its end)."""
 
 
@@ -66,7 +66,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             print(f"full L={L}", full[str(L)], flush=True)
     return {"samples_per_s": speed, "steps": args.steps, "rounds": args.rounds,
             "load": loads, "full": full, "runs": runs, "config": config_name(args.config),
-            "overrides": list(args.set), "full_steps": args.full_steps}  # fmt: skip
+            "overrides": list(args.set), "full_steps": args.full_steps,
+            "shape": shape(args.config, args.set)}  # fmt: skip
 
 
 def shipped_eval(config: Path) -> list[str]:
@@ -115,6 +116,48 @@ def markdown(
     lines += ["", sentence(result)]
     if repeat is not None:
         lines += ["", repeat_paragraph(result, json.loads(repeat.read_text()))]
+    return "\n".join(lines)
+
+
+def candidates_section(paths: list[Path]) -> str:
+    """The ``main-job-candidates`` section: every candidate main job measured while looking
+    for one where 2D (L=2) is the fastest layout, rendered from the runs' JSON files."""
+    lines = [
+        "## Main-job candidates: a job where 2D is the fastest L? "
+        "(bench/main_job_layouts.py --candidates)",
+        "",
+        "Issue 33 item 5 asked for main-job tables large enough that a 2D layout (L=2) is the "
+        "measured best of L=1 (full replication), 2 and 4 (1D) on this 2-core box. Each "
+        "candidate is `configs/tiny_cpu.yaml` with dotted overrides, measured by this script "
+        "(`--set` per override, `--no-full`): 4 gloo CPU processes through the trainer, rounds "
+        "alternating the order of L, the 1-minute load average after each run. A candidate "
+        "counts only if L=2 is fastest in most rounds by more than the round-to-round noise. "
+        "Raw runs: `bench/inputs/main_job_candidates/`.",
+        "",
+        "| candidate | job | steps x rounds | L=1 samples/s | L=2 | L=4 | load | "
+        "L=2 / L=1, / L=4 (best) | L=2 fastest | L=2 sync ms/step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    wins = 0
+    for path in paths:
+        r = json.loads(path.read_text())
+        speed = r["samples_per_s"]
+        best = {L: max(v) for L, v in speed.items()}
+        rounds = list(zip(*(speed[L] for L in ("1", "2", "4")), strict=True))
+        fastest = sum(r2 > max(r1, r4) for r1, r2, r4 in rounds)
+        wins += fastest * 2 > len(rounds)
+        loads = [x["load"] for v in r["runs"].values() for x in v]
+        sync = ", ".join(f"{1e3 * x['sync_s_per_step']:.1f}" for x in r["runs"]["2"])
+        cells = [", ".join(f"{x:.0f}" for x in speed[L]) for L in ("1", "2", "4")]
+        lines.append(
+            f"| {path.stem} | {r['shape']} | {r['steps']} x {r['rounds']} | {' | '.join(cells)} "
+            f"| {min(loads):.1f}-{max(loads):.1f} | {best['2'] / best['1']:.2f}, "
+            f"{best['2'] / best['4']:.2f} | {fastest} of {len(rounds)} | {sync} |"
+        )
+    lines += [
+        "",
+        f"L=2 was the fastest layout in most rounds in {wins} of {len(paths)} candidates.",
+    ]
     return "\n".join(lines)
 
 
@@ -190,9 +233,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-full", dest="full", action="store_false")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true")
+    parser.add_argument("--candidates", type=Path, nargs="+", metavar="JSON",
+                        help="render the main-job-candidates section from these runs' JSON "
+                        "(bench/inputs/main_job_candidates/*.json) and exit")  # fmt: skip
     parser.add_argument("--repeat", type=Path, help="an earlier run's JSON to report beside "
                         "this one (bench/inputs/main_job_layouts_repeat.json)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.candidates:
+        text = candidates_section(sorted(args.candidates))
+        print(text)
+        if not args.no_results_md:
+            write_section(text, "main-job-candidates", results_md(args.out))
+        return 0
     if args.full_steps is None:
         args.full_steps = load(args.config, args.set).train.steps
     result, wall = timed(args, measure, args)
