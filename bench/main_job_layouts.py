@@ -11,7 +11,8 @@ While exploring, ``--config`` points it at another job and ``--set KEY=VALUE`` (
 adds dotted overrides to every run; with ``--out DIR --no-results-md`` nothing shipped is
 touched. The defaults measure the shipped main job.
 
-Run: ``PYTHONPATH=. .venv/bin/python bench/main_job_layouts.py`` (~12 minutes on 2 cores).
+Run: ``PYTHONPATH=. .venv/bin/python bench/main_job_layouts.py`` (483 s on the 2-core box at
+load 9-17, the last full run).
 Writes ``bench/results/main_job_layouts.json`` and the ``main-job-layouts`` section of
 ``bench/RESULTS.md``; prints the README sentence.
 """
@@ -190,7 +191,7 @@ def sentence(result: dict[str, Any]) -> str:
     full = result.get("full") or {}
     if full:
         text += (
-            f" 1000 steps with eval: eval AUC {full['2']['eval_auc']:.4f} in 2D, "
+            f" {result.get('full_steps', 1000)} steps with eval: eval AUC {full['2']['eval_auc']:.4f} in 2D, "
             f"{full['4']['eval_auc']:.4f} in 1D, {full['2']['planted_auc']:.4f} for the planted "
             f"model ({full['2']['wall_s']:.0f} s wall for the 2D run on the loaded box)."
         )
