@@ -48,12 +48,13 @@ def run_trainer(
     run_dir: str,
     nproc: int = 4,
     env: dict[str, str] | None = None,
+    config: str | os.PathLike[str] = ROOT / "configs" / "tiny_cpu.yaml",
 ) -> dict[str, Any]:
-    """One trainer run; returns its ``summary.json``."""
+    """One trainer run of ``config`` (default the main job's); returns its ``summary.json``."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc-per-node={nproc}", "-m", "sparse2d.train",
-        "--config", str(ROOT / "configs" / "tiny_cpu.yaml"),
+        "--config", str(config),
         f"train.steps={steps}", "train.eval_every=0", "train.eval_batches=1",
         "train.progress_bar=false", f"run_dir={run_dir}", *overrides,
     ]  # fmt: skip

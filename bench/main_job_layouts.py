@@ -4,10 +4,15 @@
 processes) at L=1 (full replication), L=2 (the shipped 2D layout) and L=4 (1D),
 ``--steps`` steps per run, ``--rounds`` rounds alternating the order of L so the machine's
 load hits them alike; best and every round, and the ratios of L=2 to the other two (best
-vs best). Then one full run (1000 steps, eval as shipped) at L=2 and at L=4 for the eval
+vs best). Then one full run (the config's steps and eval) at L=2 and at L=4 for the eval
 AUC the README quotes, with the planted model's AUC and the wall time.
 
-Run: ``PYTHONPATH=. .venv/bin/python bench/main_job_layouts.py`` (~12 minutes on 2 cores).
+While exploring, ``--config`` points it at another job and ``--set KEY=VALUE`` (repeatable)
+adds dotted overrides to every run; with ``--out DIR --no-results-md`` nothing shipped is
+touched. The defaults measure the shipped main job.
+
+Run: ``PYTHONPATH=. .venv/bin/python bench/main_job_layouts.py`` (483 s on the 2-core box at
+load 9-17, the last full run).
 Writes ``bench/results/main_job_layouts.json`` and the ``main-job-layouts`` section of
 ``bench/RESULTS.md``; prints the README sentence.
 """
@@ -23,17 +28,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_util import RESULTS_DIR, publish, timed
+from bench_util import RESULTS_DIR, publish, results_md, timed, write_section
 from main_job_bench import run_trainer
 
 HERE = Path(__file__).resolve().parent
 GROUP_SIZES = (1, 2, 4)
-FULL = ["train.eval_every=250", "train.eval_batches=10"]
-"""The shipped eval settings (``run_trainer`` turns eval off for speed runs)."""
+CONFIG = HERE.parent / "configs" / "tiny_cpu.yaml"
+RUN_KEYS = ("samples_per_s", "sync_s_per_step", "sync_bytes_per_step", "sync_modes", "eval_auc")
+"""What each speed run keeps from its ``summary.json`` (with the 1-minute load at its end)."""
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     speed: dict[str, list[float]] = {str(L): [] for L in GROUP_SIZES}
+    runs: dict[str, list[dict[str, Any]]] = {str(L): [] for L in GROUP_SIZES}
     loads = [os.getloadavg()[0]]
     full: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -41,20 +48,47 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             order = GROUP_SIZES if r % 2 == 0 else tuple(reversed(GROUP_SIZES))
             for L in order:
                 run_dir = os.path.join(tmp, f"{r}_{L}")
-                s = run_trainer([f"parallel.sharding_group_size={L}"], args.steps, run_dir)
+                s = run_trainer([f"parallel.sharding_group_size={L}", *args.set], args.steps,
+                                run_dir, config=args.config)  # fmt: skip
                 speed[str(L)].append(s["samples_per_s"])
-                print(f"round {r} L={L} {s['samples_per_s']:.0f} samples/s", flush=True)
+                runs[str(L)].append({"load": os.getloadavg()[0],
+                                     **{k: s.get(k) for k in RUN_KEYS}})  # fmt: skip
+                print(f"round {r} L={L} {s['samples_per_s']:.0f} samples/s "
+                      f"load {runs[str(L)][-1]['load']:.1f}", flush=True)  # fmt: skip
         loads.append(os.getloadavg()[0])
         for L in (2, 4) if args.full else ():
             begin = time.perf_counter()
-            s = run_trainer([f"parallel.sharding_group_size={L}", *FULL], 1000,
-                            os.path.join(tmp, f"full_{L}"))  # fmt: skip
+            s = run_trainer([f"parallel.sharding_group_size={L}", *shipped_eval(args.config),
+                             *args.set], args.full_steps, os.path.join(tmp, f"full_{L}"),
+                            config=args.config)  # fmt: skip
             full[str(L)] = {"wall_s": time.perf_counter() - begin,
                             **{k: s.get(k) for k in ("eval_auc", "planted_auc", "samples_per_s",
                                                      "train_loss", "eval_loss")}}  # fmt: skip
             print(f"full L={L}", full[str(L)], flush=True)
     return {"samples_per_s": speed, "steps": args.steps, "rounds": args.rounds,
-            "load": loads, "full": full}  # fmt: skip
+            "load": loads, "full": full, "runs": runs, "config": config_name(args.config),
+            "overrides": list(args.set), "full_steps": args.full_steps,
+            "shape": shape(args.config, args.set)}  # fmt: skip
+
+
+def shipped_eval(config: Path) -> list[str]:
+    """The config's own eval settings (``run_trainer`` turns eval off for speed runs)."""
+    t = load(config).train
+    return [f"train.eval_every={t.eval_every}", f"train.eval_batches={t.eval_batches}"]
+
+
+def load(config: Path, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    sys.path.insert(0, str(HERE.parent))
+    from sparse2d.train.config import load_config
+
+    return load_config(str(config), list(overrides))
+
+
+def config_name(config: Path) -> str:
+    try:
+        return str(Path(config).resolve().relative_to(HERE.parent))
+    except ValueError:
+        return str(config)
 
 
 def markdown(
@@ -64,7 +98,9 @@ def markdown(
     lines = [
         "## Main job at every L (bench/main_job_layouts.py)",
         "",
-        f"`configs/tiny_cpu.yaml` ({shape()}) through "
+        f"`{result.get('config', 'configs/tiny_cpu.yaml')}`"
+        f"{' with ' + ' '.join(result['overrides']) if result.get('overrides') else ''} "
+        f"({shape(args.config, args.set)}) through "
         f"the trainer, 4 gloo CPU processes, {result['steps']} steps per run, "
         f"{result['rounds']} rounds alternating the order of L; {args.machine}. The box is "
         f"shared with other agents: absolute samples/s are not comparable with other "
@@ -84,18 +120,60 @@ def markdown(
     return "\n".join(lines)
 
 
-def shape() -> str:
-    """The main job's tables and batch, read from the config (not restated by hand)."""
-    sys.path.insert(0, str(HERE.parent))
-    from sparse2d.train.config import load_config
+def candidates_section(paths: list[Path]) -> str:
+    """The ``main-job-candidates`` section: every candidate main job measured while looking
+    for one where 2D (L=2) is the fastest layout, rendered from the runs' JSON files."""
+    lines = [
+        "## Main-job candidates: a job where 2D is the fastest L? "
+        "(bench/main_job_layouts.py --candidates)",
+        "",
+        "Issue 33 item 5 asked for main-job tables large enough that a 2D layout (L=2) is the "
+        "measured best of L=1 (full replication), 2 and 4 (1D) on this 2-core box. Each "
+        "candidate is `configs/tiny_cpu.yaml` with dotted overrides, measured by this script "
+        "(`--set` per override, `--no-full`): 4 gloo CPU processes through the trainer, rounds "
+        "alternating the order of L, the 1-minute load average after each run. A candidate "
+        "counts only if L=2 is fastest in most rounds by more than the round-to-round noise. "
+        "Raw runs: `bench/inputs/main_job_candidates/`.",
+        "",
+        "| candidate | job | steps x rounds | L=1 samples/s | L=2 | L=4 | load | "
+        "L=2 / L=1, / L=4 (best) | L=2 fastest | L=2 sync ms/step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    wins = 0
+    for path in paths:
+        r = json.loads(path.read_text())
+        speed = r["samples_per_s"]
+        best = {L: max(v) for L, v in speed.items()}
+        rounds = list(zip(*(speed[L] for L in ("1", "2", "4")), strict=True))
+        fastest = sum(r2 > max(r1, r4) for r1, r2, r4 in rounds)
+        wins += fastest * 2 > len(rounds)
+        loads = [x["load"] for v in r["runs"].values() for x in v]
+        sync = ", ".join(f"{1e3 * x['sync_s_per_step']:.1f}" for x in r["runs"]["2"])
+        cells = [", ".join(f"{x:.0f}" for x in speed[L]) for L in ("1", "2", "4")]
+        lines.append(
+            f"| {path.stem} | {r['shape']} | {r['steps']} x {r['rounds']} | {' | '.join(cells)} "
+            f"| {min(loads):.1f}-{max(loads):.1f} | {best['2'] / best['1']:.2f}, "
+            f"{best['2'] / best['4']:.2f} | {fastest} of {len(rounds)} | {sync} |"
+        )
+    lines += [
+        "",
+        f"L=2 was the fastest layout in most rounds in {wins} of {len(paths)} candidates.",
+    ]
+    return "\n".join(lines)
 
-    cfg = load_config(str(HERE.parent / "configs" / "tiny_cpu.yaml"))
+
+def shape(config: Path = CONFIG, overrides: list[str] | tuple[str, ...] = ()) -> str:
+    """The job's tables, batch and sync, read from the config (not restated by hand)."""
+    cfg = load(config, overrides)
     specs = cfg.model.specs()
     rows = sorted({t.rows for t in specs})
+    kinds = sorted({t.sharding or "planner's choice" for t in specs})
+    sync = cfg.parallel.sync
     return (
         f"{len(specs)} tables x {'/'.join(str(r) for r in rows)} rows, dim {specs[0].dim}, "
-        f"bags of 1-{cfg.data.synthetic.ids_per_feature} ids, batch "
-        f"{cfg.data.batch_size_per_rank} per rank"
+        f"{'/'.join(kinds)}, bags of 1-{cfg.data.synthetic.ids_per_feature} ids, batch "
+        f"{cfg.data.batch_size_per_rank} per rank, sync every {sync.every} step"
+        f"{'s' if sync.every > 1 else ''} (engine {sync.engine})"
     )
 
 
@@ -113,7 +191,7 @@ def sentence(result: dict[str, Any]) -> str:
     full = result.get("full") or {}
     if full:
         text += (
-            f" 1000 steps with eval: eval AUC {full['2']['eval_auc']:.4f} in 2D, "
+            f" {result.get('full_steps', 1000)} steps with eval: eval AUC {full['2']['eval_auc']:.4f} in 2D, "
             f"{full['4']['eval_auc']:.4f} in 1D, {full['2']['planted_auc']:.4f} for the planted "
             f"model ({full['2']['wall_s']:.0f} s wall for the 2D run on the loaded box)."
         )
@@ -145,14 +223,31 @@ def repeat_paragraph(result: dict[str, Any], repeat: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--config", type=Path, default=CONFIG,
+                        help="the job to measure (default: the main job, as shipped)")  # fmt: skip
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a dotted override for every run (repeatable; while exploring)")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=200, help="steps per speed run")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds alternating L")
+    parser.add_argument("--full-steps", type=int, help="steps of the two runs with eval "
+                        "(default: the config's train.steps)")  # fmt: skip
     parser.add_argument("--no-full", dest="full", action="store_false")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true")
+    parser.add_argument("--candidates", type=Path, nargs="+", metavar="JSON",
+                        help="render the main-job-candidates section from these runs' JSON "
+                        "(bench/inputs/main_job_candidates/*.json) and exit")  # fmt: skip
     parser.add_argument("--repeat", type=Path, help="an earlier run's JSON to report beside "
                         "this one (bench/inputs/main_job_layouts_repeat.json)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.candidates:
+        text = candidates_section(sorted(args.candidates))
+        print(text)
+        if not args.no_results_md:
+            write_section(text, "main-job-candidates", results_md(args.out))
+        return 0
+    if args.full_steps is None:
+        args.full_steps = load(args.config, args.set).train.steps
     result, wall = timed(args, measure, args)
     publish(args, result, markdown(result, args, wall, args.repeat), "main_job_layouts.json",
             "main-job-layouts")  # fmt: skip

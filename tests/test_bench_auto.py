@@ -69,3 +69,17 @@ def test_auto_section_is_exactly_what_the_script_renders(tmp_path) -> None:
         == 0
     )
     assert _section(tmp_path / "RESULTS.md", "auto") == _section(BENCH / "RESULTS.md", "auto")
+
+
+def test_main_job_candidates_section_is_what_the_script_renders() -> None:
+    """The candidates tried for a main job where 2D is the fastest L: the RESULTS.md section
+    is the script's rendering of the saved runs, and none of them had L=2 fastest."""
+    paths = sorted((BENCH / "inputs" / "main_job_candidates").glob("*.json"))
+    assert len(paths) >= 6
+    text = main_job_layouts.candidates_section(paths)
+    assert text == _section(BENCH / "RESULTS.md", "main-job-candidates").split("\n", 1)[1]
+    assert f"in 0 of {len(paths)} candidates" in text
+    for path in paths:
+        saved = json.loads(path.read_text())
+        assert {len(v) for v in saved["samples_per_s"].values()} == {saved["rounds"]}
+        assert all("load" in run for runs in saved["runs"].values() for run in runs)
