@@ -110,7 +110,8 @@ class QuorumLease:
 
     Every rank of every group decides alike: the groups of a quorum share the committed step,
     and after each vote one 1-float SUM of the commit flags over each rank's cross-group
-    process group (the commit echo) tells every group whether all committed. The echo calls
+    process group (the commit echo, started after the vote and landed when the next step
+    starts) tells every group whether all committed. The echo calls
     the process group directly: torchft's ``allreduce`` skips a group whose step failed,
     and that group must be heard. It is not asked where this step's all-reduce failed (that
     rank's group was torn down, and its peers failed too); a failed echo (a peer lost after
@@ -124,27 +125,43 @@ class QuorumLease:
         """Form a quorum at the next step (first step; a group failed, was lost or is behind)."""
         self.formed = 0
         """Quorums formed (torchft's quorum RPC), over the whole run."""
+        self._echo: tuple[Any, torch.Tensor, bool, int] | None = None
+        """The echo in flight: (work, flags, this group committed, groups in the quorum)."""
 
     def reuses(self, started: bool, step: int) -> bool:
-        """Whether the step that starts at committed step ``step`` keeps the last quorum."""
+        """Whether the step that starts at committed step ``step`` keeps the last quorum
+        (lands the echo in flight first)."""
+        self.settle()
         return started and not self.regroup and step % self.every != 0
 
     def after_vote(self, committed: bool, pg_failed: bool, participants: int) -> None:
-        """The commit echo (class docstring): regroup next step unless every group committed."""
-        self.regroup = not self._every_group_committed(committed, pg_failed, participants)
-
-    def _every_group_committed(self, committed: bool, pg_failed: bool, participants: int) -> bool:
+        """Start the commit echo (class docstring). It lands when the next step decides
+        (``settle``), so its latency hides behind the write-back, the dense optimizer step
+        and the loop's work before the next step."""
+        self.settle()
+        self.regroup = True
         if pg_failed or self.every == 1:
-            return False
+            return
         flag = torch.tensor([1.0 if committed else 0.0])
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
         try:
-            self._pg().allreduce([flag], opts).wait()
-        except Exception:  # a peer was lost after the vote: regroup
+            self._echo = (self._pg().allreduce([flag], opts), flag, committed, participants)
+        except Exception:  # the process group went away after the vote: regroup
             self._drop()
-            return False
-        return committed and int(flag.item()) == participants
+
+    def settle(self) -> None:
+        """Wait for the echo in flight, if any: regroup next step unless every group committed
+        (a failed echo, a peer lost after the vote, regroups too)."""
+        if self._echo is None:
+            return
+        (work, flag, committed, participants), self._echo = self._echo, None
+        try:
+            work.wait()
+        except Exception:
+            self._drop()
+            return
+        self.regroup = not (committed and int(flag.item()) == participants)
 
 
 class OverlappedQuorum:

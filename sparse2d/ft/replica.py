@@ -197,7 +197,10 @@ class FaultTolerance:
         self._opened_at = (time.perf_counter(), self.manager.current_step())
         overlap = self.options.overlap_quorum and not self._may_lag and self._overlap.forward_seen
         self._overlap.arm()
-        if self._lease.reuses(self._started, self.manager.current_step()):
+        echoing = time.perf_counter()
+        reuse = self._lease.reuses(self._started, self.manager.current_step())
+        self.waited["echo_s"] += time.perf_counter() - echoing
+        if reuse:
             self._open = True
             return
         self._lease.formed += 1
@@ -326,9 +329,7 @@ class FaultTolerance:
         voting = time.perf_counter()
         committed = self._vote()
         self.waited["vote_s"] += time.perf_counter() - voting
-        echoing = time.perf_counter()
         self._lease.after_vote(committed, pg_failed, self.participants)
-        self.waited["echo_s"] += time.perf_counter() - echoing
         self._position += 1
         self._open = False
         self._may_lag = not committed  # a group that committed is at the next quorum's step
@@ -393,5 +394,6 @@ class FaultTolerance:
 
     def shutdown(self) -> None:
         """Stop this group's manager server and checkpoint server."""
+        self._lease.settle()  # the last step's echo: every group is still there for it
         self._overlap.close()
         self.manager.shutdown(wait=False)
