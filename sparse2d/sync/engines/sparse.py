@@ -203,7 +203,10 @@ class SparseEngine(SyncEngine):
         index = {id(shard): i for i, shard in enumerate(self.shards)}
         missing = [s.table for s in shards if id(s) not in index]
         if missing:
-            raise ValueError(f"share_touched: shards of {missing} are not this engine's")
+            raise ConfigError(
+                f"share_touched: shards of {missing} are not this engine's (pass shards the "
+                "engine was built over)"
+            )
         self.track_rows(True)  # paused: every row counts as touched from here on
         base = min(self._base.values())
         return self.tracker.share([index[id(s)] for s in shards], base, pg)
