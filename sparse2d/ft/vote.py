@@ -51,9 +51,11 @@ does the same after its all-reduce); ``tests/test_ft_vote.py`` fails if a releas
 
 def group_commit(manager: Any, pg: Any, options: FTOptions) -> bool:
     """The commit vote of this group's ranks: torchft's ``Manager.should_commit`` with its
-    RPC (every rank to the group's manager server and back, 2.5-5 ms a step on 2 loaded CPU
-    cores) replaced by one MIN all-reduce of the local verdicts over this torchrun world,
-    which is the group. The verdict and the bookkeeping are torchft's: a step commits only
+    RPC (every rank to the group's manager server and back) replaced by one MIN all-reduce of
+    the local verdicts over this torchrun world, which is the group. Not faster on CPU: the
+    vote's wait is the skew between the group's ranks either way (an A/B in one run measured
+    no difference); a rank of the group that is lost fails it at once, not after
+    ``timeout_s``. The verdict and the bookkeeping are torchft's: a step commits only
     when every rank's cross-group process group (``pg``) and manager saw no error and the
     quorum has ``min_replica_size`` groups; on commit the step and committed batches advance,
     otherwise the consecutive failures count (the lighthouse regroups on them); the heal
