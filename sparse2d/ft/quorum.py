@@ -130,9 +130,11 @@ class QuorumLease:
 
     def reuses(self, started: bool, step: int) -> bool:
         """Whether the step that starts at committed step ``step`` keeps the last quorum
-        (lands the echo in flight first)."""
+        (lands the echo in flight first); a step that does not counts as one formed."""
         self.settle()
-        return started and not self.regroup and step % self.every != 0
+        reuse = started and not self.regroup and step % self.every != 0
+        self.formed += not reuse
+        return reuse
 
     def after_vote(self, committed: bool, pg_failed: bool, participants: int) -> None:
         """Start the commit echo (class docstring). It lands when the next step decides

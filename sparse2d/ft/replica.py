@@ -203,7 +203,6 @@ class FaultTolerance:
         if reuse:
             self._open = True
             return
-        self._lease.formed += 1
         if overlap:
             self._open = True
             self._overlap.start(self._quorum)
