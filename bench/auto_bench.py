@@ -184,16 +184,27 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _trial_shape(result: dict[str, Any]) -> str:
+    """The trial's steps and re-trial rule, as the saved run recorded them."""
+    trial = next(iter(result["series"].values()))["trial"]
+    text = f"{trial['warmup_steps']} warm-up + {trial['timed_steps']} timed steps each"
+    margin = trial.get("retrial_margin", 0.0)
+    if margin:
+        text += (f", the candidates within {margin:g} of the fastest measured again in "
+                 "reverse order, each keeping its lower time")  # fmt: skip
+    return text
+
+
 def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> str:
     lines = [
         "## Measured auto vs the best fixed L (bench/auto_bench.py)",
         "",
         f"World 4 gloo CPU, one fresh world per series. `auto` = the trial as shipped "
-        f"(shortlist: within 1.5x of the model's best, at most 3; 2 warm-up + 5 timed steps "
-        f"each). Reference: every L built side by side, {result['rounds']} rounds x "
+        f"(shortlist: within 1.5x of the model's best, at most 3; {_trial_shape(result)}). "
+        f"Reference: every L built side by side, {result['rounds']} rounds x "
         f"{result['steps']} steps alternating L, slowest rank's median step. "
-        f"{args.machine}; the box is shared with other agents (loaded), so single ratios "
-        f"move by 10-30% between runs. Wall {wall:.0f} s.",
+        f"{args.machine}; single ratios move by 10-30% between runs on this box. "
+        f"Wall {wall:.0f} s.",
         "",
         "| set | series | predicted ms (L: step) | shortlist | trial measured ms | trial s "
         "| best fixed L (ref ms) | auto L | auto/best | model L | model/best |",

@@ -18,6 +18,7 @@ from sparse2d.advisor.trial import (
     measure_group_sizes,
     rng_preserved,
     shortlist,
+    step_time,
 )
 from sparse2d.errors import TrialError
 from tests.models import MIXED_TABLES, build_model, constraints_for
@@ -92,6 +93,49 @@ def test_fastest_wins_a_failure_is_skipped_and_the_rng_is_untouched(caplog) -> N
     text = report.table()
     assert "<- chosen (model: L=8)" in text and "failed: MemoryError" in text
     assert report.as_json()["candidates"][3]["measured_step_s"] == measured[2]
+
+
+def test_a_sync_period_is_timed_whole_so_its_cost_counts() -> None:
+    # A sync of 40 ms every 4th step: a median step would say 1 ms and hide it.
+    times = [0.001, 0.001, 0.001, 0.041] * 2
+    assert step_time(times) == pytest.approx(0.001)
+    assert step_time(times, 4) == pytest.approx(0.011)
+    assert step_time([0.001, 0.041, 0.001, 0.001, 0.001], 4) == pytest.approx(0.011)  # one period
+    assert TrialOptions(timed_steps=5).timed_for(4) == 8 and TrialOptions().timed_for(1) == 5
+    steps: list[int] = []
+    report = measure_group_sizes(
+        lambda L: _Model(L, 0.0), lambda m, i: steps.append(i), [(2, 0.1)],
+        TrialOptions(warmup_steps=1, timed_steps=5), period=4,
+    )  # fmt: skip
+    assert steps == list(range(9))  # 1 warm-up + two whole periods of 4
+    assert report.as_json()["timed_steps"] == 8 and report.as_json()["sync_period"] == 4
+
+
+def test_a_near_tie_is_measured_again_in_reverse_order_and_keeps_the_lower_time() -> None:
+    order: list[int] = []
+    slow_first = {1: 0.03, 2: 0.025, 4: 0.2}  # the first pass of L=1 and L=2 is loaded
+
+    def build(group_size: int) -> _Model:
+        order.append(group_size)
+        delay = slow_first.pop(group_size, None)
+        return _Model(group_size, delay if delay is not None else {1: 0.002, 2: 0.015}[group_size])
+
+    options = TrialOptions(warmup_steps=0, timed_steps=3, retrial_margin=1.0)
+    report = measure_group_sizes(
+        build, lambda m, i: m.step(i), [(1, 0.1), (2, 0.1), (4, 0.1)], options
+    )
+    assert order == [1, 2, 4, 2, 1]  # L=4 was not near the fastest: measured once
+    passes = {r.sharding_group_size: r.passes_s for r in report.results}
+    assert len(passes[4]) == 1 and len(passes[1]) == len(passes[2]) == 2
+    assert passes[1][0] > 0.03 and passes[1][1] < 0.03  # the lower pass is kept
+    assert report.chosen == 1 and report.results[0].measured_s == min(passes[1])
+    assert "re-measured, <- chosen" in report.table()
+    order.clear()
+    once = measure_group_sizes(
+        lambda L: build(L) if L in (1, 2) else _Model(L, 0.1), lambda m, i: m.step(i),
+        [(1, 0.1), (2, 0.1)], TrialOptions(warmup_steps=0, timed_steps=2, retrial_margin=0.0),
+    )  # fmt: skip
+    assert order == [1, 2] and all(len(r.passes_s) == 1 for r in once.results)
 
 
 def test_every_candidate_failing_is_one_line_naming_each() -> None:

@@ -1,6 +1,6 @@
 """The trainer's measured ``auto`` at world 4 (one world, three runs): it trains at the L its
-trial measured fastest, from exactly the state an explicit run at that L starts from (final
-weights and optimizer state bit-identical); a failing candidate is skipped with a log line;
+trial measured fastest (over two passes: a re-measured near-tie), from exactly the state an
+explicit run at that L starts from (final weights and optimizer state bit-identical); a failing candidate is skipped with a log line;
 when every candidate fails, every rank stops with one line naming each L and why."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ COMMON = [
     "train.eval_batches=1", "parallel.sync.engine=dense",  # engine auto picks by timing
     "parallel.node_group_size=2",  # L=1 cannot take it: a real candidate failure
     "parallel.auto.margin=100", "parallel.auto.warmup_steps=1", "parallel.auto.timed_steps=2",
+    "parallel.auto.retrial_margin=100",  # both survivors re-measured: a trial of two passes
 ]  # fmt: skip
 
 
@@ -96,6 +97,9 @@ def test_auto_trains_at_the_measured_best_bit_identical_to_explicit(world4, tmp_
     assert by_l[1]["measured_step_s"] is None and "node_group_size=2" in by_l[1]["error"]
     measured = {L: c["measured_step_s"] for L, c in by_l.items() if c["error"] is None}
     assert set(measured) == {2, 4} and all(v > 0 for v in measured.values())
+    for L in (2, 4):  # measured twice (reverse order), each keeping its lower time
+        passes = by_l[L]["passes_step_s"]
+        assert len(passes) == 2 and measured[L] == min(passes), by_l[L]
     fastest = min(measured, key=lambda L: (measured[L], L))
     assert trial["chosen"] == fastest == first["summary"]["sharding_group_size"]
     # the trial stored each candidate's plan: the model it trains is built from the store

@@ -12,6 +12,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "margin": (0.0, 100.0),
     "warmup_steps": (0, 1000),
     "timed_steps": (1, 1000),
+    "retrial_margin": (0.0, 100.0),
 }
 """Accepted values of each :class:`TrialOptions` field (inclusive)."""
 
@@ -20,11 +21,12 @@ def out_of_range(key: str, value: object) -> str | None:
     """Why ``value`` is refused for ``key`` (None: accepted)."""
     low, high = RANGES[key]
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if key != "margin" and not isinstance(value, int):
+    real = key in ("margin", "retrial_margin")
+    if not real and not isinstance(value, int):
         number = False
     if number and low <= value <= high:  # type: ignore[operator]
         return None
-    kind = "a number" if key == "margin" else "an integer"
+    kind = "a number" if real else "an integer"
     return f"must be {kind} in [{low:g}, {high:g}]"
 
 
@@ -42,7 +44,13 @@ class TrialOptions:
     warmup_steps: int = 2
     """Untimed steps per candidate (first-step allocations, the sync engine's start-up)."""
     timed_steps: int = 5
-    """Timed steps per candidate; the median is its step time."""
+    """Timed steps per candidate; the median is its step time. With a sync every N > 1 steps
+    the trial times whole sync periods instead (this many steps rounded up to a multiple of N,
+    the median period / N), so the sync's cost is in every candidate's number."""
+    retrial_margin: float = 0.15
+    """Candidates measured within ``(1 + retrial_margin)`` x the fastest are measured again,
+    in reverse order, and keep the lower of their two times: a near-tie is not decided by
+    one pass's transient load or by being measured first (0: one pass)."""
 
     def __post_init__(self) -> None:
         for key in RANGES:
@@ -50,6 +58,6 @@ class TrialOptions:
             if why is not None:
                 raise KeyValueError(key, f"={getattr(self, key)!r} {why}.")
 
-    @property
-    def steps(self) -> int:
-        return self.warmup_steps + self.timed_steps
+    def timed_for(self, period: int) -> int:
+        """Timed steps with a sync every ``period`` steps: whole periods, at least ``timed_steps``."""
+        return -(-self.timed_steps // period) * period

@@ -50,13 +50,16 @@ def resolve_group_size(
     model_pick, candidates = share_from_rank0(rank_candidates, dist.group.WORLD)
     if options.candidates == 0:
         return model_pick, None
+    period = cfg.parallel.sync.every
+    steps = options.warmup_steps + options.timed_for(period)
     report = measure_group_sizes(
-        lambda L: _candidate(cfg, device, build, L, options.steps),
+        lambda L: _candidate(cfg, device, build, L, steps),
         lambda built, i: built[1].run(i, device, built[0].maybe_sync),
         candidates,
         options,
         close=_close,
         model_pick=model_pick,
+        period=period,
     )
     return report.chosen, report
 
