@@ -184,6 +184,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _measured(candidate: dict[str, Any]) -> str:
+    """``L: ms``; a re-measured near-tie adds both passes (the lower is kept)."""
+    if not candidate["measured_step_s"]:
+        return f"{candidate['sharding_group_size']}: failed"
+    text = f"{candidate['sharding_group_size']}: {1e3 * candidate['measured_step_s']:.1f}"
+    passes = [p for p in candidate.get("passes_step_s", []) if p is not None]
+    if len(passes) > 1:
+        text += " (" + " / ".join(f"{1e3 * p:.1f}" for p in passes) + ")"
+    return text
+
+
 def _trial_shape(result: dict[str, Any]) -> str:
     """The trial's steps and re-trial rule, as the saved run recorded them."""
     trial = next(iter(result["series"].values()))["trial"]
@@ -191,7 +202,7 @@ def _trial_shape(result: dict[str, Any]) -> str:
     margin = trial.get("retrial_margin", 0.0)
     if margin:
         text += (f", the candidates within {margin:g} of the fastest measured again in "
-                 "reverse order, each keeping its lower time")  # fmt: skip
+                 "reverse order, each keeping its lower time; both passes in brackets")  # fmt: skip
     return text
 
 
@@ -215,11 +226,7 @@ def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> s
             lines.append(f"| {e['set']} | {name} | failed: {e['error']} |")
             continue
         pred = ", ".join(f"{L}: {1e3 * s:.1f}" for L, s in e["predicted"].items())
-        trial = ", ".join(
-            f"{c['sharding_group_size']}: "
-            + (f"{1e3 * c['measured_step_s']:.1f}" if c["measured_step_s"] else "failed")
-            for c in e["trial"]["candidates"]
-        )
+        trial = ", ".join(_measured(c) for c in e["trial"]["candidates"])
         ref = e["reference_step_s"]
         best = e["best_fixed"]
         lines.append(
