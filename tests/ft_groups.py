@@ -87,3 +87,18 @@ def run_groups(
     import torch
 
     return {k: torch.load(io.BytesIO(v), weights_only=False) for k, (_, v) in out.items()}
+
+
+def fresh_store() -> object:
+    """A new TCPStore for this group (rank 0 serves it), as ``MASTER_PORT`` for the next
+    torchft manager in the same processes: a second manager on the same store would read the
+    first's keys. Keep the returned store alive while the manager uses it."""
+    import torch.distributed as dist
+    from torch.distributed import TCPStore
+
+    port = [_free_port() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(port, src=0)
+    master = dist.get_rank() == 0
+    store = TCPStore("127.0.0.1", port[0], is_master=master, wait_for_workers=False)
+    os.environ["MASTER_PORT"] = str(port[0])
+    return store

@@ -4,7 +4,7 @@
 model (every sharding type plus a 4096-row table few ids touch; row-wise AdaGrad, so weights
 and accumulators travel), rows, data and a sync every 2 steps. One launch runs three
 fault-tolerant variants in turn (dense, touched rows, bf16), each with its own lighthouse and
-group store (``_fresh_store``: torchft keeps its keys in the group's TCPStore):
+group store (``tests.ft_groups.fresh_store``: torchft keeps its keys in the group's TCPStore):
 - touched rows: the same values as in-world 2D with touched rows and as the dense FT run
   (within 1e-6; only which rows travel differs); the first sync is dense in both groups (one
   healed at the start), the later ones send fewer rows than dense;
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 from sparse2d.ft.lighthouse import start_lighthouse
-from tests.ft_groups import run_groups
+from tests.ft_groups import fresh_store, run_groups
 from tests.models import SPARSE_SYNC_TABLES, constraints_for, make_batch
 from tests.test_sync_strategies import BF16_BOUND
 
@@ -64,23 +64,6 @@ def _dense_opt(model) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.05)
 
 
-def _fresh_store() -> object:
-    """A new TCPStore for this group (rank 0 serves it), as ``MASTER_PORT`` for the next
-    torchft manager: a second manager on the same store would read the first's keys."""
-    import os
-
-    from torch.distributed import TCPStore
-
-    from tests.harness import _free_port
-
-    port = [_free_port() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(port, src=0)
-    master = dist.get_rank() == 0
-    store = TCPStore("127.0.0.1", port[0], is_master=master, wait_for_workers=False)
-    os.environ["MASTER_PORT"] = str(port[0])
-    return store
-
-
 def _ft_variants(group: int, lighthouses: dict[str, str]) -> dict:
     from sparse2d.ft import FaultTolerance, FTOptimizer, FTOptions
 
@@ -88,7 +71,7 @@ def _ft_variants(group: int, lighthouses: dict[str, str]) -> dict:
     for name, opts in VARIANTS.items():
         torch.manual_seed(0)  # the same start rows in every variant and group
         model = _model(**opts)
-        store = _fresh_store()  # noqa: F841 (kept alive while the manager uses it)
+        store = fresh_store()  # noqa: F841 (kept alive while the manager uses it)
         options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
                             lighthouse=lighthouses[name], timeout_s=20, quorum_timeout_s=60,
                             sync_every=EVERY)  # fmt: skip

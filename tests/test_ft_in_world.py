@@ -6,7 +6,7 @@ step, no failure. The reference is in-world 2D at world 4 with the same per-modu
 (TorchRec's 2D semantics: EBC 2 replicas, EC 4) and the same sync option, trained on the same
 rows (rank ``r`` of group ``g`` is in-world rank ``r * G + g``: the EBC's sharding groups are
 ``[g, g + G]``, which AdaGrad tells apart). One launch runs every variant in turn, each with
-its own lighthouse and group store (``_fresh_store``):
+its own lighthouse and group store (``tests.ft_groups.fresh_store``):
 
 - ``dense``: EXACT_SGD, the two stages as they are;
 - ``sparse``: touched rows (the in-world replicas' touched rows shared before the quorum);
@@ -29,10 +29,10 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 from sparse2d.ft.lighthouse import start_lighthouse
-from tests.ft_groups import run_groups
+from tests.ft_groups import fresh_store, run_groups
 from tests.models import dense_params, full_weights, load_full_weights, make_batch
 from tests.test_contexts import ALL, SEQUENCE, build, per_module, tables_and_coverage, train
-from tests.test_ft_engines import BF16_FT_BOUND, _fresh_store
+from tests.test_ft_engines import BF16_FT_BOUND
 
 GROUPS, SIZE, STEPS = 2, 2, 4
 BF16_STATES_RTOL = 2**-7
@@ -85,7 +85,7 @@ def _ft_variants(group: int, lighthouses: dict[str, str]) -> dict:
     out = {}
     for name in VARIANTS:
         model = _start(name, ebc_group=SIZE, ec_group=1)
-        store = _fresh_store()  # noqa: F841 (kept alive while the manager uses it)
+        store = fresh_store()  # noqa: F841 (kept alive while the manager uses it)
         opt = torch.optim.SGD(
             [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=0.1
         )
