@@ -32,8 +32,12 @@ from tests.test_ft_launch import workers  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-COMMON = ("train.log_every=1", "train.eval_batches=10", "train.progress_bar=false",
+COMMON = ("train.eval_batches=10", "train.progress_bar=false",
           "parallel.sync.divergence_every=0")  # fmt: skip
+PER_STEP = ("train.log_every=1",)
+"""The kill runs log every step (their analysis needs each commit's time); the no-failure
+rounds keep the config's ``log_every`` (10), as a user runs it: a per-step log adds a
+metrics all-reduce per step on both sides, which hid the fault-tolerant step's waits."""
 
 
 PIPELINE: tuple[str, ...] = ()
@@ -42,6 +46,7 @@ PIPELINE: tuple[str, ...] = ()
 
 def _std(run_dir: Path, steps: int, kill: bool) -> list[str]:
     extra = ("checkpoint.every=50", "checkpoint.keep=2", "train.resume=auto") if kill else ()
+    extra += PER_STEP if kill else ()
     return ["launch/local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON,
             "parallel.sharding_group_size=2", "fault_tolerance.enable=false",
             *extra, *PIPELINE]  # fmt: skip
@@ -61,10 +66,11 @@ FT_VARIANTS: dict[str, tuple[str, ...]] = {
 blocks) and ``ft_every1`` (``--compare-every1``: a quorum every step, as before the lease)."""
 
 
-def _ft(run_dir: Path, steps: int, variant: str = "ft") -> list[str]:
+def _ft(run_dir: Path, steps: int, variant: str = "ft", kill: bool = False) -> list[str]:
     quorum = FT_VARIANTS[variant] if variant != "ft" else FT_OVERLAP
-    return ["launch/ft_local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON[:3],
-            "fault_tolerance.timeout_s=20", *quorum, *PIPELINE]  # fmt: skip
+    return ["launch/ft_local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON[:2],
+            *(PER_STEP if kill else ()), "fault_tolerance.timeout_s=20", *quorum,
+            *PIPELINE]  # fmt: skip
 
 
 def _steps(events: list[tuple[float, str]], prefix: str) -> list[tuple[float, int]]:
@@ -83,9 +89,8 @@ def run(kind: str, run_dir: Path, steps: int, kill_at: int | None) -> dict:
                LIGHTHOUSE_PORT=str(free_port()))  # fmt: skip
     env.pop("TORCHFT_LIGHTHOUSE", None)
     env["CONFIG"] = "configs/ft_tiny_cpu.yaml"  # both: the same model and data
-    argv = (
-        _ft(run_dir, steps, variant) if kind == "ft" else _std(run_dir, steps, kill_at is not None)
-    )
+    kill = kill_at is not None
+    argv = _ft(run_dir, steps, variant, kill) if kind == "ft" else _std(run_dir, steps, kill)
     start = time.time()
     job = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -272,8 +277,9 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
         "(bench/ft_bench.py --clean-only)",
         "",
         f"2 groups x 2 ranks (`launch/ft_local.sh`) vs one world of 4, L=2 (`launch/local.sh`), "
-        f"configs/ft_tiny_cpu.yaml model and data, sync every step, {args.steps} steps, each driven "
-        f"by TorchRec's pipeline; rounds alternated. {args.machine}.",
+        f"configs/ft_tiny_cpu.yaml model, data and `log_every` (10), sync every step, "
+        f"{args.steps} steps, each driven by TorchRec's pipeline; rounds alternated. "
+        f"{args.machine}.",
         f"Regenerate: `PYTHONPATH=. OMP_NUM_THREADS=1 python bench/ft_bench.py --clean-only "
         f"--pipeline {res['pipeline']} --steps {args.steps} --rounds {args.rounds}"
         f"{' --compare-blocking' if 'ft_blocking' in res['clean'] else ''}"
