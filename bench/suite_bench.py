@@ -96,6 +96,8 @@ def main() -> None:
     args = parser.parse_args()
     global LOG_DIR
     LOG_DIR = args.log_dir
+    if LOG_DIR is not None:  # before the first 30-minute run, not after it
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
     runs = json.loads(args.keep.read_text()) if args.keep else []
     for index in range(len(runs) + 1, len(runs) + args.runs + 1):
         runs.append(one_run(index))
