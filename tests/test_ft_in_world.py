@@ -186,3 +186,39 @@ def test_per_module_group_sizes_under_ft_equal_in_world_2d(world4) -> None:
         rows, total = got["sparse"]["rows"]
         assert 0 < rows < total, (rows, total)  # the last quorum sync: touched rows only
         assert got["scaling"]["within"] == [1, 2]  # EBC: c = G; EC: c = G x 2 in-world
+
+
+def _mc_tables_in_a_replicated_module() -> str:
+    """One rank: MC tables in a module with in-world replicas (L=1 of world 2) under FT."""
+    from torchrec.distributed.types import DMPCollectionConfig, ShardingStrategy
+    from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingCollection
+
+    from sparse2d import DMPCollection
+    from sparse2d.errors import ConfigError
+    from sparse2d.ft import FaultTolerance, FTOptions
+    from tests.mc_models import build_mc_model
+
+    config = DMPCollectionConfig(
+        module=ManagedCollisionEmbeddingCollection, plan=None, sharding_group_size=1,
+        sharding_strategy=ShardingStrategy.PER_MODULE,
+    )  # fmt: skip
+    model = DMPCollection(build_mc_model(plain=True), 2, device="cpu", submodule_configs=[config],
+                          sharding_strategy=ShardingStrategy.PER_MODULE)  # fmt: skip
+    # no lighthouse listens there: the refusal must come first, from local checks alone
+    options = FTOptions(replica_id=0, num_groups=2, lighthouse="http://127.0.0.1:1",
+                        connect_timeout_s=1)  # fmt: skip
+    try:
+        FaultTolerance(model, torch.optim.SGD([torch.zeros(1, requires_grad=True)]), options)
+        return "accepted"
+    except ConfigError as error:
+        return str(error)
+    finally:
+        model.close()
+
+
+def test_mc_tables_in_a_module_with_in_world_replicas_are_refused_on_every_rank(world2) -> None:
+    """The one refusal left for FT x per-module sizes (mathematical: a two-stage identity merge
+    would count a world's holders of an id as one), raised on every rank before connecting."""
+    for message in world2.run(_mc_tables_in_a_replicated_module):
+        assert "fault tolerance with managed-collision tables in" in message, message
+        assert "give that module L = world size" in message, message
