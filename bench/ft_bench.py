@@ -45,8 +45,8 @@ PIPELINE: tuple[str, ...] = ()
 
 
 def _std(run_dir: Path, steps: int, kill: bool) -> list[str]:
-    extra = ("checkpoint.every=50", "checkpoint.keep=2", "train.resume=auto") if kill else ()
-    extra += PER_STEP if kill else ()
+    extra = ("checkpoint.every=50", "checkpoint.keep=2", "train.resume=auto", *PER_STEP)
+    extra = extra if kill else ()
     return ["launch/local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON,
             "parallel.sharding_group_size=2", "fault_tolerance.enable=false",
             *extra, *PIPELINE]  # fmt: skip

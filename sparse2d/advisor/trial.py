@@ -87,12 +87,11 @@ class TrialReport:
         ]
         for r in self.results:
             measured = f"{r.measured_s * 1e3:9.2f}ms" if r.measured_s is not None else "-".rjust(11)
-            note = f"failed: {r.error}" if r.error else ""
-            if len(r.passes_s) > 1:
-                note = "re-measured " + note
+            remeasured = "re-measured" if len(r.passes_s) > 1 else ""
+            note = f"failed: {r.error}" if r.error else remeasured
             if r.sharding_group_size == self.chosen:
                 other = "" if self.chosen == self.model_pick else f" (model: L={self.model_pick})"
-                note = ("re-measured, " if len(r.passes_s) > 1 else "") + "<- chosen" + other
+                note = ", ".join(filter(None, [remeasured, "<- chosen" + other]))
             lines.append(
                 f"{r.sharding_group_size:>6} {r.predicted_s * 1e3:9.2f}ms {measured} "
                 f"{r.seconds:7.1f}s  {note}"
@@ -160,11 +159,10 @@ def _one(
     """Build, step and close one candidate; (step s, None) or (None, why it failed)."""
     model = None
     times: list[float] = []
-    timed = options.timed_for(period)
     try:
         with rng_preserved():
             model = build(group_size)
-            for i in range(options.warmup_steps + timed):
+            for i in range(options.steps_for(period)):
                 start = time.perf_counter()
                 step(model, i)
                 if i >= options.warmup_steps:
@@ -224,13 +222,13 @@ def measure_group_sizes(
     fastest = min(r.measured_s for r in ok)  # type: ignore[type-var]
     near = [r for r in ok if r.measured_s <= fastest * (1.0 + options.retrial_margin)]  # type: ignore[operator]
     if options.retrial_margin > 0 and len(near) > 1:
-        for first in reversed(near):
-            again = _measure(build, step, first.sharding_group_size, first.predicted_s,
+        for result in reversed(near):
+            again = _measure(build, step, result.sharding_group_size, result.predicted_s,
                              options, pg, close, period)  # fmt: skip
-            first.seconds += again.seconds
-            first.passes_s.append(again.measured_s)
+            result.seconds += again.seconds
+            result.passes_s.append(again.measured_s)
             if again.measured_s is not None:
-                first.measured_s = min(first.measured_s, again.measured_s)  # type: ignore[type-var]
+                result.measured_s = min(result.measured_s, again.measured_s)  # type: ignore[type-var]
     best = min(ok, key=lambda r: (r.measured_s, r.sharding_group_size))
     return TrialReport(
         chosen=best.sharding_group_size,

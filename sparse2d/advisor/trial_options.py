@@ -61,3 +61,7 @@ class TrialOptions:
     def timed_for(self, period: int) -> int:
         """Timed steps with a sync every ``period`` steps: whole periods, at least ``timed_steps``."""
         return -(-self.timed_steps // period) * period
+
+    def steps_for(self, period: int) -> int:
+        """Steps one candidate runs (warm-up, then whole sync periods timed)."""
+        return self.warmup_steps + self.timed_for(period)

@@ -51,9 +51,8 @@ def resolve_group_size(
     if options.candidates == 0:
         return model_pick, None
     period = cfg.parallel.sync.every
-    steps = options.warmup_steps + options.timed_for(period)
     report = measure_group_sizes(
-        lambda L: _candidate(cfg, device, build, L, steps),
+        lambda L: _candidate(cfg, device, build, L, options.steps_for(period)),
         lambda built, i: built[1].run(i, device, built[0].maybe_sync),
         candidates,
         options,
