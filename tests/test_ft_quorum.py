@@ -79,10 +79,10 @@ def _train(group: int, lighthouse: str, quorum_every: int, fail_at: dict[int, st
             seen["restore_threads"].append(threading.current_thread().name)
         restore(state)
 
-    def failing_vote():  # group 1's rank 0 hits a local error at the vote
+    def failing_vote(*args):  # group 1's rank 0 hits a local error at the vote
         if group == 1 and seen["attempt"] in fail_at and dist.get_rank() == 0:
             ft.manager.report_error(RuntimeError("injected local fault"))
-        return vote()
+        return vote(*args)
 
     ft._overlap.start, ft._vote = counting_start, failing_vote
     ft.manager.start_quorum = counting_quorum

@@ -67,6 +67,7 @@ def _ft_train(group: int, lighthouse: str, steps: int) -> dict:
         "losses": losses,
         "participants": participants,
         "summary": summary,
+        "group_reduce_in_vote": ft._group_reduce_in_vote,
     }
 
 
@@ -90,6 +91,7 @@ def test_no_failure_equals_torchrec_1d_and_replicas_identical(world4) -> None:
     for (g, r), got in out.items():
         assert got["summary"]["committed_steps"] == STEPS, got["summary"]
         assert got["summary"]["failed_commits"] == 0 and got["participants"] == [GROUPS] * STEPS
+        assert got["group_reduce_in_vote"], "the dense gradients' group sum rides the vote"
         for name, table in ref["tables"].items():
             assert_close(got["tables"][name], table, atol=1e-5, rtol=1e-5, msg=f"{g}/{r} {name}")
         for name, p in ref["dense"].items():
@@ -145,17 +147,21 @@ def _ft_fault(group: int, lighthouse: str, steps: int, fault: str) -> dict:
 
 
 def test_non_finite_group_never_poisons_another() -> None:
-    """Group 1 plants a NaN: in that step every group drops the average (failed commit),
-    group 1's bad rank stops with SyncError, group 0 trains on, finite."""
+    """Group 1's rank 0 plants a NaN in its shard: in that step every group drops the average
+    (failed commit), every rank of group 1 stops with SyncError (the group's vote tells its
+    other rank, whose own values are finite: the group restarts as one), group 0 trains on,
+    finite."""
     lighthouse = start_lighthouse(min_replicas=1)
     try:
-        out = run_groups(2, 1, _ft_fault, lighthouse.address(), 8, "nan")
+        out = run_groups(2, 2, _ft_fault, lighthouse.address(), 8, "nan")
     finally:
         lighthouse.shutdown()
-    assert "SyncError: group 1 rank 0: non-finite" in out[(1, 0)]["error"], out[(1, 0)]
-    g0 = out[(0, 0)]
-    assert g0["finite"] and g0["summary"]["final_step"] == 8, g0
-    assert g0["summary"]["failed_commits"] >= 1 and g0["summary"]["min_groups_in_step"] == 1
+    for rank in (0, 1):
+        error = out[(1, rank)]["error"]
+        assert f"SyncError: group 1 rank {rank}: non-finite" in error, out[(1, rank)]
+        g0 = out[(0, rank)]
+        assert g0["finite"] and g0["summary"]["final_step"] == 8, g0
+        assert g0["summary"]["failed_commits"] >= 1 and g0["summary"]["min_groups_in_step"] == 1
 
 
 def test_group_with_another_config_is_refused_when_it_joins() -> None:

@@ -136,6 +136,8 @@ class FaultTolerance:
         self.last_committed: bool | None = None
         """Whether the latest ``finish_step`` committed (a pipeline's ``step()`` hides it)."""
         self._overlap = OverlappedQuorum(model, lambda: self.wait_quorum(in_forward=True))
+        self._group_reduce_in_vote = vote.defer_group_reduction(model)
+        """DDP leaves the dense gradients unreduced; the commit vote sums them over the group."""
 
     # ---- heal state (torchft calls these; sparse2d.ft.state) ------------------------------
     def _capture(self) -> dict[str, Any]:
@@ -326,7 +328,7 @@ class FaultTolerance:
         participants = self.participants
         short = participants < opts.min_replica_size
         voting = time.perf_counter()
-        committed = self._vote()
+        committed, group_bad = self._vote(grads if self._group_reduce_in_vote else [], bad_here)
         self.waited["vote_s"] += time.perf_counter() - voting
         self._lease.after_vote(committed, pg_failed, self.participants)
         self._position += 1
@@ -337,7 +339,7 @@ class FaultTolerance:
             self.policy.commit()
         else:
             self.policy.discard()
-        if bad_here:
+        if group_bad:  # every rank of the group: it restarts as one
             raise SyncError(
                 f"group {opts.replica_id} rank {dist.get_rank()}: non-finite dense gradient or "
                 "embedding value; its average was refused by every group (this group restarts "
@@ -359,8 +361,8 @@ class FaultTolerance:
         self._short.after_step(short)
         return committed
 
-    def _vote(self) -> bool:
-        return vote.group_commit(self.manager, self._pg, self.options)
+    def _vote(self, grads: list[torch.Tensor], bad_here: bool) -> tuple[bool, bool]:
+        return vote.group_commit(self.manager, self._pg, self.options, bad_here, grads)
 
     def _drop_process_group(self) -> None:
         quorum.drop_process_group(self._pg, self.manager)
