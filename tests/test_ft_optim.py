@@ -49,10 +49,6 @@ def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str) -> di
     )
     options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
                         lighthouse=lighthouse, timeout_s=20, quorum_timeout_s=60)  # fmt: skip
-    if kind == "semi_sync":  # a user's DDP comm hook: DDP reduces in the group, not the vote
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        model._dmp_wrapped_module.register_comm_hook(None, allreduce_hook)
     ft = FaultTolerance(model, dense, options)
     ft.start_step()  # join (and heal) before the pipeline's first prefetch
     extra = {"start_batch": 2} if kind == "semi_sync" else {}
@@ -73,8 +69,7 @@ def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str) -> di
     summary = ft.summary()
     ft.shutdown()
     return {"tables": gather_tables(model, tables, None), "dense": dense_params(model),
-            "committed": committed, "summary": summary,
-            "group_reduce_in_vote": ft._group_reduce_in_vote}  # fmt: skip
+            "committed": committed, "summary": summary}  # fmt: skip
 
 
 def _pipeline_reference(steps: int, kind: str) -> dict:
@@ -94,9 +89,7 @@ def _pipeline_reference(steps: int, kind: str) -> dict:
 def test_torchrec_pipeline_drives_ft_and_equals_1d_driven_by_it(world4, kind) -> None:
     """TorchRec's pipeline, unchanged, over ``FTOptimizer``: quorum in ``zero_grad``, the
     pipeline's ``model.sync()`` averages into copies, ``step()`` votes and commits. No failure,
-    EXACT_SGD, sync every step: TorchRec 1D DMP driven by the same pipeline, within 1e-5.
-    The dense gradients' group reduction rides the commit vote (sparse_dist) or stays DDP's,
-    under a user's comm hook (semi_sync): the same result either way."""
+    EXACT_SGD, sync every step: TorchRec 1D DMP driven by the same pipeline, within 1e-5."""
     lighthouse = start_lighthouse(min_replicas=GROUPS)
     try:
         out = run_groups(GROUPS, SIZE, _ft_pipeline_train, lighthouse.address(), STEPS, kind)
@@ -106,7 +99,6 @@ def test_torchrec_pipeline_drives_ft_and_equals_1d_driven_by_it(world4, kind) ->
     base = out[(0, 0)]
     for key, got in out.items():
         assert got["committed"] == [True] * STEPS and got["summary"]["failed_commits"] == 0, got
-        assert got["group_reduce_in_vote"] == (kind == "sparse_dist"), key
         for name, table in ref["tables"].items():
             assert_close(got["tables"][name], table, atol=1e-5, rtol=1e-5, msg=f"{key} {name}")
             assert torch.equal(got["tables"][name], base["tables"][name]), (key, name)

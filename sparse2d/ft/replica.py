@@ -136,8 +136,6 @@ class FaultTolerance:
         self.last_committed: bool | None = None
         """Whether the latest ``finish_step`` committed (a pipeline's ``step()`` hides it)."""
         self._overlap = OverlappedQuorum(model, lambda: self.wait_quorum(in_forward=True))
-        self._group_reduce_in_vote = vote.defer_group_reduction(model)
-        """DDP leaves the dense gradients unreduced; the commit vote sums them over the group."""
 
     # ---- heal state (torchft calls these; sparse2d.ft.state) ------------------------------
     def _capture(self) -> dict[str, Any]:
@@ -328,7 +326,7 @@ class FaultTolerance:
         participants = self.participants
         short = participants < opts.min_replica_size
         voting = time.perf_counter()
-        committed, group_bad = self._vote(grads if self._group_reduce_in_vote else [], bad_here)
+        committed, group_bad = self._vote(bad_here)
         self.waited["vote_s"] += time.perf_counter() - voting
         self._lease.after_vote(committed, pg_failed, self.participants)
         self._position += 1
@@ -361,8 +359,8 @@ class FaultTolerance:
         self._short.after_step(short)
         return committed
 
-    def _vote(self, grads: list[torch.Tensor], bad_here: bool) -> tuple[bool, bool]:
-        return vote.group_commit(self.manager, self._pg, self.options, bad_here, grads)
+    def _vote(self, bad_here: bool) -> tuple[bool, bool]:
+        return vote.group_commit(self.manager, self._pg, self.options, bad_here)
 
     def _drop_process_group(self) -> None:
         quorum.drop_process_group(self._pg, self.manager)
