@@ -38,12 +38,6 @@ CONFIG ?= configs/tiny_cpu.yaml
 # tolerance) included: CI's contract is the whole suite well inside 20 min on 2 cores.
 # `make test-quick` skips the tests marked slow, for your own iterations.
 PYTEST_ARGS ?=
-# pytest-xdist workers: the suite's tests spend much of their time waiting (on collectives,
-# launches, restarts), so two of them share the 2 cores better than one; TEST_WORKERS=0 runs
-# it in one process (pytest-xdist's -n 0). worksteal: the few long launch tests do not end
-# up queued behind each other on one worker.
-TEST_WORKERS ?= 2
-XDIST := -n $(TEST_WORKERS) --dist worksteal
 
 .PHONY: install test test-quick test-all lint format train bench clean
 
@@ -70,10 +64,10 @@ format: $(STAMP)
 # No blanket reruns: only the launcher tests named in tests/conftest.py (RERUN_ONCE: they
 # start torchrun / lighthouse processes) may run once more; -rR names every rerun.
 test: lint
-	$(PY) -m pytest -q -rR --durations=30 $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rR --durations=30 $(PYTEST_ARGS)
 
 test-quick: lint
-	$(PY) -m pytest -q -m 'not slow' $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m 'not slow' $(PYTEST_ARGS)
 
 test-all: test
 

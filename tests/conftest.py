@@ -64,37 +64,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     SAMPLER = ThreadSampler()
 
 
-WORKER_SAMPLES: list[tuple[int, int]] = []
-"""(peak threads, samples) of each pytest-xdist worker's sampler, on the controller."""
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A pytest-xdist worker hands its sampler's counts to the controller (``make test`` runs
-    the suite in two such workers: each has its own shared gloo workers)."""
-    output = getattr(session.config, "workeroutput", None)
-    if output is not None and SAMPLER is not None:
-        SAMPLER.stop()
-        output["thread_peak"], output["thread_samples"] = SAMPLER.peak, SAMPLER.samples
-
-
-def pytest_testnodedown(node, error) -> None:  # type: ignore[no-untyped-def]  # xdist's hook
-    output = getattr(node, "workeroutput", {})
-    if "thread_peak" in output:
-        WORKER_SAMPLES.append((output["thread_peak"], output["thread_samples"]))
-
-
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
     if SAMPLER is None:
         return
     SAMPLER.stop()
-    counts = [(SAMPLER.peak, SAMPLER.samples), *WORKER_SAMPLES]
-    peak, samples = max(c[0] for c in counts), sum(c[1] for c in counts)
-    line = f"shared workers: peak {peak} threads over {samples} samples"
+    line = f"shared workers: peak {SAMPLER.peak} threads over {SAMPLER.samples} samples"
     terminalreporter.write_line(line)
     path = os.environ.get("SPARSE2D_THREAD_LOG")
     if path:
         with open(path, "w") as out:
-            json.dump({"peak_threads": peak, "samples": samples}, out)
+            json.dump({"peak_threads": SAMPLER.peak, "samples": SAMPLER.samples}, out)
 
 
 def _grown(world: DistWorld, start: list[int]) -> int:
