@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -91,7 +92,7 @@ def run(kind: str, run_dir: Path, steps: int, kill_at: int | None) -> dict:
     env["CONFIG"] = "configs/ft_tiny_cpu.yaml"  # both: the same model and data
     kill = kill_at is not None
     argv = _ft(run_dir, steps, variant, kill) if kind == "ft" else _std(run_dir, steps, kill)
-    start = time.time()
+    start, cpu = time.time(), _children_cpu_s()
     job = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
     killed_at = kill_step = None
@@ -109,7 +110,8 @@ def run(kind: str, run_dir: Path, steps: int, kill_at: int | None) -> dict:
     job.wait()
     if job.returncode != 0:
         raise RuntimeError(f"{kind} run failed:\n{''.join(tail)}")
-    out: dict = {"wall_s": time.time() - start, "kill_time": killed_at, "kill_step": kill_step,
+    out: dict = {"wall_s": time.time() - start, "cpu_s": _children_cpu_s() - cpu,
+                 "kill_time": killed_at, "kill_step": kill_step,
            "steps": {p: _steps(events, p) for p in ("[train] step=", "[train] replica=0 step=",
                                                    "[train] replica=1 step=")}}  # fmt: skip
     if kind == "ft":
@@ -119,6 +121,13 @@ def run(kind: str, run_dir: Path, steps: int, kill_at: int | None) -> dict:
     else:
         out["summary"] = json.loads((run_dir / "summary.json").read_text())
     return out
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of every finished process this one waited for (a launcher
+    waits for its torchrun agents, each agent for its workers)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _std_workers(agent: int) -> dict[int, int]:
@@ -242,7 +251,8 @@ def main() -> None:
                 r = run(kind, Path(tmp) / f"{kind}{i}", args.steps, None)
                 summary = r["summary"] if kind == "std" else r["g0"]
                 sps, auc = summary["samples_per_s"], summary["eval_auc"]
-                entry = {"samples_per_s": sps, "eval_auc": auc, "wall_s": r["wall_s"]}
+                entry = {"samples_per_s": sps, "eval_auc": auc, "wall_s": r["wall_s"],
+                         "cpu_s": r["cpu_s"]}  # fmt: skip
                 if kind != "std":  # main-thread ms per step blocked on the quorum / the vote
                     for key in ("quorum_wait_s", "vote_wait_s", "echo_wait_s"):
                         entry[f"{key[:-2]}_ms_per_step"] = 1e3 * summary[key] / args.steps
@@ -339,13 +349,28 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
             if "ft_every1" in res["clean"]
             else []
         ),
+        *(
+            [
+                "CPU seconds of each launch (user + system of its workers and torchrun agents, "
+                "start-up and the final eval included; the 2 cores are shared by 4 workers, so "
+                "a launch's CPU seconds set its pace), fault tolerant vs standard, by round: "
+                + ", ".join(
+                    f"{a['cpu_s']:.0f} vs {b['cpu_s']:.0f} ({a['cpu_s'] / b['cpu_s']:.2f}x)"
+                    for a, b in zip(ft, std, strict=True)
+                )
+                + ".",
+                "",
+            ]
+            if all("cpu_s" in e for e in ft + std)
+            else []
+        ),
         f"Goal >= 0.95: **{'met' if min(ratios) >= 0.95 else 'not met'}** "
         f"({min(ratios):.2f}-{max(ratios):.2f} in this run). Samples/s count the training steps "
         "on both sides: the fault-tolerant group's join (its first quorum, which waits for every "
         "planned group, and the step-0 heal) is start-up, like the standard world's rendezvous. "
         "Per step, a fault-tolerant group runs the in-group DDP all-reduce, ONE cross-group "
         "all-reduce carrying the embedding copies, the dense gradients and the control vector "
-        "(fingerprint bytes, NaN/inf flag), the group's commit vote (one MIN all-reduce over the "
+        "(fingerprint bytes, NaN/inf flag), the group's commit vote (one SUM all-reduce of two flags over the "
         "group, `sparse2d.ft.vote.group_commit`), the commit echo (one float over the quorum) "
         "and the write-back from the copies, plus torchft's quorum RPC (manager server -> "
         "lighthouse) every `quorum_every` (8) committed steps and after any failed step; the standard "
