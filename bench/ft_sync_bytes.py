@@ -3,8 +3,8 @@
 Two torchft groups (each its own one-rank gloo world, an in-process lighthouse), one
 100,000 x 16 table with row-wise AdaGrad (weights and accumulators travel), Zipf-distributed
 ids (exponent 1.05, 256 lookups per group and step), a sync every step. The bytes are what
-the sync hands to torchft's all-reduces (``Manager.allreduce`` is wrapped and counts every
-tensor it is given while ``sync_embeddings`` runs: the agreement's counts, ids or bitmaps,
+the sync hands to torchft's all-reduces (``ManagedChannel._start`` is wrapped and counts
+every tensor it is given while ``sync_embeddings`` runs: the agreement's counts, ids or bitmaps,
 and the payload), not a formula. The dense gradients and the step's control vector are
 the same in both runs and not counted.
 
@@ -90,14 +90,14 @@ def _group(group: int, port: int, lighthouse: str, engine: str, steps: int, queu
     ft = FaultTolerance(model, torch.optim.SGD(dense, lr=0.01), options)
     handed: list[int] = []
     counting = [False]
-    allreduce = ft.manager.allreduce
+    start = ft.channel._start
 
     def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if counting[0]:
             handed[-1] += tensor.numel() * tensor.element_size()
-        return allreduce(tensor, *args, **kwargs)
+        return start(tensor, *args, **kwargs)
 
-    ft.manager.allreduce = counted  # every all-reduce the sync hands to torchft
+    ft.channel._start = counted  # every all-reduce the sync hands to torchft's group
     rows = []
     begin = time.perf_counter()
     while ft.step < steps:
@@ -165,7 +165,7 @@ def _markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"per group and step, {args.steps} steps with a sync each. Bytes are those handed to "
         "torchft's all-reduces "
         "during the sync (agreement metadata and payload, counted by wrapping "
-        "`Manager.allreduce`), mean per sync on group 0; rows = weight and accumulator rows "
+        "`ManagedChannel._start`), mean per sync on group 0; rows = weight and accumulator rows "
         "per sync (counted once per kind). The first sync follows the start's heal (torchft's "
         "init_sync), after which the touched-row engine syncs densely once by design; the "
         "ratio below counts it.",

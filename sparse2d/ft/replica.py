@@ -125,7 +125,7 @@ class FaultTolerance:
             replica_id=f"sparse2d_group_{options.replica_id}",
             init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
         )
-        self.channel = ManagedChannel(self.manager)
+        self.channel = ManagedChannel(self.manager, self._pg)
         self.policy, self._check_finite = replica_sync.install(
             model, options, self.channel, self.shards, self._has_mc
         )

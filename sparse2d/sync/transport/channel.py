@@ -45,15 +45,17 @@ class InWorldChannel:
 
 
 class ManagedChannel:
-    """torchft's managed process group (``Manager.allreduce``): rank ``r`` of every group in
-    the current quorum. Errors do not raise here: torchft records them and the step's commit
+    """torchft's managed process group: rank ``r`` of every group in the current quorum.
+    Errors do not raise here: they are reported to torchft's manager and the step's commit
     vote fails, so the copies are dropped (``deferred``)."""
 
     deferred = True
     """Averages stay in copies until the step commits (``SyncPolicy.commit``)."""
 
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: Any, quorum_pg: Any) -> None:
         self.manager = manager
+        self.quorum_pg = quorum_pg
+        """The torchft process group the manager reconfigures at each quorum."""
         self.pg = None  # no metadata collectives over the quorum (see ``sparse2d.ft``)
         self._queued: list[torch.Tensor] = []  # averages waiting for the step's all-reduce
         self._sent: Callable[[], None] | None = None  # the all-reduce carrying them
@@ -93,13 +95,13 @@ class ManagedChannel:
 
     def sum(self, tensor: torch.Tensor) -> None:
         """SUM ``tensor`` in place over the quorum, blocking."""
-        self.manager.allreduce(tensor, reduce_op=dist.ReduceOp.SUM).wait()
+        self._start(tensor, average=False)()
 
     def start_sum(self, buffers: list[torch.Tensor]) -> Reduction:
         """Start SUMming ``buffers`` in place over the quorum, in their own dtype (bf16 deltas
         travel as bf16: torchft's group sums, it cannot gather)."""
-        works = [self.manager.allreduce(b, reduce_op=dist.ReduceOp.SUM) for b in buffers]
-        return Reduction(works, lambda: buffers)
+        waits = [self._start(b, average=False) for b in buffers]
+        return Reduction([_Waited(wait) for wait in waits], lambda: buffers)
 
     def any(self, flags: torch.Tensor) -> torch.Tensor:
         """Element-wise OR over the quorum of 0/1 ``uint8`` ``flags`` (a MAX all-reduce
@@ -140,7 +142,7 @@ class ManagedChannel:
         dtype has a single tensor); the returned call waits and writes back (once)."""
         groups = list(by_dtype(tensors).values())
         flats = [group[0] if len(group) == 1 else _flatten_dense_tensors(group) for group in groups]
-        works = [self.manager.allreduce(flat) for flat in flats]
+        waits = [self._start(flat, average=True) for flat in flats]
         done = False
 
         def finish() -> None:
@@ -148,8 +150,8 @@ class ManagedChannel:
             if done:
                 return
             done = True
-            for work in works:
-                work.wait()
+            for wait in waits:
+                wait()
             with torch.no_grad():
                 for group, flat in zip(groups, flats, strict=True):
                     if len(group) == 1:  # averaged in place
@@ -160,6 +162,48 @@ class ManagedChannel:
                         tensor.copy_(value)
 
         return finish
+
+    def _start(self, tensor: torch.Tensor, average: bool) -> Callable[[], None]:
+        """Start SUMming (``average``: then dividing by the participants) ``tensor`` in place
+        over the quorum, on torchft's process group itself; the returned call waits. What
+        ``Manager.allreduce`` does (no collective after an error, zeros from a group not
+        participating, an error reported to the manager, never raised), without its per-call
+        future chain and timeout timer: the process group's own timeout bounds a wait."""
+        manager = self.manager
+        if manager.errored() is not None:  # the step fails its vote: the result is not used
+            return lambda: None
+        if not manager.is_participating():
+            tensor.zero_()
+        participants = manager.num_participants()
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        try:
+            work = self.quorum_pg.allreduce([tensor], opts)
+        except Exception as error:
+            manager.report_error(error)
+            return lambda: None
+
+        def wait() -> None:
+            try:
+                work.wait()
+            except Exception as error:
+                manager.report_error(error)
+                return
+            if average:
+                tensor.div_(participants)
+
+        return wait
+
+
+class _Waited:
+    """A started quorum all-reduce as a reduction's work (``Reduction`` calls ``wait``)."""
+
+    def __init__(self, wait: Callable[[], None]) -> None:
+        self._wait = wait
+
+    def wait(self) -> bool:
+        self._wait()
+        return True
 
 
 class _Flush:
