@@ -3,8 +3,8 @@
 Two torchft groups (each its own one-rank gloo world, an in-process lighthouse), one
 100,000 x 16 table with row-wise AdaGrad (weights and accumulators travel), Zipf-distributed
 ids (exponent 1.05, 256 lookups per group and step), a sync every step. The bytes are what
-the sync hands to torchft's all-reduces (``ManagedChannel._start`` is wrapped and counts
-every tensor it is given while ``sync_embeddings`` runs: the agreement's counts, ids or bitmaps,
+the sync hands to torchft's all-reduces (``ManagedChannel._start`` and ``start`` are wrapped
+and count every tensor they are given, queued averages included, while ``sync_embeddings`` runs: the agreement's counts, ids or bitmaps,
 and the payload), not a formula. The dense gradients and the step's control vector are
 the same in both runs and not counted.
 
@@ -90,14 +90,21 @@ def _group(group: int, port: int, lighthouse: str, engine: str, steps: int, queu
     ft = FaultTolerance(model, torch.optim.SGD(dense, lr=0.01), options)
     handed: list[int] = []
     counting = [False]
-    start = ft.channel._start
+    channel = ft.channel
+    one, queue_average = channel._start, channel.start
 
     def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if counting[0]:
             handed[-1] += tensor.numel() * tensor.element_size()
-        return start(tensor, *args, **kwargs)
+        return one(tensor, *args, **kwargs)
 
-    ft.channel._start = counted  # every all-reduce the sync hands to torchft's group
+    def counted_queue(buffers: list[torch.Tensor], hook: Any = None, async_op: bool = True) -> Any:
+        if counting[0] and async_op:  # queued: sent with the step's gradients, after the sync
+            handed[-1] += sum(b.numel() * b.element_size() for b in buffers)
+        return queue_average(buffers, hook, async_op)
+
+    channel._start = counted  # every all-reduce the sync starts on torchft's group
+    channel.start = counted_queue  # and every average it queues for the step's all-reduce
     rows = []
     begin = time.perf_counter()
     while ft.step < steps:
@@ -165,7 +172,7 @@ def _markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"per group and step, {args.steps} steps with a sync each. Bytes are those handed to "
         "torchft's all-reduces "
         "during the sync (agreement metadata and payload, counted by wrapping "
-        "`ManagedChannel._start`), mean per sync on group 0; rows = weight and accumulator rows "
+        "`ManagedChannel._start` and its queued averages), mean per sync on group 0; rows = weight and accumulator rows "
         "per sync (counted once per kind). The first sync follows the start's heal (torchft's "
         "init_sync), after which the touched-row engine syncs densely once by design; the "
         "ratio below counts it.",
