@@ -4,8 +4,8 @@ Two torchft groups (each its own one-rank gloo world, an in-process lighthouse),
 100,000 x 16 table with row-wise AdaGrad (weights and accumulators travel), Zipf-distributed
 ids (exponent 1.05, 256 lookups per group and step), a sync every step. The bytes are what
 the sync hands to torchft's all-reduces (``ManagedChannel._start`` and ``start`` are wrapped
-and count every tensor they are given, queued averages included, while ``sync_embeddings`` runs: the agreement's counts, ids or bitmaps,
-and the payload), not a formula. The dense gradients and the step's control vector are
+and count every tensor they are given, queued averages included, while ``sync_embeddings``
+runs: the agreement's counts, ids or bitmaps, and the payload), not a formula. The dense gradients and the step's control vector are
 the same in both runs and not counted.
 
     PYTHONPATH=. python bench/ft_sync_bytes.py           # writes the ft_sync_bytes section

@@ -62,8 +62,8 @@ def group_commit(manager: Any, pg: Any, options: FTOptions, bad_here: bool) -> t
     torchft's: a step commits only when every rank's cross-group process group (``pg``) and
     manager saw no error and the quorum has ``min_replica_size`` groups; on commit the step
     and committed batches advance, otherwise the consecutive failures count (the lighthouse
-    regroups on them); the heal checkpoint stops being served. Different groups may decide differently, as with torchft.
-    A vote that cannot complete (a rank of this group lost) is one line, not a traceback.
+    regroups on them); the heal checkpoint stops being served. Different groups may decide
+    differently, as with torchft. A vote that cannot complete (a rank of this group lost) is one line, not a traceback.
     Returns ``(committed, some rank of this group holds a non-finite value)``."""
     from torchft.utils import synchronize
 

@@ -95,13 +95,13 @@ class ManagedChannel:
 
     def sum(self, tensor: torch.Tensor) -> None:
         """SUM ``tensor`` in place over the quorum, blocking."""
-        self._start(tensor, average=False)()
+        self._start(tensor, average=False).wait()
 
     def start_sum(self, buffers: list[torch.Tensor]) -> Reduction:
         """Start SUMming ``buffers`` in place over the quorum, in their own dtype (bf16 deltas
         travel as bf16: torchft's group sums, it cannot gather)."""
-        waits = [self._start(b, average=False) for b in buffers]
-        return Reduction([_Waited(wait) for wait in waits], lambda: buffers)
+        works = [self._start(b, average=False) for b in buffers]
+        return Reduction(works, lambda: buffers)  # type: ignore[arg-type]
 
     def any(self, flags: torch.Tensor) -> torch.Tensor:
         """Element-wise OR over the quorum of 0/1 ``uint8`` ``flags`` (a MAX all-reduce
@@ -142,7 +142,7 @@ class ManagedChannel:
         dtype has a single tensor); the returned call waits and writes back (once)."""
         groups = list(by_dtype(tensors).values())
         flats = [group[0] if len(group) == 1 else _flatten_dense_tensors(group) for group in groups]
-        waits = [self._start(flat, average=True) for flat in flats]
+        works = [self._start(flat, average=True) for flat in flats]
         done = False
 
         def finish() -> None:
@@ -150,8 +150,8 @@ class ManagedChannel:
             if done:
                 return
             done = True
-            for wait in waits:
-                wait()
+            for work in works:
+                work.wait()
             with torch.no_grad():
                 for group, flat in zip(groups, flats, strict=True):
                     if len(group) == 1:  # averaged in place
@@ -163,46 +163,45 @@ class ManagedChannel:
 
         return finish
 
-    def _start(self, tensor: torch.Tensor, average: bool) -> Callable[[], None]:
+    def _start(self, tensor: torch.Tensor, average: bool) -> _QuorumWork:
         """Start SUMming (``average``: then dividing by the participants) ``tensor`` in place
-        over the quorum, on torchft's process group itself; the returned call waits. What
-        ``Manager.allreduce`` does (no collective after an error, zeros from a group not
-        participating, an error reported to the manager, never raised), without its per-call
-        future chain and timeout timer: the process group's own timeout bounds a wait."""
+        over the quorum, on torchft's process group itself. What ``Manager.allreduce`` does
+        (no collective after an error, zeros from a group not participating, an error
+        reported to the manager, never raised), without its per-call future chain and timeout
+        timer: the process group's own timeout bounds a wait."""
         manager = self.manager
         if manager.errored() is not None:  # the step fails its vote: the result is not used
-            return lambda: None
+            return _QuorumWork(manager, None, tensor, None)
         if not manager.is_participating():
             tensor.zero_()
-        participants = manager.num_participants()
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
+        divisor = manager.num_participants() if average else None
         try:
             work = self.quorum_pg.allreduce([tensor], opts)
         except Exception as error:
             manager.report_error(error)
-            return lambda: None
-
-        def wait() -> None:
-            try:
-                work.wait()
-            except Exception as error:
-                manager.report_error(error)
-                return
-            if average:
-                tensor.div_(participants)
-
-        return wait
+            work = None
+        return _QuorumWork(manager, work, tensor, divisor)
 
 
-class _Waited:
-    """A started quorum all-reduce as a reduction's work (``Reduction`` calls ``wait``)."""
+class _QuorumWork:
+    """A started quorum all-reduce; ``wait`` reports an error to the manager, never raises."""
 
-    def __init__(self, wait: Callable[[], None]) -> None:
-        self._wait = wait
+    def __init__(self, manager: Any, work: Any, tensor: torch.Tensor, divisor: int | None) -> None:
+        self.manager, self.work, self.tensor, self.divisor = manager, work, tensor, divisor
 
     def wait(self) -> bool:
-        self._wait()
+        if self.work is None:
+            return True
+        work, self.work = self.work, None
+        try:
+            work.wait()
+        except Exception as error:
+            self.manager.report_error(error)
+            return True
+        if self.divisor is not None:
+            self.tensor.div_(self.divisor)
         return True
 
 
