@@ -44,7 +44,6 @@ from sparse2d.ft import state as heal_state
 from sparse2d.ft.lighthouse import check_reachable
 from sparse2d.ft.options import FTOptions
 from sparse2d.ft.quorum import START_POLL_S, OverlappedQuorum
-from sparse2d.sync.guard import all_finite
 from sparse2d.sync.mc.tables import sharded_mc_table_names
 from sparse2d.sync.shards import live_tensors
 from sparse2d.sync.transport.channel import ManagedChannel
@@ -89,8 +88,7 @@ class FaultTolerance:
         self.committed = self.failed = 0
         self.min_participants: int | None = None
         self.heals: list[dict[str, Any]] = []
-        self._heal_bytes = 0
-        self._heal_from: int | None = None
+        self._heal_bytes, self._heal_from = 0, None  # bytes and source of the step's heal
         self._started = False
         self._may_lag = True  # behind the next quorum? (first step, after a failed commit)
         self._held: dict[str, Any] | None = None  # a heal that arrived at an overlapped quorum
@@ -307,13 +305,18 @@ class FaultTolerance:
         if force_sync or last or (self.step + 1) % opts.sync_every == 0:
             self.sync_embeddings()
         grads = self._dense_grads()
-        bad_here = self._sync_error is not None or not all(all_finite(g) for g in grads)
-        if self.policy.uncommitted and self._check_finite and not bad_here:  # what it sent
-            bad_here = not all(all_finite(t) for t in live_tensors(self.shards, True, True))
-        control = vote.control_vector(self.fingerprint, bad_here, grads)
+        control = vote.control_vector(self.fingerprint, self._sync_error is not None, grads)
         # ONE all-reduce per dtype (one in all when everything is fp32): the sync's queued
-        # copies, the dense gradients and the control vector travel together
-        self.channel.start_tensors([*grads, control])()
+        # copies, the dense gradients and the control vector travel together, scanned for
+        # NaN/inf as the buffers they are sent in (``vote.SentScan``)
+        aside = self.policy.uncommitted and self.channel.sent_aside  # e.g. MC rows
+        scan = vote.SentScan(
+            control, grads, self._check_finite or not self.policy.uncommitted,
+            live_tensors(self.shards, True, True) if aside else [],
+        )  # fmt: skip
+        self.channel.sent_aside = False
+        self.channel.start_tensors([*grads, control], scan)()
+        bad_here = scan.bad or self._sync_error is not None
         pg_failed = m.errored() is not None
         if pg_failed:
             self._drop_process_group()
@@ -369,8 +372,7 @@ class FaultTolerance:
         """Continue from a checkpoint (every group was lost): set the step and data position.
 
         Call after loading the checkpoint into the model and before the next ``start_step``,
-        whose quorum then reports this step; groups behind it heal from the furthest one.
-        """
+        whose quorum then reports this step; groups behind it heal from the furthest one."""
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
         self._position, self.slices_skipped = position, slices_skipped
 

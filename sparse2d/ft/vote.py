@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from sparse2d.errors import FaultToleranceError
 from sparse2d.ft.options import FTOptions
+from sparse2d.sync.guard import all_finite
 
 FINGERPRINT_BYTES = 6
 """``heal_state.fingerprint`` is a 48-bit hash; it travels as 6 bytes and their squares."""
@@ -43,6 +44,38 @@ def fingerprints_differ(control: torch.Tensor, fingerprint: int, groups: int) ->
         if sums[i] != n * digit or sums[FINGERPRINT_BYTES + i] != n * digit * digit:
             return True
     return False
+
+
+class SentScan:
+    """``ManagedChannel.start_tensors``'s ``before_send`` for one step: a NaN/inf scan of
+    each buffer sent (the sync's copies, the dense gradients and the control vector
+    together: one sum per buffer instead of one per tensor), then the flag set in the
+    control vector's copy, which ends its dtype's buffer.
+
+    ``scan_sent`` False (``check_finite`` off while a sync sends): only the dense gradients
+    are scanned. ``aside``: values that went over the quorum outside the step's buffers
+    (``ManagedChannel.sent_aside``: managed-collision rows), scanned live, one by one."""
+
+    def __init__(
+        self,
+        control: torch.Tensor,
+        grads: list[torch.Tensor],
+        scan_sent: bool,
+        aside: list[torch.Tensor],
+    ) -> None:
+        self.control, self.scan_sent = control, scan_sent
+        self.bad = bool(control[-1] > 0)
+        """This rank sends a non-finite value (or its sync's guard found one)."""
+        for tensor in aside if scan_sent else grads:
+            self.bad = self.bad or not all_finite(tensor)
+
+    def __call__(self, flats: list[torch.Tensor]) -> None:
+        if self.scan_sent and not self.bad:
+            self.bad = not all(all_finite(flat) for flat in flats)
+        if self.bad:
+            for flat in flats:
+                if flat.dtype == self.control.dtype:
+                    flat[-1] = 1.0
 
 
 MANAGER_FIELDS = ("_step", "_batches_committed", "_commit_failures", "_checkpoint_transport")

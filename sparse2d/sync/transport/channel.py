@@ -59,6 +59,10 @@ class ManagedChannel:
         self.pg = None  # no metadata collectives over the quorum (see ``sparse2d.ft``)
         self._queued: list[torch.Tensor] = []  # averages waiting for the step's all-reduce
         self._sent: Callable[[], None] | None = None  # the all-reduce carrying them
+        self.sent_aside = False
+        """Values went over the quorum outside ``start_tensors`` since the caller last reset
+        this (a blocking average, a sum, a gather): a scan of its flat buffers alone would
+        not cover everything sent."""
 
     @property
     def size(self) -> int:
@@ -78,6 +82,7 @@ class ManagedChannel:
         A user all-reduce hook is written for a torch process group and cannot ride torchft's
         managed one, so it is refused where the fault-tolerant sync is built."""
         if not async_op:
+            self.sent_aside = True
             self._send(buffers)()
             return Reduction([], lambda: buffers)
         self._queued.extend(buffers)
@@ -95,11 +100,13 @@ class ManagedChannel:
 
     def sum(self, tensor: torch.Tensor) -> None:
         """SUM ``tensor`` in place over the quorum, blocking."""
+        self.sent_aside = True
         self._start(tensor, average=False).wait()
 
     def start_sum(self, buffers: list[torch.Tensor]) -> Reduction:
         """Start SUMming ``buffers`` in place over the quorum, in their own dtype (bf16 deltas
         travel as bf16: torchft's group sums, it cannot gather)."""
+        self.sent_aside = True
         works = [self._start(b, average=False) for b in buffers]
         return Reduction(works, lambda: buffers)  # type: ignore[arg-type]
 
@@ -117,15 +124,22 @@ class ManagedChannel:
         the step's commit vote will fail): use nothing that came back from the quorum."""
         return self.manager.errored() is not None
 
-    def start_tensors(self, tensors: list[torch.Tensor]) -> Callable[[], None]:
+    def start_tensors(
+        self,
+        tensors: list[torch.Tensor],
+        before_send: Callable[[list[torch.Tensor]], None] | None = None,
+    ) -> Callable[[], None]:
         """Start averaging ``tensors`` (any shapes) together with every queued average, in
         one all-reduce per dtype (as DDP buckets gradients); the returned call waits and
         writes the averages into them (and into the queued buffers).
 
         For values that are not live state (dense gradients: the dense optimizer steps only
-        on commit), the step's control vector and the sync's copies."""
+        on commit), the step's control vector and the sync's copies. ``before_send`` gets
+        the buffers about to be sent, one per dtype (the queued averages, then ``tensors``,
+        in order: the last of ``tensors`` of a dtype ends its buffer): one scan of them
+        covers all of it, and a flag may still be set in them."""
         queued, self._queued = self._queued, []
-        finish = self._send(queued + tensors)
+        finish = self._send(queued + tensors, before_send)
         self._sent = finish if queued else self._sent
         return finish
 
@@ -137,11 +151,17 @@ class ManagedChannel:
         if sent is not None:
             sent()
 
-    def _send(self, tensors: list[torch.Tensor]) -> Callable[[], None]:
+    def _send(
+        self,
+        tensors: list[torch.Tensor],
+        before_send: Callable[[list[torch.Tensor]], None] | None = None,
+    ) -> Callable[[], None]:
         """One all-reduce per dtype over ``tensors`` (copied into one flat buffer unless a
         dtype has a single tensor); the returned call waits and writes back (once)."""
         groups = list(by_dtype(tensors).values())
         flats = [group[0] if len(group) == 1 else _flatten_dense_tensors(group) for group in groups]
+        if before_send is not None:
+            before_send(flats)
         works = [self._start(flat, average=True) for flat in flats]
         done = False
 
