@@ -4,8 +4,10 @@ whether some group runs another plan (fingerprint) or found a non-finite value."
 from __future__ import annotations
 
 import torch
+from torch._utils import _flatten_dense_tensors
 
-from sparse2d.ft.vote import FINGERPRINT_BYTES, control_vector, fingerprints_differ
+from sparse2d.ft.vote import FINGERPRINT_BYTES, SentScan, control_vector, fingerprints_differ
+from sparse2d.sync.shards import by_dtype
 
 A, B = 0x123456789ABC, 0x123456789ABD  # one byte apart: the closest two plans can be
 
@@ -52,3 +54,45 @@ def test_torchft_manager_keeps_the_fields_group_commit_updates() -> None:
     for field in MANAGER_FIELDS:
         assert f"self.{field}" in source, field
     assert "disallow_checkpoint()" in inspect.getsource(Manager.should_commit)
+
+
+def _sent(tensors: list[torch.Tensor], scan: SentScan) -> list[torch.Tensor]:
+    """The buffers ``ManagedChannel._send`` sends for ``tensors`` (one per dtype, a single
+    tensor as itself), after ``scan`` saw them (its ``before_send``)."""
+    groups = by_dtype(tensors).values()
+    flats = [g[0] if len(g) == 1 else _flatten_dense_tensors(g) for g in groups]
+    scan(flats)
+    return flats
+
+
+def test_sent_scan_finds_a_bad_value_anywhere_in_the_buffers_and_flags_the_control() -> None:
+    """One sum per sent buffer finds a NaN/inf in any gradient or queued copy, and the flag
+    lands in the control vector's slot (the end of its dtype's buffer), nowhere else."""
+    copies = [torch.ones(50), torch.ones(7, dtype=torch.float64)]  # the sync's queued copies
+    for where, bad in [(None, None), (0, float("nan")), (2, float("inf")), (3, -float("inf"))]:
+        grads = [torch.ones(4, 3), torch.ones(5), torch.ones(2)]
+        tensors = [*copies, *grads]
+        if where is not None:
+            tensors[where].view(-1)[1] = bad
+        control = control_vector(A, False, grads)
+        scan = SentScan(control, grads, scan_sent=True, aside=[])
+        flats = _sent([*tensors, control], scan)
+        fp32 = next(f for f in flats if f.dtype == torch.float32)
+        assert scan.bad == (where is not None) and float(fp32[-1]) == float(scan.bad), where
+        wide = next(f for f in flats if f.dtype == torch.float64)
+        assert torch.equal(wide, torch.ones(7, dtype=torch.float64)), where  # no flag there
+
+
+def test_sent_scan_without_check_finite_scans_gradients_only_and_aside_values_live() -> None:
+    copies, grads = [torch.full((3,), float("nan"))], [torch.ones(2)]
+    off = SentScan(control_vector(A, False, grads), grads, scan_sent=False, aside=[])
+    _sent([*copies, *grads, off.control], off)
+    assert not off.bad  # check_finite off: the sync's values are not scanned
+    grads[0][0] = float("inf")
+    assert SentScan(control_vector(A, False, grads), grads, scan_sent=False, aside=[]).bad
+    rows = [torch.ones(4), torch.tensor([1.0, float("nan")])]  # e.g. MC rows, sent aside
+    control = control_vector(A, False, [torch.ones(1, dtype=torch.float64)])  # alone in fp32
+    aside = SentScan(control, [], scan_sent=True, aside=rows)
+    assert aside.bad
+    (flat,) = _sent([control], aside)
+    assert flat is control and float(control[-1]) == 1.0
