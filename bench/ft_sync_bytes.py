@@ -5,8 +5,8 @@ Two torchft groups (each its own one-rank gloo world, an in-process lighthouse),
 ids (exponent 1.05, 256 lookups per group and step), a sync every step. The bytes are what
 the sync hands to torchft's all-reduces (``ManagedChannel._start`` and ``start`` are wrapped
 and count every tensor they are given, queued averages included, while ``sync_embeddings``
-runs: the agreement's counts, ids or bitmaps, and the payload), not a formula. The dense gradients and the step's control vector are
-the same in both runs and not counted.
+runs: the agreement's counts, ids or bitmaps, and the payload), not a formula. The dense
+gradients and the step's control vector are the same in both runs and not counted.
 
     PYTHONPATH=. python bench/ft_sync_bytes.py           # writes the ft_sync_bytes section
 """
@@ -172,7 +172,8 @@ def _markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"per group and step, {args.steps} steps with a sync each. Bytes are those handed to "
         "torchft's all-reduces "
         "during the sync (agreement metadata and payload, counted by wrapping "
-        "`ManagedChannel._start` and its queued averages), mean per sync on group 0; rows = weight and accumulator rows "
+        "`ManagedChannel._start` and its queued averages), mean per sync on group 0; "
+        "rows = weight and accumulator rows "
         "per sync (counted once per kind). The first sync follows the start's heal (torchft's "
         "init_sync), after which the touched-row engine syncs densely once by design; the "
         "ratio below counts it.",

@@ -96,7 +96,8 @@ def group_commit(manager: Any, pg: Any, options: FTOptions, bad_here: bool) -> t
     manager saw no error and the quorum has ``min_replica_size`` groups; on commit the step
     and committed batches advance, otherwise the consecutive failures count (the lighthouse
     regroups on them); the heal checkpoint stops being served. Different groups may decide
-    differently, as with torchft. A vote that cannot complete (a rank of this group lost) is one line, not a traceback.
+    differently, as with torchft. A vote that cannot complete (a rank of this group lost) is
+    one line, not a traceback.
     Returns ``(committed, some rank of this group holds a non-finite value)``."""
     from torchft.utils import synchronize
 
