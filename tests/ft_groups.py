@@ -11,11 +11,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import torch.multiprocessing as mp
-
-from tests.harness import CheckFailed, _free_port
-
-_CTX = mp.get_context("spawn")
+from tests.harness import _CTX, CheckFailed, _free_port
 
 
 def _group_worker(

@@ -1,7 +1,8 @@
 """A pool of spawned processes joined in one gloo process group, reused by many checks.
 
-Spawning and importing TorchRec costs seconds per process, so each world size
-is started once per test session and checks are sent to it as functions. A
+Starting a rank and importing TorchRec costs seconds per process, so each world size
+is started once per test session (forked from a forkserver that holds the imports:
+``tests.worker_imports``) and checks are sent to it as functions. A
 check that raises on any rank fails with every rank's traceback; a check that
 does not finish within its timeout (a hang) fails and the pool is restarted.
 """
@@ -21,7 +22,8 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-_CTX = mp.get_context("spawn")
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(["tests.worker_imports"])  # imported once, not once per rank
 
 
 def _free_port() -> int:

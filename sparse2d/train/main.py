@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -113,6 +114,18 @@ def _warn_shared_agent_store(rank: int) -> None:
             )
 
 
+REPORTER_WAIT_S = 30.0
+"""How long a rank that stays silent on a bad config waits before exiting (below)."""
+
+
+def _await_reporter() -> None:
+    """Stay alive while local rank 0 writes the error line. A silent rank that exited first
+    makes torchrun stop the host's other workers, local rank 0 among them, and under load
+    that landed before its line was written (seen in CI). The check is deterministic, so
+    rank 0 fails too and torchrun ends this rank once it exits; the wait is only a bound."""
+    time.sleep(REPORTER_WAIT_S)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     ignore_known_warnings()  # by message: a new warning still shows
@@ -151,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         ft = cfg is not None and cfg.fault_tolerance.enable  # a group's ranks may differ
         if local_rank == 0 or ft:  # the same on every rank: once per host (ft: every rank)
             _report(rank, error, with_traceback=False)
+        else:
+            _await_reporter()
     except FaultToleranceError as error:  # every rank of the group says why it stops
         _report(rank, error, with_traceback=False)
     except SyncError as error:  # raised on every rank with the same text: once per job
