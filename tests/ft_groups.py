@@ -1,4 +1,4 @@
-"""Run G torchft replica groups of L spawned gloo ranks each (one process group per group),
+"""Run G torchft replica groups of L forked gloo ranks each (one process group per group),
 against an in-process lighthouse, and collect what a function returns on every rank."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A pool of spawned processes joined in one gloo process group, reused by many checks.
+"""A pool of forked processes joined in one gloo process group, reused by many checks.
 
 Starting a rank and importing TorchRec costs seconds per process, so each world size
 is started once per test session (forked from a forkserver that holds the imports:

@@ -115,13 +115,13 @@ def _warn_shared_agent_store(rank: int) -> None:
 
 
 REPORTER_WAIT_S = 30.0
-"""How long a rank that stays silent on a bad config waits before exiting (below)."""
+"""How long a rank that stays silent on a bad config or checkpoint waits before exiting."""
 
 
 def _await_reporter() -> None:
     """Stay alive while local rank 0 writes the error line. A silent rank that exited first
     makes torchrun stop the host's other workers, local rank 0 among them, and under load
-    that landed before its line was written (seen in CI). The check is deterministic, so
+    that landed before its line was written (seen in a suite run). The check is deterministic, so
     rank 0 fails too and torchrun ends this rank once it exits; the wait is only a bound."""
     time.sleep(REPORTER_WAIT_S)
 
