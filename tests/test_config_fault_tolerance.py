@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from sparse2d.errors import ConfigError
 from sparse2d.train.config import load_config
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FT = ["fault_tolerance.enable=true", "fault_tolerance.group_size=2"]
 
 
@@ -88,3 +93,21 @@ def test_checkpoints_and_resume_are_accepted() -> None:
 def test_disabled_section_changes_nothing() -> None:
     cfg = load_config("configs/tiny_cpu.yaml", ["parallel.sync.overlap=true"])
     assert not cfg.fault_tolerance.enable
+
+
+def test_launch_check_of_a_fault_tolerant_config_imports_no_torch() -> None:
+    """launch/ft_local.sh validates the config (and reads its run_dir) in two short Python
+    processes before it starts anything; a refused option must be found without importing
+    torch, TorchRec or the sync engines (it took 7 + 5 s of every launch when it did)."""
+    code = (
+        "import sys; from sparse2d.train.config import main; "
+        "assert main(['--check', 'configs/ft_tiny_cpu.yaml', '--world-size', '2', "
+        "'--local-world-size', '2', 'parallel.sync.overlap=true']) == 1; "
+        "print(sorted(m for m in ('torch', 'torchrec', 'fbgemm_gpu') if m in sys.modules))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[]", run.stdout
+    assert "sync.overlap=True" in run.stderr and "torchft forms the next quorum" in run.stderr

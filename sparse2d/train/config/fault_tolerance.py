@@ -72,10 +72,10 @@ bf16: deltas summed in bf16 over the quorum) or replaces (engine=auto runs dense
 
 def refusals(cfg: Any) -> list[str]:
     """Every option of ``cfg`` that fault-tolerant mode cannot run, as ``key=value (why)``: the
-    library's refusals (``sparse2d.ft.replica_sync.option_refusals``) and the trainer's own."""
+    library's refusals (``sparse2d.ft.refusals.option_refusals``) and the trainer's own."""
     if not cfg.fault_tolerance.enable:
         return []
-    from sparse2d.ft.replica_sync import option_refusals
+    from sparse2d.ft.refusals import option_refusals
 
     p = cfg.parallel
     out = []
