@@ -191,7 +191,7 @@ def test_cli_config_subcommand(capsys) -> None:
 )
 def test_managed_collision_refusals_come_at_load_time(override: str, named: str) -> None:
     """What the library refuses for MC tables, the loader refuses before any process starts,
-    with the same reason (``sparse2d.sync.mc.rules``)."""
+    with the same reason (``sparse2d.sync.mc_rules``)."""
     overrides = ["model.managed_collision.enabled=true", override]
     with pytest.raises(ConfigError) as info:
         load_config("configs/tiny_cpu.yaml", overrides)

@@ -95,19 +95,35 @@ def test_disabled_section_changes_nothing() -> None:
     assert not cfg.fault_tolerance.enable
 
 
-def test_launch_check_of_a_fault_tolerant_config_imports_no_torch() -> None:
-    """launch/ft_local.sh validates the config (and reads its run_dir) in two short Python
-    processes before it starts anything; a refused option must be found without importing
-    torch, TorchRec or the sync engines (it took 7 + 5 s of every launch when it did)."""
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["parallel.sync.overlap=true"],  # refused: the refusal table is read
+        [
+            "model.managed_collision.enabled=true",
+            "train.pipeline=sparse_dist",
+            "checkpoint.every=50",
+        ],  # fmt: skip
+        ["model.managed_collision.enabled=true", "model.managed_collision.kind=zch"],
+        ["fault_tolerance.enable=false", "parallel.sharding_strategy=fully_sharded"],
+    ],
+)
+def test_launch_check_imports_no_torch(overrides: list[str]) -> None:
+    """The launch scripts validate the config (and read its run_dir) in short Python
+    processes before they start anything; the checks of fault tolerance, managed-collision
+    tables and FULLY_SHARDED must run without importing torch, TorchRec or the sync engines
+    (7 + 5 s of every fault-tolerant launch when they did)."""
     code = (
         "import sys; from sparse2d.train.config import main; "
-        "assert main(['--check', 'configs/ft_tiny_cpu.yaml', '--world-size', '2', "
-        "'--local-world-size', '2', 'parallel.sync.overlap=true']) == 1; "
+        "main(['--check', 'configs/ft_tiny_cpu.yaml', '--world-size', '2', "
+        "'--local-world-size', '2', *sys.argv[1:]]); "
         "print(sorted(m for m in ('torch', 'torchrec', 'fbgemm_gpu') if m in sys.modules))"
     )
     run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
+        [sys.executable, "-c", code, *overrides],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.strip() == "[]", run.stdout
-    assert "sync.overlap=True" in run.stderr and "torchft forms the next quorum" in run.stderr
+    assert run.stdout.strip() == "[]", (run.stdout, run.stderr[-2000:])
+    refused = overrides == ["parallel.sync.overlap=true"]
+    assert ("torchft forms the next quorum" in run.stderr) == refused, run.stderr[-2000:]

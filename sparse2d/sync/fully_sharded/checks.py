@@ -11,10 +11,8 @@ from __future__ import annotations
 from torchrec.distributed.types import ShardingPlan, ShardingStrategy
 
 from sparse2d.errors import ConfigError
+from sparse2d.sync.fully_sharded_rules import WHY, fully_sharded_conflicts
 from sparse2d.sync.options import SyncOptions
-
-FIXED = ("every", "overlap", "compression", "delayed_optimizer_state", "momentum_scaling")
-"""Options FULLY_SHARDED replaces: they must keep ``SyncOptions``' defaults."""
 
 
 def check_fully_sharded_options(
@@ -42,24 +40,6 @@ def check_fully_sharded_options(
             f"sync_options {', '.join(changed)} do not apply with "
             f"sharding_strategy=FULLY_SHARDED: {WHY}. Drop them or use DEFAULT."
         )
-
-
-WHY = (
-    "it averages weights and optimizer state by a dense reduce-scatter after every step, "
-    "after a NaN/inf vote (no cadence, sparse engine, overlap, compression, state scaling "
-    "or skipped checks)"
-)
-
-
-def fully_sharded_conflicts(sync_options: SyncOptions) -> list[str]:
-    """``name=value`` of each option FULLY_SHARDED refuses (see the check above)."""
-    default = SyncOptions()
-    changed = [n for n in FIXED if getattr(sync_options, n) != getattr(default, n)]
-    changed += [
-        n for n in ("include_optimizer_state", "check_finite") if not getattr(sync_options, n)
-    ]
-    changed += ["engine"] if sync_options.engine == "sparse" else []
-    return [f"{n}={getattr(sync_options, n)!r}" for n in changed]
 
 
 def check_fully_sharded_plan(strategy: ShardingStrategy, plan: ShardingPlan) -> None:

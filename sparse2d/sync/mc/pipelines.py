@@ -19,7 +19,7 @@ from typing import Any
 
 from sparse2d.errors import ConfigError
 from sparse2d.patches.torchrec_train_pipelines import add_early_lookup_hook
-from sparse2d.sync.mc import rules
+from sparse2d.sync import mc_rules as rules
 
 
 def mc_tables_with_replicas(model: Any) -> list[str]:

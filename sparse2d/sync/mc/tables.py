@@ -23,7 +23,7 @@ from torchrec.modules.mc_modules import (
 )
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.mc import rules
+from sparse2d.sync import mc_rules as rules
 from sparse2d.sync.shards import ShardState
 
 

@@ -51,7 +51,7 @@ class ParallelConfig:
             positive(self, "node_group_size")
         positive(self, "timeout_s")
         if self.sharding_strategy == "fully_sharded":
-            from sparse2d.sync.fully_sharded import checks  # the refusal is the library's
+            from sparse2d.sync import fully_sharded_rules as checks  # the library's refusal
 
             changed = checks.fully_sharded_conflicts(self.sync)
             if changed:

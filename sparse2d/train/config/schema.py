@@ -68,7 +68,7 @@ class Config:
             )
         mc = self.model.managed_collision
         if mc.enabled:
-            from sparse2d.sync.mc.rules import refusals as mc_refusals
+            from sparse2d.sync.mc_rules import refusals as mc_refusals
 
             refused = mc_refusals(
                 momentum_scaling=self.parallel.sync.momentum_scaling,

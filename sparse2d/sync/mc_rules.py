@@ -5,6 +5,8 @@ merges identities by id before it averages rows (``sync.mc``). Three options ass
 keeps its id across a sync, so they are refused with MC tables. The library checks them on
 the unsharded module (``tables.check_managed_collision``) and when a pipeline is built
 (``pipelines``); the trainer's config loader checks the same rules before any process starts.
+It lives outside the ``sync.mc`` package, whose import loads torch and TorchRec: the launch
+scripts' config check imports only this.
 """
 
 from __future__ import annotations
