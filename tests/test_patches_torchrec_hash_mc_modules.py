@@ -105,6 +105,26 @@ def test_insert_with_buckets_matches_fbgemm_lookup() -> None:
     assert bool((slots >= offsets).all() and (slots < offsets + SIZE // 4).all())
 
 
+def test_window_longer_than_its_bucket_fills_the_bucket_then_falls_back() -> None:
+    """max_probe above a bucket's size: the probe wraps inside the bucket (revisiting slots);
+    every slot of the bucket is taken once, FBGEMM's lookup finds each id where it was put,
+    and ids past a full bucket fall back without being inserted."""
+    bucket = 8
+    values = torch.randperm(10**5, generator=torch.Generator().manual_seed(9))[: bucket + 5]
+    local_sizes = torch.full_like(values, bucket)
+    offsets = torch.full_like(values, 2 * bucket)  # the third bucket
+    identities = torch.full((SIZE, 1), -1, dtype=torch.int64)
+    slots, _ = zch_insert(values, identities, max_probe=4 * bucket,
+                          local_sizes=local_sizes, offsets=offsets)  # fmt: skip
+    table = identities.view(-1)
+    assert int((table != -1).sum()) == bucket and bool((table[2 * bucket : 3 * bucket] != -1).all())
+    torch.testing.assert_close(table[slots[:bucket]], values[:bucket])
+    found = lookup(values[:bucket], identities, local_sizes=local_sizes[:bucket],
+                   offsets=offsets[:bucket])  # fmt: skip
+    torch.testing.assert_close(found, slots[:bucket])
+    assert not bool(torch.isin(values[bucket:], table).any())
+
+
 @pytest.mark.parametrize("policy", [0, 1])
 def test_insert_with_eviction_matches_fbgemm_lookup(policy: int) -> None:
     """TTL (policy 0) and LRU (policy 1): expired slots are given to newer ids; the evicted
