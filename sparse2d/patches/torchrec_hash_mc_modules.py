@@ -143,6 +143,20 @@ def _window(values: list[int], base: int, first: int, size: int, probe: int) -> 
     return values[base + first : base + first + head] + values[base : base + n - head]
 
 
+def _first(values: list[int], item: int, base: int, first: int, size: int, end: int) -> int:
+    """Probe step (< ``end``) of the first slot holding ``item`` in the window, else ``end``:
+    ``list.index`` over the window's one or two runs of slots, at C speed."""
+    head = min(end, size - first)
+    try:
+        return values.index(item, base + first, base + first + head) - base - first
+    except ValueError:
+        pass
+    try:
+        return values.index(item, base, base + end - head) - base + head
+    except ValueError:
+        return end
+
+
 def _probe(
     table: list[int],
     meta: list[int] | None,
@@ -158,13 +172,12 @@ def _probe(
     slot: a held id is never evicted for); policy 1 takes the oldest expired slot only when
     no slot holds ``item`` or is empty. ``where``: (base, first, size, max_probe).
 
-    The window is scanned by ``list.index`` on a slice (C speed): the identity merge of an
-    MP-ZCH sync inserts every replica's ids, most of them held already."""
-    base, first, size, _ = where
-    window = _window(table, *where)
-    end = len(window)
-    held = window.index(item) if item in window else end
-    empty = window.index(_EMPTY) if _EMPTY in window else end
+    The window is searched by ``list.index`` (C speed, ``_first``): the identity merge of an
+    MP-ZCH sync inserts every replica's ids one after the other, most of them held already."""
+    base, first, size, probe = where
+    end = min(probe, size)
+    held = _first(table, item, base, first, size, end)
+    empty = _first(table, _EMPTY, base, first, size, end)
     found = min(held, empty)
     # without metadata, a held id, policy 1 with a free slot: that slot, no metadata read
     if meta is None or held < empty or (policy != 0 and found < end):
