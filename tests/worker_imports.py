@@ -1,4 +1,4 @@
-"""What every spawned test rank imports, loaded once in the forkserver the ranks fork from.
+"""What every forked test rank imports, loaded once in the forkserver the ranks fork from.
 
 A spawned interpreter spends ~6 CPU-seconds importing torch, TorchRec, FBGEMM and torchft;
 the fault-tolerance tests start 2-4 fresh ranks per check, on 2 cores ~10 s of wall time

@@ -3,8 +3,8 @@
 A managed-collision (MC) table hands its rows to ids that change over training, and a 2D sync
 merges identities by id before it averages rows (``sync.mc``). Three options assume a row
 keeps its id across a sync, so they are refused with MC tables. The library checks them on
-the unsharded module (``tables.check_managed_collision``) and when a pipeline is built
-(``pipelines``); the trainer's config loader checks the same rules before any process starts.
+the unsharded module (``sync.mc.tables.check_managed_collision``) and when a pipeline is
+built (``sync.mc.pipelines``); the trainer's config loader checks the same rules before any process starts.
 It lives outside the ``sync.mc`` package, whose import loads torch and TorchRec: the launch
 scripts' config check imports only this.
 """
