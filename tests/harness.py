@@ -79,6 +79,8 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> 
     ignore_known_warnings()
     logging.disable(logging.WARNING)  # TorchRec logs every plan at WARNING; failures still raise
     torch.set_num_threads(1)
+    if os.environ.get("SPARSE2D_TEST_DEVICE", "cpu") == "cuda":  # tests.models.DEVICE
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(
         "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=90)
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,19 @@ from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.shards import collect_shard_states
 
 DENSE_IN = 4
+
+DEVICE = os.environ.get("SPARSE2D_TEST_DEVICE", "cpu")
+"""Where the 2D-vs-1D checks put models and batches: ``cpu`` (CI, the default) or ``cuda``
+(a GPU machine: every rank on ``cuda:rank % GPUs``, gloo moving CUDA tensors, so one GPU
+runs the 4-rank world; docs/benchmarks.md, CUDA). Set before pytest starts the ranks."""
+
+
+def rank_device() -> torch.device:
+    """This rank's device for ``DEVICE`` (call inside a rank: it reads the rank)."""
+    if DEVICE == "cpu":
+        return torch.device("cpu")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return torch.device("cuda", rank % torch.cuda.device_count())
 
 
 @dataclass(frozen=True)
@@ -101,8 +115,9 @@ class SequenceModel(nn.Module):
         features = []
         for name, dim in zip(self.names, self.dims, strict=True):
             jt = jagged[f"f_{name}"]
-            owner = torch.repeat_interleave(torch.arange(batch), jt.lengths())
-            features.append(torch.zeros(batch, dim).index_add(0, owner, jt.values()))
+            owner = torch.repeat_interleave(torch.arange(batch, device=dense.device), jt.lengths())
+            summed = torch.zeros(batch, dim, device=dense.device)
+            features.append(summed.index_add(0, owner, jt.values()))
         return self.dense(torch.cat([*features, dense], dim=1)).squeeze(1)
 
 
@@ -123,7 +138,10 @@ def make_batch(
     )
     dense = torch.randn(batch, DENSE_IN, generator=gen)
     target = torch.randn(batch, generator=gen)
-    return kjt, dense, target
+    if DEVICE == "cpu":
+        return kjt, dense, target
+    device = rank_device()
+    return kjt.to(device), dense.to(device), target.to(device)
 
 
 def build_model(
@@ -132,11 +150,15 @@ def build_model(
     optimizer: type = torch.optim.SGD,
     lr: float = 0.1,
     seed: int = 0,
-    device: str = "cpu",
+    device: str | None = None,
     **opt_kwargs: float,
 ) -> nn.Module:
+    """The unsharded model on ``device`` (default: ``rank_device()``), its tables' fused
+    optimizer set; built on CPU from the seed, then moved, so both devices start equal."""
     torch.manual_seed(seed)
-    model = (PooledModel if kind == "pooled" else SequenceModel)(tables, device)
+    model = (PooledModel if kind == "pooled" else SequenceModel)(tables, "cpu")
+    if (device or DEVICE) != "cpu":
+        model = model.to(device or rank_device())
     module = model.ebc if kind == "pooled" else model.ec
     apply_optimizer_in_backward(optimizer, module.parameters(), {"lr": lr, **opt_kwargs})
     return model
@@ -172,7 +194,8 @@ def gather_tables(
     sharded: nn.Module, tables: tuple[Table, ...], pg: dist.ProcessGroup | None
 ) -> dict[str, torch.Tensor]:
     """Reassemble full tables (and row-wise state sums) from the shards held in ``pg``."""
-    out: dict[str, torch.Tensor] = {t.name: torch.zeros(t.rows, t.dim) for t in tables}
+    device = rank_device()
+    out = {t.name: torch.zeros(t.rows, t.dim, device=device) for t in tables}
     for shard in collect_shard_states(sharded):
         out[shard.table][
             shard.row_offset : shard.row_offset + shard.rows,
@@ -192,15 +215,15 @@ def dense_params(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def shard_1d(model: nn.Module, tables: tuple[Table, ...]) -> DistributedModelParallel:
     """TorchRec's own 1D DMP over the whole world: the reference."""
-    world = dist.get_world_size()
+    world, device = dist.get_world_size(), rank_device()
     plan = EmbeddingShardingPlanner(
-        topology=Topology(world_size=world, compute_device="cpu", local_world_size=world),
+        topology=Topology(world_size=world, compute_device=device.type, local_world_size=world),
         constraints=constraints_for(tables),
     ).collective_plan(model, default_sharders())
     return DistributedModelParallel(
         model,
         env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=torch.device("cpu"),
+        device=device,
         plan=plan,
         sharders=default_sharders(),
     )
@@ -267,7 +290,7 @@ def adagrad_2d(group_size: int = 2, **sync_options: object) -> DMPCollection:
     return DMPCollection(
         build_model(MIXED_TABLES, optimizer=RowWiseAdagrad, lr=0.05),
         group_size,
-        device="cpu",
+        device=rank_device(),
         constraints=constraints_for(MIXED_TABLES),
         node_group_size=2,
         sync_options=SyncOptions(**sync_options),  # type: ignore[arg-type]

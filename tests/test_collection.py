@@ -22,6 +22,7 @@ from tests.models import (
     full_weights,
     gather_tables,
     load_full_weights,
+    rank_device,
     replica_max_diff,
     shard_1d,
     train,
@@ -37,7 +38,9 @@ def make_2d(
     base: torch.nn.Module, tables: tuple[Table, ...], group: int, **kwargs
 ) -> DMPCollection:
     """Shard ``base`` itself: deepcopy would drop apply_optimizer_in_backward's attributes."""
-    return DMPCollection(base, group, device="cpu", constraints=constraints_for(tables), **kwargs)
+    return DMPCollection(
+        base, group, device=rank_device(), constraints=constraints_for(tables), **kwargs
+    )
 
 
 def check_2d_equals_1d(

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The CUDA check on a lent GPU machine (docs/benchmarks.md, CUDA): install the carried
+# TorchRec/FBGEMM set (bench/gpu/wheels.sh; the first call left fb.part00 in /tmp/gp), then
+#   1. smoke.py: versions, FBGEMM CUDA ops, gloo collectives on CUDA tensors;
+#   2. the 2D-vs-1D equivalence tests (tests/test_collection.py) with every rank on the GPU;
+#   3. the trainer on CUDA + NCCL (one process: one GPU), and the same job on CPU + gloo;
+#   4. more distributed test modules on the GPU, for what breaks there.
+# Logs go to $OUT. Each step has its own time limit so one hang costs only that step.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+SITE=/tmp/site
+step() { echo "== $(date +%T) $*"; }
+step install
+if [[ ! -d $SITE/fbgemm_gpu ]]; then
+  mkdir -p $SITE
+  cat /tmp/gp/fb.part00 .gpu/fb.part01 | xz -d -T0 | tar -C $SITE -xf - || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE .gpu/*.whl || exit 1
+  tar -C $SITE -xzf .gpu/pure.tgz || exit 1
+fi
+export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+step smoke
+timeout 150 python3 bench/gpu/smoke.py 2>&1 | tail -20 | tee "$OUT/smoke.log"
+step equivalence
+SPARSE2D_TEST_DEVICE=cuda timeout ${EQ_S:-200} python3 -m pytest -q -p no:cacheprovider \
+  tests/test_collection.py --durations=5 -W ignore 2>&1 | tee "$OUT/equivalence.log" | tail -60
+step trainer
+for dev in cuda cpu; do
+  timeout ${TRAIN_S:-100} env NPROC=1 PYTHON=python3 launch/local.sh device=$dev \
+    parallel.sharding_group_size=1 train.steps=${STEPS:-300} train.eval_every=150 \
+    run_dir=/tmp/run_$dev > "$OUT/train_$dev.log" 2>&1
+  echo "trainer $dev rc=$?"; tail -6 "$OUT/train_$dev.log"
+done
+step more
+SPARSE2D_TEST_DEVICE=cuda timeout ${MORE_S:-120} python3 -m pytest -q -p no:cacheprovider -W ignore \
+  tests/test_sync_ddp_fold.py tests/test_sync_ddp_vote.py tests/test_sync_guard.py \
+  tests/test_checkpoint_integrity.py tests/test_group_refs.py 2>&1 | tee "$OUT/more.log" | tail -40
+step done
