@@ -22,8 +22,13 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-_CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(["tests.worker_imports"])  # imported once, not once per rank
+if os.environ.get("SPARSE2D_TEST_DEVICE", "cpu") == "cuda":  # tests.models.DEVICE
+    # A fork of a process that touched the CUDA driver (importing FBGEMM's CUDA build
+    # does) cannot use the GPU: each rank starts afresh.
+    _CTX = mp.get_context("spawn")
+else:
+    _CTX = mp.get_context("forkserver")
+    _CTX.set_forkserver_preload(["tests.worker_imports"])  # imported once, not once per rank
 
 
 def _free_port() -> int:
@@ -148,8 +153,19 @@ class DistWorld:
         ]
         for proc in self._procs:
             proc.start()
-        for _ in range(self.world_size):
-            self._results.get(timeout=300)
+        joined, deadline = 0, time.monotonic() + 300
+        while joined < self.world_size:
+            try:
+                self._results.get(timeout=1.0)
+                joined += 1
+            except queue.Empty:  # a rank that died while joining fails at once, not in 300 s
+                dead = {r: p.exitcode for r, p in enumerate(self._procs) if not p.is_alive()}
+                if dead or time.monotonic() > deadline:
+                    self.close(graceful=False)
+                    raise RuntimeError(
+                        f"world of {self.world_size} did not start: ranks {sorted(dead)} died "
+                        f"(exit codes {list(dead.values())}) or 300 s passed"
+                    ) from None
         self.baseline = self.run(thread_count)
 
     def run(

@@ -83,6 +83,31 @@ def test_apply_all_is_idempotent_and_wraps_each_site_once() -> None:
             assert not is_patched(original_of(current)), f"{site} is wrapped twice"
 
 
+def test_a_patch_whose_upstream_site_is_missing_is_skipped_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An older TorchRec lacks a patched callable (1.6 has no ``_zero_collision_hash``,
+    seen on the first CUDA check): ``apply_all`` must not crash model construction."""
+    calls: list[str] = []
+    missing = patches.Patch(
+        name="missing_site",
+        upstream="torchrec/modules/hash_mc_modules.py:1",
+        issue="none",
+        breaks="nothing",
+        probe="always needed",
+        needed=lambda: calls.append("needed") or True,
+        apply=lambda: calls.append("apply"),
+        sites=("torchrec.modules.hash_mc_modules:HashZchManagedCollisionModule._absent",),
+    )
+    assert not missing.sites_present()
+    assert all(p.sites_present() for p in patches.PATCHES)  # every site exists here
+    monkeypatch.setattr(patches, "PATCHES", [missing])
+    with caplog.at_level("WARNING", logger="sparse2d.patches"):
+        assert patches.apply_all() == []
+    assert calls == []
+    assert "missing_site not applied" in caplog.text and "_absent" in caplog.text
+
+
 def test_applied_patches_fix_what_their_probes_detect() -> None:
     """Each cheap probe, run on the patched callable instead of TorchRec's, passes."""
     from torchrec.distributed import embeddingbag

@@ -13,6 +13,8 @@ prints the table of ``docs/patches.md``.
 
 from __future__ import annotations
 
+import logging
+
 from sparse2d.patches import (
     fbgemm_tbe_training,
     glibc_malloc,
@@ -37,6 +39,7 @@ MODULES = (
     fbgemm_tbe_training,
     glibc_malloc,
 )
+_log = logging.getLogger(__name__)
 PATCHES: list[Patch] = [patch for module in MODULES for patch in module.PATCHES]
 
 RELEASES: dict[str, dict[str, str]] = {
@@ -78,7 +81,18 @@ def apply_all() -> list[str]:
     many times); returns the names of those in force."""
     active = []
     for patch in PATCHES:
-        if patch.trigger is None and patch.needed():
+        if patch.trigger is not None:
+            continue
+        if not patch.sites_present():
+            _log.warning(
+                "patch %s not applied: %s is missing in this TorchRec/FBGEMM (%s is what "
+                "sparse2d is tested on, docs/patches.md)",
+                patch.name,
+                ", ".join(patch.sites),
+                " / ".join(RELEASES),
+            )
+            continue
+        if patch.needed():
             patch.apply()
             active.append(patch.name)
     return active

@@ -35,6 +35,16 @@ class Patch:
     trigger: str | None = None
     """None: ``apply_all`` applies it. Else where it is applied instead, and why."""
 
+    def sites_present(self) -> bool:
+        """Whether every upstream callable it replaces exists here. An older release may
+        lack one (TorchRec 1.6 has no ``_zero_collision_hash``): the patch cannot apply."""
+        try:
+            for site in self.sites:
+                resolve(site)
+        except (ImportError, AttributeError):
+            return False
+        return True
+
 
 def mark(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
     setattr(wrapper, ORIGINAL, original)
