@@ -13,6 +13,7 @@ import datetime
 import gc
 import os
 import queue
+import signal
 import socket
 import sys
 import time
@@ -76,6 +77,7 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> 
     import logging
 
     faulthandler.enable()  # a segfaulting check prints its Python stack (the test's stderr)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # DistWorld.run on a hang
     import torch
     import torch.distributed as dist
 
@@ -85,6 +87,8 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> 
     logging.disable(logging.WARNING)  # TorchRec logs every plan at WARNING; failures still raise
     torch.set_num_threads(1)
     if os.environ.get("SPARSE2D_TEST_DEVICE", "cpu") == "cuda":  # tests.models.DEVICE
+        # Ranks share the GPUs there are; DeviceMesh selects cuda:LOCAL_RANK, which must exist.
+        os.environ["LOCAL_RANK"] = str(rank % torch.cuda.device_count())
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(
         "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=90)
@@ -171,7 +175,9 @@ class DistWorld:
     def run(
         self, fn: Callable[..., Any], *args: Any, timeout: float = 240.0, **kwargs: Any
     ) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` on every rank; return the per-rank results."""
+        """Run ``fn(*args, **kwargs)`` on every rank; return the per-rank results.
+        ``SPARSE2D_TEST_CHECK_S`` caps ``timeout`` (a GPU check's budget is minutes)."""
+        timeout = min(timeout, float(os.environ.get("SPARSE2D_TEST_CHECK_S", timeout)))
         for q in self._tasks:
             q.put((fn, args, kwargs))
         results: dict[int, tuple[bool, Any]] = {}
@@ -184,6 +190,10 @@ class DistWorld:
                 if not dead and time.monotonic() < deadline:
                     continue
                 missing = sorted(set(range(self.world_size)) - set(results))
+                if not dead:  # where each hung rank waits, in the test's captured stderr
+                    for rank in missing:
+                        os.kill(self._procs[rank].pid, signal.SIGUSR1)
+                    time.sleep(2.0)
                 self.restart()
                 if dead:
                     raise CheckFailed(

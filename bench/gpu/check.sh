@@ -22,9 +22,10 @@ if [[ -z ${SKIP_SMOKE:-} ]]; then
   step smoke
   timeout 150 python3 bench/gpu/smoke.py 2>&1 | tail -20 | tee "$OUT/smoke.log"
 fi
-step equivalence  # per-test limit: a hang shows as one timeout, the rest still run
-SPARSE2D_TEST_DEVICE=cuda timeout ${EQ_S:-200} python3 -m pytest -q -p no:cacheprovider \
-  --timeout=${TEST_S:-60} --tb=short -rfE tests/test_collection.py --durations=5 -W ignore \
+step equivalence  # a hung check fails after CHECK_S with every hung rank's stack; the rest run
+SPARSE2D_TEST_DEVICE=cuda SPARSE2D_TEST_CHECK_S=${CHECK_S:-45} timeout ${EQ_S:-200} \
+  python3 -m pytest -v -p no:cacheprovider --timeout=${TEST_S:-120} --tb=short -rfE \
+  tests/test_collection.py --durations=5 -W ignore \
   2>&1 | tee "$OUT/equivalence.log" | tail -60
 step trainer
 for dev in ${TRAIN_DEVICES:-cuda cpu}; do
@@ -35,7 +36,7 @@ for dev in ${TRAIN_DEVICES:-cuda cpu}; do
 done
 [[ -n ${SKIP_MORE:-} ]] && exit 0
 step more
-SPARSE2D_TEST_DEVICE=cuda timeout ${MORE_S:-120} python3 -m pytest -q -p no:cacheprovider -W ignore \
+SPARSE2D_TEST_DEVICE=cuda SPARSE2D_TEST_CHECK_S=${CHECK_S:-45} timeout ${MORE_S:-120} python3 -m pytest -q -p no:cacheprovider -W ignore \
   tests/test_sync_ddp_fold.py tests/test_sync_ddp_vote.py tests/test_sync_guard.py \
   tests/test_checkpoint_integrity.py tests/test_group_refs.py 2>&1 | tee "$OUT/more.log" | tail -40
 step done

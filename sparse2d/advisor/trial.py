@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from sparse2d.advisor.search import Advice
 from sparse2d.advisor.trial_options import TrialOptions
+from sparse2d.comm_device import flag_device
 from sparse2d.errors import NoFitError, TrialError
 
 logger = logging.getLogger(__name__)
@@ -268,8 +269,7 @@ def _agree(measured: float | None, pg: dist.ProcessGroup | None) -> tuple[bool, 
     """(failed on any rank, the slowest rank's median) by one all-reduce MAX."""
     values = torch.tensor([1.0 if measured is None else 0.0, measured or 0.0], dtype=torch.float64)
     if dist.is_initialized():
-        if dist.get_backend(pg) == "nccl":  # nccl reduces device tensors only
-            values = values.to(torch.device("cuda", torch.cuda.current_device()))
+        values = values.to(flag_device(pg))
         dist.all_reduce(values, op=dist.ReduceOp.MAX, group=pg)
     return bool(values[0].item()), float(values[1].item())
 

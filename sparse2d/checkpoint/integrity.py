@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sparse2d.comm_device import flag_device
+
 _CHUNK = 1 << 22
 MARKER_KEY = "files"
 """Where ``COMPLETE.json`` keeps the checksums."""
@@ -72,7 +74,7 @@ def verify_files(ckpt: str, marker: dict[str, Any], error: type[Exception]) -> N
             problems.append(f"{name} has {size} bytes, {want['size']} were written (truncated?)")
         elif file_digest(path)["sha256"] != want["sha256"]:
             problems.append(f"{name} does not match its sha256 (bytes changed since the save)")
-    flag = torch.tensor([len(problems)], dtype=torch.int64)
+    flag = torch.tensor([len(problems)], dtype=torch.int64, device=flag_device())
     dist.all_reduce(flag)  # cheap agreement first; the names only travel on failure
     if not int(flag):
         return

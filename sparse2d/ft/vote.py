@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sparse2d.comm_device import flag_device
 from sparse2d.errors import FaultToleranceError
 from sparse2d.ft.options import FTOptions
 from sparse2d.sync.guard import all_finite
@@ -106,7 +107,9 @@ def group_commit(manager: Any, pg: Any, options: FTOptions, bad_here: bool) -> t
     if (error := pg.errored()) is not None:
         manager.report_error(error)
     here = manager.num_participants() >= options.min_replica_size and manager.errored() is None
-    flags = torch.tensor([0 if here else 1, 1 if bad_here else 0], dtype=torch.int32)
+    flags = torch.tensor(
+        [0 if here else 1, 1 if bad_here else 0], dtype=torch.int32, device=flag_device()
+    )
     try:
         dist.all_reduce(flags)
     except Exception as error:

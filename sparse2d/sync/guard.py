@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from sparse2d.comm_device import flag_device
 from sparse2d.errors import SyncError
 from sparse2d.sync.shards import ShardState
 
@@ -66,8 +67,8 @@ class FiniteGuard:
         self.world = dist.get_world_size(global_pg)
         self.rank = dist.get_rank(global_pg)
         self._device = self.shards[0].weight.device if self.shards else torch.device("cpu")
-        if dist.get_backend(global_pg) == "nccl" and self._device.type != "cuda":
-            self._device = torch.device("cuda", torch.cuda.current_device())
+        if flag_device(global_pg).type == "cuda":
+            self._device = flag_device(global_pg)
 
     def start(
         self, step: int, buffers: Sequence[torch.Tensor], *, weights: bool, states: bool

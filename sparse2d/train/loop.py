@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from sparse2d.comm_device import flag_device
 from sparse2d.environment import environment
 from sparse2d.train.auto_trial import log_trial
 from sparse2d.train.config import Config
@@ -82,7 +83,7 @@ class Loop:
 
     def max_over_ranks(self, values: list[float]) -> list[float]:
         """Each value's maximum over this world's ranks (collective)."""
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=flag_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torchmetrics.functional.classification import binary_auroc
 from torchrec.metrics.ne import compute_ne
 
+from sparse2d.comm_device import flag_device
+
 BINS = 1024
 _ETA = 1e-12
 
@@ -110,7 +112,9 @@ class TrainWindow:
         else:
             flat = torch.cat([self.sums, self.hist]).cpu()
         if dist.is_initialized():
+            flat = flat.to(flag_device())
             dist.all_reduce(flat)
+            flat = flat.cpu()
         ce, count, positives = flat[:3].tolist()
         hist = flat[3:].reshape(2, BINS)
         self.reset()

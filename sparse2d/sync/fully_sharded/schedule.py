@@ -48,6 +48,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
+from sparse2d.comm_device import flag_device
 from sparse2d.patches import glibc_malloc
 from sparse2d.sync.fully_sharded.slices import (
     FlatSlice,
@@ -195,8 +196,7 @@ class FullyShardedEmbeddings:
         bad = [t for k in self.kernels if k.bad_here for t in k.tables]
         poisoned = any(k.poisoned for k in self.kernels)
         world = dist.get_world_size(self.global_pg)
-        cuda = dist.get_backend(self.global_pg) == "nccl"
-        flags = torch.zeros(world, dtype=torch.int32, device="cuda" if cuda else "cpu")
+        flags = torch.zeros(world, dtype=torch.int32, device=flag_device(self.global_pg))
         flags[dist.get_rank(self.global_pg)] = 2 if bad else int(poisoned)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.global_pg)
         if not bool(flags.any()):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from sparse2d.comm_device import flag_device
 from sparse2d.sync.shards import ShardState, flush_caches
 
 
@@ -30,7 +31,7 @@ class DivergenceSampler:
         flush_caches(self.shards)
         with torch.no_grad():
             parts = [s.weight[rows].float().reshape(-1) for s, rows in zip(self.shards, self.rows)]
-            local = torch.cat(parts) if parts else torch.zeros(0)
+            local = torch.cat(parts) if parts else torch.zeros(0, device=flag_device(pg))
             mean = local.clone()
             dist.all_reduce(mean, op=dist.ReduceOp.AVG, group=pg)
             scale = float(mean.norm())
