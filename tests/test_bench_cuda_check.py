@@ -1,0 +1,46 @@
+"""``bench/cuda_check.py`` reads a GPU check's logs as ``bench/gpu/check.sh`` writes them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.cuda_check import FINDINGS, parse_run, render
+
+SMOKE = {
+    "python": "3.12.3",
+    "torch": "2.11.0+cu130",
+    "cuda": "13.0",
+    "nccl": "2.28.9",
+    "gpu": "NVIDIA H100 80GB HBM3",
+    "fbgemm_gpu": "1.6.0",
+    "torchrec": "1.6.1",
+    "torchft": "?",
+    "fbgemm_cumsum": [0, 1, 3],
+    "gloo_on_cuda": {"all_reduce": "ok", "reduce_scatter_tensor": "RuntimeError: no"},
+}
+
+
+def test_logs_become_the_section(tmp_path: Path) -> None:
+    (tmp_path / "smoke.log").write_text("WARNING: noise\n" + json.dumps(SMOKE) + "\n")
+    (tmp_path / "equivalence.log").write_text(
+        "tests/test_collection.py::test_a PASSED\n==== 13 passed, 1 failed in 80.2s ====\n"
+    )
+    (tmp_path / "train_cuda.log").write_text(
+        "[start] world_size=1 device=cuda:0\n[train] step=50 train_loss=0.4\n"
+        "final step=300 eval_auc=0.87 samples/s=90000.0\n"
+    )
+    (tmp_path / "train_cpu.log").write_text(
+        "Traceback...\nsparse2d.train: rank 0: RuntimeError: No backend type\n"
+    )
+    run = parse_run(tmp_path)
+    assert run["smoke"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert run["equivalence"]["summary"] == "13 passed, 1 failed"
+    assert run["train_cuda"]["final"] == "step=300 eval_auc=0.87 samples/s=90000.0"
+    assert run["train_cuda"]["last_logged_step"] == 50
+    assert run["train_cpu"]["error"] == "RuntimeError: No backend type"
+    text = render({"runs": [run], "findings": FINDINGS})
+    assert "all_reduce ok; reduce_scatter_tensor: RuntimeError: no." in text
+    assert "| machine 1 | trainer, cuda | ran: step=300" in text
+    assert "| machine 1 | trainer, cpu | failed: `RuntimeError: No backend type`" in text
+    assert "13 passed, 1 failed" in text
