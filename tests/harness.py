@@ -98,9 +98,16 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> 
     # full collection after each check (``release_models``) then scans only what checks
     # made (0.7 s per check with ~340k library objects tracked, microseconds without).
     import torchrec  # noqa: F401
+    from torchrec.distributed.comm import intra_and_cross_node_pg
 
     import sparse2d.collection  # noqa: F401
     import tests.models  # noqa: F401
+
+    # TorchRec makes one intra-node and one cross-node group per process the first time a 1D
+    # table-row-wise table is sharded (a reference model), and keeps them for good (its
+    # module globals _INTRA_PG/_CROSS_PG). Made here, they are in every check's thread
+    # baseline, not a "leak" of whichever test module shards such a table first.
+    intra_and_cross_node_pg(backend="gloo")
 
     gc.collect()
     gc.freeze()
