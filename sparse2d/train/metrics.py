@@ -38,11 +38,14 @@ def ne_from_sums(ce_sum: float, count: float, positives: float) -> float:
 
 
 def _all_gather(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Every rank's ``x`` (a CPU tensor), concatenated on the CPU; through the GPU where the
+    group runs NCCL alone (``flag_device``)."""
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return x
+    x = x.to(flag_device(group)).contiguous()
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts)
+    dist.all_gather(parts, x, group=group)
+    return torch.cat(parts).cpu()
 
 
 def eval_metrics(
