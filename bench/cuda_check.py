@@ -38,8 +38,8 @@ FINDINGS = [
         "trainer on CUDA + NCCL built the model and trained to its first log line, then "
         "`RuntimeError: No backend type associated with device type cpu` (`max_over_ranks` "
         "all-reduced a CPU tensor on an NCCL-only group)",
-        "db061fb: flags, votes and metrics go on `flag_device(pg)` (the GPU on an NCCL-only "
-        "group); not yet rerun on a GPU",
+        "db061fb, 6f41771: flags, votes, metrics and the eval gather go on `flag_device(pg)` (the "
+        "GPU on an NCCL-only group); not yet rerun on a GPU",
     ),
     (
         "2D-vs-1D tests, second machine: the first two checks hung (50 s each, per-test limit), "
