@@ -207,8 +207,14 @@ class DistWorld:
                         f"{fn.__name__}: ranks {sorted(dead)} died (exit codes "
                         f"{list(dead.values())}; -11 is a segfault); world restarted"
                     ) from None
+                failed = "".join(  # a rank that raised first often left the others waiting
+                    f"\n--- rank {r} raised ---\n{v}"
+                    for r, (ok, v) in sorted(results.items())
+                    if not ok
+                )
                 raise CheckFailed(
-                    f"{fn.__name__} did not finish on ranks {missing} within {timeout}s (hang)"
+                    f"{fn.__name__} did not finish on ranks {missing} within {timeout}s "
+                    f"(hang){failed}"
                 ) from None
             results[rank] = (ok, value)
             self.threads[rank] = threads

@@ -20,6 +20,12 @@ def check_rank() -> int:
     return dist.get_rank()
 
 
+def check_rank_zero_raises_and_rank_one_waits() -> None:
+    if dist.get_rank() == 0:
+        raise ValueError("the plan failed on rank 0")
+    time.sleep(60)  # as a rank waiting for rank 0's broadcast would
+
+
 def test_a_hung_rank_fails_the_check_and_the_world_restarts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -31,5 +37,8 @@ def test_a_hung_rank_fails_the_check_and_the_world_restarts(
             world.run(check_rank_one_hangs)
         assert time.monotonic() - start < 30  # 3 s, the stack dump's 2 s, the restart
         assert world.run(check_rank) == [0, 1]  # the restarted world works
+        # The hang report carries the error of the rank that raised before the others hung.
+        with pytest.raises(CheckFailed, match=r"(?s)ranks \[1\].*rank 0 raised.*plan failed"):
+            world.run(check_rank_zero_raises_and_rank_one_waits)
     finally:
         world.close()
