@@ -1,8 +1,11 @@
 """Loss, AUC and normalized entropy (NE), identical on every rank.
 
 Evaluation gathers every rank's logits and labels (``all_gather``) and computes the exact
-AUC with torchmetrics and NE with TorchRec's ``compute_ne``, so all ranks report the same
-numbers. The training window is reduced instead of gathered (it runs every ``log_every``
+AUC (rank statistic) and NE (TorchRec's ``compute_ne`` formula), so all ranks report the
+same numbers. Both are written here rather than imported: ``torchrec.metrics`` (which pulls
+torchmetrics) added 0.9 CPU-seconds to every trainer process's start-up;
+``tests/test_metrics.py`` holds them equal to torchmetrics' ``binary_auroc`` and TorchRec's
+``compute_ne``. The training window is reduced instead of gathered (it runs every ``log_every``
 steps at any scale): sums for loss/NE and a 1024-bin score histogram for the AUC.
 NE = mean log loss / entropy of the base rate (1.0 = no better than predicting the CTR).
 """
@@ -15,8 +18,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torchmetrics.functional.classification import binary_auroc
-from torchrec.metrics.ne import compute_ne
 
 from sparse2d.comm_device import flag_device
 
@@ -25,16 +26,33 @@ _ETA = 1e-12
 
 
 def ne_from_sums(ce_sum: float, count: float, positives: float) -> float:
-    """NE from the summed natural-log loss, sample count and positive count."""
-    t = torch.tensor
-    value = compute_ne(  # TorchRec sums log2 losses: convert from natural log
-        t(ce_sum / math.log(2.0), dtype=torch.float64),
-        t(count, dtype=torch.float64),
-        t(positives, dtype=torch.float64),
-        t(count - positives, dtype=torch.float64),
-        _ETA,
+    """NE from the summed natural-log loss, sample count and positive count: TorchRec's
+    ``compute_ne`` (base rate clamped to [eta, 1 - eta], count to >= eta)."""
+    mean = min(max(positives / max(count, _ETA), _ETA), 1.0 - _ETA)
+    norm = -positives * math.log(mean) - (count - positives) * math.log(1.0 - mean)
+    if norm == 0:  # no samples: TorchRec's tensor division gives nan (0/0) or inf
+        return float("nan") if ce_sum == 0 else math.copysign(math.inf, ce_sum)
+    return ce_sum / norm
+
+
+def exact_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Area under the ROC curve: P(score_pos > score_neg) + 0.5 P(equal) over every
+    (positive, negative) pair, by the rank-sum statistic with ties given their mean rank."""
+    scores, positive = scores.flatten(), labels.flatten() > 0.5
+    n_pos = int(positive.sum())
+    n_neg = scores.numel() - n_pos
+    if n_pos == 0 or n_neg == 0:  # undefined; keep torchmetrics' convention for it
+        from torchmetrics.functional.classification import binary_auroc
+
+        return float(binary_auroc(scores, labels.long()))
+    order = torch.argsort(scores)
+    _, inverse, counts = torch.unique_consecutive(
+        scores[order], return_inverse=True, return_counts=True
     )
-    return float(value)
+    ends = torch.cumsum(counts, 0).double()
+    mean_rank = (ends - counts.double() + 1 + ends) / 2  # 1-based ranks of each tie run
+    rank_sum = float(mean_rank[inverse][positive[order]].sum())
+    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
 def _all_gather(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
@@ -56,14 +74,14 @@ def eval_metrics(
     ce = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
     out = {
         "eval_loss": float(ce) / len(labels),
-        "eval_auc": float(binary_auroc(torch.sigmoid(logits), labels.long())),
+        "eval_auc": exact_auc(torch.sigmoid(logits), labels),
         "eval_ne": ne_from_sums(float(ce), len(labels), float(labels.sum())),
         "eval_samples": len(labels),
         "eval_ctr": float(labels.mean()),
     }
     if true_logits is not None:
         true_logits = _all_gather(true_logits.float().cpu())
-        out["planted_auc"] = float(binary_auroc(torch.sigmoid(true_logits), labels.long()))
+        out["planted_auc"] = exact_auc(torch.sigmoid(true_logits), labels)
         planted_ce = F.binary_cross_entropy_with_logits(true_logits, labels, reduction="sum")
         out["planted_ne"] = ne_from_sums(float(planted_ce), len(labels), float(labels.sum()))
     return out
