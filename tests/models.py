@@ -153,12 +153,13 @@ def build_model(
     device: str | None = None,
     **opt_kwargs: float,
 ) -> nn.Module:
-    """The unsharded model on ``device`` (default: ``rank_device()``), its tables' fused
-    optimizer set; built on CPU from the seed, then moved, so both devices start equal."""
+    """The unsharded model on ``device`` (e.g. ``meta``), by default ``rank_device()``: built
+    on the CPU from the seed, then moved, so a GPU run starts from the CPU run's weights.
+    Its tables' fused optimizer is set."""
     torch.manual_seed(seed)
-    model = (PooledModel if kind == "pooled" else SequenceModel)(tables, "cpu")
-    if (device or DEVICE) != "cpu":
-        model = model.to(device or rank_device())
+    model = (PooledModel if kind == "pooled" else SequenceModel)(tables, device or "cpu")
+    if device is None and DEVICE != "cpu":
+        model = model.to(rank_device())
     module = model.ebc if kind == "pooled" else model.ec
     apply_optimizer_in_backward(optimizer, module.parameters(), {"lr": lr, **opt_kwargs})
     return model

@@ -22,9 +22,9 @@ if [[ -z ${SKIP_SMOKE:-} ]]; then
   step smoke
   timeout 150 python3 bench/gpu/smoke.py 2>&1 | tail -20 | tee "$OUT/smoke.log"
 fi
-step equivalence  # a hung check fails after CHECK_S with every hung rank's stack; the rest run
+step equivalence  # a hung check fails after CHECK_S, each hung rank printing its stack here (-s)
 SPARSE2D_TEST_DEVICE=cuda SPARSE2D_TEST_CHECK_S=${CHECK_S:-45} timeout ${EQ_S:-200} \
-  python3 -m pytest -v -p no:cacheprovider --timeout=${TEST_S:-120} --tb=short -rfE \
+  python3 -m pytest -v -s -p no:cacheprovider --timeout=${TEST_S:-120} --tb=short -rfE \
   tests/test_collection.py --durations=5 -W ignore \
   2>&1 | tee "$OUT/equivalence.log" | tail -60
 step trainer
