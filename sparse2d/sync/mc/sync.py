@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sparse2d.comm_device import flag_device
 from sparse2d.sync.mc.merge import Identity, Merged, merge
 from sparse2d.sync.mc.tables import MCTable
 from sparse2d.sync.mc.zch_sync import ZchTable, merge_zch, pack, sync_zch
@@ -36,12 +37,17 @@ def _meta(module: torch.nn.Module, key: str) -> torch.Tensor:
 
 
 def local_identity(table: MCTable) -> Identity:
-    """A copy of this replica's identity table of ``table``."""
+    """A CPU copy of this replica's identity table of ``table``. Merges run on the CPU: a
+    few small ops per table, each of whose boolean selections would wait for the GPU."""
     module = table.module
+
+    def host(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to("cpu", copy=True)
+
     return Identity(
-        sorted_ids=module._mch_sorted_raw_ids.detach().clone(),
-        rows=module._mch_remapped_ids_mapping.detach().clone() - table.offset,
-        metadata={k: _meta(module, k).detach().clone() for k in _metadata_keys(table)},
+        sorted_ids=host(module._mch_sorted_raw_ids),
+        rows=host(module._mch_remapped_ids_mapping) - table.offset,
+        metadata={k: host(_meta(module, k)) for k in _metadata_keys(table)},
     )
 
 
@@ -92,13 +98,15 @@ class ManagedCollisionSync:
         return sent
 
     def _gather(self, packed: torch.Tensor) -> tuple[list[torch.Tensor], int]:
-        """Every replica's ``packed`` (and this replica's index among them)."""
+        """Every replica's ``packed`` (and this replica's index among them), on the CPU."""
         if self.channel is not None:
-            return self.channel.all_gather(packed)
+            gathered, me = self.channel.all_gather(packed)
+            return [g.cpu() for g in gathered], me
         groups = dist.get_world_size(self.replica_pg)
+        packed = packed.to(flag_device(self.replica_pg))  # an NCCL group moves CUDA tensors
         gathered = [torch.empty_like(packed) for _ in range(groups)]
         dist.all_gather(gathered, packed, group=self.replica_pg)
-        return gathered, dist.get_rank(self.replica_pg)
+        return [g.cpu() for g in gathered], dist.get_rank(self.replica_pg)
 
     def _sum(self, flat: torch.Tensor) -> None:
         if self.channel is not None:
@@ -170,14 +178,17 @@ class ManagedCollisionSync:
         divisors: list[torch.Tensor] = []
         with torch.no_grad():
             for shards, source, holders in rows:
-                held = source >= 0
                 for shard in shards:
                     for tensor in [shard.weight, *shard.optimizer_states]:
-                        part = torch.zeros_like(tensor)
-                        part[held] = tensor[source[held]]
+                        # gather then zero the rows held elsewhere: no boolean selection,
+                        # which on a GPU would wait for the device
+                        at, count = source.to(tensor.device), holders.to(tensor.device)
+                        part = tensor.index_select(0, at.clamp(min=0))
+                        shape = (-1,) + (1,) * (tensor.dim() - 1)
+                        part.masked_fill_((at < 0).view(shape), 0)
                         live.append(tensor)
                         parts.append(part)
-                        divisors.append(holders)
+                        divisors.append(count)
             sent = 0
             for dtype, group in by_dtype(parts).items():
                 flat = torch.cat([p.reshape(-1) for p in group])

@@ -139,9 +139,10 @@ def rank_to_global(
 def plan_rows(maps: list[torch.Tensor], size: int) -> ZchMerged:
     """From each replica's ``rank_to_global``: who contributes which row to each new row."""
     sources: list[torch.Tensor] = []
-    holders = torch.zeros(size, dtype=torch.int64)
+    device = maps[0].device if maps else torch.device("cpu")  # the module's (CPU or GPU)
+    holders = torch.zeros(size, dtype=torch.int64, device=device)
     for mapping in maps:
-        source = torch.full((size,), -1, dtype=torch.int64)
+        source = torch.full((size,), -1, dtype=torch.int64, device=device)
         moved = mapping >= 0
         source[mapping[moved]] = torch.nonzero(moved).view(-1)
         holders += (source >= 0).to(torch.int64)
@@ -175,7 +176,8 @@ def merge_tables(
 
 def pack(tables: list[ZchTable]) -> torch.Tensor:
     """This replica's identities (and metadata), flat int64."""
-    parts = [torch.zeros(0, dtype=torch.int64)]
+    device = tables[0].module._hash_zch_identities.device if tables else torch.device("cpu")
+    parts = [torch.zeros(0, dtype=torch.int64, device=device)]
     for table in tables:
         parts.append(table.module._hash_zch_identities.detach().view(-1).to(torch.int64))
         if table.module._hash_zch_metadata is not None:
