@@ -30,7 +30,9 @@ def control_vector(fingerprint: int, bad: bool, grads: list[torch.Tensor]) -> to
     digits = [float((fingerprint >> (8 * i)) & 0xFF) for i in range(FINGERPRINT_BYTES)]
     wide = bool(grads) and grads[0].dtype == torch.float64  # bf16/fp16 would round b*b
     dtype = torch.float64 if wide else torch.float32
-    return torch.tensor([*digits, *(d * d for d in digits), 1.0 if bad else 0.0], dtype=dtype)
+    device = grads[0].device if grads else None  # beside the gradients it is sent with
+    values = [*digits, *(d * d for d in digits), 1.0 if bad else 0.0]
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def fingerprints_differ(control: torch.Tensor, fingerprint: int, groups: int) -> bool:

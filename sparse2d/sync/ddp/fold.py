@@ -27,6 +27,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from sparse2d.comm_device import flag_device
 from sparse2d.errors import ConfigError
 
 FOLD_MAX_BYTES_ENV = "SPARSE2D_FOLD_MAX_BYTES"
@@ -127,9 +128,11 @@ def plan_folds(
             for p in policies
         ],
         dtype=torch.int64,
+        device=flag_device(pg),  # an NCCL-only group moves CUDA tensors only
     ).reshape(len(policies), 2)
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(pg))]
     dist.all_gather(gathered, local, group=pg)
+    gathered = [g.cpu() for g in gathered]
     me = dist.get_rank(pg)
     itemsize = torch.empty(0, dtype=FOLD_DTYPE).element_size()
     slots: list[FoldSlot | None] = []
