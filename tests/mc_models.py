@@ -26,6 +26,8 @@ from torchrec.modules.mc_modules import (
 )
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from tests.models import DEVICE, rank_device
+
 MC_TABLES = (("m0", 32), ("m1", 48))
 """(name, slots): small row-wise tables, so that replicas' identity sets clash quickly."""
 MC_DIM = 8
@@ -122,8 +124,10 @@ class MCModel(nn.Module):
                 features.append(out.to_dict()[f"f_{name}"])
                 continue
             jt = out[f"f_{name}"]
-            owner = torch.repeat_interleave(torch.arange(dense.shape[0]), jt.lengths())
-            features.append(torch.zeros(dense.shape[0], MC_DIM).index_add(0, owner, jt.values()))
+            rows = torch.arange(dense.shape[0], device=dense.device)
+            owner = torch.repeat_interleave(rows, jt.lengths())
+            summed = torch.zeros(dense.shape[0], MC_DIM, device=dense.device)
+            features.append(summed.index_add(0, owner, jt.values()))
         return self.dense(torch.cat([*features, dense], dim=1)).squeeze(1)
 
 
@@ -180,7 +184,11 @@ def mc_batch(
     kjt = KeyedJaggedTensor.from_lengths_sync(
         keys=[f"f_{n}" for n in names], values=torch.cat(values), lengths=torch.cat(lengths)
     )
-    return kjt, torch.randn(batch, DENSE, generator=gen), torch.randn(batch, generator=gen)
+    dense, target = torch.randn(batch, DENSE, generator=gen), torch.randn(batch, generator=gen)
+    if DEVICE == "cpu":
+        return kjt, dense, target
+    device = rank_device()  # SPARSE2D_TEST_DEVICE=cuda (tests.models)
+    return kjt.to(device), dense.to(device), target.to(device)
 
 
 def train_mc(

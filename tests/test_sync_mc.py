@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from tests.harness import DistWorld
 from tests.mc_models import MC_TABLES, build_mc_model, train_mc
+from tests.models import rank_device
 
 MAX = torch.iinfo(torch.int64).max
 
@@ -108,7 +109,9 @@ def check_replicas_agree(group_size: int, bagged: bool, policy: str) -> dict[str
     from sparse2d import DMPCollection
 
     model = DMPCollection(
-        build_mc_model(bagged, policy, optimizer=RowWiseAdagrad, lr=0.05), group_size, device="cpu"
+        build_mc_model(bagged, policy, optimizer=RowWiseAdagrad, lr=0.05),
+        group_size,
+        device=rank_device(),
     )
     pg = model.replica_pg
     baseline: dict[str, dict[int, int] | None] = {n: None for n, _ in MC_TABLES}
