@@ -23,7 +23,8 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-if os.environ.get("SPARSE2D_TEST_DEVICE", "cpu") == "cuda":  # tests.models.DEVICE
+ON_CUDA = os.environ.get("SPARSE2D_TEST_DEVICE", "cpu") == "cuda"  # tests.models.DEVICE
+if ON_CUDA:
     # A fork of a process that touched the CUDA driver (importing FBGEMM's CUDA build
     # does) cannot use the GPU: each rank starts afresh.
     _CTX = mp.get_context("spawn")
@@ -86,7 +87,7 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> 
     ignore_known_warnings()
     logging.disable(logging.WARNING)  # TorchRec logs every plan at WARNING; failures still raise
     torch.set_num_threads(1)
-    if os.environ.get("SPARSE2D_TEST_DEVICE", "cpu") == "cuda":  # tests.models.DEVICE
+    if ON_CUDA:
         # Ranks share the GPUs there are; DeviceMesh selects cuda:LOCAL_RANK, which must exist.
         os.environ["LOCAL_RANK"] = str(rank % torch.cuda.device_count())
         torch.cuda.set_device(rank % torch.cuda.device_count())

@@ -26,7 +26,7 @@ from torchrec.modules.mc_modules import (
 )
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from tests.models import DEVICE, rank_device
+from tests.models import on_rank_device
 
 MC_TABLES = (("m0", 32), ("m1", 48))
 """(name, slots): small row-wise tables, so that replicas' identity sets clash quickly."""
@@ -185,10 +185,7 @@ def mc_batch(
         keys=[f"f_{n}" for n in names], values=torch.cat(values), lengths=torch.cat(lengths)
     )
     dense, target = torch.randn(batch, DENSE, generator=gen), torch.randn(batch, generator=gen)
-    if DEVICE == "cpu":
-        return kjt, dense, target
-    device = rank_device()  # SPARSE2D_TEST_DEVICE=cuda (tests.models)
-    return kjt.to(device), dense.to(device), target.to(device)
+    return on_rank_device(kjt, dense, target)  # SPARSE2D_TEST_DEVICE=cuda (tests.models)
 
 
 def train_mc(

@@ -39,6 +39,14 @@ def rank_device() -> torch.device:
     return torch.device("cuda", rank % torch.cuda.device_count())
 
 
+def on_rank_device(kjt: KeyedJaggedTensor, *tensors: torch.Tensor) -> tuple:
+    """A batch moved to ``rank_device()`` (unchanged on the CPU)."""
+    if DEVICE == "cpu":
+        return (kjt, *tensors)
+    device = rank_device()
+    return (kjt.to(device), *(t.to(device) for t in tensors))
+
+
 @dataclass(frozen=True)
 class Table:
     name: str
@@ -138,10 +146,7 @@ def make_batch(
     )
     dense = torch.randn(batch, DENSE_IN, generator=gen)
     target = torch.randn(batch, generator=gen)
-    if DEVICE == "cpu":
-        return kjt, dense, target
-    device = rank_device()
-    return kjt.to(device), dense.to(device), target.to(device)
+    return on_rank_device(kjt, dense, target)
 
 
 def build_model(

@@ -67,8 +67,9 @@ class FiniteGuard:
         self.world = dist.get_world_size(global_pg)
         self.rank = dist.get_rank(global_pg)
         self._device = self.shards[0].weight.device if self.shards else torch.device("cpu")
-        if flag_device(global_pg).type == "cuda":
-            self._device = flag_device(global_pg)
+        flags_at = flag_device(global_pg)
+        if flags_at.type == "cuda" and self._device.type != "cuda":
+            self._device = flags_at
 
     def start(
         self, step: int, buffers: Sequence[torch.Tensor], *, weights: bool, states: bool

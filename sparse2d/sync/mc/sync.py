@@ -178,14 +178,18 @@ class ManagedCollisionSync:
         divisors: list[torch.Tensor] = []
         with torch.no_grad():
             for shards, source, holders in rows:
+                if not shards:
+                    continue
+                # gather, then zero the rows held elsewhere: no boolean selection, which on
+                # a GPU would wait for the device
+                device = shards[0].weight.device
+                index, missing = source.clamp(min=0).to(device), (source < 0).to(device)
+                count = holders.to(device)
                 for shard in shards:
                     for tensor in [shard.weight, *shard.optimizer_states]:
-                        # gather then zero the rows held elsewhere: no boolean selection,
-                        # which on a GPU would wait for the device
-                        at, count = source.to(tensor.device), holders.to(tensor.device)
-                        part = tensor.index_select(0, at.clamp(min=0))
+                        part = tensor.index_select(0, index)
                         shape = (-1,) + (1,) * (tensor.dim() - 1)
-                        part.masked_fill_((at < 0).view(shape), 0)
+                        part.masked_fill_(missing.view(shape), 0)
                         live.append(tensor)
                         parts.append(part)
                         divisors.append(count)
