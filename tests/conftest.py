@@ -53,10 +53,19 @@ can outlast a test's bounded waits. A rerun is named in the summary (``-rR``); a
 failure fails. Every other test gets one chance: a flaky one is a bug to find."""
 
 
+HEAVY_FIRST = ("test_ft_launch.py", "test_train.py", "test_torchrec_2d_suite.py", "test_launch.py")
+"""The modules with the most CPU seconds (fault-tolerant launches above all), collected
+first: ``make test`` runs the modules on two pytest-xdist workers (``--dist loadfile``) in
+collection order, so the longest start while the other worker takes the many short ones,
+and none of them is left to run alone at the end."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in RERUN_ONCE:
             item.add_marker(pytest.mark.flaky(reruns=1))
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FIRST)))  # stable
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -64,16 +73,35 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     SAMPLER = ThreadSampler()
 
 
+XDIST_SAMPLES: list[tuple[int, int]] = []
+"""(peak threads, samples) of each pytest-xdist worker's sampler, gathered by the controller."""
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if SAMPLER is not None and workeroutput is not None:  # an xdist worker: report upward
+        SAMPLER.stop()
+        workeroutput["thread_peak"], workeroutput["thread_samples"] = SAMPLER.peak, SAMPLER.samples
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # type: ignore[no-untyped-def]
+    output = getattr(node, "workeroutput", {})
+    XDIST_SAMPLES.append((output.get("thread_peak", 0), output.get("thread_samples", 0)))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
     if SAMPLER is None:
         return
     SAMPLER.stop()
-    line = f"shared workers: peak {SAMPLER.peak} threads over {SAMPLER.samples} samples"
+    peak = max([SAMPLER.peak, *(p for p, _ in XDIST_SAMPLES)])
+    samples = SAMPLER.samples + sum(n for _, n in XDIST_SAMPLES)
+    line = f"shared workers: peak {peak} threads over {samples} samples"
     terminalreporter.write_line(line)
     path = os.environ.get("SPARSE2D_THREAD_LOG")
     if path:
         with open(path, "w") as out:
-            json.dump({"peak_threads": SAMPLER.peak, "samples": SAMPLER.samples}, out)
+            json.dump({"peak_threads": peak, "samples": samples}, out)
 
 
 def _grown(world: DistWorld, start: list[int]) -> int:

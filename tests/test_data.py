@@ -11,8 +11,20 @@ from torchmetrics.functional.classification import binary_auroc
 
 from sparse2d.errors import ConfigError
 from sparse2d.train.config import load_config
+from sparse2d.train.config.data import SyntheticConfig
+from sparse2d.train.config.model import TableSpec
 from sparse2d.train.data import DataSource
 from sparse2d.train.data.criteo import CriteoBatches, CriteoFiles, prepare
+from sparse2d.train.data.synthetic import (
+    _DENSE,
+    _ID,
+    _LABEL,
+    _LENGTH,
+    SyntheticCTR,
+    normal,
+    uniform,
+    zipf_rank,
+)
 
 TINY = "configs/tiny_cpu.yaml"
 
@@ -186,3 +198,56 @@ def test_criteo_empty_npy_triplet_is_an_error(tmp_path) -> None:
     np.save(f"{stem}_labels.npy", np.zeros((0, 1), dtype=np.int32))
     with pytest.raises(ConfigError, match="holds no rows; give a non-empty file"):
         CriteoFiles([f"{stem}_dense.npy"], str(tmp_path))
+
+
+def _per_feature(gen: SyntheticCTR, stream: int, start: int, count: int) -> dict[str, np.ndarray]:
+    """The generator's definition written feature by feature (the module's docstring), from
+    its keyed hashes: the reference its one-pass implementation must equal bit for bit."""
+    idx = np.arange(start, start + count, dtype=np.uint64)[:, None]
+    key, k = (gen.seed, stream), gen.cfg.ids_per_feature
+    dense = normal(*key, idx, _DENSE + np.arange(gen.dense_in, dtype=np.uint64))
+    logit = gen.cfg.bias + dense @ gen.coef
+    lengths, values = [], []
+    for f, (_, t, spec) in enumerate(gen.features):
+        length = 1 + np.floor(uniform(*key, idx[:, 0], _LENGTH + np.uint64(f)) * k).astype(int)
+        u = uniform(*key, idx, _ID + np.uint64(f * 4096) + np.arange(k, dtype=np.uint64))
+        rank = zipf_rank(u, spec.rows, gen.cfg.zipf_exponent)
+        mask = np.arange(k)[None, :] < length[:, None]
+        effect = np.zeros_like(u)
+        hot = rank < len(gen.effects[t])
+        effect[hot] = gen.effects[t][rank[hot]]
+        pooled = (effect * mask).sum(1)
+        logit = logit + (pooled / length if spec.pooling == "mean" else pooled)
+        a, b = gen.scramble[t]
+        lengths.append(length)
+        values.append(((rank * a + b) % spec.rows)[mask])
+    labels = uniform(*key, idx[:, 0], _LABEL) < 1.0 / (1.0 + np.exp(-logit))
+    return {"dense": dense.astype(np.float32), "logit": logit.astype(np.float32),
+            "labels": labels.astype(np.float32), "values": np.concatenate(values),
+            "lengths": np.concatenate(lengths).astype(np.int32)}  # fmt: skip
+
+
+@pytest.mark.parametrize("ids", [1, 3, 12])
+@pytest.mark.parametrize("exponent", [1.0, 1.1, 0.7])
+def test_one_pass_batch_equals_the_per_feature_definition(ids: int, exponent: float) -> None:
+    """All features are drawn in one pass of array ops (a batch costs a few dozen of them,
+    not that many per feature); every value equals the per-feature definition exactly:
+    mixed pooling, a table smaller than ``signal_rows``, a 1-row table, two features on one."""
+    tables = [
+        TableSpec("a", 3, 8, ["a"], "sum", None),
+        TableSpec("b", 100, 8, ["b0", "b1"], "mean", None),
+        TableSpec("c", 2000, 8, ["c"], "sum", None),
+        TableSpec("d", 1, 8, ["d"], "mean", None),
+    ]
+    cfg = SyntheticConfig(zipf_exponent=exponent, ids_per_feature=ids, signal_rows=32)
+    gen = SyntheticCTR(tables, 13, cfg, seed=7)
+    for stream, start, count in [(0, 0, 64), (1, 12345, 7), (0, 10**9, 33)]:
+        batch, logit = gen.samples(stream, start, count)
+        want = _per_feature(gen, stream, start, count)
+        got = {"dense": batch.dense_features, "logit": logit, "labels": batch.labels,
+               "values": batch.sparse_features.values(),
+               "lengths": batch.sparse_features.lengths()}  # fmt: skip
+        for name, value in got.items():
+            assert value.numpy().dtype == want[name].dtype, name
+            assert np.array_equal(value.numpy(), want[name]), (name, stream, start)
+        assert batch.sparse_features.keys() == ["a", "b0", "b1", "c", "d"]

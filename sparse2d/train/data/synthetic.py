@@ -101,36 +101,34 @@ class SyntheticCTR:
         coef = normal(seed, _COEF, np.arange(dense_in)) * cfg.dense_weight
         coef[min(cfg.dense_signal, dense_in) :] = 0.0
         self.coef = coef
+        self._by_feature = _FeatureArrays(self.features, self.scramble, self.effects, cfg)
 
     def samples(self, stream: int, start: int, count: int) -> tuple[Batch, torch.Tensor]:
+        """Every feature at once: one pass of array ops over (sample, feature, slot), the
+        same keyed values as feature by feature (bit for bit: ``tests/test_synthetic.py``)."""
         idx = np.arange(start, start + count, dtype=np.uint64)[:, None]
         key = (self.seed, stream)
         dense = normal(*key, idx, _DENSE + np.arange(self.dense_in, dtype=np.uint64))
         logit = self.cfg.bias + dense @ self.coef
+        f = self._by_feature
         k = self.cfg.ids_per_feature
-        lengths, values = [], []
-        for f, (_, t, spec) in enumerate(self.features):
-            length = 1 + np.floor(uniform(*key, idx[:, 0], _LENGTH + np.uint64(f)) * k).astype(
-                np.int64
-            )
-            slots = np.arange(k, dtype=np.uint64)
-            u = uniform(*key, idx, _ID + np.uint64(f * 4096) + slots)
-            rank = zipf_rank(u, spec.rows, self.cfg.zipf_exponent)
-            mask = np.arange(k)[None, :] < length[:, None]
-            effect = np.zeros_like(u)
-            hot = rank < len(self.effects[t])
-            effect[hot] = self.effects[t][rank[hot]]
-            pooled = (effect * mask).sum(1)
-            logit = logit + (pooled / length if spec.pooling == "mean" else pooled)
-            a, b = self.scramble[t]
-            rows = (rank * a + b) % spec.rows
-            lengths.append(length)
-            values.append(rows[mask])
+        length = 1 + np.floor(uniform(*key, idx, _LENGTH + f.index) * k).astype(np.int64)
+        u = uniform(*key, idx[:, :, None], f.id_keys)  # (sample, feature, slot)
+        rank = f.zipf_rank(u)
+        mask = f.slots < length[:, :, None]
+        hot = rank < f.signal_rows
+        effect = np.where(
+            hot, f.effects[f.effect_offset + np.minimum(rank, f.signal_rows - 1)], 0.0
+        )
+        pooled = (effect * mask).sum(2)
+        for j, mean in enumerate(f.mean):  # feature by feature: the same rounding as before
+            logit = logit + (pooled[:, j] / length[:, j] if mean else pooled[:, j])
+        rows = (rank * f.scramble_a + f.scramble_b) % f.rows
         labels = uniform(*key, idx[:, 0], _LABEL) < 1.0 / (1.0 + np.exp(-logit))
-        kjt = KeyedJaggedTensor(
+        kjt = KeyedJaggedTensor(  # feature-major, as TorchRec lays out a KJT
             keys=self.keys,
-            values=torch.from_numpy(np.concatenate(values)),
-            lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int32)),
+            values=torch.from_numpy(rows.transpose(1, 0, 2)[mask.transpose(1, 0, 2)]),
+            lengths=torch.from_numpy(length.T.reshape(-1).astype(np.int32)),
         )
         batch = Batch(
             dense_features=torch.from_numpy(dense.astype(np.float32)),
@@ -138,3 +136,51 @@ class SyntheticCTR:
             labels=torch.from_numpy(labels.astype(np.float32)),
         )
         return batch, torch.from_numpy(logit.astype(np.float32))
+
+
+class _FeatureArrays:
+    """Per-feature constants of ``SyntheticCTR`` as arrays shaped (feature, 1) to broadcast
+    over (sample, feature, slot): a batch then costs a few dozen array ops, not that many
+    per feature. Scalars that enter a rounding (the Zipf CDF's constants) are computed in
+    Python floats, exactly as ``zipf_rank`` computes them."""
+
+    def __init__(
+        self,
+        features: list[tuple[str, int, TableSpec]],
+        scramble: list[tuple[int, int]],
+        effects: list[np.ndarray],
+        cfg: SyntheticConfig,
+    ) -> None:
+        def column(values: list, dtype: type) -> np.ndarray:
+            return np.array(values, dtype=dtype)[:, None]
+
+        k, exponent = cfg.ids_per_feature, cfg.zipf_exponent
+        n = len(features)
+        self.index = np.arange(n, dtype=np.uint64)
+        self.id_keys = _ID + (self.index * np.uint64(4096))[:, None] + np.arange(k, dtype=np.uint64)
+        self.slots = np.arange(k)
+        self.rows = column([spec.rows for _, _, spec in features], np.int64)
+        self.mean = [spec.pooling == "mean" for _, _, spec in features]
+        self.scramble_a = column([scramble[t][0] for _, t, _ in features], np.int64)
+        self.scramble_b = column([scramble[t][1] for _, t, _ in features], np.int64)
+        sizes = [len(e) for e in effects]
+        offsets = np.cumsum([0, *sizes[:-1]]) if effects else np.zeros(0, dtype=np.int64)
+        self.effects = np.concatenate([*effects, np.zeros(1)])  # a spare slot: no table empty
+        self.effect_offset = column([int(offsets[t]) for _, t, _ in features], np.int64)
+        self.signal_rows = column([sizes[t] for _, t, _ in features], np.int64)
+        self.exponent = exponent
+        rows = [spec.rows for _, _, spec in features]
+        if abs(exponent - 1.0) < 1e-9:
+            self.log_scale = column([math.log(r + 1.0) for r in rows], np.float64)
+        else:
+            a = 1.0 - exponent
+            self.scale = column([(r + 1.0) ** a - 1.0 for r in rows], np.float64)
+            self.power = 1.0 / a
+
+    def zipf_rank(self, u: np.ndarray) -> np.ndarray:
+        """``zipf_rank`` of every feature's table at once."""
+        if abs(self.exponent - 1.0) < 1e-9:
+            x = np.exp(u * self.log_scale)
+        else:
+            x = (self.scale * u + 1.0) ** self.power
+        return np.clip(np.floor(x).astype(np.int64) - 1, 0, self.rows - 1)
