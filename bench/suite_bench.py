@@ -27,6 +27,28 @@ ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR: Path | None = None
 
 
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:9]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class BusySampler:
+    """Share of all cores' time spent busy while a run lasts: the suite is CPU-bound when
+    this is near 100% (then only fewer CPU seconds make it faster, not more parallelism)."""
+
+    def __init__(self) -> None:
+        self.start = _cpu_times()
+        self.busy = 0.0
+
+    def stop(self) -> float:
+        end = _cpu_times()
+        self.busy = (end[0] - self.start[0]) / max(end[1] - self.start[1], 1)
+        return self.busy
+
+
 def one_run(index: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="sparse2d-suite-") as tmp:
         clone = Path(tmp) / "sparse2d"
@@ -38,11 +60,13 @@ def one_run(index: int) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
         env.update(CI="true", SPARSE2D_THREAD_LOG=str(threads))
         load_before = os.getloadavg()[0]
+        busy = BusySampler()
         start = time.monotonic()
         run = subprocess.run(
             ["bash", ".ci/run"], cwd=clone, env=env, capture_output=True, text=True, check=False
         )
         seconds = time.monotonic() - start
+        cores_busy = busy.stop()
         load_after = os.getloadavg()[0]
         out = run.stdout + run.stderr
         if LOG_DIR is not None:  # the whole output, to see what failed
@@ -59,6 +83,7 @@ def one_run(index: int) -> dict:
             "summary": summary[-1].strip("= ") if summary else out[-2000:],
             "load_before": round(load_before, 2),
             "load_after": round(load_after, 2),
+            "cores_busy": round(cores_busy, 3),
             "peak_worker_threads": peak.get("peak_threads"),
             "thread_samples": peak.get("samples"),
         }
@@ -68,21 +93,28 @@ def markdown(runs: list[dict]) -> str:
     rows = "\n".join(
         f"| {r['run']} | `{r['commit']}` | {r['total_s'] / 60:.1f} min ({r['total_s']:.0f} s) | "
         f"{r['pytest_s']} s | {r['summary']} | {r['load_before']} -> {r['load_after']} | "
-        f"{r['peak_worker_threads']} ({r['thread_samples']} samples) | {r['returncode']} |"
+        f"{_busy(r)} | {r['peak_worker_threads']} ({r['thread_samples']} samples) | "
+        f"{r['returncode']} |"
         for r in runs
     )
     return f"""## Test suite: `make test` from a fresh clone (bench/suite_bench.py)
 
 Each run clones the repository at the commit shown, then `bash .ci/run` (= `make test`:
-new `.venv`, install, ruff, the whole suite with the slow tests). {os.cpu_count()} cores.
-Peak threads: the most any shared test worker held at a sample (every 0.5 s).
+new `.venv`, install, ruff, the whole suite with the slow tests, its modules on two
+pytest-xdist workers). {os.cpu_count()} cores. Cores busy: the share of all cores' time spent
+busy during the run (/proc/stat; near 100% means CPU-bound). Peak threads: the most any
+shared test worker held at a sample (every 0.5 s).
 
-| run | commit | with install | pytest | result | load avg before -> after | peak worker threads | exit |
-|---|---|---|---|---|---|---|---|
+| run | commit | with install | pytest | result | load avg before -> after | cores busy | peak worker threads | exit |
+|---|---|---|---|---|---|---|---|---|
 {rows}
 
 Regenerate: `PYTHONPATH=. .venv/bin/python bench/suite_bench.py --runs 3`.
 """
+
+
+def _busy(run: dict) -> str:
+    return f"{run['cores_busy'] * 100:.0f}%" if run.get("cores_busy") is not None else "-"
 
 
 def main() -> None:

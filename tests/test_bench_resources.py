@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 import tests.bench_path  # noqa: F401  (bench/ on sys.path)
 
 # isort: split
 from resources_bench import constructions, idle_cost, markdown
+from suite_bench import BusySampler
 from suite_bench import markdown as suite_markdown
 
 
@@ -29,5 +31,15 @@ def test_suite_bench_table() -> None:
         "load_before": 0.1, "load_after": 2.0, "peak_worker_threads": 40,
         "thread_samples": 900, "returncode": 0,
     }  # fmt: skip
-    text = suite_markdown([run])
+    text = suite_markdown([run, {**run, "run": 2, "cores_busy": 0.964}])
     assert "| 1 | `abc1234` | 10.0 min (600 s) | 540.2 s | 400 passed in 540.2s |" in text
+    assert "| 0.1 -> 2.0 | - | 40 (900 samples) | 0 |" in text  # a run kept from before
+    assert "| 0.1 -> 2.0 | 96% | 40 (900 samples) | 0 |" in text
+
+
+def test_busy_sampler_reads_a_share() -> None:
+    sampler = BusySampler()
+    end = time.monotonic() + 0.2
+    while time.monotonic() < end:  # this core busy for 20 jiffies
+        pass
+    assert 0.0 < sampler.stop() <= 1.0
