@@ -429,9 +429,10 @@ def markdown(res: dict, args: argparse.Namespace) -> str:
         "the steps since it. Timeouts used: lighthouse heartbeat_timeout_ms=2000, join_timeout_ms="
         "5000, quorum_tick_ms=50; fault_tolerance.timeout_s=20 (bench) / 30 (default), "
         "quorum_timeout_s=60, connect_timeout_s=10; torchrun monitor interval 0.1 s. CI runs the "
-        "same kill on a smaller model (tests/test_ft_launch.py: 1000 steps of 4x400-row tables, "
-        "kill at step >= 40) because a restart on the loaded 2-core CI box takes 20-40 s, longer "
-        "than 180 steps of the issue's 300-step run.",
+        "same kill on a smaller model (tests/test_ft_launch.py: 1000 steps of 2x400-row "
+        "managed-collision tables driven by TorchRec's pipeline, kill at step >= 120) because a "
+        "restart on the loaded 2-core CI box takes 20-40 s, longer than 180 steps of the "
+        "issue's 300-step run.",
     ]
     return "\n".join(lines)
 
