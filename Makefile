@@ -40,8 +40,9 @@ CONFIG ?= configs/tiny_cpu.yaml
 PYTEST_ARGS ?=
 # The suite's modules run on TEST_WORKERS pytest-xdist processes, a module at a time each
 # (`--dist loadfile`: a module's shared fixtures stay in one process). CPU-bound on 2 cores
-# either way: two workers keep both cores busy where one left ~18% idle (pytest 16:38 vs
-# 19:35 in one session, tests/conftest.py HEAVY_FIRST). TEST_WORKERS=0: one process.
+# either way: two workers keep both cores ~98% busy where one left ~18% idle (pytest 16:38
+# vs 19:35 for the same tree in one session; tests/conftest.py HEAVY_FIRST). TEST_WORKERS=0:
+# one process.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile)
 

@@ -17,7 +17,7 @@ from tests import trainer_world
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = (
-    "model.tables=[{name: t, count: 4, rows: 200, dim: 16}]",
+    "model.tables=[{name: t, count: 2, rows: 200, dim: 16}]",
     "data.batch_size_per_rank=32",
     "train.steps=200",
     "train.log_every=10",
@@ -92,7 +92,7 @@ def test_sigkill_of_a_worker_restarts_and_resumes_exactly(tmp_path, world2) -> N
     assert after["steps"] == 200 and after["num_replicas"] == 2
     with open(os.path.join(latest(str(checkpoints)), "COMPLETE.json")) as f:
         identity_tables = json.load(f)["managed_collision"]
-    assert sorted(identity_tables) == [f"t_{i}" for i in range(4)]
+    assert sorted(identity_tables) == [f"t_{i}" for i in range(2)]
     assert {t["kind"] for t in identity_tables.values()} == {"mch"}
     records = map(json.loads, open(tmp_path / "killed" / "metrics.jsonl"))  # the restart loads
     starts = [r["construction"]["plan_cache"] for r in records if r["kind"] == "start"]  # its plan
