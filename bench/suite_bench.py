@@ -41,12 +41,10 @@ class BusySampler:
 
     def __init__(self) -> None:
         self.start = _cpu_times()
-        self.busy = 0.0
 
     def stop(self) -> float:
         end = _cpu_times()
-        self.busy = (end[0] - self.start[0]) / max(end[1] - self.start[1], 1)
-        return self.busy
+        return (end[0] - self.start[0]) / max(end[1] - self.start[1], 1)
 
 
 def one_run(index: int) -> dict:

@@ -62,11 +62,23 @@ def normal(*parts: np.ndarray | int) -> np.ndarray:
 
 def zipf_rank(u: np.ndarray, rows: int, exponent: float) -> np.ndarray:
     """Inverse CDF of a continuous Zipf(exponent) over ranks ``0..rows-1``."""
+    return _inverse_zipf(u, *_zipf_constants(rows, exponent), rows)
+
+
+def _zipf_constants(rows: int, exponent: float) -> tuple[float, float | None]:
+    """The inverse CDF's constants, in Python floats: ``(log(rows + 1), None)`` at exponent
+    1, else ``((rows + 1)^a - 1, 1 / a)`` with ``a = 1 - exponent``."""
     if abs(exponent - 1.0) < 1e-9:
-        x = np.exp(u * math.log(rows + 1.0))
-    else:
-        a = 1.0 - exponent
-        x = (((rows + 1.0) ** a - 1.0) * u + 1.0) ** (1.0 / a)
+        return math.log(rows + 1.0), None
+    a = 1.0 - exponent
+    return (rows + 1.0) ** a - 1.0, 1.0 / a
+
+
+def _inverse_zipf(
+    u: np.ndarray, scale: float | np.ndarray, power: float | None, rows: int | np.ndarray
+) -> np.ndarray:
+    """``zipf_rank`` from its constants (scalars, or columns broadcast over features)."""
+    x = np.exp(u * scale) if power is None else (scale * u + 1.0) ** power
     return np.clip(np.floor(x).astype(np.int64) - 1, 0, rows - 1)
 
 
@@ -105,7 +117,7 @@ class SyntheticCTR:
 
     def samples(self, stream: int, start: int, count: int) -> tuple[Batch, torch.Tensor]:
         """Every feature at once: one pass of array ops over (sample, feature, slot), the
-        same keyed values as feature by feature (bit for bit: ``tests/test_synthetic.py``)."""
+        same keyed values as feature by feature (bit for bit: ``tests/test_data.py``)."""
         idx = np.arange(start, start + count, dtype=np.uint64)[:, None]
         key = (self.seed, stream)
         dense = normal(*key, idx, _DENSE + np.arange(self.dense_in, dtype=np.uint64))
@@ -141,8 +153,8 @@ class SyntheticCTR:
 class _FeatureArrays:
     """Per-feature constants of ``SyntheticCTR`` as arrays shaped (feature, 1) to broadcast
     over (sample, feature, slot): a batch then costs a few dozen array ops, not that many
-    per feature. Scalars that enter a rounding (the Zipf CDF's constants) are computed in
-    Python floats, exactly as ``zipf_rank`` computes them."""
+    per feature. The Zipf CDF's constants are ``zipf_rank``'s own, in Python floats, so every
+    rounding is the one a single feature gets."""
 
     def __init__(
         self,
@@ -168,19 +180,10 @@ class _FeatureArrays:
         self.effects = np.concatenate([*effects, np.zeros(1)])  # a spare slot: no table empty
         self.effect_offset = column([int(offsets[t]) for _, t, _ in features], np.int64)
         self.signal_rows = column([sizes[t] for _, t, _ in features], np.int64)
-        self.exponent = exponent
-        rows = [spec.rows for _, _, spec in features]
-        if abs(exponent - 1.0) < 1e-9:
-            self.log_scale = column([math.log(r + 1.0) for r in rows], np.float64)
-        else:
-            a = 1.0 - exponent
-            self.scale = column([(r + 1.0) ** a - 1.0 for r in rows], np.float64)
-            self.power = 1.0 / a
+        constants = [_zipf_constants(spec.rows, exponent) for _, _, spec in features]
+        self.zipf_scale = column([scale for scale, _ in constants], np.float64)
+        self.zipf_power = _zipf_constants(1, exponent)[1]  # the same for every table
 
     def zipf_rank(self, u: np.ndarray) -> np.ndarray:
         """``zipf_rank`` of every feature's table at once."""
-        if abs(self.exponent - 1.0) < 1e-9:
-            x = np.exp(u * self.log_scale)
-        else:
-            x = (self.scale * u + 1.0) ** self.power
-        return np.clip(np.floor(x).astype(np.int64) - 1, 0, self.rows - 1)
+        return _inverse_zipf(u, self.zipf_scale, self.zipf_power, self.rows)
