@@ -41,10 +41,12 @@ PYTEST_ARGS ?=
 # The suite's modules run on TEST_WORKERS pytest-xdist processes, a module at a time each
 # (`--dist loadfile`: a module's shared fixtures stay in one process). CPU-bound on 2 cores
 # either way: two workers keep both cores ~98% busy where one left ~18% idle (pytest 16:38
-# vs 19:35 for the same tree in one session; tests/conftest.py HEAVY_FIRST). TEST_WORKERS=0:
-# one process.
+# vs 19:35 for the same tree in one session). Modules start in collection order
+# (`--no-loadscope-reorder`; tests/conftest.py HEAVY_FIRST puts the longest first): xdist's
+# default order, most tests first, started the fault-tolerant launches (4 tests, ~1/3 of the
+# suite's CPU seconds) after 450 s, to run alone at the end. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-XDIST := -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile)
+XDIST := -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile --no-loadscope-reorder)
 
 .PHONY: install test test-quick test-all lint format train bench clean
 

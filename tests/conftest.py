@@ -53,11 +53,15 @@ can outlast a test's bounded waits. A rerun is named in the summary (``-rR``); a
 failure fails. Every other test gets one chance: a flaky one is a bug to find."""
 
 
-HEAVY_FIRST = ("test_ft_launch.py", "test_train.py", "test_torchrec_2d_suite.py", "test_launch.py")
-"""The modules with the most CPU seconds (fault-tolerant launches above all), collected
-first: ``make test`` runs the modules on two pytest-xdist workers (``--dist loadfile``) in
-collection order, so the longest start while the other worker takes the many short ones,
-and none of them is left to run alone at the end."""
+HEAVY_FIRST = (
+    "test_ft_launch.py", "test_train.py", "test_torchrec_2d_suite.py", "test_launch.py",
+    "test_compatibility.py", "test_train_ft_mode.py", "test_dryrun.py",
+)  # fmt: skip
+"""The modules with the most CPU seconds (fault-tolerant launches above all: 620 of the
+suite's ~1740, 2026-11-27), collected first: ``make test`` runs the modules on two
+pytest-xdist workers (``--dist loadfile --no-loadscope-reorder``) in collection order, so the
+longest start while the other worker takes the many short ones, and none of them is left to
+run alone at the end."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

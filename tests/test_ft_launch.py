@@ -183,13 +183,38 @@ def test_sigkill_in_group_1_heals_from_group_0_and_group_0_never_stops(tmp_path)
     # Bit-identical replicas after the final sync (rank r of each group).
     assert g0["state_digests"] == g1["state_digests"]
     assert g0["eval_auc"] == g1["eval_auc"]
-    # The same job uninterrupted: the kill costs at most 0.005 of eval AUC.
-    clean = launch(tmp_path / "clean", 2, *PIPELINE_MC)
+    # The same job uninterrupted: the kill costs at most 0.005 of eval AUC. It also keeps
+    # DCP checkpoints (at steps 500 and 1000; saving does not change what it trains), which
+    # the relaunch below resumes from.
+    clean = launch(tmp_path / "clean", 2, *PIPELINE_MC, CHECKPOINTS)
     out, _ = clean.communicate(timeout=400)
     assert clean.returncode == 0, out[-3000:]
     reference = summary(tmp_path / "clean", 0)
     assert reference["failed_commits"] == 0 and reference["min_groups_in_step"] == 2
     assert abs(g0["eval_auc"] - reference["eval_auc"]) <= 0.005, (g0["eval_auc"], reference)
+    relaunch_resumes_from_checkpoints(tmp_path / "clean")
+
+
+CHECKPOINTS = f"checkpoint.every={STEPS // 2}"
+
+
+def relaunch_resumes_from_checkpoints(run_dir) -> None:
+    """Every group gone (here: the job ended at step 1000): a new launch with
+    train.resume=auto loads each group's own DCP checkpoint, managed-collision identity
+    tables and their metadata included, and goes on through TorchRec's pipeline; the groups
+    end bit-identical (a group may heal from one that resumed instead). One launch of 20 steps on the kill test's uninterrupted run instead of
+    two launches of their own: each launch's start-up (imports, a lighthouse, two torchruns)
+    is most of a short job's CPU seconds, and the suite is CPU-bound on 2 cores."""
+    again = launch(run_dir, 2, *PIPELINE_MC, CHECKPOINTS, f"train.steps={STEPS + 20}",
+                   "train.resume=auto")  # fmt: skip
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out[-3000:]
+    resumed = [line for line in out.splitlines() if line.startswith("[resume] replica=")]
+    assert any(f" step={STEPS} " in f"{line} " for line in resumed), out[-3000:]
+    s = [summary(run_dir, g) for g in (0, 1)]
+    for g in (0, 1):
+        assert s[g]["final_step"] == STEPS + 20 and s[g]["committed_steps"] == 20, s[g]
+    assert s[0]["state_digests"] == s[1]["state_digests"]
 
 
 def _field(line: str, key: str) -> int:
@@ -299,23 +324,6 @@ def test_three_groups_killed_in_turn_each_heal_once_and_end_identical(tmp_path) 
     assert s[0]["state_digests"] == s[1]["state_digests"] == s[2]["state_digests"]
     reference = summary(tmp_path / "clean", 0)
     assert abs(s[0]["eval_auc"] - reference["eval_auc"]) <= 0.005, (s[0], reference)
-
-
-def test_relaunch_after_every_group_was_lost_resumes_from_checkpoints(tmp_path) -> None:
-    """Every group gone (here: the job ended at step 40): a new launch with
-    train.resume=auto loads each group's own DCP checkpoint (or heals from the group that
-    did) and continues; the groups end bit-identical."""
-    first = launch(tmp_path, 2, "train.steps=40", "checkpoint.every=20")
-    out, _ = first.communicate(timeout=300)
-    assert first.returncode == 0, out[-3000:]
-    again = launch(tmp_path, 2, "train.steps=60", "checkpoint.every=20", "train.resume=auto")
-    out, _ = again.communicate(timeout=300)
-    assert again.returncode == 0, out[-3000:]
-    s = [summary(tmp_path, g) for g in (0, 1)]
-    assert "[resume] replica=" in out and "step=40" in out, out[-3000:]
-    for g in (0, 1):
-        assert s[g]["final_step"] == 60 and s[g]["committed_steps"] == 20, s[g]
-    assert s[0]["state_digests"] == s[1]["state_digests"]
 
 
 def test_every_group_lost_without_a_checkpoint_stops_the_job_with_one_line(tmp_path) -> None:
