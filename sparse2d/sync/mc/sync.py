@@ -23,7 +23,7 @@ import torch.distributed as dist
 from sparse2d.comm_device import flag_device
 from sparse2d.sync.mc.merge import Identity, Merged, merge
 from sparse2d.sync.mc.tables import MCTable
-from sparse2d.sync.mc.zch_sync import ZchTable, merge_zch, pack, sync_zch
+from sparse2d.sync.mc.zch_sync import ZchTable, merge_zch, pack
 from sparse2d.sync.shards import ShardState, by_dtype
 
 
@@ -120,13 +120,16 @@ class ManagedCollisionSync:
         A fault-tolerant step calls it at its commit only (``SyncPolicy.commit``)."""
         begin = time.perf_counter()
         mine = [local_identity(t) for t in self.tables]
-        packed = torch.cat(
+        mch_packed = torch.cat(
             [_pack(i, t) for i, t in zip(mine, self.tables, strict=True)]
             or [torch.zeros(0, dtype=torch.int64)]
         )
-        gathered, me = self._gather(packed)
-        groups = len(gathered)
-        sent = packed.numel() * packed.element_size() * (groups - 1)
+        zch_packed = pack(self.zch_tables).cpu()
+        # One all-gather carries both kinds' identities (a separate one per kind cost a
+        # collective per sync, for nothing when a model has only one kind).
+        both = torch.cat([mch_packed, zch_packed])
+        gathered, me = self._gather(both)
+        sent = both.numel() * both.element_size() * (len(gathered) - 1)
         merges: list[Merged] = []
         at = 0
         for index, table in enumerate(self.tables):
@@ -137,14 +140,9 @@ class ManagedCollisionSync:
             merges.append(
                 merge(replicas, self.baselines[index], table.policy, current, table.decay)
             )
-        zch_land: Callable[[], None] = lambda: None  # noqa: E731
-        if self.channel is None:
-            zch_merges, zch_sent = sync_zch(self.zch_tables, self.replica_pg)
-        else:  # the merged identities are adopted at the commit, with the rows
-            zch_packed = pack(self.zch_tables)
-            zch_gathered, _ = self._gather(zch_packed)
-            zch_merges, zch_land = merge_zch(self.zch_tables, zch_gathered)
-            zch_sent = zch_packed.numel() * zch_packed.element_size() * (groups - 1)
+        # The merged identities are adopted by ``land`` (in-world at once; a fault-tolerant
+        # step at its commit only), with the rows.
+        zch_merges, zch_land = merge_zch(self.zch_tables, [g[at:] for g in gathered])
         rows = [
             (t.shards, m.sources[me], m.holders)
             for t, m in [
@@ -153,7 +151,7 @@ class ManagedCollisionSync:
             ]
         ]
         averaged, moved = self._average_rows(rows)
-        sent += zch_sent + moved
+        sent += moved
 
         def land() -> None:
             zch_land()

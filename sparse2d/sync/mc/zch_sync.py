@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torchrec.distributed.mc_modules import ShardedManagedCollisionCollection
 from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
@@ -183,18 +182,6 @@ def pack(tables: list[ZchTable]) -> torch.Tensor:
         if table.module._hash_zch_metadata is not None:
             parts.append(table.module._hash_zch_metadata.view(-1).to(torch.int64))
     return torch.cat(parts)
-
-
-def sync_zch(tables: list[ZchTable], replica_pg: dist.ProcessGroup) -> tuple[list, int]:
-    """All-gather and merge identities; adopt them. Returns the row plans (for the caller's
-    by-id row average) and the bytes sent."""
-    groups = dist.get_world_size(replica_pg)
-    packed = pack(tables)
-    gathered = [torch.empty_like(packed) for _ in range(groups)]
-    dist.all_gather(gathered, packed, group=replica_pg)
-    merges, land = merge_zch(tables, gathered)
-    land()
-    return merges, packed.numel() * packed.element_size() * (groups - 1)
 
 
 def merge_zch(tables: list[ZchTable], gathered: list[torch.Tensor]) -> tuple[list, Callable]:
