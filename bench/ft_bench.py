@@ -44,13 +44,16 @@ metrics all-reduce per step on both sides, which hid the fault-tolerant step's w
 PIPELINE: tuple[str, ...] = ()
 """``train.pipeline=...`` for every launch (``--pipeline``)."""
 
+MC: tuple[str, ...] = ()
+"""``model.managed_collision.*`` for every launch (``--mc``): every table managed-collision."""
+
 
 def _std(run_dir: Path, steps: int, kill: bool) -> list[str]:
     extra = ("checkpoint.every=50", "checkpoint.keep=2", "train.resume=auto", *PER_STEP)
     extra = extra if kill else ()
     return ["launch/local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON,
             "parallel.sharding_group_size=2", "fault_tolerance.enable=false",
-            *extra, *PIPELINE]  # fmt: skip
+            *extra, *PIPELINE, *MC]  # fmt: skip
 
 
 FT_OVERLAP: tuple[str, ...] = ()
@@ -71,7 +74,7 @@ def _ft(run_dir: Path, steps: int, variant: str = "ft", kill: bool = False) -> l
     quorum = FT_VARIANTS[variant] if variant != "ft" else FT_OVERLAP
     return ["launch/ft_local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON[:2],
             *(PER_STEP if kill else ()), "fault_tolerance.timeout_s=20", *quorum,
-            *PIPELINE]  # fmt: skip
+            *PIPELINE, *MC]  # fmt: skip
 
 
 def _steps(events: list[tuple[float, str]], prefix: str) -> list[tuple[float, int]]:
@@ -206,6 +209,13 @@ def main() -> None:
         help="train.pipeline of every launch",
     )
     parser.add_argument(
+        "--mc",
+        default="none",
+        choices=["none", "mch", "zch"],
+        help="managed-collision tables (MCH or MP-ZCH) in every launch; with --clean-only "
+        "the section is ft-pipeline-mc",
+    )
+    parser.add_argument(
         "--clean-only",
         action="store_true",
         help="only the alternated no-failure rounds (section ft-pipeline with --pipeline)",
@@ -227,24 +237,27 @@ def main() -> None:
         "--render-only", action="store_true", help="rewrite the section from --out/ft.json"
     )
     args = parser.parse_args()
+    section = "ft-pipeline" + ("-mc" if args.mc != "none" else "")
     if args.render_only:
-        name = "ft_pipeline.json" if args.clean_only else "ft.json"
+        name = f"{section.replace('-', '_')}.json" if args.clean_only else "ft.json"
         res = json.loads((args.out / name).read_text())
         args.machine = res["machine"]
         if args.clean_only:
-            publish(args, res, clean_markdown(res, args), name, "ft-pipeline")
+            publish(args, res, clean_markdown(res, args), name, section)
         else:
             publish(args, res, markdown(res, args), name, "ft")
         return
-    global PIPELINE
+    global PIPELINE, MC
     PIPELINE = () if args.pipeline == "none" else (f"train.pipeline={args.pipeline}",)
+    if args.mc != "none":
+        MC = ("model.managed_collision.enabled=true", f"model.managed_collision.kind={args.mc}")
     load = os.getloadavg()[0]
     kinds = ("ft", *(("ft_blocking",) if args.compare_blocking else ()),
              *(("ft_every1",) if args.compare_every1 else ()), "std")  # fmt: skip
     if args.compare_blocking:
         global FT_OVERLAP
         FT_OVERLAP = ("fault_tolerance.overlap_quorum=true",)
-    res: dict = {"clean": {kind: [] for kind in kinds}, "pipeline": args.pipeline}
+    res: dict = {"clean": {kind: [] for kind in kinds}, "pipeline": args.pipeline, "mc": args.mc}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):  # alternate the variants: the box is shared
             for kind in kinds:
@@ -266,7 +279,8 @@ def main() -> None:
                       / res["clean"]["std"][-1]["samples_per_s"], flush=True)  # fmt: skip
         if args.clean_only:
             args.machine = res["machine"] = machine_note(load)
-            publish(args, res, clean_markdown(res, args), "ft_pipeline.json", "ft-pipeline")
+            name = f"{section.replace('-', '_')}.json"
+            publish(args, res, clean_markdown(res, args), name, section)
             return
         clean = run("ft", Path(tmp) / "ftclean", args.kill_steps, None)
         res["clean_long_ft_auc"] = clean["g0"]["eval_auc"]
@@ -281,17 +295,22 @@ def main() -> None:
 def clean_markdown(res: dict, args: argparse.Namespace) -> str:
     """The no-failure rounds alone (``--clean-only``)."""
     ft, std = res["clean"]["ft"], res["clean"]["std"]
+    mc = res.get("mc", "none")
     ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(ft, std, strict=True)]
     return "\n".join([
-        f"## Fault tolerance vs the standard launcher, no failure, `train.pipeline={res['pipeline']}` "
+        f"## Fault tolerance vs the standard launcher, no failure, `train.pipeline={res['pipeline']}`"
+        f"{', managed-collision tables (' + mc.upper() + ')' if mc != 'none' else ''} "
         "(bench/ft_bench.py --clean-only)",
         "",
         f"2 groups x 2 ranks (`launch/ft_local.sh`) vs one world of 4, L=2 (`launch/local.sh`), "
-        f"configs/ft_tiny_cpu.yaml model, data and `log_every` (10), sync every step, "
+        f"configs/ft_tiny_cpu.yaml model, data and `log_every` (10)"
+        f"{', every table managed-collision (`model.managed_collision.kind=' + mc + '`)' if mc != 'none' else ''}"
+        ", sync every step, "
         f"{args.steps} steps, each driven by TorchRec's pipeline; rounds alternated. "
         f"{args.machine}.",
         f"Regenerate: `PYTHONPATH=. OMP_NUM_THREADS=1 python bench/ft_bench.py --clean-only "
-        f"--pipeline {res['pipeline']} --steps {args.steps} --rounds {args.rounds}"
+        f"--pipeline {res['pipeline']}{' --mc ' + mc if mc != 'none' else ''} --steps {args.steps} "
+        f"--rounds {args.rounds}"
         f"{' --compare-blocking' if 'ft_blocking' in res['clean'] else ''}"
         f"{' --compare-every1' if 'ft_every1' in res['clean'] else ''}`.",
         "",
