@@ -60,11 +60,13 @@ def test_four_gloo_ranks_train_and_write_summary(tmp_path) -> None:
                      ("train", 30), ("eval", 30)]  # fmt: skip
 
 
-def test_criteo_tsv_end_to_end(tmp_path) -> None:
+def test_criteo_tsv_end_to_end(tmp_path, world2) -> None:
+    """Criteo TSV files through the loop (in the shared world: nothing here is the launch's;
+    a file no rank can use is ``test_unusable_criteo_file_stops_every_rank_in_one_line``)."""
     _write_tsv(tmp_path / "train.tsv", 200, 0)
     _write_tsv(tmp_path / "eval.tsv", 64, 1)
-    run = _torchrun(
-        2,
+    summary, _ = trainer_world.train(
+        world2,
         "data.source=criteo",
         "model.tables=[{name: cat, count: 26, rows: 64, dim: 16}]",
         f"data.criteo.train_files=[{tmp_path / 'train.tsv'}]",
@@ -75,8 +77,7 @@ def test_criteo_tsv_end_to_end(tmp_path) -> None:
         "train.eval_batches=2",
         f"run_dir={tmp_path / 'run'}",
     )
-    assert run.returncode == 0, run.stderr[-3000:]
-    summary = _summary(tmp_path / "run")
+    assert summary == _summary(tmp_path / "run")
     assert summary["data_source"] == "criteo" and summary["num_replicas"] == 2
     assert summary["eval_samples"] == 2 * 2 * 32 and "planted_auc" not in summary
     assert len(os.listdir(tmp_path / "run" / "criteo_cache")) == 6  # 2 files x 3 npy
