@@ -52,13 +52,19 @@ XDIST := -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile --
 
 install: $(STAMP)
 
+# Bytecode: pip compiles each package's files one at a time as it installs; one
+# `compileall -j 0` over site-packages afterwards uses every core (a fresh install on 2 cores,
+# 2026-11-27: 89 s with pip compiling, 41 s + 28 s this way). Its exit status is ignored, as
+# pip ignores its own compile errors: torch ships a test helper in Python 3.12 syntax.
+
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==$(TORCH_VERSION) $(TORCH_INDEX)
-	$(PY) -m pip install -q $(FBGEMM_$(BACKEND))
-	$(PY) -m pip install -q --no-deps torchrec==$(TORCHREC_VERSION)
-	$(PY) -m pip install -q -e '.[dev,train]'
+	$(PY) -m pip install -q --no-compile torch==$(TORCH_VERSION) $(TORCH_INDEX)
+	$(PY) -m pip install -q --no-compile $(FBGEMM_$(BACKEND))
+	$(PY) -m pip install -q --no-compile --no-deps torchrec==$(TORCHREC_VERSION)
+	$(PY) -m pip install -q --no-compile -e '.[dev,train]'
+	$(PY) -m compileall -q -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') >/dev/null || true
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -237,7 +237,7 @@ def main() -> None:
         "--render-only", action="store_true", help="rewrite the section from --out/ft.json"
     )
     args = parser.parse_args()
-    section = "ft-pipeline" + ("-mc" if args.mc != "none" else "")
+    section = "ft-pipeline-mc" if args.mc != "none" else "ft-pipeline"
     if args.render_only:
         name = f"{section.replace('-', '_')}.json" if args.clean_only else "ft.json"
         res = json.loads((args.out / name).read_text())
