@@ -48,7 +48,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile --no-loadscope-reorder)
 
-.PHONY: install test test-quick test-all lint format train bench clean
+.PHONY: install test test-quick test-all lint bytecode format train bench clean
 
 install: $(STAMP)
 
@@ -68,6 +68,13 @@ $(STAMP): pyproject.toml Makefile
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# The suite starts ~110 interpreters that import sparse2d; where PYTHONDONTWRITEBYTECODE is set
+# (it is on this project's machines) each compiled its modules from source again (0.3-0.5 s against 0.12-0.19 s with
+# bytecode). One compile up front, into the ignored __pycache__ dirs (checked against the
+# source's mtime as always, so an edited file is recompiled).
+bytecode: $(STAMP)
+	$(PY) -m compileall -q -j 0 sparse2d tests bench >/dev/null
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -78,10 +85,10 @@ format: $(STAMP)
 
 # No blanket reruns: only the launcher tests named in tests/conftest.py (RERUN_ONCE: they
 # start torchrun / lighthouse processes) may run once more; -rR names every rerun.
-test: lint
+test: lint bytecode
 	$(PY) -m pytest -q -rR --durations=30 $(XDIST) $(PYTEST_ARGS)
 
-test-quick: lint
+test-quick: lint bytecode
 	$(PY) -m pytest -q -m 'not slow' $(XDIST) $(PYTEST_ARGS)
 
 test-all: test
