@@ -153,7 +153,9 @@ def train_records(run_dir, group: int) -> list[dict]:
 def test_sigkill_in_group_1_heals_from_group_0_and_group_0_never_stops(tmp_path) -> None:
     """Driven by TorchRec's TrainPipelineSparseDist (FTOptimizer's step boundaries), with
     managed-collision (MCH) tables: the digests cover identity tables, so bit-identical
-    groups hold the same identities too."""
+    groups hold the same identities too. The uninterrupted reference launch also keeps DCP
+    checkpoints, which a relaunch after every group is gone resumes from
+    (``relaunch_resumes_from_checkpoints``)."""
     lines, killed, others = run_and_kill(tmp_path / "killed", 2, 1, 1, *PIPELINE_MC)
     g0, g1 = summary(tmp_path / "killed", 0), summary(tmp_path / "killed", 1)
     # Group 0: never restarted (the same worker PIDs), never redid a committed step.
