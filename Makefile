@@ -68,10 +68,10 @@ $(STAMP): pyproject.toml Makefile
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# The suite starts ~110 interpreters that import sparse2d; where PYTHONDONTWRITEBYTECODE is set
-# (it is on this project's machines) each compiled its modules from source again (0.3-0.5 s against 0.12-0.19 s with
-# bytecode). One compile up front, into the ignored __pycache__ dirs (checked against the
-# source's mtime as always, so an edited file is recompiled).
+# The suite starts ~110 interpreters that import sparse2d; where PYTHONDONTWRITEBYTECODE is
+# set (it is on this project's machines) each compiled its modules from source again
+# (0.3-0.5 s against 0.12-0.19 s with bytecode). One compile up front, into the ignored
+# __pycache__ dirs (checked against the source's mtime as always: an edit is recompiled).
 bytecode: $(STAMP)
 	$(PY) -m compileall -q -j 0 sparse2d tests bench >/dev/null
 

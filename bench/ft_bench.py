@@ -238,8 +238,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     section = "ft-pipeline-mc" if args.mc != "none" else "ft-pipeline"
+    clean_json = f"{section.replace('-', '_')}.json"  # the --clean-only rounds' results
     if args.render_only:
-        name = f"{section.replace('-', '_')}.json" if args.clean_only else "ft.json"
+        name = clean_json if args.clean_only else "ft.json"
         res = json.loads((args.out / name).read_text())
         args.machine = res["machine"]
         if args.clean_only:
@@ -279,8 +280,7 @@ def main() -> None:
                       / res["clean"]["std"][-1]["samples_per_s"], flush=True)  # fmt: skip
         if args.clean_only:
             args.machine = res["machine"] = machine_note(load)
-            name = f"{section.replace('-', '_')}.json"
-            publish(args, res, clean_markdown(res, args), name, section)
+            publish(args, res, clean_markdown(res, args), clean_json, section)
             return
         clean = run("ft", Path(tmp) / "ftclean", args.kill_steps, None)
         res["clean_long_ft_auc"] = clean["g0"]["eval_auc"]

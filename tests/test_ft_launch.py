@@ -50,6 +50,10 @@ ran ~20 s faster, but the survivor trained further alone while group 1 restarted
 skipped steps against ~260) and the killed run ended 0.00506 of AUC from the uninterrupted
 one, past the 0.005 bound."""
 
+CHECKPOINTS = f"checkpoint.every={STEPS // 2}"
+"""The kill test's uninterrupted launch keeps checkpoints (steps 500 and 1000) for the
+relaunch that follows it."""
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -197,16 +201,14 @@ def test_sigkill_in_group_1_heals_from_group_0_and_group_0_never_stops(tmp_path)
     relaunch_resumes_from_checkpoints(tmp_path / "clean")
 
 
-CHECKPOINTS = f"checkpoint.every={STEPS // 2}"
-
-
 def relaunch_resumes_from_checkpoints(run_dir) -> None:
     """Every group gone (here: the job ended at step 1000): a new launch with
     train.resume=auto loads each group's own DCP checkpoint, managed-collision identity
     tables and their metadata included, and goes on through TorchRec's pipeline; the groups
-    end bit-identical (a group may heal from one that resumed instead). One launch of 20 steps on the kill test's uninterrupted run instead of
-    two launches of their own: each launch's start-up (imports, a lighthouse, two torchruns)
-    is most of a short job's CPU seconds, and the suite is CPU-bound on 2 cores."""
+    end bit-identical (a group may heal from one that resumed instead). One launch of 20
+    steps on the kill test's uninterrupted run instead of two launches of their own: each
+    launch's start-up (imports, a lighthouse, two torchruns) is most of a short job's CPU
+    seconds, and the suite is CPU-bound on 2 cores."""
     again = launch(run_dir, 2, *PIPELINE_MC, CHECKPOINTS, f"train.steps={STEPS + 20}",
                    "train.resume=auto")  # fmt: skip
     out, _ = again.communicate(timeout=300)
