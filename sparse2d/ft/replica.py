@@ -83,6 +83,7 @@ class FaultTolerance:
         digest = f"{digest}|{in_world.layout_digest(model)}"  # each module's L, replicas
         self.fingerprint = heal_state.fingerprint(model, self.shards, digest)
         self._position = 0
+        self._participants: int | None = None  # of the current quorum (``participants``)
         self.slices_skipped = 0
         """Group-steps whose data slice nobody trained (absent groups), over the whole job."""
         self.committed = self.failed = 0
@@ -123,7 +124,7 @@ class FaultTolerance:
             replica_id=f"sparse2d_group_{options.replica_id}",
             init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
         )
-        self.channel = ManagedChannel(self.manager, self._pg)
+        self.channel = ManagedChannel(self.manager, self._pg, lambda: self.participants)
         self.policy, self._check_finite = replica_sync.install(
             model, options, self.channel, self.shards, self._has_mc
         )
@@ -165,9 +166,13 @@ class FaultTolerance:
 
     @property
     def participants(self) -> int:
-        """Groups in the current quorum."""
+        """Groups in the current quorum. Read from torchft once per quorum: its
+        ``num_participants()`` goes through a profiler ``record_function`` each call, and a
+        step asked it ~7 times (~0.3 ms of a ~20 ms CPU step, 2026-11-27)."""
         self.wait_quorum()
-        return self.manager.num_participants()
+        if self._participants is None:
+            self._participants = int(self.manager.num_participants())
+        return self._participants
 
     @property
     def position(self) -> int:
@@ -255,7 +260,11 @@ class FaultTolerance:
         self._heal_from = None
 
     def _quorum(self) -> None:
-        quorum.form(self.manager, self.options)
+        self._participants = None
+        try:
+            quorum.form(self.manager, self.options)
+        finally:
+            self._participants = None  # read again after the quorum (see ``participants``)
 
     def _require_joined(self) -> None:
         """The backward ran: an overlapped quorum must have been joined by the forward."""
@@ -363,7 +372,7 @@ class FaultTolerance:
         return committed
 
     def _vote(self, bad_here: bool) -> tuple[bool, bool]:
-        return vote.group_commit(self.manager, self._pg, self.options, bad_here)
+        return vote.group_commit(self.manager, self._pg, self.options, bad_here, self.participants)
 
     def _drop_process_group(self) -> None:
         quorum.drop_process_group(self._pg, self.manager)

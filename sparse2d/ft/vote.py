@@ -86,7 +86,9 @@ MANAGER_FIELDS = ("_step", "_batches_committed", "_commit_failures", "_checkpoin
 does the same after its all-reduce); ``tests/test_ft_vote.py`` fails if a release renames them."""
 
 
-def group_commit(manager: Any, pg: Any, options: FTOptions, bad_here: bool) -> tuple[bool, bool]:
+def group_commit(
+    manager: Any, pg: Any, options: FTOptions, bad_here: bool, participants: int
+) -> tuple[bool, bool]:
     """The commit vote of this group's ranks: torchft's ``Manager.should_commit`` with its
     RPC (every rank to the group's manager server and back) replaced by one SUM all-reduce
     over this torchrun world, which is the group, of each rank's "cannot commit" and
@@ -101,6 +103,7 @@ def group_commit(manager: Any, pg: Any, options: FTOptions, bad_here: bool) -> t
     regroups on them); the heal checkpoint stops being served. Different groups may decide
     differently, as with torchft. A vote that cannot complete (a rank of this group lost) is
     one line, not a traceback.
+    ``participants``: groups in the step's quorum (torchft's ``num_participants()``).
     Returns ``(committed, some rank of this group holds a non-finite value)``."""
     from torchft.utils import synchronize
 
@@ -108,7 +111,7 @@ def group_commit(manager: Any, pg: Any, options: FTOptions, bad_here: bool) -> t
         synchronize()
     if (error := pg.errored()) is not None:
         manager.report_error(error)
-    here = manager.num_participants() >= options.min_replica_size and manager.errored() is None
+    here = participants >= options.min_replica_size and manager.errored() is None
     flags = torch.tensor(
         [0 if here else 1, 1 if bad_here else 0], dtype=torch.int32, device=flag_device()
     )
@@ -123,7 +126,7 @@ def group_commit(manager: Any, pg: Any, options: FTOptions, bad_here: bool) -> t
     manager._checkpoint_transport.disallow_checkpoint()
     if committed:
         manager._step += 1
-        manager._batches_committed += manager.num_participants()
+        manager._batches_committed += participants
         manager._commit_failures = 0
     else:
         manager._commit_failures += 1

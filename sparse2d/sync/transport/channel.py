@@ -52,8 +52,12 @@ class ManagedChannel:
     deferred = True
     """Averages stay in copies until the step commits (``SyncPolicy.commit``)."""
 
-    def __init__(self, manager: Any, quorum_pg: Any) -> None:
+    def __init__(
+        self, manager: Any, quorum_pg: Any, participants: Callable[[], int] | None = None
+    ) -> None:
         self.manager = manager
+        self._participants = participants or manager.num_participants
+        """Groups in the current quorum (the fault-tolerant step's cached count)."""
         self.quorum_pg = quorum_pg
         """The torchft process group the manager reconfigures at each quorum."""
         self.pg = None  # no metadata collectives over the quorum (see ``sparse2d.ft``)
@@ -67,7 +71,7 @@ class ManagedChannel:
     @property
     def size(self) -> int:
         """Groups in the current quorum."""
-        return int(self.manager.num_participants())
+        return int(self._participants())
 
     def start(
         self, buffers: list[torch.Tensor], hook: AllReduceHook | None = None, async_op: bool = True
@@ -196,7 +200,7 @@ class ManagedChannel:
             tensor.zero_()
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
-        divisor = manager.num_participants() if average else None
+        divisor = self._participants() if average else None
         try:
             work = self.quorum_pg.allreduce([tensor], opts)
         except Exception as error:
