@@ -82,8 +82,7 @@ class FaultTolerance:
         digest = json.dumps(self.config_keys, sort_keys=True) if self.config_keys else config_digest
         digest = f"{digest}|{in_world.layout_digest(model)}"  # each module's L, replicas
         self.fingerprint = heal_state.fingerprint(model, self.shards, digest)
-        self._position = 0
-        self._participants: int | None = None  # of the current quorum (``participants``)
+        self._position = self._participants = 0  # data position; groups in the quorum
         self.slices_skipped = 0
         """Group-steps whose data slice nobody trained (absent groups), over the whole job."""
         self.committed = self.failed = 0
@@ -166,12 +165,8 @@ class FaultTolerance:
 
     @property
     def participants(self) -> int:
-        """Groups in the current quorum. Read from torchft once per quorum: its
-        ``num_participants()`` goes through a profiler ``record_function`` each call, and a
-        step asked it ~7 times (~0.3 ms of a ~20 ms CPU step, 2026-11-27)."""
+        """Groups in the current quorum (as ``quorum.form`` found it)."""
         self.wait_quorum()
-        if self._participants is None:
-            self._participants = int(self.manager.num_participants())
         return self._participants
 
     @property
@@ -260,11 +255,7 @@ class FaultTolerance:
         self._heal_from = None
 
     def _quorum(self) -> None:
-        self._participants = None
-        try:
-            quorum.form(self.manager, self.options)
-        finally:
-            self._participants = None  # read again after the quorum (see ``participants``)
+        self._participants = quorum.form(self.manager, self.options)
 
     def _require_joined(self) -> None:
         """The backward ran: an overlapped quorum must have been joined by the forward."""
