@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
 from sparse2d.errors import FaultToleranceError
 from sparse2d.ft.lighthouse import check_reachable, start_lighthouse
+from tests.conftest import ROOT
 
 
 def test_reachable_lighthouse_passes_the_check() -> None:
@@ -33,3 +37,27 @@ def _refused(port: int) -> None:
         FaultToleranceError, match=rf"lighthouse http://127.0.0.1:{port} unreachable within 1 s"
     ):
         check_reachable(f"http://127.0.0.1:{port}", timeout_s=1)
+
+
+def test_the_lighthouse_process_serves_without_importing_torch() -> None:
+    """``python -m sparse2d.ft.lighthouse`` (launch/ft_local.sh's) loads torchft's Rust server
+    alone: a group can reach it, torch is never imported, and a later ``import torchft`` in
+    the same process reuses the loaded extension."""
+    code = (
+        "import sys\n"
+        "from sparse2d.ft.lighthouse import _server_class_without_torch, check_reachable, "
+        "start_lighthouse\n"
+        "server = start_lighthouse(1, server_class=_server_class_without_torch())\n"
+        "check_reachable(server.address(), timeout_s=5)\n"
+        "assert 'torch' not in sys.modules and 'torchft' not in sys.modules, 'torch imported'\n"
+        "server.shutdown()\n"
+        "from torchft.coordination import LighthouseServer\n"
+        "assert LighthouseServer is type(server)\n"
+        "assert _server_class_without_torch() is None  # torchft loaded: the regular import\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )  # fmt: skip
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
