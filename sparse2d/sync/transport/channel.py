@@ -52,12 +52,11 @@ class ManagedChannel:
     deferred = True
     """Averages stay in copies until the step commits (``SyncPolicy.commit``)."""
 
-    def __init__(
-        self, manager: Any, quorum_pg: Any, participants: Callable[[], int] | None = None
-    ) -> None:
+    def __init__(self, manager: Any, quorum_pg: Any, participants: Callable[[], int]) -> None:
         self.manager = manager
-        self._participants = participants or manager.num_participants
-        """Groups in the current quorum (the fault-tolerant step's cached count)."""
+        self._participants = participants
+        """Groups in the current quorum (``FaultTolerance.participants``: read from torchft
+        once per quorum)."""
         self.quorum_pg = quorum_pg
         """The torchft process group the manager reconfigures at each quorum."""
         self.pg = None  # no metadata collectives over the quorum (see ``sparse2d.ft``)
