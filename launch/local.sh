@@ -12,11 +12,10 @@ CONFIG="${CONFIG:-configs/tiny_cpu.yaml}"
 PYTHON="${PYTHON:-python3}"
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# A fresh rendezvous store per restart. By default torchrun's agent keeps ONE TCPStore for
-# all restart rounds and its workers use it without a per-round prefix, so restarted workers
-# read the dead workers' gloo/NCCL addresses left in it ("Connection refused" in gloo's
-# connectFullMesh). With this set, rank 0 hosts a new store on a new port every round.
-export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+# Restart rounds: torchrun's agent store stays shared (its default, bound once by the agent);
+# the trainer's rank 0 hosts a fresh store per round on a port it binds itself and hands it out
+# through the agent store under that round's key (sparse2d/train/rendezvous.py): no stale
+# addresses from killed workers, and no port that another process can take before rank 0 binds.
 for var in NPROC MAX_RESTARTS; do  # numbers only: torchrun's own message would be a traceback
   [[ "${!var}" =~ ^[0-9]+$ ]] || { echo "sparse2d: launch: $var=${!var} must be a whole number (e.g. $var=4)" >&2; exit 1; }
 done

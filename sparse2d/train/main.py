@@ -30,6 +30,7 @@ from sparse2d.known_warnings import ignore_known_warnings
 from sparse2d.train.config import load_config
 from sparse2d.train.failure import describe, is_peer_failure
 from sparse2d.train.model import resolve_device
+from sparse2d.train.rendezvous import owns_round_store, round_store, shared_store_across_hosts
 
 SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 
@@ -101,17 +102,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _warn_shared_agent_store(rank: int) -> None:
-    """torchrun restarts with its agent store shared across rounds never reconnect: say so
-    once, up front, instead of letting the restarted workers fail in gloo's connect."""
-    if rank == 0 and _env_int("TORCHELASTIC_MAX_RESTARTS", 0) > 0:
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # see launch/local.sh
-            print(
-                "sparse2d.train: warning: torchrun restarts are on but its agent store is shared "
-                "across restart rounds; restarted workers will fail to connect (gloo "
-                "connectFullMesh). Export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 or use launch/*.sh.",
-                file=sys.stderr,
-                flush=True,
-            )
+    """torchrun restarts across hosts with its agent store shared never reconnect: say so
+    once, up front, instead of letting the restarted workers fail in gloo's connect. (One
+    host is safe: sparse2d.train.rendezvous gives each round a store of its own.)"""
+    if rank == 0 and _env_int("TORCHELASTIC_MAX_RESTARTS", 0) > 0 and shared_store_across_hosts():
+        print(
+            "sparse2d.train: warning: torchrun restarts are on but its agent store is shared "
+            "across restart rounds and hosts; restarted workers will fail to connect (gloo "
+            "connectFullMesh). Export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 or use launch/*.sh.",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 REPORTER_WAIT_S = 30.0
@@ -147,10 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, _env_int("OMP_NUM_THREADS", torch.get_num_threads())))
         for name in ("torchrec", "torch.fx", "fbgemm_gpu"):  # planner/tracing chatter
             logging.getLogger(name).setLevel(logging.ERROR)
-        dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo",
-            timeout=datetime.timedelta(seconds=cfg.parallel.timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=cfg.parallel.timeout_s)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if owns_round_store():  # one torchrun agent: a store per restart round, no port race
+            store = round_store(rank, timeout)
+            dist.init_process_group(
+                backend, store=store, rank=rank, world_size=world, timeout=timeout
+            )
+        else:
+            dist.init_process_group(backend, timeout=timeout)
         if args.measure:  # the auto trial alone (docs/advisor.md, measured auto)
             _measure(cfg, device, world, rank)
             code = 0
