@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.bench_util import RESULTS_DIR, free_port, machine_note, publish  # noqa: E402
+from bench.bench_util import RESULTS_DIR, machine_note, publish  # noqa: E402
 from tests.test_ft_launch import workers  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -90,7 +90,7 @@ def run(kind: str, run_dir: Path, steps: int, kill_at: int | None) -> dict:
     variant, kind = kind, "ft" if kind in FT_VARIANTS else kind
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
                NPROC="2" if kind == "ft" else "4", NGROUPS="2", MAX_RESTARTS="3",
-               LIGHTHOUSE_PORT=str(free_port()))  # fmt: skip
+               LIGHTHOUSE_PORT="0")  # fmt: skip
     env.pop("TORCHFT_LIGHTHOUSE", None)
     env["CONFIG"] = "configs/ft_tiny_cpu.yaml"  # both: the same model and data
     kill = kill_at is not None

@@ -7,7 +7,8 @@
 #   CONFIG   YAML (default configs/ft_tiny_cpu.yaml)  PYTHON  interpreter (default python3)
 #   MAX_RESTARTS  restarts of one group after one of its workers fails (default 3)
 #   MIN_REPLICAS  fewest groups a step commits with (default 1)
-#   LIGHTHOUSE_PORT  (default 29510)  A lighthouse already running: export TORCHFT_LIGHTHOUSE.
+#   LIGHTHOUSE_PORT  (default 29510; 0: a free port the lighthouse binds itself, no race)
+#   A lighthouse already running: export TORCHFT_LIGHTHOUSE.
 # Worker output: stdout here; torchft's (verbose) stderr in RUN_DIR/replica_<g>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,9 +36,18 @@ cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 if [[ -z "${TORCHFT_LIGHTHOUSE:-}" ]]; then
+  rm -f "$RUN_DIR/lighthouse.port"
   "$PYTHON" -m sparse2d.ft.lighthouse --port "$LIGHTHOUSE_PORT" --min-replicas "$MIN_REPLICAS" \
-    >"$RUN_DIR/lighthouse.log" 2>&1 &
+    --port-file "$RUN_DIR/lighthouse.port" >"$RUN_DIR/lighthouse.log" 2>&1 &
   PIDS+=($!)
+  if [[ "$LIGHTHOUSE_PORT" == 0 ]]; then  # the port it bound, once it listens
+    for ((i = 0; i < 600; i++)); do  # up to 60 s
+      [[ -s "$RUN_DIR/lighthouse.port" ]] || ! kill -0 "${PIDS[-1]}" 2>/dev/null && break
+      sleep 0.1
+    done
+    [[ -s "$RUN_DIR/lighthouse.port" ]] || { echo "sparse2d: ft launch: the lighthouse did not start (LIGHTHOUSE_PORT=0); its log: $(tail -3 "$RUN_DIR/lighthouse.log")" >&2; exit 1; }
+    LIGHTHOUSE_PORT=$(<"$RUN_DIR/lighthouse.port")
+  fi
   export TORCHFT_LIGHTHOUSE="http://localhost:$LIGHTHOUSE_PORT"
 fi
 GROUP_PIDS=()

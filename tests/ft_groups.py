@@ -7,19 +7,19 @@ import datetime
 import io
 import os
 import queue
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from tests.harness import _CTX, CheckFailed, _free_port
+from tests.harness import _CTX, CheckFailed, own_store
 
 
 def _group_worker(
-    group: int, rank: int, size: int, port: int, fn: Callable, args: tuple, results: Any
+    group: int, rank: int, size: int, ports: Any, fn: Callable, args: tuple, results: Any
 ) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-        WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
     )  # fmt: skip
     os.environ.pop("LOCAL_WORLD_SIZE", None)
     import logging
@@ -33,9 +33,9 @@ def _group_worker(
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(
-            "gloo", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=60)
-        )
+        timeout = datetime.timedelta(seconds=60)
+        store = own_store(rank, size, ports, timeout)  # MASTER_PORT: torchft's manager reads it
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=timeout)
         buffer = io.BytesIO()  # bytes, not shared-memory tensors: this process exits at once
         torch.save(fn(group, *args), buffer)
         results.put((group, rank, True, buffer.getvalue()))
@@ -55,20 +55,28 @@ def run_groups(
 
     Raises ``CheckFailed`` with every failing rank's traceback, or on a hang."""
     results = _CTX.Queue()
-    procs = []
+    procs, port_queues = [], []
     for g in range(groups):
-        port = _free_port()
+        ports = _CTX.Queue()  # kept below: a child unpickles it after its start returns
+        port_queues.append(ports)
         for r in range(size):
-            p = _CTX.Process(target=_group_worker, args=(g, r, size, port, fn, args, results))
+            p = _CTX.Process(target=_group_worker, args=(g, r, size, ports, fn, args, results))
             p.start()
             procs.append(p)
     out: dict[tuple[int, int], tuple[bool, Any]] = {}
+    deadline = time.monotonic() + timeout
     try:
         while len(out) < groups * size:
-            g, r, ok, value = results.get(timeout=timeout)
-            out[(g, r)] = (ok, value)
-    except queue.Empty:
-        raise CheckFailed(f"{fn.__name__}: only {sorted(out)} finished within {timeout}s") from None
+            try:  # short waits: a rank that died before reporting fails the check at once
+                g, r, ok, value = results.get(timeout=1.0)
+                out[(g, r)] = (ok, value)
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise CheckFailed(
+                        f"{fn.__name__}: only {sorted(out)} finished (exit codes of the dead: "
+                        f"{dead}) within {timeout}s"
+                    ) from None
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -92,9 +100,10 @@ def fresh_store() -> object:
     import torch.distributed as dist
     from torch.distributed import TCPStore
 
-    port = [_free_port() if dist.get_rank() == 0 else None]
+    master = dist.get_rank() == 0  # binds a port the kernel picks: nobody can take it first
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) if master else None
+    port = [server.port if server is not None else None]
     dist.broadcast_object_list(port, src=0)
-    master = dist.get_rank() == 0
-    store = TCPStore("127.0.0.1", port[0], is_master=master, wait_for_workers=False)
+    store = server or TCPStore("127.0.0.1", port[0], is_master=False, wait_for_workers=False)
     os.environ["MASTER_PORT"] = str(port[0])
     return store

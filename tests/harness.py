@@ -14,7 +14,6 @@ import gc
 import os
 import queue
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -33,10 +32,22 @@ else:
     _CTX.set_forkserver_preload(["tests.worker_imports"])  # imported once, not once per rank
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def own_store(rank: int, world_size: int, ports: Any, timeout: datetime.timedelta) -> Any:
+    """A world's store, bound by its rank 0 on a port the kernel picks, so that no other
+    process can take the port between a choice and the bind (a port picked by the parent and
+    bound later by rank 0 is a race on a busy box); the port reaches the other ranks through
+    the ``ports`` queue and ``MASTER_PORT``."""
+    from torch.distributed import TCPStore
+
+    if rank == 0:
+        store = TCPStore("127.0.0.1", 0, world_size, True, timeout, wait_for_workers=False)
+        for _ in range(world_size - 1):
+            ports.put(store.port)
+    else:
+        port = ports.get(timeout=timeout.total_seconds())
+        store = TCPStore("127.0.0.1", port, world_size, False, timeout)
+    os.environ["MASTER_PORT"] = str(store.port)
+    return store
 
 
 def thread_count(pid: int | str = "self") -> int:
@@ -65,10 +76,9 @@ def release_models() -> int:
     return len(models)
 
 
-def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> None:
+def _worker(rank: int, world_size: int, ports: Any, tasks: Any, results: Any) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
@@ -91,9 +101,9 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any) -> 
         # Ranks share the GPUs there are; DeviceMesh selects cuda:LOCAL_RANK, which must exist.
         os.environ["LOCAL_RANK"] = str(rank % torch.cuda.device_count())
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=90)
-    )
+    timeout = datetime.timedelta(seconds=90)
+    store = own_store(rank, world_size, ports, timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
     dist.barrier()
     # Import what every check uses, then move it out of the garbage collector's sight: the
     # full collection after each check (``release_models``) then scans only what checks
@@ -152,13 +162,13 @@ class DistWorld:
         return [p.pid for p in self._procs if p.pid is not None and p.is_alive()]
 
     def _start(self) -> None:
-        port = _free_port()
+        self._ports = ports = _CTX.Queue()  # alive while the ranks start (they unpickle it)
         self._results = _CTX.Queue()
         self._tasks = [_CTX.Queue() for _ in range(self.world_size)]
         self._procs = [
             _CTX.Process(
                 target=_worker,
-                args=(rank, self.world_size, port, self._tasks[rank], self._results),
+                args=(rank, self.world_size, ports, self._tasks[rank], self._results),
                 daemon=True,
             )
             for rank in range(self.world_size)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -53,12 +52,6 @@ one, past the 0.005 bound."""
 CHECKPOINTS = f"checkpoint.every={STEPS // 2}"
 """The kill test's uninterrupted launch keeps checkpoints (steps 500 and 1000) for the
 relaunch that follows it."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def workers(group: int, run_dir) -> dict[int, int]:
@@ -100,7 +93,7 @@ def launch(
     """Start launch/ft_local.sh; its output goes to a pipe, or to ``out`` (a job nobody reads
     while it runs must not block on a full pipe)."""
     env = dict(os.environ, PYTHON=sys.executable, NGROUPS=str(groups), NPROC=str(nproc),
-               MAX_RESTARTS=str(restarts), LIGHTHOUSE_PORT=str(_free_port()),
+               MAX_RESTARTS=str(restarts), LIGHTHOUSE_PORT="0",
                MIN_REPLICAS=str(min_replicas), PYTHONPATH=ROOT)  # fmt: skip
     env.pop("TORCHFT_LIGHTHOUSE", None)
     return subprocess.Popen(

@@ -61,3 +61,25 @@ def test_the_lighthouse_process_serves_without_importing_torch() -> None:
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )  # fmt: skip
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def test_the_lighthouse_process_on_port_0_writes_the_port_it_bound(tmp_path) -> None:
+    """``--port 0 --port-file F`` (``LIGHTHOUSE_PORT=0`` in launch/ft_local.sh): the kernel picks
+    the port and the lighthouse binds it at once, so no other process can take it between a
+    choice and the bind; the file holds that port, whole, once the lighthouse listens."""
+    port_file = tmp_path / "lighthouse.port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparse2d.ft.lighthouse", "--port", "0", "--port-file",
+         str(port_file)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        port = int(port_file.read_text())  # written before the line
+        assert 0 < port < 65536 and line.rstrip().endswith(f":{port}"), (line, port)
+        check_reachable(f"http://127.0.0.1:{port}", timeout_s=5)
+        assert not (tmp_path / "lighthouse.port.tmp").exists()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0

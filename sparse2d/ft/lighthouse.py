@@ -109,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-replicas", type=int, default=1)
     parser.add_argument("--heartbeat-timeout-ms", type=int, default=HEARTBEAT_TIMEOUT_MS)
     parser.add_argument("--join-timeout-ms", type=int, default=JOIN_TIMEOUT_MS)
+    parser.add_argument(
+        "--port-file",
+        help="write the port served to this file once listening (with --port 0: the kernel "
+        "picks a free port and binds it at once, so no other process can take it first)",
+    )
     args = parser.parse_args(argv)
     server = start_lighthouse(
         args.min_replicas,
@@ -117,9 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         args.join_timeout_ms,
         _server_class_without_torch(),
     )
-    print(f"sparse2d.ft.lighthouse: serving at {server.address()}", flush=True)  # type: ignore[attr-defined]
-    stop = {"now": False}
+    stop = {"now": False}  # before anyone learns the port: a SIGTERM then shuts down cleanly
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    address = server.address()  # type: ignore[attr-defined]
+    if args.port_file:  # whole or absent: a reader never sees half a number
+        with open(args.port_file + ".tmp", "w") as f:
+            f.write(address.rstrip("/").rsplit(":", 1)[1] + "\n")
+        os.replace(args.port_file + ".tmp", args.port_file)
+    print(f"sparse2d.ft.lighthouse: serving at {address}", flush=True)
     try:
         while not stop["now"]:
             time.sleep(0.2)
