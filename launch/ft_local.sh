@@ -20,6 +20,7 @@ MAX_RESTARTS="${MAX_RESTARTS:-3}"
 MIN_REPLICAS="${MIN_REPLICAS:-1}"
 LIGHTHOUSE_PORT="${LIGHTHOUSE_PORT:-29510}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0  # a store per restart round (see local.sh)
 for var in NGROUPS NPROC MAX_RESTARTS MIN_REPLICAS LIGHTHOUSE_PORT; do
   [[ "${!var}" =~ ^[0-9]+$ ]] || { echo "sparse2d: ft launch: $var=${!var} must be a whole number" >&2; exit 1; }
 done

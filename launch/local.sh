@@ -16,6 +16,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # the trainer's rank 0 hosts a fresh store per round on a port it binds itself and hands it out
 # through the agent store under that round's key (sparse2d/train/rendezvous.py): no stale
 # addresses from killed workers, and no port that another process can take before rank 0 binds.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0  # even if the caller's environment set it
 for var in NPROC MAX_RESTARTS; do  # numbers only: torchrun's own message would be a traceback
   [[ "${!var}" =~ ^[0-9]+$ ]] || { echo "sparse2d: launch: $var=${!var} must be a whole number (e.g. $var=4)" >&2; exit 1; }
 done
