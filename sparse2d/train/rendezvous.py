@@ -31,11 +31,15 @@ ROUND_KEY = "sparse2d/round_{round}/store_port"
 """The agent-store key under which rank 0 publishes this round's store port."""
 
 
+def _agent_store_shared() -> bool:
+    """torchrun shares its agent's store with the workers (its default)."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
 def owns_round_store() -> bool:
     """True where this process should use :func:`round_store`: torchrun with one agent whose
     store is shared with its workers."""
-    env = os.environ
-    return env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and env.get("GROUP_WORLD_SIZE") == "1"
+    return _agent_store_shared() and os.environ.get("GROUP_WORLD_SIZE") == "1"
 
 
 def round_store(rank: int, timeout: datetime.timedelta) -> Store:
@@ -57,5 +61,4 @@ def round_store(rank: int, timeout: datetime.timedelta) -> Store:
 def shared_store_across_hosts() -> bool:
     """torchrun with several agents and a shared store: restarted workers would read stale
     keys, and agents' restart counts differ, so no per-round key is safe (warned by main)."""
-    env = os.environ
-    return env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and env.get("GROUP_WORLD_SIZE") != "1"
+    return _agent_store_shared() and not owns_round_store()
