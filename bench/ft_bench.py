@@ -88,10 +88,12 @@ def run(kind: str, run_dir: Path, steps: int, kill_at: int | None) -> dict:
     """One launch; with ``kill_at``, SIGKILL rank 1 (of group 1 in ft) at that step.
     ``kind``: ``std`` or a key of ``FT_VARIANTS``."""
     variant, kind = kind, "ft" if kind in FT_VARIANTS else kind
-    env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1",
                NPROC="2" if kind == "ft" else "4", NGROUPS="2", MAX_RESTARTS="3",
                LIGHTHOUSE_PORT="0")  # fmt: skip
     env.pop("TORCHFT_LIGHTHOUSE", None)
+    # the repo first, then the caller's path (a GPU machine's carried TorchRec lives there)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env["CONFIG"] = "configs/ft_tiny_cpu.yaml"  # both: the same model and data
     kill = kill_at is not None
     argv = _ft(run_dir, steps, variant, kill) if kind == "ft" else _std(run_dir, steps, kill)

@@ -4,7 +4,9 @@
 #   1. smoke.py: versions, FBGEMM CUDA ops, gloo collectives on CUDA tensors;
 #   2. the 2D-vs-1D equivalence tests (tests/test_collection.py) with every rank on the GPU;
 #   3. the trainer on CUDA + NCCL (one process: one GPU), and the same job on CPU + gloo;
-#   4. more distributed test modules on the GPU, for what breaks there.
+#   4. with FT_ROUNDS set: bench/ft_bench.py --clean-only on the machine's CPU cores (gloo),
+#      fault tolerance vs the standard launcher where each worker has a core of its own;
+#   5. more distributed test modules on the GPU, for what breaks there.
 # Logs go to $OUT. Each step has its own time limit so one hang costs only that step.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
@@ -34,6 +36,13 @@ for dev in ${TRAIN_DEVICES:-cuda cpu}; do
     run_dir=/tmp/run_$dev > "$OUT/train_$dev.log" 2>&1
   echo "trainer $dev rc=$?"; tail -6 "$OUT/train_$dev.log"
 done
+if [[ -n ${FT_ROUNDS:-} ]]; then
+  step "ft-bench cpu, $(nproc) cores"
+  timeout ${FT_S:-240} python3 bench/ft_bench.py --clean-only --pipeline sparse_dist \
+    --steps ${FT_STEPS:-1000} --rounds "$FT_ROUNDS" --out "$OUT/ft" --no-results-md \
+    > "$OUT/ft_bench.log" 2>&1
+  echo "ft-bench rc=$?"; tail -15 "$OUT/ft_bench.log"
+fi
 [[ -n ${SKIP_MORE:-} ]] && exit 0
 step more
 SPARSE2D_TEST_DEVICE=cuda SPARSE2D_TEST_CHECK_S=${CHECK_S:-45} timeout ${MORE_S:-120} python3 -m pytest -q -p no:cacheprovider -W ignore \

@@ -17,8 +17,9 @@ tar -C "$W/stage" -cf - . | xz -T2 -6 > "$W/fbgemm_sm90.tar.xz"
 (cd .gpu && rm -f fb.part* && split -b 48M -d "$W/fbgemm_sm90.tar.xz" fb.part)
 cp "$W"/whl/torchrec-*.whl "$W"/whl/torchft-*.whl .gpu/
 SP=.venv/lib/python3.11/site-packages
-tar -C $SP -czf .gpu/pure.tgz tensordict tensordict-*.dist-info pyvers pyvers-*.dist-info \
-  iopath iopath-*.dist-info torchmetrics torchmetrics-*.dist-info opentelemetry \
-  $(cd $SP && ls -d opentelemetry_*.dist-info googleapis_common_protos-*.dist-info) \
+# dist-info folders are globbed inside site-packages (tar -C does not glob)
+tar -C $SP -czf .gpu/pure.tgz tensordict pyvers iopath torchmetrics opentelemetry \
+  $(cd $SP && ls -d tensordict-*.dist-info pyvers-*.dist-info iopath-*.dist-info \
+    torchmetrics-*.dist-info opentelemetry_*.dist-info googleapis_common_protos-*.dist-info) \
   google/api google/rpc google/type google/longrunning google/logging google/gapic google/cloud
 ls -la .gpu
