@@ -19,6 +19,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConf
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d.collection import DMPCollection
+from sparse2d.planner.group_plan import remap_plan
 from sparse2d.planner.sharders import default_sharders
 from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.shards import collect_shard_states
@@ -226,6 +227,8 @@ def shard_1d(model: nn.Module, tables: tuple[Table, ...]) -> DistributedModelPar
         topology=Topology(world_size=world, compute_device=device.type, local_world_size=world),
         constraints=constraints_for(tables),
     ).collective_plan(model, default_sharders())
+    if device.type == "cuda":  # TorchRec places rank r on cuda:r; here ranks share the GPUs
+        plan = remap_plan(plan, list(range(world)), device)
     return DistributedModelParallel(
         model,
         env=ShardingEnv.from_process_group(dist.group.WORLD),
