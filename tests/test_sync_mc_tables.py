@@ -14,7 +14,12 @@ from torchrec.modules.mc_modules import (
 )
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.mc.tables import check_managed_collision, mc_modules, policy_name
+from sparse2d.sync.mc.tables import (
+    check_managed_collision,
+    check_torchrec_mc_2d,
+    mc_modules,
+    policy_name,
+)
 from tests.mc_models import build_mc_model
 
 DEFAULT = [ShardingStrategy.DEFAULT]
@@ -110,3 +115,13 @@ def test_unknown_eviction_policy_is_refused() -> None:
 def test_combinations_refused(kwargs: dict, word: str) -> None:
     with pytest.raises(ConfigError, match=word):
         check_managed_collision(build_mc_model(), **kwargs)
+
+
+def test_torchrec_without_2d_mc_is_refused_with_the_version_to_install() -> None:
+    """TorchRec 1.6 gathers MC table sizes over the whole world: a 2D build would fail inside
+    TorchRec (seen on the GPU machine), so sparse2d names the version instead."""
+    with pytest.raises(ConfigError, match=r"\(m0, m1\) need TorchRec >= 1\.7.*TorchRec 1\.6\.1"):
+        check_torchrec_mc_2d(["m0", "m1"], "1.6.1")
+    for version in ("1.7.0", "1.8.0+cpu", "1.9.2", "2026.11.20"):
+        check_torchrec_mc_2d(["m0"], version)
+    check_torchrec_mc_2d(["m0"])  # the installed TorchRec (1.8 / 1.9 in the Makefile's sets)

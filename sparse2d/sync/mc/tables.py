@@ -89,6 +89,30 @@ def check_zch(name: str, mc: HashZchManagedCollisionModule) -> None:
         )
 
 
+MC_2D_TORCHREC = (1, 7)
+"""The first TorchRec whose sharded managed-collision collection gathers table sizes over the
+sharding group (``ShardingEnv2D.sharding_pg``); before it, over the whole world, which fails
+inside TorchRec in any 2D world (seen with 1.6.1 on the lent GPU machine)."""
+
+
+def check_torchrec_mc_2d(names: list[str], version: str | None = None) -> None:
+    """Refuse managed-collision tables on a TorchRec without 2D support for them, with the
+    version to install (``version``: the installed ``torchrec.__version__`` by default)."""
+    if version is None:
+        import torchrec
+
+        version = torchrec.__version__
+    parts = version.split("+")[0].split(".")
+    release = tuple(int(p) if p.isdigit() else 0 for p in parts[:2])
+    if release < MC_2D_TORCHREC:
+        raise ConfigError(
+            f"managed-collision tables ({', '.join(names)}) need TorchRec >= 1.7 in 2D: "
+            f"TorchRec {version} gathers their sizes over the whole world instead of the "
+            "sharding group (torchrec/distributed/mc_modules.py). Install torchrec>=1.8 (what "
+            "sparse2d is tested on, docs/patches.md)."
+        )
+
+
 def check_managed_collision(
     module: nn.Module,
     *,
@@ -101,6 +125,7 @@ def check_managed_collision(
     found = mc_modules(module)
     if not found:
         return False
+    check_torchrec_mc_2d(sorted(found))
     for name, mc in found.items():
         if isinstance(mc, HashZchManagedCollisionModule):
             check_zch(name, mc)
