@@ -24,7 +24,14 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d import DMPCollection
 from sparse2d.checkpoint import CheckpointError, latest, list_checkpoints, load, save
-from tests.models import MIXED_TABLES, Table, build_model, constraints_for, make_batch
+from tests.models import (
+    MIXED_TABLES,
+    Table,
+    build_model,
+    constraints_for,
+    make_batch,
+    rank_device,
+)
 
 SAVE_AT = 3
 STEPS = 6
@@ -33,7 +40,7 @@ OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": RowWiseAdagrad}
 
 def _model(tables: tuple[Table, ...], group: int, opt: str, seed: int) -> DMPCollection:
     module = build_model(tables, optimizer=OPTIMIZERS[opt], lr=0.1, seed=seed)
-    return DMPCollection(module, group, device="cpu", constraints=constraints_for(tables))
+    return DMPCollection(module, group, device=rank_device(), constraints=constraints_for(tables))
 
 
 def _dense_opt(model: DMPCollection) -> torch.optim.Optimizer:

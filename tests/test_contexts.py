@@ -31,6 +31,7 @@ from tests.models import (
     full_weights,
     load_full_weights,
     make_batch,
+    rank_device,
     shard_1d,
 )
 
@@ -95,7 +96,7 @@ def per_module(
     return DMPCollection(
         model,
         ebc_group,
-        device="cpu",
+        device=rank_device(),
         constraints=constraints_for(ALL),
         submodule_configs=[config],
         sharding_strategy=ShardingStrategy.PER_MODULE,

@@ -29,6 +29,7 @@ from tests.models import (
     SPARSE_SYNC_TABLES,
     build_model,
     constraints_for,
+    rank_device,
     train,
 )
 from tests.test_contexts import ALL, build, ec_plan
@@ -48,12 +49,12 @@ def build_variant(variant: str) -> DMPCollection:
     if variant == "default":  # TW, CW, RW, TWRW: the mesh's groups and TorchRec's TWRW pair
         tables = SPARSE_SYNC_TABLES
         return DMPCollection(
-            build_model(tables), 2, device="cpu", constraints=constraints_for(tables),
+            build_model(tables), 2, device=rank_device(), constraints=constraints_for(tables),
             node_group_size=2,
         )  # fmt: skip
     if variant == "fully_sharded":
         return DMPCollection(
-            build_model(MIXED_TABLES, optimizer=RowWiseAdagrad, lr=0.05), 2, device="cpu",
+            build_model(MIXED_TABLES, optimizer=RowWiseAdagrad, lr=0.05), 2, device=rank_device(),
             constraints=constraints_for(MIXED_TABLES),
             sharding_strategy=ShardingStrategy.FULLY_SHARDED,
         )  # fmt: skip
@@ -64,11 +65,11 @@ def build_variant(variant: str) -> DMPCollection:
             sharding_strategy=ShardingStrategy.PER_MODULE,
         )  # fmt: skip
         return DMPCollection(
-            model, 2, device="cpu", constraints=constraints_for(ALL), submodule_configs=[config],
+            model, 2, device=rank_device(), constraints=constraints_for(ALL), submodule_configs=[config],
             sharding_strategy=ShardingStrategy.PER_MODULE,
         )  # fmt: skip
     return DMPCollection(  # hidden sync: one is left in flight when the model closes
-        build_model(MIXED_TABLES), 2, device="cpu", constraints=constraints_for(MIXED_TABLES),
+        build_model(MIXED_TABLES), 2, device=rank_device(), constraints=constraints_for(MIXED_TABLES),
         sync_options=SyncOptions(hide=True),
     )  # fmt: skip
 
@@ -119,7 +120,7 @@ def check_close_semantics() -> dict:
     world_before = registered_groups()
     user_pg = dist.new_group(list(range(dist.get_world_size())))
     with DMPCollection(
-        build_model(MIXED_TABLES), 2, device="cpu", constraints=constraints_for(MIXED_TABLES),
+        build_model(MIXED_TABLES), 2, device=rank_device(), constraints=constraints_for(MIXED_TABLES),
         global_pg=user_pg,
     ) as model:  # fmt: skip
         made = len(registered_groups()) - len(world_before) - 1
@@ -177,7 +178,7 @@ def check_failed_construction_leaves_no_group() -> tuple[int, str]:
     bad = constraints_for(MIXED_TABLES)
     bad["t0"].sharding_types = ["not_a_sharding_type"]
     try:
-        DMPCollection(build_model(MIXED_TABLES), 2, device="cpu", constraints=bad)
+        DMPCollection(build_model(MIXED_TABLES), 2, device=rank_device(), constraints=bad)
     except Exception as error:
         gc.collect()
         return len(registered_groups()) - before, type(error).__name__
