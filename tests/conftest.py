@@ -119,10 +119,12 @@ def _check_released(what: str, before: dict[int, list[int]]) -> None:
     for world in DistWorld.live:
         start = before.get(id(world), world.baseline)
         if _grown(world, start) > LEAK_BOUND:
+            names = world.thread_names()
             pytest.fail(
                 f"{what} left threads behind in the {world.world_size}-rank workers: "
                 f"{start} -> {world.threads} (bound +{LEAK_BOUND}); some check created "
-                "process groups (or threads) that were not released",
+                "process groups (or threads) that were not released. Threads by name: "
+                + "; ".join(f"rank {rank}: {counts}" for rank, counts in enumerate(names)),
                 pytrace=False,
             )
 

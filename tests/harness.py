@@ -58,6 +58,21 @@ def thread_count(pid: int | str = "self") -> int:
         return 0
 
 
+def thread_names(pid: int | str = "self") -> dict[str, int]:
+    """How many threads of a process carry each name (``/proc/<pid>/task/*/comm``): what a
+    leak report shows, so that library threads (gloo's, the sync's) and runtime threads (CUDA's,
+    autograd's) can be told apart."""
+    names: dict[str, int] = {}
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/comm") as comm:
+                name = comm.read().strip()
+            names[name] = names.get(name, 0) + 1
+    except OSError:
+        pass
+    return dict(sorted(names.items(), key=lambda item: -item[1]))
+
+
 def release_models() -> int:
     """Close every ``DMPCollection`` a check left open in this worker; return how many.
 
@@ -234,6 +249,10 @@ class DistWorld:
             text = "\n".join(f"--- rank {r} ---\n{v}" for r, v in sorted(failures.items()))
             raise CheckFailed(f"{fn.__name__} failed on ranks {sorted(failures)}:\n{text}")
         return [results[r][1] for r in range(self.world_size)]
+
+    def thread_names(self) -> list[dict[str, int]]:
+        """Each rank's threads by name (``thread_names``), read from outside the rank."""
+        return [thread_names(proc.pid) for proc in self._procs]
 
     def restart(self) -> None:
         self.close(graceful=False)

@@ -42,3 +42,39 @@ def test_a_hung_rank_fails_the_check_and_the_world_restarts(
             world.run(check_rank_zero_raises_and_rank_one_waits)
     finally:
         world.close()
+
+
+def check_named_thread(name: str) -> int:
+    """Start a thread called ``name`` that lives until released; return the rank's count."""
+    import threading
+
+    from tests.harness import thread_count
+
+    release = threading.Event()
+    threading.Thread(target=release.wait, name=name, daemon=True).start()
+    _HELD.append(release)
+    return thread_count()
+
+
+def check_release_named_threads() -> None:
+    while _HELD:
+        _HELD.pop().set()
+
+
+_HELD: list = []
+
+
+def test_thread_names_show_what_a_leak_is_made_of(world2: DistWorld) -> None:
+    """A leak report lists each rank's threads by name, read from outside the ranks. Native
+    threads carry their own names (gloo's ``gloo_tcp_loop`` and ``pt_gloo_runloop``, CUDA's);
+    a Python thread carries the process's, so the one a check left counts there."""
+    before = world2.thread_names()
+    try:
+        world2.run(check_named_thread, "sparse2d-leak-probe")
+        after = world2.thread_names()
+    finally:
+        world2.run(check_release_named_threads)
+    for rank in range(2):
+        assert after[rank]["gloo_tcp_loop"] >= 1  # the world's own process group
+        grown = {k: n - before[rank].get(k, 0) for k, n in after[rank].items()}
+        assert any(grown.get(k, 0) >= 1 for k in ("python", "python3", "sparse2d-leak-p")), grown
