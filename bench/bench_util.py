@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,11 +33,10 @@ def stamps_dir(directory: str | os.PathLike[str]) -> Path:
     return RESULTS_DIR if directory in (BENCH, RESULTS_DIR) else directory
 
 
-def free_port() -> int:
-    """A free TCP port on loopback for the benchmark's own gloo rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous() -> str:
+    """Where a spawned benchmark world meets: a fresh file for a ``FileStore``. A port picked
+    here and bound later by rank 0 can be taken in between on a busy box; a file cannot."""
+    return os.path.join(tempfile.mkdtemp(prefix="sparse2d-bench-"), "store")
 
 
 def bench_environment() -> dict[str, Any]:
@@ -145,27 +144,42 @@ def meta_ebc(tables: int, rows: int, dim: int) -> Any:
     return ebc
 
 
-def rendezvous_env(rank: int, world: int, port: int) -> None:
-    """The torchrun-style env a spawned benchmark rank needs before ``init_process_group``."""
+def rendezvous_env(rank: int, world: int, where: str) -> None:
+    """The torchrun-style env a spawned benchmark rank needs (TorchRec reads the local ones),
+    and ``where`` its world meets (``rendezvous``), for ``init_gloo``."""
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-        WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world), SPARSE2D_BENCH_STORE=where,
     )  # fmt: skip
 
 
-def _spawned(rank: int, world: int, port: int, fn: Any, args: tuple, queue: Any) -> None:
+def init_gloo(timeout_s: float) -> None:
+    """The rank's default gloo group, met at ``rendezvous_env``'s file (no port chosen)."""
     import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method="file://" + os.environ["SPARSE2D_BENCH_STORE"],
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def _spawned(rank: int, world: int, where: str, fn: Any, args: tuple, queue: Any) -> None:
     import logging
     import warnings
 
     import torch
     import torch.distributed as dist
 
-    rendezvous_env(rank, world, port)
+    rendezvous_env(rank, world, where)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)  # TorchRec logs every plan at WARNING
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
+    init_gloo(900)
     result = fn(*args)
     if rank == 0:
         queue.put(result)
@@ -183,9 +197,9 @@ def spawn(world: int, fn: Any, *args: Any) -> Any:
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
+    where = rendezvous()
     procs = [
-        ctx.Process(target=_spawned, args=(r, world, port, fn, args, queue)) for r in range(world)
+        ctx.Process(target=_spawned, args=(r, world, where, fn, args, queue)) for r in range(world)
     ]
     for proc in procs:
         proc.start()

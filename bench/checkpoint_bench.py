@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
-from bench_util import free_port, write_section
+from bench_util import init_gloo, rendezvous, rendezvous_env, write_section
 from torch.distributed.checkpoint import FileSystemWriter
 
 
@@ -46,10 +46,10 @@ def _timed(fn) -> float:
     return float(took)
 
 
-def _worker(rank: int, args: argparse.Namespace, port: int, root: str, out: mp.Queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, args: argparse.Namespace, where: str, root: str, out: mp.Queue) -> None:
+    rendezvous_env(rank, args.world, where)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=args.world)
+    init_gloo(1800)
     from torchrec.optim import RowWiseAdagrad
 
     from sparse2d import DMPCollection
@@ -110,9 +110,9 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="ckpt_bench_", dir=args.dir)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = free_port()
+    where = rendezvous()
     procs = [
-        ctx.Process(target=_worker, args=(r, args, port, root, out)) for r in range(args.world)
+        ctx.Process(target=_worker, args=(r, args, where, root, out)) for r in range(args.world)
     ]
     for p in procs:
         p.start()

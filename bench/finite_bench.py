@@ -16,14 +16,13 @@ Usage: ``.venv/bin/python bench/finite_bench.py [--repeats 9]``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
 import sys
 import time
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import free_port, rendezvous_env, write_section
+from bench_util import init_gloo, rendezvous, rendezvous_env, write_section
 
 CASES = {
     "large (4 x 100k x 64, dense)": {"tables": 4, "rows": 100_000, "dim": 64, "engine": "dense"},
@@ -66,8 +65,8 @@ def _step(model: Any, case: dict, step: int, rank: int) -> None:
     model(kjt).values().square().mean().backward()
 
 
-def _worker(rank: int, world: int, port: int, repeats: int, out: Any) -> None:
-    rendezvous_env(rank, world, port)
+def _worker(rank: int, world: int, where: str, repeats: int, out: Any) -> None:
+    rendezvous_env(rank, world, where)
     import torch
     import torch.distributed as dist
     from torchrec.distributed.planner.types import ParameterConstraints
@@ -77,7 +76,7 @@ def _worker(rank: int, world: int, port: int, repeats: int, out: Any) -> None:
     from sparse2d.sync.policy import SyncOptions, SyncPolicy
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    init_gloo(600)
     results: dict[str, dict[str, float]] = {}
     step = 0
     for name, case in CASES.items():
@@ -125,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     world = 4
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = free_port()
+    where = rendezvous()
     procs = [
-        ctx.Process(target=_worker, args=(r, world, port, args.repeats, out)) for r in range(world)
+        ctx.Process(target=_worker, args=(r, world, where, args.repeats, out)) for r in range(world)
     ]
     for p in procs:
         p.start()

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_util import RESULTS_DIR, free_port, publish, rendezvous_env
+from bench_util import RESULTS_DIR, publish, rendezvous_env
 
 HERE = Path(__file__).resolve().parent
 ROWS, DIM, LOOKUPS, ZIPF = 100_000, 16, 256, 1.05
@@ -64,7 +64,7 @@ def _batch(step: int, group: int) -> Any:
     )
 
 
-def _group(group: int, port: int, lighthouse: str, engine: str, steps: int, queue: Any) -> None:
+def _group(group: int, lighthouse: str, engine: str, steps: int, queue: Any) -> None:
     import datetime
     import logging
     import warnings
@@ -72,11 +72,16 @@ def _group(group: int, port: int, lighthouse: str, engine: str, steps: int, queu
     import torch
     import torch.distributed as dist
 
-    rendezvous_env(0, 1, port)
+    # torchft's manager joins the group's store at MASTER_PORT: bound here on a port the
+    # kernel picks (nothing can take it between a choice and the bind)
+    timeout = datetime.timedelta(seconds=300)
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout)
+    rendezvous_env(0, 1, "")
+    os.environ["MASTER_PORT"] = str(store.port)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timeout)
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from sparse2d import DMPCollection
@@ -135,9 +140,7 @@ def _run(engine: str, steps: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [
-        ctx.Process(
-            target=_group, args=(g, free_port(), lighthouse.address(), engine, steps, queue)
-        )
+        ctx.Process(target=_group, args=(g, lighthouse.address(), engine, steps, queue))
         for g in range(GROUPS)
     ]
     try:

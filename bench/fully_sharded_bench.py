@@ -18,7 +18,6 @@ Usage: ``.venv/bin/python bench/fully_sharded_bench.py [--rows 50000 --dim 32 --
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import resource
 import statistics
@@ -27,7 +26,7 @@ import time
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import free_port, meta_ebc, rendezvous_env, write_section
+from bench_util import init_gloo, meta_ebc, rendezvous, rendezvous_env, write_section
 
 STRATEGIES = ("DEFAULT", "FULLY_SHARDED")
 
@@ -88,8 +87,8 @@ def _step(model: Any, args: argparse.Namespace, step: int, rank: int, probe: lis
     model.sync()
 
 
-def _worker(rank: int, world: int, port: int, job: tuple, args: argparse.Namespace, out) -> None:
-    rendezvous_env(rank, world, port)
+def _worker(rank: int, world: int, where: str, job: tuple, args: argparse.Namespace, out) -> None:
+    rendezvous_env(rank, world, where)
     import torch
     import torch.distributed as dist
     import torchrec.distributed.planner  # noqa: F401  (imports out of the RSS baseline)
@@ -97,7 +96,7 @@ def _worker(rank: int, world: int, port: int, job: tuple, args: argparse.Namespa
     import sparse2d.collection  # noqa: F401
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
+    init_gloo(900)
     kind, group, strategies = job
     base = _rss()
     models = {s: _model(args, group, s) for s in strategies}
@@ -134,8 +133,8 @@ def _worker(rank: int, world: int, port: int, job: tuple, args: argparse.Namespa
 
 def _run(job: tuple, args: argparse.Namespace) -> list[dict[str, Any]]:
     ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_worker, args=(r, 4, port, job, args, out)) for r in range(4)]
+    out, where = ctx.Queue(), rendezvous()
+    procs = [ctx.Process(target=_worker, args=(r, 4, where, job, args, out)) for r in range(4)]
     for p in procs:
         p.start()
     ranks = out.get(timeout=1800)

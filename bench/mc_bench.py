@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import free_port, machine_note, spawn, stats, write_section
+from bench_util import machine_note, rendezvous, spawn, stats, write_section
 from quality import _worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,7 +46,7 @@ def quality(
         "train.progress_bar=false",
         "checkpoint.every=0",
     ]
-    port = free_port()
+    where = rendezvous()
     with tempfile.TemporaryDirectory() as work:
         plan: list[tuple[str, int | None, list[str]]] = [
             ("1D", None, [*common, "parallel.sharding_group_size=4", f"run_dir={work}/1d"])
@@ -66,7 +66,7 @@ def quality(
             )
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(r, 4, port, plan, results)) for r in range(4)]
+        procs = [ctx.Process(target=_worker, args=(r, 4, where, plan, results)) for r in range(4)]
         for p in procs:
             p.start()
         rows = [results.get(timeout=1800) for _ in plan]

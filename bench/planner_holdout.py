@@ -20,7 +20,6 @@ fp16/bf16 quantized communication, other sizes and batches, and the issue's know
 
 from __future__ import annotations
 
-import datetime
 import os
 import statistics
 import time
@@ -29,7 +28,7 @@ from queue import Empty
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import free_port, rendezvous_env
+from bench_util import init_gloo, rendezvous, rendezvous_env
 
 
 @dataclass(frozen=True)
@@ -188,16 +187,16 @@ def _build(series: Series, L: int) -> Any:
     )
 
 
-def _worker(rank: int, world: int, port: int, series: list[Series], rounds: int, steps: int,
+def _worker(rank: int, world: int, where: str, series: list[Series], rounds: int, steps: int,
             out: Any) -> None:  # fmt: skip
-    rendezvous_env(rank, world, port)
+    rendezvous_env(rank, world, where)
     import torch
     import torch.distributed as dist
 
     from sparse2d.mesh import divisors
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
+    init_gloo(900)
     result: dict[str, Any] = {}
     for s in series:
         load = os.getloadavg()[0]
@@ -248,8 +247,8 @@ def measure(world: int, series: list[Series], rounds: int, steps: int) -> dict[s
 
 def _measure_world(world: int, series: list[Series], rounds: int, steps: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    args = (world, port, series, rounds, steps, out)
+    out, where = ctx.Queue(), rendezvous()
+    args = (world, where, series, rounds, steps, out)
     procs = [ctx.Process(target=_worker, args=(r, *args)) for r in range(world)]
     for p in procs:
         p.start()

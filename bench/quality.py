@@ -19,7 +19,6 @@ spawned ranks (no per-run start-up). Writes ``bench/results/quality_results.json
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -28,7 +27,7 @@ import time
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import free_port, write_section
+from bench_util import init_gloo, rendezvous, rendezvous_env, write_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -80,20 +79,13 @@ def runs(
     return out
 
 
-def _worker(rank: int, world: int, port: int, plan: list, results: Any) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-    )
+def _worker(rank: int, world: int, where: str, plan: list, results: Any) -> None:
+    rendezvous_env(rank, world, where)
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    init_gloo(300)
     from sparse2d.train.config import load_config
     from sparse2d.train.loop import Loop
     from sparse2d.train.model import resolve_device
@@ -114,14 +106,14 @@ def _worker(rank: int, world: int, port: int, plan: list, results: Any) -> None:
 def study(
     steps: int, eval_batches: int, variant: str, only: list[str] | None = None
 ) -> list[dict[str, Any]]:
-    port = free_port()
+    where = rendezvous()
     with tempfile.TemporaryDirectory() as work:
         plan = runs(steps, eval_batches, work, variant)
         if only:
             plan = [p for p in plan if f"{p[0]}_{p[1]}" in only or p[0] in only]
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(r, 4, port, plan, results)) for r in range(4)]
+        procs = [ctx.Process(target=_worker, args=(r, 4, where, plan, results)) for r in range(4)]
         for p in procs:
             p.start()
         rows = [results.get(timeout=1800) for _ in plan]

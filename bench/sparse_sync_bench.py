@@ -17,7 +17,6 @@ Writes ``bench/results/sparse_sync.json``, ``bench/results/sparse_sync.png`` and
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import time
@@ -28,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
-from bench_util import RESULTS_DIR, free_port, publish, rendezvous_env, timed
+from bench_util import RESULTS_DIR, init_gloo, publish, rendezvous, rendezvous_env, timed
 from sparse_sync_report import BATCH, DIM, DISTS, TABLES, WORLD, L, _markdown, _plot
 
 HERE = Path(__file__).resolve().parent
@@ -205,12 +204,10 @@ def _run_size(
     return out
 
 
-def _worker(rank: int, port: int, args: argparse.Namespace, queue: Any) -> None:
-    rendezvous_env(rank, WORLD, port)
+def _worker(rank: int, where: str, args: argparse.Namespace, queue: Any) -> None:
+    rendezvous_env(rank, WORLD, where)
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=600)
-    )
+    init_gloo(600)
     torch.manual_seed(0)
     results = [
         _run_size(rows, rank, args.reps, tuple(args.every), args.ab_reps) for rows in args.rows
@@ -261,10 +258,10 @@ def main() -> None:
 
 
 def _run_workers(args: argparse.Namespace) -> list[dict[str, Any]]:
-    port = free_port()
+    where = rendezvous()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, port, args, queue)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_worker, args=(r, where, args, queue)) for r in range(WORLD)]
     for proc in procs:
         proc.start()
     results = queue.get()

@@ -17,7 +17,6 @@ Usage: ``.venv/bin/python bench/sync_bench.py [--rows 100000 --dim 64 --tables 4
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import sys
@@ -25,7 +24,7 @@ import time
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import free_port, meta_ebc, rendezvous_env, write_section
+from bench_util import init_gloo, meta_ebc, rendezvous, rendezvous_env, write_section
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -48,8 +47,8 @@ def _batch(args: argparse.Namespace, step: int, rank: int) -> Any:
     return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
 
 
-def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) -> None:
-    rendezvous_env(rank, world, port)
+def _worker(rank: int, world: int, where: str, args: argparse.Namespace, out: Any) -> None:
+    rendezvous_env(rank, world, where)
     import torch
     import torch.distributed as dist
     from torchrec.distributed.planner.types import ParameterConstraints
@@ -59,7 +58,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Any
     from sparse2d.sync.shards import live_tensors
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    init_gloo(600)
     constraints = {
         f"t{i}": ParameterConstraints(sharding_types=["table_wise"]) for i in range(args.tables)
     }
@@ -138,10 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlap-every", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    port = free_port()
+    where = rendezvous()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, 4, port, args, out)) for r in range(4)]
+    procs = [ctx.Process(target=_worker, args=(r, 4, where, args, out)) for r in range(4)]
     for p in procs:
         p.start()
     ranks = out.get(timeout=1800)
