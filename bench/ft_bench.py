@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_util import RESULTS_DIR, machine_note, publish  # noqa: E402
+from sparse2d.train.config.fault_tolerance import FaultToleranceConfig  # noqa: E402
 from tests.test_ft_launch import workers  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -55,6 +56,9 @@ def _std(run_dir: Path, steps: int, kill: bool) -> list[str]:
             "parallel.sharding_group_size=2", "fault_tolerance.enable=false",
             *extra, *PIPELINE, *MC]  # fmt: skip
 
+
+QUORUM_EVERY = FaultToleranceConfig().quorum_every
+"""The trainer's default, which every ``ft`` launch here runs with."""
 
 FT_OVERLAP: tuple[str, ...] = ()
 """Extra keys of the ``ft`` runs: with ``--compare-blocking`` they overlap the quorum
@@ -401,7 +405,7 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
         "(fingerprint bytes, NaN/inf flag), the group's commit vote (one SUM all-reduce of "
         "two flags over the group, `sparse2d.ft.vote.group_commit`), the commit echo (one float over the quorum) "
         "and the write-back from the copies, plus torchft's quorum RPC (manager server -> "
-        "lighthouse) every `quorum_every` (8) committed steps and after any failed step; the standard "
+        f"lighthouse) every `quorum_every` ({QUORUM_EVERY}) committed steps and after any failed step; the standard "
         "world runs one DDP all-reduce that also carries the folded embedding sync and the "
         "NaN/inf vote (`sync.ddp.fold`, `sync.ddp.vote`). The quorum is joined before the forward, "
         "not the backward: a live group's heal capture runs on torchft's quorum thread and the "

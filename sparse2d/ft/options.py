@@ -44,7 +44,7 @@ class FTOptions:
     start_wait_s: float = 30.0
     """At the first quorum, wait up to this long for all ``num_groups`` groups to join it,
     so that groups launched together start together instead of the first one training alone."""
-    quorum_every: int = 8
+    quorum_every: int = 32
     """Form a quorum every N committed steps, at the first step and after any step that did
     not commit; between, a step reuses the last quorum's groups (no RPC). A lost group is
     still seen at once: the step's cross-group all-reduce fails, the step does not commit and

@@ -37,11 +37,12 @@ class FaultToleranceConfig:
     """Reaching the lighthouse (checked on every rank before anything starts)."""
     start_wait_s: float = 30.0
     """At launch, wait up to this long for all ``group_size`` groups to join the first quorum."""
-    quorum_every: int = 8
+    quorum_every: int = 32
     """Form a quorum every N committed steps (and at the first step and after any step that
     did not commit); between, steps reuse the last quorum's groups with no RPC. A lost group is
     still seen at once (the step's all-reduce fails); a restarted group joins within N steps.
-    1: a quorum every step (torchft's ``OptimizerWrapper``)."""
+    1: a quorum every step (torchft's ``OptimizerWrapper``). 32 rather than 8: the quorum's
+    wait fell from 1.0-1.9 to 0.3-0.4 ms a step (docs/fault_tolerance.md)."""
     overlap_quorum: bool = False
     """Run a step's quorum RPC from ``zero_grad()`` until the forward starts, overlapping the
     pipeline's input all-to-all and data loading, when the group cannot be behind (its last
