@@ -395,7 +395,7 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
             else []
         ),
         f"Goal >= 0.95: **{'met' if mean >= 0.95 else 'not met'}** by the ratio of the mean "
-        f"samples/s over the rounds, {mean:.3f} (single rounds {min(ratios):.3f}-"
+        f"samples/s over the rounds, {mean:.4f} (single rounds {min(ratios):.3f}-"
         f"{max(ratios):.3f}: one launch pair varies by a few percent on this shared box). "
         "Samples/s count the training steps "
         "on both sides: the fault-tolerant group's join (its first quorum, which waits for every "
