@@ -113,18 +113,14 @@ class QuorumLease:
     not commit; the steps between reuse the last quorum's groups with no RPC.
 
     Every rank of every group decides alike: the groups of a quorum share the committed step,
-    and before each vote one 1-float SUM over each rank's cross-group process group (the
-    commit echo, ``echo``) adds every group's readiness to commit (this rank's all-reduce and
-    manager saw no error, no non-finite value). Rank ``r`` of a group hears rank ``r`` of
-    every group, so a group with any rank not ready is heard by the same rank here; the
-    group's vote then carries each rank's "regroup" (a short or failed echo), and the ranks
-    of a group leave the vote with one answer. (Landed after the vote, an echo that failed on
-    one rank only, a peer lost in between, once sent one rank of a group to a quorum and the
-    other into the next step: both waited out quorum_timeout_s.) The echo calls the process
-    group directly: torchft's ``allreduce`` skips a group whose step failed, and that group
-    must be heard. It is not asked where this step's all-reduce failed (that rank's group was
-    torn down, and its peers' echoes fail). A lost group is thus seen at once, and a
-    restarted one joins the live groups' next quorum, at most ``every`` steps later.
+    and after each vote one 1-float SUM of the commit flags over each rank's cross-group
+    process group (the commit echo, started after the vote and landed when the next step
+    starts) tells every group whether all committed. The echo calls
+    the process group directly: torchft's ``allreduce`` skips a group whose step failed,
+    and that group must be heard. It is not asked where this step's all-reduce failed (that
+    rank's group was torn down, and its peers failed too); a failed echo (a peer lost after
+    the vote) regroups as well. A lost group is thus seen at once, and a restarted one joins
+    the live groups' next quorum, at most ``every`` steps later.
     """
 
     def __init__(self, every: int, pg: Callable[[], Any], drop: Callable[[], None]) -> None:
@@ -133,37 +129,45 @@ class QuorumLease:
         """Form a quorum at the next step (first step; a group failed, was lost or is behind)."""
         self.formed = 0
         """Quorums formed (torchft's quorum RPC), over the whole run."""
-        self.echo_s = 0.0
-        """Seconds this rank waited in the echo, over the whole run."""
+        self._echo: tuple[Any, torch.Tensor, bool, int] | None = None
+        """The echo in flight: (work, flags, this group committed, groups in the quorum)."""
 
     def reuses(self, started: bool, step: int) -> bool:
-        """Whether the step that starts at committed step ``step`` keeps the last quorum; a
-        step that does not counts as one formed."""
+        """Whether the step that starts at committed step ``step`` keeps the last quorum
+        (lands the echo in flight first); a step that does not counts as one formed."""
+        self.settle()
         reuse = started and not self.regroup and step % self.every != 0
         self.formed += not reuse
         return reuse
 
-    def echo(self, ready: bool, participants: int, pg_failed: bool) -> bool:
-        """The commit echo (class docstring): whether this rank says "regroup" in the vote
-        (some group of the quorum is not ready, or the echo failed)."""
+    def after_vote(self, committed: bool, pg_failed: bool, participants: int) -> None:
+        """Start the commit echo (class docstring). It lands when the next step decides
+        (``settle``), so its latency hides behind the write-back, the dense optimizer step
+        and the loop's work before the next step."""
+        self.settle()
+        self.regroup = True
         if pg_failed or self.every == 1:
-            return True
-        flag = torch.tensor([1.0 if ready else 0.0])
+            return
+        flag = torch.tensor([1.0 if committed else 0.0])
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
-        began = time.perf_counter()
         try:
-            self._pg().allreduce([flag], opts).wait()
-        except Exception:  # a peer lost after the step's all-reduce: regroup
+            self._echo = (self._pg().allreduce([flag], opts), flag, committed, participants)
+        except Exception:  # the process group went away after the vote: regroup
             self._drop()
-            return True
-        finally:
-            self.echo_s += time.perf_counter() - began
-        return int(flag.item()) != participants
 
-    def after_vote(self, regroup: bool) -> None:
-        """The group's answer: form a quorum at the next step, or keep this one."""
-        self.regroup = regroup
+    def settle(self) -> None:
+        """Wait for the echo in flight, if any: regroup next step unless every group committed
+        (a failed echo, a peer lost after the vote, regroups too)."""
+        if self._echo is None:
+            return
+        (work, flag, committed, participants), self._echo = self._echo, None
+        try:
+            work.wait()
+        except Exception:
+            self._drop()
+            return
+        self.regroup = not (committed and int(flag.item()) == participants)
 
 
 class OverlappedQuorum:

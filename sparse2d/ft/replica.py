@@ -11,8 +11,8 @@ backward, before anyone knows whether the step commits. So:
 - ``start_step`` forms the quorum; a group behind the quorum's step heals from a live group
   there (before its forward, so nothing it computes is lost). While every group commits, a
   quorum is formed only every ``quorum_every`` committed steps and the steps between reuse
-  its groups (before each vote a one-float echo over the quorum, carried by the vote, so
-  every group regroups at the next step when any fails). When the group cannot be behind
+  its groups (each step ends with a one-float echo of the commit flags over the quorum, so
+  every group regroups at the next step when any failed). When the group cannot be behind
   (its last step committed) the quorum RPC can run on a helper thread until the model's
   forward starts (``overlap_quorum``, ``sparse2d.ft.quorum``).
 - ``finish_step`` averages the dense gradients over the live groups (every step) and, on the
@@ -94,9 +94,9 @@ class FaultTolerance:
         self._held: dict[str, Any] | None = None  # a heal that arrived at an overlapped quorum
         self._expect: int | None = None  # data position of the batch the loop read ahead
         self._opened_at = (0.0, 0)  # (time, step) the step's quorum started
-        self.waited = {"quorum_s": 0.0, "vote_s": 0.0}
+        self.waited = {"quorum_s": 0.0, "vote_s": 0.0, "echo_s": 0.0}
         """Main-thread seconds spent blocked on the quorum (whole RPC when it blocks, only the
-        join when it is overlapped) and on the commit vote (its echo: ``QuorumLease.echo_s``)."""
+        join when it is overlapped), on the commit vote and on its echo, past the first step."""
         self._short = quorum.ShortQuorums(options, lambda: self.participants)
         self._lease = quorum.QuorumLease(
             options.quorum_every, lambda: self._pg, self._drop_process_group
@@ -195,7 +195,9 @@ class FaultTolerance:
         self._opened_at = (time.perf_counter(), self.manager.current_step())
         overlap = self.options.overlap_quorum and not self._may_lag and self._overlap.forward_seen
         self._overlap.arm()
+        echoing = time.perf_counter()
         reuse = self._lease.reuses(self._started, self.manager.current_step())
+        self.waited["echo_s"] += time.perf_counter() - echoing
         if reuse:
             self._open = True
             return
@@ -327,10 +329,9 @@ class FaultTolerance:
         participants = self.participants
         short = participants < opts.min_replica_size
         voting = time.perf_counter()
-        echoed = self._lease.echo_s
-        committed, group_bad, regroup = self._vote(bad_here, pg_failed)
-        self.waited["vote_s"] += time.perf_counter() - voting - (self._lease.echo_s - echoed)
-        self._lease.after_vote(regroup)
+        committed, group_bad = self._vote(bad_here)
+        self.waited["vote_s"] += time.perf_counter() - voting
+        self._lease.after_vote(committed, pg_failed, self.participants)
         self._position += 1
         self._open = False
         self._may_lag = not committed  # a group that committed is at the next quorum's step
@@ -361,10 +362,8 @@ class FaultTolerance:
         self._short.after_step(short)
         return committed
 
-    def _vote(self, bad_here: bool, pg_failed: bool) -> tuple[bool, bool, bool]:
-        n = self.participants
-        echo = lambda ready: self._lease.echo(ready, n, pg_failed)  # noqa: E731
-        return vote.group_commit(self.manager, self._pg, self.options, bad_here, n, echo)
+    def _vote(self, bad_here: bool) -> tuple[bool, bool]:
+        return vote.group_commit(self.manager, self._pg, self.options, bad_here, self.participants)
 
     def _drop_process_group(self) -> None:
         quorum.drop_process_group(self._pg, self.manager)
@@ -391,10 +390,11 @@ class FaultTolerance:
             "quorums": self._lease.formed,
             "quorum_wait_s": self.waited["quorum_s"],
             "vote_wait_s": self.waited["vote_s"],
-            "echo_wait_s": self._lease.echo_s,
+            "echo_wait_s": self.waited["echo_s"],
         }
 
     def shutdown(self) -> None:
         """Stop this group's manager server and checkpoint server."""
+        self._lease.settle()  # the last step's echo: every group is still there for it
         self._overlap.close()
         self.manager.shutdown(wait=False)

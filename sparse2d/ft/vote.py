@@ -9,7 +9,6 @@ group found a non-finite value (the whole group then stops and restarts as one).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -88,13 +87,8 @@ does the same after its all-reduce); ``tests/test_ft_vote.py`` fails if a releas
 
 
 def group_commit(
-    manager: Any,
-    pg: Any,
-    options: FTOptions,
-    bad_here: bool,
-    participants: int,
-    echo: Callable[[bool], bool],
-) -> tuple[bool, bool, bool]:
+    manager: Any, pg: Any, options: FTOptions, bad_here: bool, participants: int
+) -> tuple[bool, bool]:
     """The commit vote of this group's ranks: torchft's ``Manager.should_commit`` with its
     RPC (every rank to the group's manager server and back) replaced by one SUM all-reduce
     over this torchrun world, which is the group, of each rank's "cannot commit" and
@@ -110,10 +104,7 @@ def group_commit(
     differently, as with torchft. A vote that cannot complete (a rank of this group lost) is
     one line, not a traceback.
     ``participants``: groups in the step's quorum (torchft's ``num_participants()``).
-    ``echo(ready)``: this rank's commit echo (``QuorumLease.echo``), run before the vote:
-    True when some group of the quorum is not ready, which the vote makes the group's answer.
-    Returns ``(committed, some rank of this group holds a non-finite value, regroup at the
-    next step)``, the same on every rank of the group."""
+    Returns ``(committed, some rank of this group holds a non-finite value)``."""
     from torchft.utils import synchronize
 
     if torch.accelerator.is_available():  # errors of queued device work show only after it
@@ -121,11 +112,8 @@ def group_commit(
     if (error := pg.errored()) is not None:
         manager.report_error(error)
     here = participants >= options.min_replica_size and manager.errored() is None
-    regroup_here = echo(here and not bad_here)
     flags = torch.tensor(
-        [0 if here else 1, 1 if bad_here else 0, 1 if regroup_here else 0],
-        dtype=torch.int32,
-        device=flag_device(),
+        [0 if here else 1, 1 if bad_here else 0], dtype=torch.int32, device=flag_device()
     )
     try:
         dist.all_reduce(flags)
@@ -134,7 +122,7 @@ def group_commit(
             f"group {options.replica_id}: commit vote failed (a rank of this group was "
             f"lost?): {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         ) from None
-    committed, group_bad, regroup = int(flags[0]) == 0, int(flags[1]) > 0, int(flags[2]) > 0
+    committed, group_bad = int(flags[0]) == 0, int(flags[1]) > 0
     manager._checkpoint_transport.disallow_checkpoint()
     if committed:
         manager._step += 1
@@ -142,4 +130,4 @@ def group_commit(
         manager._commit_failures = 0
     else:
         manager._commit_failures += 1
-    return committed, group_bad, regroup or not committed
+    return committed, group_bad
