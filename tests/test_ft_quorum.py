@@ -80,10 +80,26 @@ def _train(group: int, lighthouse: str, quorum_every: int, fail_at: dict[int, st
         restore(state)
 
     def failing_vote(*args):  # group 1's rank 0 hits a local error at the vote
-        if group == 1 and seen["attempt"] in fail_at and dist.get_rank() == 0:
+        if group == 1 and fail_at.get(seen["attempt"], "echo") != "echo" and dist.get_rank() == 0:
             ft.manager.report_error(RuntimeError("injected local fault"))
         return vote(*args)
 
+    after_vote = ft._lease.after_vote
+
+    class LostPeer:  # the echo's process group, after a peer was killed
+        def allreduce(self, *args):
+            raise RuntimeError("Connection closed by peer")
+
+    def losing_echo(committed, pg_failed, participants):  # group 1's rank 1 loses its peer
+        if group == 1 and dist.get_rank() == 1 and fail_at.get(seen["attempt"]) == "echo":
+            pg, ft._lease._pg = ft._lease._pg, LostPeer
+            try:
+                return after_vote(committed, pg_failed, participants)
+            finally:
+                ft._lease._pg = pg
+        return after_vote(committed, pg_failed, participants)
+
+    ft._lease.after_vote = losing_echo
     ft._overlap.start, ft._vote = counting_start, failing_vote
     ft.manager.start_quorum = counting_quorum
     ft.manager._load_state_dict_fns["default"] = recording_restore  # torchft's load hook
@@ -178,3 +194,53 @@ def test_quorum_every_4_reuses_groups_and_a_local_fault_regroups_at_the_next_ste
         # the first attempt, committed steps 4 and 8, and the attempt after the fault
         assert got["quorum_rpcs"] == [0, 4, 6, 8], (g, r, got["quorum_rpcs"])
         assert got["summary"]["quorums"] == 4, (g, r, got["summary"])
+
+
+def test_an_echo_lost_on_one_rank_regroups_its_whole_group_a_step_later() -> None:
+    """Group 1's rank 1 loses its echo peer after a step every group committed (as a peer
+    killed between the all-reduce and the echo leaves it); the ranks 0 hear a full echo.
+    The ranks 1 keep the lease with their process groups torn down, so the next attempt
+    fails on every rank of both groups alike and all four ranks form the next quorum
+    together. (Deciding alone, the ranks 1 asked a quorum at once while the ranks 0 went
+    into the next step, each waiting for the other until quorum_timeout_s: seen once in a
+    kill test, 2026-11-27.)"""
+    out = _run(4, {5: "echo"})
+    base = out[(0, 0)]
+    for (g, r), got in out.items():
+        s = got["summary"]
+        assert s["final_step"] == STEPS and s["failed_commits"] == 1, (g, r, s)
+        assert got["quorum_rpcs"] == out[(g, 0)]["quorum_rpcs"], (g, r, got["quorum_rpcs"])
+        assert got["quorum_rpcs"][:3] == [0, 4, 7], (g, r, got["quorum_rpcs"])
+        for name in base["tables"]:
+            assert torch.equal(got["tables"][name], base["tables"][name]), (g, r, name)
+
+
+def check_stop_together(delay_s: float, timeout_s: float, late_rank_fails: bool) -> float:
+    """Rank 1 fails its quorum ``delay_s`` after rank 0 (or never fails); each rank returns
+    the time at which it would raise, as ``time.time()``."""
+    import time
+
+    from sparse2d.ft.options import FTOptions
+    from sparse2d.ft.quorum import _stop_together
+
+    options = FTOptions(replica_id=1, num_groups=8, quorum_timeout_s=timeout_s)
+    dist.barrier()
+    if dist.get_rank() == 1:
+        time.sleep(delay_s)
+    if dist.get_rank() == 0 or late_rank_fails:
+        _stop_together(options)
+    stopped = time.time()
+    dist.barrier()  # the next check's key count starts afresh: clear this one
+    if dist.get_rank() == 0:
+        dist.distributed_c10d._get_default_store().delete_key("sparse2d/ft/quorum_failed/1")
+    return stopped
+
+
+def test_ranks_of_a_group_stop_together_after_a_failed_quorum(world2) -> None:
+    """The rank whose quorum failed first waits for the other (then both print their line
+    before torchrun stops the group); a rank whose quorum formed is waited for at most
+    min(STOP_MEET_S, quorum_timeout_s)."""
+    first, second = world2.run(check_stop_together, 1.0, 60.0, True)
+    assert abs(first - second) < 0.5, (first, second)  # rank 0 waited ~1 s for rank 1
+    first, second = world2.run(check_stop_together, 0.0, 1.5, False)
+    assert 1.2 < first - second < 5.0, (first, second)  # bounded by quorum_timeout_s

@@ -46,6 +46,30 @@ START_POLL_S = 0.25
 """Seconds between the first step's quorum polls, and the wait of each short quorum."""
 
 
+STOP_MEET_S = 10.0
+"""At most this long a rank whose quorum failed waits for the other ranks of its group."""
+
+
+def _stop_together(options: FTOptions) -> None:
+    """Wait, up to ``STOP_MEET_S``, until every rank of this group failed its quorum too.
+
+    The ranks' quorum calls start a scheduling delay apart, and so do their timeouts; the
+    first rank to exit makes torchrun stop the others, which then never print their line.
+    Met in the group's store, not a collective: a rank whose quorum did form is in the step's
+    collectives, and this rank then stops after the wait."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    key = f"sparse2d/ft/quorum_failed/{options.replica_id}"
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.add(key, 1)
+        deadline = time.monotonic() + min(STOP_MEET_S, options.quorum_timeout_s)
+        while store.add(key, 0) < dist.get_world_size() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    except Exception as error:  # the store went away with its rank: nobody left to wait for
+        logger.info("quorum failure not met by the group: %s", error)
+
+
 def form(manager: Any, options: FTOptions) -> int:
     """Join this step's quorum (torchft's ``start_quorum``; heals a group that is behind) and
     return its number of groups. A refused heal (another plan) stays a ``ConfigError``;
@@ -58,6 +82,7 @@ def form(manager: Any, options: FTOptions) -> int:
     except ConfigError:  # a heal refused: the live group runs another plan/config
         raise
     except Exception as error:  # quorum RPC timed out or the lighthouse went away
+        _stop_together(options)
         raise FaultToleranceError(
             f"group {options.replica_id}: no quorum of >= "
             f"{options.min_replica_size} group(s) within fault_tolerance.quorum_timeout_s="
@@ -119,8 +144,9 @@ class QuorumLease:
     the process group directly: torchft's ``allreduce`` skips a group whose step failed,
     and that group must be heard. It is not asked where this step's all-reduce failed (that
     rank's group was torn down, and its peers failed too); a failed echo (a peer lost after
-    the vote) regroups as well. A lost group is thus seen at once, and a restarted one joins
-    the live groups' next quorum, at most ``every`` steps later.
+    the vote) regroups one step later, with the whole group (``_lost``). A lost group is thus
+    seen at once, and a restarted one joins the live groups' next quorum, at most ``every``
+    steps later.
     """
 
     def __init__(self, every: int, pg: Callable[[], Any], drop: Callable[[], None]) -> None:
@@ -153,8 +179,8 @@ class QuorumLease:
         opts.reduceOp = dist.ReduceOp.SUM
         try:
             self._echo = (self._pg().allreduce([flag], opts), flag, committed, participants)
-        except Exception:  # the process group went away after the vote: regroup
-            self._drop()
+        except Exception:  # the process group went away after the vote (``_lost``)
+            self._lost(committed)
 
     def settle(self) -> None:
         """Wait for the echo in flight, if any: regroup next step unless every group committed
@@ -165,9 +191,20 @@ class QuorumLease:
         try:
             work.wait()
         except Exception:
-            self._drop()
+            self._lost(committed)
             return
         self.regroup = not (committed and int(flag.item()) == participants)
+
+    def _lost(self, committed: bool) -> None:
+        """This rank's echo failed: a peer was lost after the vote. The other ranks of this
+        group may have heard a full echo (their peers lived), so a quorum asked by this rank
+        alone would meet them in the next step's collectives, each waiting for the other
+        until ``quorum_timeout_s`` (seen in a kill test). So this rank keeps the group's
+        answer (``committed``) and tears its cross-group process group down: its next
+        all-reduce fails at once, the group's vote fails as one, and every rank of the
+        group regroups at the step after."""
+        self._drop()
+        self.regroup = not committed
 
 
 class OverlappedQuorum:
