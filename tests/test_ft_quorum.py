@@ -221,7 +221,7 @@ def check_stop_together(delay_s: float, timeout_s: float, late_rank_fails: bool)
     import time
 
     from sparse2d.ft.options import FTOptions
-    from sparse2d.ft.quorum import _stop_together
+    from sparse2d.ft.quorum import QUORUM_FAILED_KEY, _stop_together
 
     options = FTOptions(replica_id=1, num_groups=8, quorum_timeout_s=timeout_s)
     dist.barrier()
@@ -232,7 +232,8 @@ def check_stop_together(delay_s: float, timeout_s: float, late_rank_fails: bool)
     stopped = time.time()
     dist.barrier()  # the next check's key count starts afresh: clear this one
     if dist.get_rank() == 0:
-        dist.distributed_c10d._get_default_store().delete_key("sparse2d/ft/quorum_failed/1")
+        key = QUORUM_FAILED_KEY.format(replica_id=options.replica_id)
+        dist.distributed_c10d._get_default_store().delete_key(key)
     return stopped
 
 

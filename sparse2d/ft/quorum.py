@@ -48,6 +48,8 @@ START_POLL_S = 0.25
 
 STOP_MEET_S = 10.0
 """At most this long a rank whose quorum failed waits for the other ranks of its group."""
+QUORUM_FAILED_KEY = "sparse2d/ft/quorum_failed/{replica_id}"
+"""The group store's count of this group's ranks whose quorum failed (``_stop_together``)."""
 
 
 def _stop_together(options: FTOptions) -> None:
@@ -59,7 +61,7 @@ def _stop_together(options: FTOptions) -> None:
     collectives, and this rank then stops after the wait."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
-    key = f"sparse2d/ft/quorum_failed/{options.replica_id}"
+    key = QUORUM_FAILED_KEY.format(replica_id=options.replica_id)
     try:
         store = dist.distributed_c10d._get_default_store()
         store.add(key, 1)

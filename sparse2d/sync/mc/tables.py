@@ -106,7 +106,8 @@ def check_torchrec_mc_2d(names: list[str], version: str | None = None) -> None:
     release = tuple(int(p) if p.isdigit() else 0 for p in parts[:2])
     if release < MC_2D_TORCHREC:
         raise ConfigError(
-            f"managed-collision tables ({', '.join(names)}) need TorchRec >= 1.7 in 2D: "
+            f"managed-collision tables ({', '.join(names)}) need TorchRec >= "
+            f"{'.'.join(map(str, MC_2D_TORCHREC))} in 2D: "
             f"TorchRec {version} gathers their sizes over the whole world instead of the "
             "sharding group (torchrec/distributed/mc_modules.py). Install torchrec>=1.8 (what "
             "sparse2d is tested on, docs/patches.md)."
