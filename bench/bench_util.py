@@ -108,14 +108,32 @@ def timed(args: Any, measure: Callable[..., Any], *measure_args: Any) -> tuple[A
     return result, time.perf_counter() - start
 
 
-def publish(args: Any, result: Any, markdown: str, json_name: str, marker: str) -> None:
+def stored_stamp(marker: str, directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``marker``'s environment stamp as its measurement recorded it (``environment.json``):
+    a section re-rendered from its JSON keeps the commit and versions that made its numbers."""
+    stamps_path = stamps_dir(directory) / "environment.json"
+    if not os.path.exists(stamps_path):
+        return None
+    with open(stamps_path) as f:
+        return json.load(f).get(marker)
+
+
+def publish(
+    args: Any,
+    result: Any,
+    markdown: str,
+    json_name: str,
+    marker: str,
+    stamp: dict[str, Any] | None = None,
+) -> None:
     """Write the raw ``result`` to ``args.out/json_name`` (its environment stamp to
     ``environment.json``, ``stamps_dir``), print the section and, unless ``--no-results-md``,
-    replace the ``marker`` section of ``results_md(args.out)``."""
+    replace the ``marker`` section of ``results_md(args.out)``. ``stamp``: the measurement's
+    (a re-render, ``stored_stamp``); by default this process's environment."""
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / json_name).write_text(json.dumps(result, indent=1))
     print(markdown)
-    stamp = bench_environment()
+    stamp = bench_environment() if stamp is None else stamp
     if args.no_results_md:
         record_environment(marker, args.out, stamp)
     else:

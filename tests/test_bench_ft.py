@@ -1,0 +1,54 @@
+"""``bench/ft_bench.py``'s rendering: the interval it reports and a re-render that keeps the
+measurement's own stamp and shape (commit, versions, steps, rounds), not the renderer's."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import ft_bench
+from bench.bench_util import bench_environment, publish, stored_stamp
+from bench.ft_bench import T_975, _interval_text, clean_markdown
+
+
+def test_the_interval_is_students_t_around_the_mean_ratio() -> None:
+    ratios = [0.97, 0.975, 0.92, 0.935]
+    mean, sd = statistics.mean(ratios), statistics.stdev(ratios)
+    half = 3.182 * sd / 2  # t(0.975, 3 df) from a printed table, n = 4
+    text = _interval_text(ratios)
+    assert f"mean of the per-round ratios {mean:.3f}" in text
+    assert f"95% interval {mean - half:.3f}-{mean + half:.3f} (t, 3 df)" in text
+    assert "2 of 4 rounds >= 0.95" in text
+    assert T_975[0] == 12.706 and _interval_text([0.9]).endswith("0.900")  # one round: no sd
+
+
+def _result(steps: int, rounds: int) -> dict:
+    entry = {"samples_per_s": 1000.0, "eval_auc": 0.8, "wall_s": 1.0, "cpu_s": 2.0,
+             "quorum_wait_ms_per_step": 0.1, "vote_wait_ms_per_step": 0.2,
+             "echo_wait_ms_per_step": 0.3, "quorums": 4}  # fmt: skip
+    std = {"samples_per_s": 1000.0, "eval_auc": 0.8, "wall_s": 1.0, "cpu_s": 2.0}
+    return {"clean": {"ft": [entry] * rounds, "std": [std] * rounds}, "pipeline": "sparse_dist",
+            "mc": "none", "machine": "2 cores", "steps": steps, "rounds": rounds}  # fmt: skip
+
+
+def test_a_re_render_keeps_the_measured_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = argparse.Namespace(out=tmp_path, no_results_md=False, machine="2 cores",
+                              steps=300, rounds=2)  # fmt: skip
+    measured = {**bench_environment(), "git_commit": "ab" * 20}
+    res = _result(steps=1000, rounds=3)
+    args.steps, args.rounds = res["steps"], res["rounds"]
+    publish(args, res, clean_markdown(res, args), "ft_pipeline.json", "ft-pipeline", measured)
+    assert stored_stamp("ft-pipeline", tmp_path)["git_commit"] == "ab" * 20
+    argv = ["ft_bench.py", "--clean-only", "--pipeline", "sparse_dist", "--render-only",
+            "--out", str(tmp_path)]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)  # the command line names neither steps nor rounds
+    ft_bench.main()
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "(git abababab" in text and "1000 steps" in text and "--rounds 3" in text
+    assert "0.1 / 0.2 / 0.3" in text  # the waits, by round
