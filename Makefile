@@ -83,10 +83,9 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# No blanket reruns: only the launcher tests named in tests/conftest.py (RERUN_ONCE: they
-# start torchrun / lighthouse processes) may run once more; -rR names every rerun.
+# No reruns: every test gets one chance; a flaky test is a bug to find (test or product).
 test: lint bytecode
-	$(PY) -m pytest -q -rR --durations=30 $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=30 $(XDIST) $(PYTEST_ARGS)
 
 test-quick: lint bytecode
 	$(PY) -m pytest -q -m 'not slow' $(XDIST) $(PYTEST_ARGS)

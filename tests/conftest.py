@@ -46,16 +46,6 @@ class ThreadSampler:
 
 SAMPLER: ThreadSampler | None = None
 
-RERUN_ONCE = ("test_launch.py", "test_train.py")
-"""The only tests that may run twice: they start real launchers (torchrun, SIGKILLed workers
-restarted by torchrun), whose start-up on a loaded 2-core box can outlast a test's bounded
-waits. A rerun is named in the summary (``-rR``); a second failure fails. Every other test
-gets one chance: a flaky one is a bug to find. The fault-tolerant launches
-(``test_ft_launch.py``) get one chance too: their one flake (a spurious extra restart when
-another process took the port torchrun had picked for rank 0's store) was a launcher bug,
-fixed by ``sparse2d.train.rendezvous``, and each of their assertions is a product claim."""
-
-
 HEAVY_FIRST = (
     "test_ft_launch.py", "test_train.py", "test_torchrec_2d_suite.py", "test_launch.py",
     "test_compatibility.py", "test_train_ft_mode.py", "test_dryrun.py",
@@ -68,9 +58,6 @@ run alone at the end."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.name in RERUN_ONCE:
-            item.add_marker(pytest.mark.flaky(reruns=1))
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FIRST)))  # stable
 

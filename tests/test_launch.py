@@ -107,7 +107,7 @@ def test_lost_rank_never_hangs_the_others(tmp_path) -> None:
     survivors of a SIGKILLed rank stop by themselves within parallel.timeout_s + 30 s, each
     with one line naming the step and the lost rank (the ranks share this host)."""
     timeout_s = 10
-    port = _free_port()
+    port = _port_no_one_else_is_given()
     argv = [sys.executable, "-m", "sparse2d.train", "--config", "configs/tiny_cpu.yaml",
             *TINY[:2], "train.steps=100000", "train.log_every=5", "train.progress_bar=false",
             f"parallel.timeout_s={timeout_s}", f"run_dir={tmp_path}"]  # fmt: skip
@@ -152,12 +152,27 @@ def test_lost_rank_never_hangs_the_others(tmp_path) -> None:
         assert "lost rank(s) [1]" in lines[0], lines[0]
 
 
-def _free_port() -> int:
+def _port_no_one_else_is_given() -> int:
+    """A free port below the kernel's ephemeral range, for a bare env:// launch (rank 0 binds
+    ``MASTER_PORT`` seconds later, after its imports). A port the kernel hands out (bind to
+    0) can be given to another process's socket in between on a busy box; one below the
+    range is given to nobody, and the suite binds fixed ports nowhere else (every other launch
+    or store here binds port 0, or uses a ``FileStore``)."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    torchrun = range(29400, 29600)  # its default store and launch/ft_local.sh's lighthouse
+    candidates = [p for p in range(max(1024, low - 8000), low) if p not in torchrun]
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in [{max(1024, low - 8000)}, {low})")
 
 
 LAUNCH_ERRORS = {
