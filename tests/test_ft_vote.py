@@ -6,7 +6,13 @@ from __future__ import annotations
 import torch
 from torch._utils import _flatten_dense_tensors
 
-from sparse2d.ft.vote import FINGERPRINT_BYTES, SentScan, control_vector, fingerprints_differ
+from sparse2d.ft.vote import (
+    FINGERPRINT_BYTES,
+    ControlVectors,
+    SentScan,
+    control_vector,
+    fingerprints_differ,
+)
 from sparse2d.sync.shards import by_dtype
 
 A, B = 0x123456789ABC, 0x123456789ABD  # one byte apart: the closest two plans can be
@@ -39,6 +45,25 @@ def test_non_finite_flag_and_dtype() -> None:
     wide = control_vector(A, False, [torch.zeros(2, dtype=torch.float64)])
     assert wide.dtype == torch.float64 and control_vector(A, False, []).dtype == torch.float32
     assert wide.numel() == 2 * FINGERPRINT_BYTES + 1
+
+
+def test_the_step_copy_equals_a_fresh_vector_and_is_read_as_a_list() -> None:
+    """``ControlVectors.build`` (what a step sends) is ``control_vector``'s value, a new tensor
+    each step (the all-reduce averages it in place), rebuilt when the gradients' dtype
+    changes; ``fingerprints_differ`` reads the average's ``tolist()`` as it reads the tensor."""
+    controls = ControlVectors(A)
+    narrow = [torch.zeros(3)]
+    for bad in (False, True, False):
+        sent = controls.build(narrow, bad)
+        torch.testing.assert_close(sent, control_vector(A, bad, narrow), rtol=0, atol=0)
+        sent.add_(7.0)  # averaged in place: the next step's copy is untouched
+    wide = controls.build([torch.zeros(2, dtype=torch.float64)], False)
+    assert wide.dtype == torch.float64
+    mixed = _average([control_vector(B, False, []), control_vector(A, True, [])])
+    for read in (mixed, mixed.tolist()):
+        assert fingerprints_differ(read, A, 2) and fingerprints_differ(read, B, 2)
+    same = _average([control_vector(A, False, []), control_vector(A, False, [])])
+    assert not fingerprints_differ(same.tolist(), A, 2)
 
 
 def test_torchft_manager_keeps_the_fields_group_commit_updates() -> None:

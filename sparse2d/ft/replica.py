@@ -131,6 +131,7 @@ class FaultTolerance:
         """The job's last step: its sync is forced, so every group ends averaged."""
         self._open = False  # a quorum was formed for the step in progress
         self._sync_error: SyncError | None = None
+        self._controls = vote.ControlVectors(self.fingerprint)
         self.last_committed: bool | None = None
         """Whether the latest ``finish_step`` committed (a pipeline's ``step()`` hides it)."""
         self._overlap = OverlappedQuorum(model, lambda: self.wait_quorum(in_forward=True))
@@ -300,38 +301,37 @@ class FaultTolerance:
         ``model.sync()`` already ran this step (TorchRec's pipelines call it there), the
         dense gradients always. Returns whether the step committed."""
         self._require_joined()
-        m, opts = self.manager, self.options
-        last = self.final_step is not None and self.step + 1 >= self.final_step
-        if force_sync or last or (self.step + 1) % opts.sync_every == 0:
+        m, opts, step, participants = self.manager, self.options, self.step, self.participants
+        last = self.final_step is not None and step + 1 >= self.final_step
+        if force_sync or last or (step + 1) % opts.sync_every == 0:
             self.sync_embeddings()
         grads = self._dense_grads()
-        control = vote.control_vector(self.fingerprint, self._sync_error is not None, grads)
-        # ONE all-reduce per dtype (one in all when everything is fp32): the sync's queued
-        # copies, the dense gradients and the control vector travel together, scanned for
-        # NaN/inf as the buffers they are sent in (``vote.SentScan``)
+        bad_sync = self._sync_error is not None
+        control = self._controls.build(grads, bad_sync)
+        # ONE all-reduce per dtype: the sync's queued copies, the dense gradients and the
+        # control vector travel together, scanned for NaN/inf as sent (``vote.SentScan``)
         aside = self.policy.uncommitted and self.channel.sent_aside  # e.g. MC rows
         scan = vote.SentScan(
             control, grads, self._check_finite or not self.policy.uncommitted,
-            live_tensors(self.shards, True, True) if aside else [],
+            live_tensors(self.shards, True, True) if aside else [], bad=bad_sync,
         )  # fmt: skip
         self.channel.sent_aside = False
         self.channel.start_tensors([*grads, control], scan)()
-        bad_here = scan.bad or self._sync_error is not None
+        bad_here = scan.bad or bad_sync
         pg_failed = m.errored() is not None
         if pg_failed:
             self._drop_process_group()
+        average = control.tolist()  # the quorum's average, read once
         mismatch = not m.errored() and vote.fingerprints_differ(
-            control, self.fingerprint, self.participants
+            average, self.fingerprint, participants
         )
-        bad_anywhere = not m.errored() and float(control[-1]) > 0
+        bad_anywhere = not m.errored() and average[-1] > 0
         if mismatch or bad_anywhere:  # never apply an average that a bad replica took part in
             m.report_error(RuntimeError("non-finite values or another plan in the quorum"))
-        participants = self.participants
-        short = participants < opts.min_replica_size
         voting = time.perf_counter()
         committed, group_bad = self._vote(bad_here)
         self.waited["vote_s"] += time.perf_counter() - voting
-        self._lease.after_vote(committed, pg_failed, self.participants)
+        self._lease.after_vote(committed, pg_failed, participants)
         self._position += 1
         self._open = False
         self._may_lag = not committed  # a group that committed is at the next quorum's step
@@ -359,7 +359,7 @@ class FaultTolerance:
         else:
             self.failed += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self._short.after_step(short)
+        self._short.after_step(participants < opts.min_replica_size)
         return committed
 
     def _vote(self, bad_here: bool) -> tuple[bool, bool]:

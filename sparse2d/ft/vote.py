@@ -28,20 +28,45 @@ def control_vector(fingerprint: int, bad: bool, grads: list[torch.Tensor]) -> to
     gradients' all-reduce: the fingerprint's bytes ``b``, their squares ``b*b`` (sums and
     averages exact enough to round back for < 128 groups) and the NaN/inf flag, last."""
     digits = [float((fingerprint >> (8 * i)) & 0xFF) for i in range(FINGERPRINT_BYTES)]
-    wide = bool(grads) and grads[0].dtype == torch.float64  # bf16/fp16 would round b*b
-    dtype = torch.float64 if wide else torch.float32
+    dtype = control_dtype(grads)
     device = grads[0].device if grads else None  # beside the gradients it is sent with
     values = [*digits, *(d * d for d in digits), 1.0 if bad else 0.0]
     return torch.tensor(values, dtype=dtype, device=device)
 
 
-def fingerprints_differ(control: torch.Tensor, fingerprint: int, groups: int) -> bool:
+class ControlVectors:
+    """Each step's control vector, copied from one built for the run: the fingerprint and
+    the gradients' dtype and device stay (a dtype change rebuilds it)."""
+
+    def __init__(self, fingerprint: int) -> None:
+        self.fingerprint = fingerprint
+        self._template: torch.Tensor | None = None
+
+    def build(self, grads: list[torch.Tensor], bad: bool) -> torch.Tensor:
+        """``control_vector(fingerprint, bad, grads)``, without rebuilding it from Python."""
+        template = self._template
+        if template is None or template.dtype != control_dtype(grads):
+            template = self._template = control_vector(self.fingerprint, False, grads)
+        control = template.clone()
+        if bad:
+            control[-1] = 1.0
+        return control
+
+
+def control_dtype(grads: list[torch.Tensor]) -> torch.dtype:
+    """fp64 beside fp64 gradients, else fp32 (bf16/fp16 would round ``b*b``)."""
+    return torch.float64 if grads and grads[0].dtype == torch.float64 else torch.float32
+
+
+def fingerprints_differ(control: torch.Tensor | list[float], fingerprint: int, groups: int) -> bool:
     """Whether some group in the quorum has another fingerprint: the sums (average times
     participants) of the bytes ``b`` and squares ``b*b`` equal ``n*b`` and ``n*b*b`` for
     every byte exactly when every group sent the same ``b`` (equality in Cauchy-Schwarz).
-    ``control``: the average over the ``groups`` groups in the quorum."""
+    ``control``: the average over the ``groups`` groups in the quorum (or its ``tolist()``,
+    which the step reads once: one device read, no tensor ops on the step's path)."""
     n = groups
-    sums = torch.round(control[: 2 * FINGERPRINT_BYTES].double() * n).tolist()
+    values = control.tolist() if isinstance(control, torch.Tensor) else control
+    sums = [round(v * n) for v in values[: 2 * FINGERPRINT_BYTES]]
     for i in range(FINGERPRINT_BYTES):
         digit = (fingerprint >> (8 * i)) & 0xFF
         if sums[i] != n * digit or sums[FINGERPRINT_BYTES + i] != n * digit * digit:
@@ -65,10 +90,12 @@ class SentScan:
         grads: list[torch.Tensor],
         scan_sent: bool,
         aside: list[torch.Tensor],
+        bad: bool | None = None,
     ) -> None:
         self.control, self.scan_sent = control, scan_sent
-        self.bad = bool(control[-1] > 0)
-        """This rank sends a non-finite value (or its sync's guard found one)."""
+        self.bad = bool(control[-1] > 0) if bad is None else bad
+        """This rank sends a non-finite value (or its sync's guard found one); ``bad``: the
+        flag the control vector was built with, known without reading it back."""
         for tensor in aside if scan_sent else grads:
             self.bad = self.bad or not all_finite(tensor)
 
@@ -122,7 +149,8 @@ def group_commit(
             f"group {options.replica_id}: commit vote failed (a rank of this group was "
             f"lost?): {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         ) from None
-    committed, group_bad = int(flags[0]) == 0, int(flags[1]) > 0
+    cannot, bad = flags.tolist()  # one read of the result
+    committed, group_bad = cannot == 0, bad > 0
     manager._checkpoint_transport.disallow_checkpoint()
     if committed:
         manager._step += 1
