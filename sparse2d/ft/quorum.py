@@ -247,13 +247,15 @@ class OverlappedQuorum:
         finally:
             self._helper.inside = False
 
-    def wait(self) -> bool:
-        """Join the quorum (its error re-raised here); False when none was pending."""
+    def wait(self) -> float:
+        """Join the quorum (its error re-raised here); the seconds waited (0 when none was
+        pending)."""
+        joined = time.perf_counter()
         future, self._future = self._future, None
         if future is None:
-            return False
+            return 0.0
         future.result()
-        return True
+        return time.perf_counter() - joined
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         self.forward_seen = True

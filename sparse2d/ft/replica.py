@@ -222,10 +222,9 @@ class FaultTolerance:
         """Join an overlapped quorum and apply a heal that arrived there; nothing when none is
         pending. ``in_forward``: called by the model's forward pre-hook, so the loop already
         read this step's batch (a heal must not move the data position then)."""
-        joined = time.perf_counter()
-        if self._overlap.on_helper() or not self._overlap.wait():
+        if not self._overlap.pending or self._overlap.on_helper():  # the common case: none
             return
-        self.waited["quorum_s"] += time.perf_counter() - joined
+        self.waited["quorum_s"] += self._overlap.wait()
         held, self._held = self._held, None
         if held is not None:
             keep = in_forward and self._expect is None
