@@ -48,13 +48,17 @@ PIPELINE: tuple[str, ...] = ()
 MC: tuple[str, ...] = ()
 """``model.managed_collision.*`` for every launch (``--mc``): every table managed-collision."""
 
+SET: tuple[str, ...] = ()
+"""Dotted overrides for every launch (``--set``), e.g. a larger batch: how the ratio moves
+with the step's size (a supplementary section; the acceptance's is the config's own)."""
+
 
 def _std(run_dir: Path, steps: int, kill: bool) -> list[str]:
     extra = ("checkpoint.every=50", "checkpoint.keep=2", "train.resume=auto", *PER_STEP)
     extra = extra if kill else ()
     return ["launch/local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON,
             "parallel.sharding_group_size=2", "fault_tolerance.enable=false",
-            *extra, *PIPELINE, *MC]  # fmt: skip
+            *extra, *PIPELINE, *MC, *SET]  # fmt: skip
 
 
 QUORUM_EVERY = FaultToleranceConfig().quorum_every
@@ -78,7 +82,7 @@ def _ft(run_dir: Path, steps: int, variant: str = "ft", kill: bool = False) -> l
     quorum = FT_VARIANTS[variant] if variant != "ft" else FT_OVERLAP
     return ["launch/ft_local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON[:2],
             *(PER_STEP if kill else ()), "fault_tolerance.timeout_s=20", *quorum,
-            *PIPELINE, *MC]  # fmt: skip
+            *PIPELINE, *MC, *SET]  # fmt: skip
 
 
 def _steps(events: list[tuple[float, str]], prefix: str) -> list[tuple[float, int]]:
@@ -237,6 +241,14 @@ def main() -> None:
         action="store_true",
         help="also alternate fault tolerance with a quorum every step (quorum_every=1)",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a dotted override for every launch (repeatable; with --clean-only the section "
+        "is ft-pipeline-set or ft-pipeline-mc-set)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     parser.add_argument(
@@ -244,6 +256,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     section = "ft-pipeline-mc" if args.mc != "none" else "ft-pipeline"
+    section = f"{section}-set" if args.set else section  # supplementary: not the config's own
     clean_json = f"{section.replace('-', '_')}.json"  # the --clean-only rounds' results
     if args.render_only:
         name = clean_json if args.clean_only else "ft.json"
@@ -255,7 +268,8 @@ def main() -> None:
         text = clean_markdown(res, args) if args.clean_only else markdown(res, args)
         publish(args, res, text, name, marker, stored_stamp(marker, args.out))
         return
-    global PIPELINE, MC
+    global PIPELINE, MC, SET
+    SET = tuple(args.set)
     PIPELINE = () if args.pipeline == "none" else (f"train.pipeline={args.pipeline}",)
     if args.mc != "none":
         MC = ("model.managed_collision.enabled=true", f"model.managed_collision.kind={args.mc}")
@@ -266,7 +280,7 @@ def main() -> None:
         global FT_OVERLAP
         FT_OVERLAP = ("fault_tolerance.overlap_quorum=true",)
     res: dict = {"clean": {kind: [] for kind in kinds}, "pipeline": args.pipeline, "mc": args.mc,
-                 "steps": args.steps, "rounds": args.rounds}  # fmt: skip
+                 "steps": args.steps, "rounds": args.rounds, "set": list(SET)}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):  # alternate the variants: the box is shared
             # ... and reverse their order every other round (ABBA): the first launch after
@@ -334,6 +348,7 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
         "",
         f"2 groups x 2 ranks (`launch/ft_local.sh`) vs one world of 4, L=2 (`launch/local.sh`), "
         f"configs/ft_tiny_cpu.yaml model, data and `log_every` (10)"
+        f"{', with ' + ', '.join(f'`{kv}`' for kv in res.get('set', [])) if res.get('set') else ''}"
         f"{', every table managed-collision (`model.managed_collision.kind=' + mc + '`)' if mc != 'none' else ''}"
         ", sync every step, "
         f"{args.steps} steps, each driven by TorchRec's pipeline; rounds alternated, the order "
@@ -343,6 +358,7 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
         f"Regenerate: `PYTHONPATH=. OMP_NUM_THREADS=1 python bench/ft_bench.py --clean-only "
         f"--pipeline {res['pipeline']}{' --mc ' + mc if mc != 'none' else ''} --steps {args.steps} "
         f"--rounds {args.rounds}"
+        f"{''.join(f' --set {kv!r}' for kv in res.get('set', []))}"
         f"{' --compare-blocking' if 'ft_blocking' in res['clean'] else ''}"
         f"{' --compare-every1' if 'ft_every1' in res['clean'] else ''}`.",
         "",

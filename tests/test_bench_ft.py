@@ -52,3 +52,11 @@ def test_a_re_render_keeps_the_measured_commit(
     text = (tmp_path / "RESULTS.md").read_text()
     assert "(git abababab" in text and "1000 steps" in text and "--rounds 3" in text
     assert "0.1 / 0.2 / 0.3" in text  # the waits, by round
+
+
+def test_overrides_are_named_in_the_text_and_the_regenerate_line() -> None:
+    args = argparse.Namespace(machine="2 cores", steps=500, rounds=2)
+    res = {**_result(steps=500, rounds=2), "set": ["data.batch_size_per_rank=512"]}
+    text = clean_markdown(res, args)
+    assert "with `data.batch_size_per_rank=512`" in text
+    assert "--set 'data.batch_size_per_rank=512'" in text
