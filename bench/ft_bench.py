@@ -255,8 +255,10 @@ def main() -> None:
         "--render-only", action="store_true", help="rewrite the section from --out/ft.json"
     )
     args = parser.parse_args()
-    section = "ft-pipeline-mc" if args.mc != "none" else "ft-pipeline"
-    section = f"{section}-set" if args.set else section  # supplementary: not the config's own
+    # with --set: a supplementary section, not the config's own
+    section = {(False, False): "ft-pipeline", (True, False): "ft-pipeline-mc",
+               (False, True): "ft-pipeline-set", (True, True): "ft-pipeline-mc-set"}[
+        (args.mc != "none", bool(args.set))]  # fmt: skip
     clean_json = f"{section.replace('-', '_')}.json"  # the --clean-only rounds' results
     if args.render_only:
         name = clean_json if args.clean_only else "ft.json"
