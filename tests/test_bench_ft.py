@@ -12,7 +12,7 @@ import pytest
 
 from bench import ft_bench
 from bench.bench_util import bench_environment, publish, stored_stamp
-from bench.ft_bench import T_975, _interval_text, clean_markdown
+from bench.ft_report import T_975, _interval_text, clean_markdown
 
 
 def test_the_interval_is_students_t_around_the_mean_ratio() -> None:
