@@ -81,13 +81,9 @@ def record_environment(
     marker: str, directory: str | os.PathLike[str], stamp: dict[str, Any]
 ) -> None:
     """Keep ``stamp`` as ``marker``'s entry of ``environment.json`` under ``stamps_dir(directory)``."""
-    stamps_path = stamps_dir(directory) / "environment.json"
-    stamps = {}
-    if os.path.exists(stamps_path):
-        with open(stamps_path) as f:
-            stamps = json.load(f)
+    stamps = _stamps(directory)
     stamps[marker] = stamp
-    with open(stamps_path, "w") as f:
+    with open(stamps_dir(directory) / "environment.json", "w") as f:
         json.dump(stamps, f, indent=1, sort_keys=True)
 
 
@@ -111,11 +107,13 @@ def timed(args: Any, measure: Callable[..., Any], *measure_args: Any) -> tuple[A
 def stored_stamp(marker: str, directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``marker``'s environment stamp as its measurement recorded it (``environment.json``):
     a section re-rendered from its JSON keeps the commit and versions that made its numbers."""
-    stamps_path = stamps_dir(directory) / "environment.json"
-    if not os.path.exists(stamps_path):
-        return None
-    with open(stamps_path) as f:
-        return json.load(f).get(marker)
+    return _stamps(directory).get(marker)
+
+
+def _stamps(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Every marker's stamp in ``environment.json`` under ``stamps_dir(directory)`` ({} if none)."""
+    path = stamps_dir(directory) / "environment.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def publish(

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,7 +162,7 @@ def _port_no_one_else_is_given() -> int:
     import random
     import socket
 
-    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     torchrun = range(29400, 29600)  # its default store and launch/ft_local.sh's lighthouse
     candidates = [p for p in range(max(1024, low - 8000), low) if p not in torchrun]
     random.shuffle(candidates)
