@@ -16,6 +16,8 @@ raised and nothing else. Below it, by cause:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 __all__ = [
     "CheckpointError",
     "ClosedError",
@@ -107,6 +109,11 @@ class SyncError(Sparse2DError, RuntimeError):
 class FaultToleranceError(Sparse2DError, RuntimeError):
     """Fault-tolerant training cannot go on (no quorum in time, lighthouse lost, every group
     lost); one line naming the cause and the timeout that expired."""
+
+    after_report: Callable[[], None] | None = None
+    """Call it after saying the line, before exiting: it waits for the other ranks of the
+    group that stop on the same cause to say theirs (torchrun stops a group at its first
+    exit). None when no other rank shares the cause."""
 
 
 class CollectiveCallError(Sparse2DError, RuntimeError):

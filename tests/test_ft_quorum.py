@@ -245,3 +245,39 @@ def test_ranks_of_a_group_stop_together_after_a_failed_quorum(world2) -> None:
     assert abs(first - second) < 0.5, (first, second)  # rank 0 waited ~1 s for rank 1
     first, second = world2.run(check_stop_together, 0.0, 1.5, False)
     assert 1.2 < first - second < 5.0, (first, second)  # bounded by quorum_timeout_s
+
+
+def check_reported_together(report_delay_s: float) -> tuple[float, int]:
+    """Both ranks fail their quorum; rank 1 says its line ``report_delay_s`` after the
+    meeting. Each rank returns when it would exit, and how many ranks met."""
+    import time
+
+    from sparse2d.ft.options import FTOptions
+    from sparse2d.ft.quorum import (
+        QUORUM_FAILED_KEY,
+        QUORUM_REPORTED_KEY,
+        _reported_together,
+        _stop_together,
+    )
+
+    options = FTOptions(replica_id=2, num_groups=8, quorum_timeout_s=60.0)
+    dist.barrier()
+    failed = _stop_together(options)
+    if dist.get_rank() == 1:
+        time.sleep(report_delay_s)  # descheduled between the meeting and its line
+    _reported_together(options, failed)
+    exits = time.time()
+    dist.barrier()
+    if dist.get_rank() == 0:
+        store = dist.distributed_c10d._get_default_store()
+        for key in (QUORUM_FAILED_KEY, QUORUM_REPORTED_KEY):
+            store.delete_key(key.format(replica_id=options.replica_id))
+    return exits, failed
+
+
+def test_no_rank_exits_before_every_failed_rank_said_its_line(world2) -> None:
+    """torchrun stops the group within 0.1 s of the first exit: the first rank to say its
+    line waits for the others that met it (``FaultToleranceError.after_report``)."""
+    (first, met0), (second, met1) = world2.run(check_reported_together, 1.0)
+    assert met0 == met1 == 2
+    assert abs(first - second) < 0.5, (first, second)  # rank 0 waited ~1 s for rank 1's line

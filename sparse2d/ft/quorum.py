@@ -50,26 +50,49 @@ STOP_MEET_S = 10.0
 """At most this long a rank whose quorum failed waits for the other ranks of its group."""
 QUORUM_FAILED_KEY = "sparse2d/ft/quorum_failed/{replica_id}"
 """The group store's count of this group's ranks whose quorum failed (``_stop_together``)."""
+QUORUM_REPORTED_KEY = "sparse2d/ft/quorum_reported/{replica_id}"
+"""The count of those ranks that have said why they stop (``_reported_together``)."""
 
 
-def _stop_together(options: FTOptions) -> None:
-    """Wait, up to ``STOP_MEET_S``, until every rank of this group failed its quorum too.
+def _meet(key: str, ranks: int, limit_s: float) -> int:
+    """Add this rank to the store counter ``key`` and wait, up to ``limit_s``, until it
+    reaches ``ranks``; return the count seen last (0 when the store is gone)."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        seen = store.add(key, 1)
+        deadline = time.monotonic() + limit_s
+        while seen < ranks and time.monotonic() < deadline:
+            time.sleep(0.02)
+            seen = store.add(key, 0)
+        return seen
+    except Exception as error:  # the store went away with its rank: nobody left to wait for
+        logger.info("quorum failure not met by the group: %s", error)
+        return 0
+
+
+def _stop_together(options: FTOptions) -> int:
+    """Wait, up to ``STOP_MEET_S``, until every rank of this group failed its quorum too;
+    return how many did.
 
     The ranks' quorum calls start a scheduling delay apart, and so do their timeouts; the
     first rank to exit makes torchrun stop the others, which then never print their line.
     Met in the group's store, not a collective: a rank whose quorum did form is in the step's
     collectives, and this rank then stops after the wait."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return
+        return 1
     key = QUORUM_FAILED_KEY.format(replica_id=options.replica_id)
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        store.add(key, 1)
-        deadline = time.monotonic() + min(STOP_MEET_S, options.quorum_timeout_s)
-        while store.add(key, 0) < dist.get_world_size() and time.monotonic() < deadline:
-            time.sleep(0.02)
-    except Exception as error:  # the store went away with its rank: nobody left to wait for
-        logger.info("quorum failure not met by the group: %s", error)
+    return _meet(key, dist.get_world_size(), min(STOP_MEET_S, options.quorum_timeout_s))
+
+
+def _reported_together(options: FTOptions, failed: int) -> None:
+    """After saying its line, wait until the ``failed`` ranks that met in ``_stop_together``
+    said theirs (up to ``STOP_MEET_S``): torchrun stops the group within its monitor interval
+    (0.1 s) of the first exit, and a rank descheduled between the meeting and its line lost
+    the line that way (a suite run under load)."""
+    if failed <= 1:
+        return
+    key = QUORUM_REPORTED_KEY.format(replica_id=options.replica_id)
+    _meet(key, failed, min(STOP_MEET_S, options.quorum_timeout_s))
 
 
 def form(manager: Any, options: FTOptions) -> int:
@@ -84,13 +107,15 @@ def form(manager: Any, options: FTOptions) -> int:
     except ConfigError:  # a heal refused: the live group runs another plan/config
         raise
     except Exception as error:  # quorum RPC timed out or the lighthouse went away
-        _stop_together(options)
-        raise FaultToleranceError(
+        failed = _stop_together(options)
+        stop = FaultToleranceError(
             f"group {options.replica_id}: no quorum of >= "
             f"{options.min_replica_size} group(s) within fault_tolerance.quorum_timeout_s="
             f"{options.quorum_timeout_s:g} ({type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''})"
-        ) from None
+        )
+        stop.after_report = lambda: _reported_together(options, failed)
+        raise stop from None
 
 
 def drop_process_group(pg: Any, manager: Any) -> None:
@@ -126,12 +151,15 @@ class ShortQuorums:
             return
         time.sleep(START_POLL_S)
         if self.steps * START_POLL_S >= self.options.quorum_timeout_s:
-            raise FaultToleranceError(
+            stop = FaultToleranceError(
                 f"group {self.options.replica_id}: only {self._participants()} group(s) in the "
                 f"quorum for fault_tolerance.quorum_timeout_s={self.options.quorum_timeout_s:g} "
                 f"(min_replica_size={self.options.min_replica_size}); start the missing groups "
                 "or lower min_replica_size"
             )
+            ranks = dist.get_world_size() if dist.is_initialized() else 1  # all decide alike
+            stop.after_report = lambda: _reported_together(self.options, ranks)
+            raise stop
 
 
 class QuorumLease:

@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             _await_reporter()
     except FaultToleranceError as error:  # every rank of the group says why it stops
         _report(rank, error, with_traceback=False)
+        if error.after_report is not None:  # the group's other lines, before torchrun stops it
+            error.after_report()
     except SyncError as error:  # raised on every rank with the same text: once per job
         if rank == 0 or (cfg is not None and cfg.fault_tolerance.enable):  # ft: the bad rank
             _report(rank, error, with_traceback=False)
