@@ -9,6 +9,14 @@ runs: the agreement's counts, ids or bitmaps, and the payload), not a formula. T
 gradients and the step's control vector are the same in both runs and not counted.
 
     PYTHONPATH=. python bench/ft_sync_bytes.py           # writes the ft_sync_bytes section
+
+``--send-buffer``: the dense engine's step (``sync_embeddings`` + ``finish_step``) with the
+sync's copies gathered into the step's send buffer (``sparse2d.sync.transport.arena``, the
+default) vs into buffers of their own that the channel flattens into a fresh send buffer
+and copies back out (the code before it), alternated in one run on a larger table; section
+``ft_send_buffer``.
+
+    PYTHONPATH=. python bench/ft_sync_bytes.py --send-buffer --rows 1000000 --rounds 4
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ ROWS, DIM, LOOKUPS, ZIPF = 100_000, 16, 256, 1.05
 GROUPS = 2
 
 
-def _model() -> Any:
+def _model(rows: int = ROWS) -> Any:
     import torch
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec import EmbeddingBagCollection
@@ -35,7 +43,7 @@ def _model() -> Any:
 
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(
-        tables=[EmbeddingBagConfig(name="t0", embedding_dim=DIM, num_embeddings=ROWS,
+        tables=[EmbeddingBagConfig(name="t0", embedding_dim=DIM, num_embeddings=rows,
                                    feature_names=["f0"])],
         device=torch.device("cpu"),
     )  # fmt: skip
@@ -52,19 +60,27 @@ def _model() -> Any:
     return Model()
 
 
-def _batch(step: int, group: int) -> Any:
+def _batch(step: int, group: int, rows: int = ROWS) -> Any:
     import torch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     gen = torch.Generator().manual_seed(step * 1009 + group)
-    weights = torch.arange(1, ROWS + 1, dtype=torch.float64).pow(-ZIPF)
+    weights = torch.arange(1, rows + 1, dtype=torch.float64).pow(-ZIPF)
     ids = torch.multinomial(weights, LOOKUPS, replacement=True, generator=gen)
     return KeyedJaggedTensor.from_lengths_sync(
         keys=["f0"], values=ids, lengths=torch.ones(LOOKUPS, dtype=torch.int64)
     )
 
 
-def _group(group: int, lighthouse: str, engine: str, steps: int, queue: Any) -> None:
+def _group(
+    group: int,
+    lighthouse: str,
+    engine: str,
+    steps: int,
+    queue: Any,
+    variant: str = "",
+    rows: int = ROWS,
+) -> None:
     import datetime
     import logging
     import warnings
@@ -88,11 +104,15 @@ def _group(group: int, lighthouse: str, engine: str, steps: int, queue: Any) -> 
     from sparse2d.ft import FaultTolerance, FTOptions
     from sparse2d.sync.options import SyncOptions
 
-    model = DMPCollection(_model(), 1, device="cpu", sync_options=SyncOptions(engine=engine))
+    model = DMPCollection(_model(rows), 1, device="cpu", sync_options=SyncOptions(engine=engine))
     dense = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
     options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
                         lighthouse=lighthouse, timeout_s=60, quorum_timeout_s=120)  # fmt: skip
     ft = FaultTolerance(model, torch.optim.SGD(dense, lr=0.01), options)
+    if variant == "fresh":  # the copies in buffers of their own, flattened at the send
+        from sparse2d.sync.engines.base import BufferPool
+
+        ft.policy.engine.pool = BufferPool()
     handed: list[int] = []
     counting = [False]
     channel = ft.channel
@@ -110,28 +130,33 @@ def _group(group: int, lighthouse: str, engine: str, steps: int, queue: Any) -> 
 
     channel._start = counted  # every all-reduce the sync starts on torchft's group
     channel.start = counted_queue  # and every average it queues for the step's all-reduce
-    rows = []
+    synced, cpu, wall = [], [], []
     begin = time.perf_counter()
     while ft.step < steps:
         ft.start_step()
-        ((model(_batch(ft.position, group)) - 1.0) ** 2).mean().backward()
+        ((model(_batch(ft.position, group, rows)) - 1.0) ** 2).mean().backward()
         handed.append(0)
         counting[0] = True
+        cpu.append(-time.thread_time())
+        wall.append(-time.perf_counter())
         ft.sync_embeddings()
         counting[0] = False
         stats = getattr(ft.policy.engine, "stats", None)
-        rows.append(stats.rows_synced if stats is not None else None)
+        synced.append(stats.rows_synced if stats is not None else None)
         ft.finish_step()
+        cpu[-1] += time.thread_time()
+        wall[-1] += time.perf_counter()
     seconds = time.perf_counter() - begin
     summary = ft.summary()
     ft.shutdown()
-    queue.put((group, {"bytes": handed, "rows": rows, "seconds": seconds, "summary": summary}))
+    queue.put((group, {"bytes": handed, "rows": synced, "seconds": seconds, "summary": summary,
+                       "step_cpu_s": cpu, "step_wall_s": wall, "placed": ft.channel.arena.placed}))  # fmt: skip
     queue.close()
     queue.join_thread()  # flush the result before the hard exit below
     os._exit(0)  # skip teardown: the other group may still be finishing its last step
 
 
-def _run(engine: str, steps: int) -> dict[str, Any]:
+def _run(engine: str, steps: int, variant: str = "", rows: int = ROWS) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     from sparse2d.ft.lighthouse import start_lighthouse
@@ -140,7 +165,9 @@ def _run(engine: str, steps: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_group, args=(g, lighthouse.address(), engine, steps, queue))
+        ctx.Process(
+            target=_group, args=(g, lighthouse.address(), engine, steps, queue, variant, rows)
+        )
         for g in range(GROUPS)
     ]
     try:
@@ -191,14 +218,86 @@ def _markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
     ])  # fmt: skip
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def _send_buffer(args: argparse.Namespace) -> dict[str, Any]:
+    """Rounds of (arena, fresh), the order reversed every other round; per run, the median
+    over steps after the third of each group's step CPU and wall ms, averaged over groups."""
+    runs: dict[str, list[dict[str, float]]] = {"arena": [], "fresh": []}
+    for i in range(args.rounds):
+        for variant in ("arena", "fresh") if i % 2 == 0 else ("fresh", "arena"):
+            out = _run("dense", args.steps, variant, args.rows)
+            skip = 3  # the heal at the start and the send buffer's sizing
+            runs[variant].append({
+                "cpu_ms": 1e3 * sum(_median(g["step_cpu_s"][skip:]) for g in out.values()) / GROUPS,
+                "wall_ms": 1e3 * sum(_median(g["step_wall_s"][skip:]) for g in out.values()) / GROUPS,
+                "placed": min(g["placed"] for g in out.values()),
+            })  # fmt: skip
+            print(variant, runs[variant][-1], flush=True)
+    return runs
+
+
+def _send_buffer_markdown(runs: dict[str, Any], args: argparse.Namespace) -> str:
+    mean = {v: {k: sum(r[k] for r in rs) / len(rs) for k in ("cpu_ms", "wall_ms")}
+            for v, rs in runs.items()}  # fmt: skip
+    payload_mb = (args.rows * DIM + args.rows) * 4 / 1e6
+    lines = [
+        "## The sync's copies gathered into the step's send buffer (fault tolerance)",
+        "",
+        f"`bench/ft_sync_bytes.py --send-buffer --rows {args.rows} --steps {args.steps} "
+        f"--rounds {args.rounds}`: 2 torchft groups x 1 gloo rank, one {args.rows:,} x {DIM} "
+        f"table with row-wise AdaGrad (a {payload_mb:.1f} MB dense payload per sync), a sync "
+        "every step. Per step, main-thread CPU and wall ms of `sync_embeddings` + "
+        "`finish_step` (gather, the step's all-reduce, vote, write-back), median over the "
+        "steps after the third, mean of the groups. `arena`: the copies are gathered into the "
+        "step's send buffer and averaged there (`sparse2d.sync.transport.arena`); `fresh`: "
+        "into buffers of their own, flattened with the gradients into a fresh send buffer "
+        "and copied back out after the all-reduce (the code before). Rounds alternate, the "
+        "order reversed every other round.",
+        "",
+        "| round | arena CPU ms | fresh CPU ms | arena wall ms | fresh wall ms |",
+        "|---|---|---|---|---|",
+    ]
+    for i, (a, f) in enumerate(zip(runs["arena"], runs["fresh"], strict=True)):
+        lines.append(f"| {i} | {a['cpu_ms']:.2f} | {f['cpu_ms']:.2f} | {a['wall_ms']:.2f} | "
+                     f"{f['wall_ms']:.2f} |")  # fmt: skip
+    placed = min(r["placed"] for r in runs["arena"])
+    lines += [
+        "",
+        f"Mean: CPU {mean['arena']['cpu_ms']:.2f} vs {mean['fresh']['cpu_ms']:.2f} ms "
+        f"(**{mean['arena']['cpu_ms'] / mean['fresh']['cpu_ms']:.3f}x**), wall "
+        f"{mean['arena']['wall_ms']:.2f} vs {mean['fresh']['wall_ms']:.2f} ms "
+        f"(**{mean['arena']['wall_ms'] / mean['fresh']['wall_ms']:.3f}x**). The send buffer "
+        f"held the copies in at least {placed} of {args.steps} steps per run (not the first: "
+        "it is sized there). It also removes one payload-sized allocation from each step's "
+        f"peak (the fresh send buffer, {payload_mb:.1f} MB here). {args.machine}.",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     parser.add_argument("--render", action="store_true", help="re-render from the JSON")
+    parser.add_argument("--send-buffer", action="store_true",
+                        help="time the step with the copies in the send buffer or not")  # fmt: skip
+    parser.add_argument("--rows", type=int, default=ROWS, help="table rows (--send-buffer)")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds (--send-buffer)")
     args = parser.parse_args()
     load = os.getloadavg()[0]
+    if args.send_buffer:
+        runs = _send_buffer(args)
+        args.machine = (
+            f"{os.cpu_count()} cores, load {load:.1f} at start, {os.getloadavg()[0]:.1f} at end"
+        )
+        publish(args, runs | {"machine": args.machine}, _send_buffer_markdown(runs, args),
+                "ft_send_buffer.json", "ft_send_buffer")  # fmt: skip
+        return
     if args.render:
         import json
 

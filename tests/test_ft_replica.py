@@ -67,6 +67,7 @@ def _ft_train(group: int, lighthouse: str, steps: int) -> dict:
         "losses": losses,
         "participants": participants,
         "summary": summary,
+        "copies_sent_in_place": ft.channel.arena.placed,
     }
 
 
@@ -90,6 +91,8 @@ def test_no_failure_equals_torchrec_1d_and_replicas_identical(world4) -> None:
     for (g, r), got in out.items():
         assert got["summary"]["committed_steps"] == STEPS, got["summary"]
         assert got["summary"]["failed_commits"] == 0 and got["participants"] == [GROUPS] * STEPS
+        # the first step sizes the send buffer; from then on the copies are gathered into it
+        assert got["copies_sent_in_place"] == STEPS - 1, got["copies_sent_in_place"]
         for name, table in ref["tables"].items():
             assert_close(got["tables"][name], table, atol=1e-5, rtol=1e-5, msg=f"{g}/{r} {name}")
         for name, p in ref["dense"].items():

@@ -73,6 +73,7 @@ def install(
         if kind == "sparse"
         else DenseEngine(plain, None)
     )
+    engine.pool = channel.arena  # type: ignore[assignment]  # copies gathered into the send
     stage1 = in_world.in_world_policies(model)  # modules with replicas inside this world
     policy = in_world.TwoStagePolicy(
         stage1, plain, None, options.num_groups, sync_options,

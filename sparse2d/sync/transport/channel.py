@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from sparse2d.sync.shards import by_dtype
+from sparse2d.sync.transport.arena import SendArena
 from sparse2d.sync.transport.collectives import AllReduceHook
 from sparse2d.sync.transport.transfer import Reduction, start_average
 
@@ -62,6 +63,8 @@ class ManagedChannel:
         self.pg = None  # no metadata collectives over the quorum (see ``sparse2d.ft``)
         self._queued: list[torch.Tensor] = []  # averages waiting for the step's all-reduce
         self._sent: Callable[[], None] | None = None  # the all-reduce carrying them
+        self.arena = SendArena()
+        """The step's send buffer; the engine gathers the sync's copies into it (its pool)."""
         self.sent_aside = False
         """Values went over the quorum outside ``start_tensors`` since the caller last reset
         this (a blocking average, a sum, a gather): a scan of its flat buffers alone would
@@ -142,7 +145,7 @@ class ManagedChannel:
         in order: the last of ``tensors`` of a dtype ends its buffer): one scan of them
         covers all of it, and a flag may still be set in them."""
         queued, self._queued = self._queued, []
-        finish = self._send(queued + tensors, before_send)
+        finish = self._send(queued + tensors, before_send, arena=True)
         self._sent = finish if queued else self._sent
         return finish
 
@@ -158,11 +161,15 @@ class ManagedChannel:
         self,
         tensors: list[torch.Tensor],
         before_send: Callable[[list[torch.Tensor]], None] | None = None,
+        arena: bool = False,
     ) -> Callable[[], None]:
-        """One all-reduce per dtype over ``tensors`` (copied into one flat buffer unless a
-        dtype has a single tensor); the returned call waits and writes back (once)."""
-        groups = list(by_dtype(tensors).values())
-        flats = [group[0] if len(group) == 1 else _flatten_dense_tensors(group) for group in groups]
+        """One all-reduce per dtype over ``tensors`` (a dtype's single tensor in place; else
+        one flat buffer: ``arena``, the step's send buffer, where the queued copies already
+        sit, or a fresh one); the returned call waits and writes back (once)."""
+        sends = [self._flat(group, arena) for group in by_dtype(tensors).values()]
+        if arena:
+            self.arena.reset()
+        flats = [flat for _, flat, _ in sends]
         if before_send is not None:
             before_send(flats)
         works = [self._start(flat, average=True) for flat in flats]
@@ -176,15 +183,35 @@ class ManagedChannel:
             for work in works:
                 work.wait()
             with torch.no_grad():
-                for group, flat in zip(groups, flats, strict=True):
-                    if len(group) == 1:  # averaged in place
+                for group, flat, inside in sends:
+                    if inside == len(group):  # averaged where they are
                         continue
+                    offset = sum(t.numel() for t in group[:inside])
+                    rest = group[inside:]
+                    tail = flat[offset : offset + sum(t.numel() for t in rest)]
                     for tensor, value in zip(
-                        group, _unflatten_dense_tensors(flat, group), strict=True
+                        rest, _unflatten_dense_tensors(tail, rest), strict=True
                     ):
                         tensor.copy_(value)
 
         return finish
+
+    def _flat(
+        self, group: list[torch.Tensor], arena: bool
+    ) -> tuple[list[torch.Tensor], torch.Tensor, int]:
+        """``(group, the buffer sending it, how many leading tensors already sit there)``."""
+        if len(group) == 1:
+            return group, group[0], 1
+        placed = self.arena.place(group) if arena else None
+        if placed is None:
+            return group, _flatten_dense_tensors(group), 0
+        flat, inside = placed
+        offset = sum(t.numel() for t in group[:inside])
+        with torch.no_grad():
+            for tensor in group[inside:]:
+                flat[offset : offset + tensor.numel()].copy_(tensor.reshape(-1))
+                offset += tensor.numel()
+        return group, flat, inside
 
     def _start(self, tensor: torch.Tensor, average: bool) -> _QuorumWork:
         """Start SUMming (``average``: then dividing by the participants) ``tensor`` in place
