@@ -11,8 +11,11 @@ QUORUM_EVERY = FaultToleranceConfig().quorum_every
 """The trainer's default, which every ``ft`` launch of ``ft_bench`` runs with."""
 
 
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
-"""Student's t, two-sided 95%, for 1-12 degrees of freedom (a round count the bench runs)."""
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+"""Student's t, two-sided 95%, for 1-30 degrees of freedom (a round count the bench runs,
+or consecutive runs pooled)."""
 
 
 def _interval_text(ratios: list[float]) -> str:

@@ -60,3 +60,27 @@ def test_overrides_are_named_in_the_text_and_the_regenerate_line() -> None:
     text = clean_markdown(res, args)
     assert "with `data.batch_size_per_rank=512`" in text
     assert "--set 'data.batch_size_per_rank=512'" in text
+
+
+def test_t_values_cover_pooled_runs_and_stay_decreasing() -> None:
+    """Two 8-round runs pooled (15 df) get an interval; the table is Student's t."""
+    assert T_975[14] == 2.131 and len(T_975) == 30
+    assert all(a > b for a, b in zip(T_975, T_975[1:]))
+    assert "(t, 15 df)" in _interval_text([0.9 + 0.01 * (i % 3) for i in range(16)])
+
+
+def test_send_buffer_section_reports_the_means_and_their_ratio() -> None:
+    import tests.bench_path  # noqa: F401  (ft_sync_bytes imports bench_util as a sibling)
+    from bench import ft_sync_bytes
+
+    runs = {"arena": [{"cpu_ms": 40.0, "wall_ms": 100.0, "placed": 29},
+                      {"cpu_ms": 60.0, "wall_ms": 120.0, "placed": 29}],
+            "fresh": [{"cpu_ms": 100.0, "wall_ms": 200.0, "placed": 0},
+                      {"cpu_ms": 100.0, "wall_ms": 240.0, "placed": 0}]}  # fmt: skip
+    args = argparse.Namespace(rows=1000, steps=30, rounds=2, machine="2 cores")
+    text = ft_sync_bytes._send_buffer_markdown(runs, args)
+    assert "CPU 50.00 vs 100.00 ms (**0.500x**)" in text
+    assert "wall 110.00 vs 220.00 ms (**0.500x**)" in text
+    assert "| 1 | 60.00 | 100.00 | 120.00 | 240.00 |" in text
+    assert "at least 29 of 30 steps" in text and "0.1 MB" in text  # (1000*16 + 1000) * 4 bytes
+    assert ft_sync_bytes._median([3.0, 1.0, 2.0]) == 2.0
