@@ -255,6 +255,7 @@ def check_reported_together(report_delay_s: float) -> tuple[float, int]:
     from sparse2d.ft.options import FTOptions
     from sparse2d.ft.quorum import (
         QUORUM_FAILED_KEY,
+        QUORUM_LEFT_KEY,
         QUORUM_REPORTED_KEY,
         _reported_together,
         _stop_together,
@@ -270,7 +271,9 @@ def check_reported_together(report_delay_s: float) -> tuple[float, int]:
     dist.barrier()
     if dist.get_rank() == 0:
         store = dist.distributed_c10d._get_default_store()
-        for key in (QUORUM_FAILED_KEY, QUORUM_REPORTED_KEY):
+        left = store.add(QUORUM_LEFT_KEY.format(replica_id=options.replica_id), 0)
+        assert left == 2, left  # rank 0, the store's host, left after the other
+        for key in (QUORUM_FAILED_KEY, QUORUM_REPORTED_KEY, QUORUM_LEFT_KEY):
             store.delete_key(key.format(replica_id=options.replica_id))
     return exits, failed
 

@@ -52,6 +52,10 @@ QUORUM_FAILED_KEY = "sparse2d/ft/quorum_failed/{replica_id}"
 """The group store's count of this group's ranks whose quorum failed (``_stop_together``)."""
 QUORUM_REPORTED_KEY = "sparse2d/ft/quorum_reported/{replica_id}"
 """The count of those ranks that have said why they stop (``_reported_together``)."""
+QUORUM_LEFT_KEY = "sparse2d/ft/quorum_left/{replica_id}"
+"""The count of those ranks done with the store; rank 0, which hosts it, leaves last."""
+LEAVE_WAIT_S = 2.0
+"""At most this long rank 0 waits for the others to be done with the store it hosts."""
 
 
 def _meet(key: str, ranks: int, limit_s: float) -> int:
@@ -92,7 +96,11 @@ def _reported_together(options: FTOptions, failed: int) -> None:
     if failed <= 1:
         return
     key = QUORUM_REPORTED_KEY.format(replica_id=options.replica_id)
-    _meet(key, failed, min(STOP_MEET_S, options.quorum_timeout_s))
+    seen = _meet(key, failed, min(STOP_MEET_S, options.quorum_timeout_s))
+    # rank 0 hosts the store (sparse2d.train.rendezvous): leaving first, it broke the others'
+    # last poll, and each printed a C++ "Connection reset by peer" trace after its line
+    left = QUORUM_LEFT_KEY.format(replica_id=options.replica_id)
+    _meet(left, seen if dist.get_rank() == 0 else 0, LEAVE_WAIT_S)  # others: count, go
 
 
 def form(manager: Any, options: FTOptions) -> int:
