@@ -223,19 +223,22 @@ def _median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
+def _step_ms(out: dict[int, Any], key: str) -> float:
+    """The groups' mean of their median step ``key`` (seconds) after the third step (the
+    start's heal and the send buffer's sizing), in ms."""
+    return 1e3 * sum(_median(g[key][3:]) for g in out.values()) / GROUPS
+
+
 def _send_buffer(args: argparse.Namespace) -> dict[str, Any]:
-    """Rounds of (arena, fresh), the order reversed every other round; per run, the median
-    over steps after the third of each group's step CPU and wall ms, averaged over groups."""
+    """Rounds of (arena, fresh), the order reversed every other round; per run, the step's
+    CPU and wall ms (``_step_ms``)."""
     runs: dict[str, list[dict[str, float]]] = {"arena": [], "fresh": []}
     for i in range(args.rounds):
         for variant in ("arena", "fresh") if i % 2 == 0 else ("fresh", "arena"):
             out = _run("dense", args.steps, variant, args.rows)
-            skip = 3  # the heal at the start and the send buffer's sizing
-            runs[variant].append({
-                "cpu_ms": 1e3 * sum(_median(g["step_cpu_s"][skip:]) for g in out.values()) / GROUPS,
-                "wall_ms": 1e3 * sum(_median(g["step_wall_s"][skip:]) for g in out.values()) / GROUPS,
-                "placed": min(g["placed"] for g in out.values()),
-            })  # fmt: skip
+            runs[variant].append({"cpu_ms": _step_ms(out, "step_cpu_s"),
+                                  "wall_ms": _step_ms(out, "step_wall_s"),
+                                  "placed": min(g["placed"] for g in out.values())})  # fmt: skip
             print(variant, runs[variant][-1], flush=True)
     return runs
 

@@ -169,7 +169,7 @@ class ManagedChannel:
         sends = [self._flat(group, arena) for group in by_dtype(tensors).values()]
         if arena:
             self.arena.reset()
-        flats = [flat for _, flat, _ in sends]
+        flats = [flat for flat, _, _ in sends]
         if before_send is not None:
             before_send(flats)
         works = [self._start(flat, average=True) for flat in flats]
@@ -183,11 +183,9 @@ class ManagedChannel:
             for work in works:
                 work.wait()
             with torch.no_grad():
-                for group, flat, inside in sends:
-                    if inside == len(group):  # averaged where they are
+                for flat, rest, offset in sends:
+                    if not rest:  # averaged where they are
                         continue
-                    offset = sum(t.numel() for t in group[:inside])
-                    rest = group[inside:]
                     tail = flat[offset : offset + sum(t.numel() for t in rest)]
                     for tensor, value in zip(
                         rest, _unflatten_dense_tensors(tail, rest), strict=True
@@ -198,20 +196,21 @@ class ManagedChannel:
 
     def _flat(
         self, group: list[torch.Tensor], arena: bool
-    ) -> tuple[list[torch.Tensor], torch.Tensor, int]:
-        """``(group, the buffer sending it, how many leading tensors already sit there)``."""
+    ) -> tuple[torch.Tensor, list[torch.Tensor], int]:
+        """``(the buffer sending group, the tensors copied into it, where they start)``: the
+        rest sit in it already (a dtype's single tensor; the copies in the send buffer)."""
         if len(group) == 1:
-            return group, group[0], 1
+            return group[0], [], 0
         placed = self.arena.place(group) if arena else None
         if placed is None:
-            return group, _flatten_dense_tensors(group), 0
+            return _flatten_dense_tensors(group), group, 0
         flat, inside = placed
-        offset = sum(t.numel() for t in group[:inside])
+        start = offset = sum(t.numel() for t in group[:inside])
         with torch.no_grad():
             for tensor in group[inside:]:
                 flat[offset : offset + tensor.numel()].copy_(tensor.reshape(-1))
                 offset += tensor.numel()
-        return group, flat, inside
+        return flat, group[inside:], start
 
     def _start(self, tensor: torch.Tensor, average: bool) -> _QuorumWork:
         """Start SUMming (``average``: then dividing by the participants) ``tensor`` in place
