@@ -9,6 +9,8 @@ TorchRec 1D DMP driven by the same pipeline, and the groups end bit-identical.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -28,10 +30,22 @@ from tests.models import (
 )
 from tests.test_ft_replica import GROUPS, SIZE, STEPS
 
+SEMI_SYNC_START = 2
+"""``TrainPipelineSemiSync``'s ``start_batch`` here (the trainer's is 0)."""
 
-def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str) -> dict:
+
+def _late(kind: str, step: int) -> bool:
+    """The ``defer`` predicate a pipeline allows: every step of ``TrainPipelineSparseDist``;
+    ``TrainPipelineSemiSync`` looks the next batch up after a warm-up batch's ``step()``."""
+    return kind != "semi_sync" or step >= SEMI_SYNC_START
+
+
+def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str, defer: bool) -> dict:
     """One group driven by TorchRec's pipeline with the fault-tolerant optimizer wrapper;
-    the pipeline itself calls ``model.sync()`` (``dmp_collection_sync_interval_batches=1``)."""
+    the pipeline itself calls ``model.sync()`` (``dmp_collection_sync_interval_batches=1``).
+    ``defer``: every vote but the last lands at the next forward (as in the trainer), from
+    the first semi-sync batch on (a warm-up batch's step is followed by the next batch's
+    lookup, which must read its commit)."""
     from torchrec.datasets.utils import Batch
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
@@ -50,9 +64,11 @@ def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str) -> di
     options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
                         lighthouse=lighthouse, timeout_s=20, quorum_timeout_s=60)  # fmt: skip
     ft = FaultTolerance(model, dense, options)
+    ft.final_step = steps if defer else None  # the last vote lands in step()
     ft.start_step()  # join (and heal) before the pipeline's first prefetch
-    extra = {"start_batch": 2} if kind == "semi_sync" else {}
-    pipeline = PIPELINES[kind](model, FTOptimizer(ft), torch.device("cpu"),
+    extra = {"start_batch": SEMI_SYNC_START} if kind == "semi_sync" else {}
+    wrapper = FTOptimizer(ft, defer=partial(_late, kind) if defer else None)
+    pipeline = PIPELINES[kind](model, wrapper, torch.device("cpu"),
                                dmp_collection_sync_interval_batches=1, **extra)  # fmt: skip
 
     def data():
@@ -62,14 +78,16 @@ def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str) -> di
             yield Batch(dense_features=x, sparse_features=kjt, labels=target)
             position += 1
 
-    it, committed = data(), []
+    it, committed, pending = data(), [], []
     while ft.step < steps:
         pipeline.progress(it)
-        committed.append(ft.last_committed)
+        committed += ft.verdicts
+        pending.append(ft.pending)
+        ft.verdicts.clear()
     summary = ft.summary()
     ft.shutdown()
     return {"tables": gather_tables(model, tables, None), "dense": dense_params(model),
-            "committed": committed, "summary": summary}  # fmt: skip
+            "committed": committed, "summary": summary, "pending": pending}  # fmt: skip
 
 
 def _pipeline_reference(steps: int, kind: str) -> dict:
@@ -85,20 +103,27 @@ def _pipeline_reference(steps: int, kind: str) -> dict:
     return {"tables": gather_tables(model, tables, None), "dense": dense_params(model)}
 
 
-@pytest.mark.parametrize("kind", ["sparse_dist", "semi_sync"])
-def test_torchrec_pipeline_drives_ft_and_equals_1d_driven_by_it(world4, kind) -> None:
+@pytest.mark.parametrize(
+    ("kind", "defer"), [("sparse_dist", False), ("sparse_dist", True), ("semi_sync", True)]
+)
+def test_torchrec_pipeline_drives_ft_and_equals_1d_driven_by_it(world4, kind, defer) -> None:
     """TorchRec's pipeline, unchanged, over ``FTOptimizer``: quorum in ``zero_grad``, the
-    pipeline's ``model.sync()`` averages into copies, ``step()`` votes and commits. No failure,
+    pipeline's ``model.sync()`` averages into copies, ``step()`` votes and commits (with
+    ``defer``: the vote lands at the next forward, the last in ``step()``). No failure,
     EXACT_SGD, sync every step: TorchRec 1D DMP driven by the same pipeline, within 1e-5."""
     lighthouse = start_lighthouse(min_replicas=GROUPS)
     try:
-        out = run_groups(GROUPS, SIZE, _ft_pipeline_train, lighthouse.address(), STEPS, kind)
+        args = (lighthouse.address(), STEPS, kind, defer)
+        out = run_groups(GROUPS, SIZE, _ft_pipeline_train, *args)
     finally:
         lighthouse.shutdown()
     ref = world4.run(_pipeline_reference, STEPS, kind)[0]
     base = out[(0, 0)]
     for key, got in out.items():
         assert got["committed"] == [True] * STEPS and got["summary"]["failed_commits"] == 0, got
+        # each vote but the first quorum's step and the last landed late, when deferred
+        late = [defer and _late(kind, i) and i < STEPS - 1 for i in range(STEPS)]
+        assert got["pending"] == late, (key, got["pending"])
         for name, table in ref["tables"].items():
             assert_close(got["tables"][name], table, atol=1e-5, rtol=1e-5, msg=f"{key} {name}")
             assert torch.equal(got["tables"][name], base["tables"][name]), (key, name)

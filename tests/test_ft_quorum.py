@@ -39,13 +39,16 @@ FAIL_AT = {3: "sync", 6: "held"}
 """Attempt index -> how group 1 heals after failing that attempt's commit."""
 
 
-def _train(group: int, lighthouse: str, quorum_every: int, fail_at: dict[int, str]) -> dict:
+def _train(
+    group: int, lighthouse: str, quorum_every: int, fail_at: dict[int, str], defer: bool = False
+) -> dict:
     from torchrec.datasets.utils import Batch
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from sparse2d import DMPCollection
     from sparse2d.ft import FaultTolerance, FTOptimizer, FTOptions
+    from sparse2d.ft import vote as ft_vote
     from tests.test_torchrec_compat import DENSE_LR, pipeline_model
 
     tables = MIXED_TABLES
@@ -63,7 +66,7 @@ def _train(group: int, lighthouse: str, quorum_every: int, fail_at: dict[int, st
     ft = FaultTolerance(model, dense, options)
     ft.final_step = STEPS  # the last step syncs: the groups end averaged
     seen = {"overlapped": 0, "restore_threads": [], "attempt": 0, "quorum_rpcs": []}
-    start, restore, vote = ft._overlap.start, ft._restore, ft._vote
+    start, restore, group_vote = ft._overlap.start, ft._restore, ft_vote.GroupVote
     start_quorum = ft.manager.start_quorum
 
     def counting_quorum(*args, **kwargs):  # torchft's quorum RPC, by attempt
@@ -82,7 +85,7 @@ def _train(group: int, lighthouse: str, quorum_every: int, fail_at: dict[int, st
     def failing_vote(*args):  # group 1's rank 0 hits a local error at the vote
         if group == 1 and fail_at.get(seen["attempt"], "echo") != "echo" and dist.get_rank() == 0:
             ft.manager.report_error(RuntimeError("injected local fault"))
-        return vote(*args)
+        return group_vote(*args)
 
     after_vote = ft._lease.after_vote
 
@@ -100,12 +103,14 @@ def _train(group: int, lighthouse: str, quorum_every: int, fail_at: dict[int, st
         return after_vote(committed, pg_failed, participants)
 
     ft._lease.after_vote = losing_echo
-    ft._overlap.start, ft._vote = counting_start, failing_vote
+    ft._overlap.start, ft_vote.GroupVote = counting_start, failing_vote
     ft.manager.start_quorum = counting_quorum
     ft.manager._load_state_dict_fns["default"] = recording_restore  # torchft's load hook
     ft.start_step()  # join (and heal) before the pipeline's first prefetch
-    pipeline = TrainPipelineSparseDist(model, FTOptimizer(ft, expect_position=ft.position),
-                                       torch.device("cpu"))  # fmt: skip
+    wrapper = FTOptimizer(
+        ft, expect_position=ft.position, defer=(lambda _: True) if defer else None
+    )
+    pipeline = TrainPipelineSparseDist(model, wrapper, torch.device("cpu"))
     read: list[int] = []
 
     def data():
@@ -119,11 +124,13 @@ def _train(group: int, lighthouse: str, quorum_every: int, fail_at: dict[int, st
     it, committed = data(), []
     while ft.step < STEPS:
         pipeline.progress(it)
-        committed.append(ft.last_committed)
+        committed += ft.verdicts  # with defer: the previous attempt's, landed at the forward
+        ft.verdicts.clear()
         if group == 1 and fail_at.get(seen["attempt"]) == "held":
             ft._may_lag = False  # as if it had committed: the next quorum is overlapped
         seen["attempt"] += 1
-    summary = ft.summary()
+    summary = ft.summary()  # lands the last vote, if pending
+    committed += ft.verdicts
     ft.shutdown()
     return {"tables": gather_tables(model, tables, None), "dense": dense_params(model),
             "committed": committed, "summary": summary, "read": read,
@@ -131,10 +138,10 @@ def _train(group: int, lighthouse: str, quorum_every: int, fail_at: dict[int, st
             "quorum_rpcs": sorted(set(seen["quorum_rpcs"]))}  # fmt: skip
 
 
-def _run(quorum_every: int, fail_at: dict[int, str]) -> dict:
+def _run(quorum_every: int, fail_at: dict[int, str], defer: bool = False) -> dict:
     lighthouse = start_lighthouse(min_replicas=1)
     try:
-        args = (lighthouse.address(), quorum_every, fail_at)
+        args = (lighthouse.address(), quorum_every, fail_at, defer)
         return run_groups(GROUPS, SIZE, _train, *args, timeout=300)
     finally:
         lighthouse.shutdown()
@@ -284,3 +291,32 @@ def test_no_rank_exits_before_every_failed_rank_said_its_line(world2) -> None:
     (first, met0), (second, met1) = world2.run(check_reported_together, 1.0)
     assert met0 == met1 == 2
     assert abs(first - second) < 0.5, (first, second)  # rank 0 waited ~1 s for rank 1's line
+
+
+def test_late_votes_under_the_lease_a_local_fault_costs_each_live_group_one_step() -> None:
+    """``FTOptimizer(defer=...)`` (the trainer's default between its log steps): each vote
+    lands at the next forward. Group 1's local fault at attempt 5 lands inside attempt 6,
+    which kept the quorum: group 1 still sends attempt 6's all-reduce (its manager's error
+    cleared) with the refusal flag, so no peer waits and every group refuses that average;
+    the echo of attempt 5 makes both groups form the next quorum at attempt 7, where group 1
+    heals from group 0. Both end bit-identical, no position is read twice."""
+    out = _run(4, LEASE_FAULT, defer=True)
+    base = out[(0, 0)]
+    for (g, r), got in out.items():
+        s, committed = got["summary"], got["committed"]
+        assert s["final_step"] == STEPS and s["data_position"] == len(committed), (g, r, s)
+        read = got["read"]
+        assert read == list(range(read[0], read[0] + len(read))) and read[0] == 0, (g, r, read)
+        for name in base["tables"]:
+            assert torch.equal(got["tables"][name], base["tables"][name]), (g, r, name)
+        for name in base["dense"]:
+            assert torch.equal(got["dense"][name], base["dense"][name]), (g, r, name)
+        failed = [i for i, ok in enumerate(committed) if not ok]
+        assert failed == ([5, 6] if g == 1 else [6]), (g, r, committed)
+        assert s["failed_commits"] == len(failed), (g, r, s)
+        assert got["quorum_rpcs"][:3] == [0, 4, 7], (g, r, got["quorum_rpcs"])
+        heals = [h for h in s["heals"] if h["step"] > 0]
+        if g == 1:
+            assert [(h["from_group"], h["from_step"], h["step"]) for h in heals] == [(0, 5, 6)]
+        else:
+            assert heals == [] and got["restores"] == [], (g, r, s)

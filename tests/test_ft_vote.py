@@ -66,8 +66,8 @@ def test_the_step_copy_equals_a_fresh_vector_and_is_read_as_a_list() -> None:
     assert not fingerprints_differ(same.tolist(), A, 2)
 
 
-def test_torchft_manager_keeps_the_fields_group_commit_updates() -> None:
-    """``group_commit`` does what torchft 0.2's ``Manager.should_commit`` does after its RPC;
+def test_torchft_manager_keeps_the_fields_the_group_vote_updates() -> None:
+    """``GroupVote.land`` does what torchft 0.2's ``Manager.should_commit`` does after its RPC;
     a torchft release that renames these fields must fail here, not train on a stale step."""
     import inspect
 

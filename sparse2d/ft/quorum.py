@@ -27,6 +27,7 @@ forward, and refused if it moves the data position of a batch the loop already r
 
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
 import time
@@ -39,6 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError, FaultToleranceError
+from sparse2d.ft.lighthouse import check_reachable
 from sparse2d.ft.options import FTOptions
 
 logger = logging.getLogger(__name__)
@@ -302,3 +304,35 @@ class OverlappedQuorum:
         """Remove the hook and stop the helper thread (a quorum in flight is abandoned)."""
         self._hook.remove()
         self._pool.shutdown(wait=False)
+
+
+def torchft_manager(
+    options: FTOptions,
+    restore: Callable[[dict[str, Any]], None],
+    capture: Callable[[], dict[str, Any]],
+) -> tuple[Any, Any]:
+    """This rank's cross-group process group and torchft ``Manager``, after checking on
+    every rank that the lighthouse answers (one line instead of a hang)."""
+    address = options.lighthouse_address()
+    check_reachable(address, options.connect_timeout_s)
+    from torchft.manager import Manager
+    from torchft.process_group import ProcessGroupGloo
+
+    seconds = datetime.timedelta
+    pg = ProcessGroupGloo(timeout=seconds(seconds=options.timeout_s))
+    manager = Manager(
+        pg=pg,
+        load_state_dict=restore,
+        state_dict=capture,
+        min_replica_size=options.min_replica_size,
+        use_async_quorum=False,  # heal before the forward: the sender waits at a safe point
+        timeout=seconds(seconds=options.timeout_s),
+        quorum_timeout=seconds(seconds=options.quorum_timeout_s),
+        connect_timeout=seconds(seconds=options.connect_timeout_s),
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        lighthouse_addr=address,
+        replica_id=f"sparse2d_group_{options.replica_id}",
+        init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
+    )
+    return pg, manager

@@ -17,9 +17,9 @@ backward, before anyone knows whether the step commits. So:
   forward starts (``overlap_quorum``, ``sparse2d.ft.quorum``).
 - ``finish_step`` averages the dense gradients over the live groups (every step) and, on the
   sync cadence, the embedding weights and every fused optimizer state tensor, into copies.
-- Commit (the group's ranks vote: one all-reduce over the group, torchft's ``should_commit``
-  verdict and bookkeeping without its RPC, ``vote.group_commit``): the dense optimizer steps
-  on the averaged gradients and the averaged embeddings are written back.
+- Commit (the group's ranks vote: torchft's ``should_commit`` without its RPC, ``GroupVote``;
+  landed in ``step()`` or at the next forward, ``commit``): the dense optimizer steps on the
+  averaged gradients and the averaged embeddings are written back.
 - Failed commit: the dense step is skipped and each group keeps its own embedding values
   (its local update of this batch); they are averaged at the next successful sync, or a
   group that fell behind heals from one that committed. No group rolls back a committed step.
@@ -28,20 +28,17 @@ backward, before anyone knows whether the step commits. So:
 
 from __future__ import annotations
 
-import datetime
 import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from sparse2d.errors import ConfigError, FaultToleranceError, SyncError
-from sparse2d.ft import in_world, quorum, replica_sync, vote
+from sparse2d.errors import FaultToleranceError, SyncError
+from sparse2d.ft import commit, in_world, quorum, replica_sync, vote
 from sparse2d.ft import state as heal_state
-from sparse2d.ft.lighthouse import check_reachable
 from sparse2d.ft.options import FTOptions
 from sparse2d.ft.quorum import START_POLL_S, OverlappedQuorum
 from sparse2d.sync.mc.tables import sharded_mc_table_names
@@ -101,28 +98,7 @@ class FaultTolerance:
         self._lease = quorum.QuorumLease(
             options.quorum_every, lambda: self._pg, self._drop_process_group
         )
-        address = options.lighthouse_address()
-        check_reachable(address, options.connect_timeout_s)  # every rank, before any wait
-        from torchft.manager import Manager
-        from torchft.process_group import ProcessGroupGloo
-
-        seconds = datetime.timedelta
-        self._pg = ProcessGroupGloo(timeout=seconds(seconds=options.timeout_s))
-        self.manager = Manager(
-            pg=self._pg,
-            load_state_dict=self._restore,
-            state_dict=self._capture,
-            min_replica_size=options.min_replica_size,
-            use_async_quorum=False,  # heal before the forward: the sender waits at a safe point
-            timeout=seconds(seconds=options.timeout_s),
-            quorum_timeout=seconds(seconds=options.quorum_timeout_s),
-            connect_timeout=seconds(seconds=options.connect_timeout_s),
-            rank=dist.get_rank(),
-            world_size=dist.get_world_size(),
-            lighthouse_addr=address,
-            replica_id=f"sparse2d_group_{options.replica_id}",
-            init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
-        )
+        self._pg, self.manager = quorum.torchft_manager(options, self._restore, self._capture)
         self.channel = ManagedChannel(self.manager, self._pg, lambda: self.participants)
         self.policy, self._check_finite = replica_sync.install(
             model, options, self.channel, self.shards, self._has_mc
@@ -135,6 +111,11 @@ class FaultTolerance:
         self.last_committed: bool | None = None
         """Whether the latest ``finish_step`` committed (a pipeline's ``step()`` hides it)."""
         self._overlap = OverlappedQuorum(model, lambda: self.wait_quorum(in_forward=True))
+        self._pending: commit.PendingCommit | None = None
+        self._poison = False
+        self.verdicts: list[bool] = []
+        """Every landed step's verdict, in order (a loop reads and clears it)."""
+        self._land_hook = model.register_forward_pre_hook(commit.before_forward(self.land))
 
     # ---- heal state (torchft calls these; sparse2d.ft.state) ------------------------------
     def _capture(self) -> dict[str, Any]:
@@ -192,12 +173,17 @@ class FaultTolerance:
         """
         if self._open:  # already joined (the trainer opens the first step before a pipeline)
             return
+        if self._pending is not None:  # it lands before any quorum (a heal's capture reads
+            self._lease.settle()  # the state); the group's decision: no rank's own verdict
+            if self._lease.regroup or (self.step + 1) % self.options.quorum_every == 0:
+                self.land()
+        late = int(self._pending is not None)
         self._heal_from, self._expect = None, expect_position
         self._opened_at = (time.perf_counter(), self.manager.current_step())
         overlap = self.options.overlap_quorum and not self._may_lag and self._overlap.forward_seen
         self._overlap.arm()
         echoing = time.perf_counter()
-        reuse = self._lease.reuses(self._started, self.manager.current_step())
+        reuse = self._lease.reuses(self._started, self.manager.current_step() + late)
         self.waited["echo_s"] += time.perf_counter() - echoing
         if reuse:
             self._open = True
@@ -270,17 +256,6 @@ class FaultTolerance:
             "model, or set FTOptions.overlap_quorum=False"
         )
 
-    def _dense_grads(self) -> list[torch.Tensor]:
-        out = []
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                if not p.is_floating_point():  # MP-ZCH identities: parameters, never trained
-                    continue
-                if p.grad is None:  # keep the layout identical in every group
-                    p.grad = torch.zeros_like(p)
-                out.append(p.grad)
-        return out
-
     def sync_embeddings(self) -> None:
         """The replica sync of this step, into copies (``model.sync()`` does the same; a
         second call in one step does nothing). A non-finite value found by the sync's guard
@@ -293,20 +268,23 @@ class FaultTolerance:
         except SyncError as error:  # this group's ranks all found it (the guard's vote)
             self._sync_error = error
 
-    def finish_step(self, force_sync: bool = False) -> bool:
+    def finish_step(self, force_sync: bool = False, defer: bool = False) -> bool | None:
         """Average over the live groups, vote, and step the dense optimizer on commit.
 
         Call between the backward and the next step: the embeddings are averaged now unless
         ``model.sync()`` already ran this step (TorchRec's pipelines call it there), the
-        dense gradients always. Returns whether the step committed."""
+        dense gradients always. Returns whether the step committed, or None with ``defer``:
+        the vote then lands before the model's next forward (``sparse2d.ft.commit``)."""
         self._require_joined()
+        self.land(late=True)
         m, opts, step, participants = self.manager, self.options, self.step, self.participants
         last = self.final_step is not None and step + 1 >= self.final_step
         if force_sync or last or (step + 1) % opts.sync_every == 0:
             self.sync_embeddings()
-        grads = self._dense_grads()
+        grads = commit.dense_grads(self.optimizer)
         bad_sync = self._sync_error is not None
         control = self._controls.build(grads, bad_sync)
+        control[-1], self._poison = control[-1] + self._poison, False  # see ``land``
         # ONE all-reduce per dtype: the sync's queued copies, the dense gradients and the
         # control vector travel together, scanned for NaN/inf as sent (``vote.SentScan``)
         aside = self.policy.uncommitted and self.channel.sent_aside  # e.g. MC rows
@@ -325,31 +303,54 @@ class FaultTolerance:
             average, self.fingerprint, participants
         )
         bad_anywhere = not m.errored() and average[-1] > 0
-        if mismatch or bad_anywhere:  # never apply an average that a bad replica took part in
-            m.report_error(RuntimeError("non-finite values or another plan in the quorum"))
-        voting = time.perf_counter()
-        committed, group_bad = self._vote(bad_here)
-        self.waited["vote_s"] += time.perf_counter() - voting
-        self._lease.after_vote(committed, pg_failed, participants)
-        self._position += 1
+        if mismatch or bad_anywhere:  # never apply an average a bad replica took part in
+            m.report_error(RuntimeError("NaN/inf, another plan or a failed step in the quorum"))
+        self._position += 1  # the attempt used up its batch, committed or not
         self._open = False
+        self._pending = commit.PendingCommit(
+            vote.GroupVote(m, self._pg, opts, bad_here, participants), pg_failed, participants,
+            mismatch,
+        )  # fmt: skip
+        # late only where every rank of the group decides alike (never its local errors)
+        late = defer and self._started and not last and self._sync_error is None
+        if late and participants >= opts.min_replica_size:
+            return None
+        return self.land()
+
+    @property
+    def pending(self) -> bool:
+        """A step's vote was started and has not landed (``finish_step(defer=True)``)."""
+        return self._pending is not None
+
+    def land(self, late: bool = False) -> bool | None:
+        """Land the pending step's vote, if any, and commit or discard the step: write the
+        averages back and step the dense optimizer on commit. Returns whether it committed
+        (None when nothing was pending). Runs by itself before the model's next forward,
+        before a quorum is formed, in ``shutdown`` and ``summary``. ``late``: inside the
+        next step, which kept the last quorum (a failed step: ``sparse2d.ft.commit``)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        voting = time.perf_counter()
+        committed, group_bad = pending.vote.land()
+        self.waited["vote_s"] += time.perf_counter() - voting
+        if late and not committed:  # the step after kept the quorum: all groups refuse it,
+            self._poison = True  # and this rank sends it (its peers wait for it)
+            self.manager._errored = None if not pending.pg_failed else self.manager._errored
+        self._lease.after_vote(committed, pending.pg_failed, pending.participants)
         self._may_lag = not committed  # a group that committed is at the next quorum's step
         self.last_committed = committed
+        self.verdicts.append(committed)
         if committed:
             self.policy.commit()
         else:
             self.policy.discard()
-        if group_bad:  # every rank of the group: it restarts as one
-            raise SyncError(
-                f"group {opts.replica_id} rank {dist.get_rank()}: non-finite dense gradient or "
-                "embedding value; its average was refused by every group (this group restarts "
-                f"and heals from a live one){': ' + str(self._sync_error) if self._sync_error else ''}"
-            )
-        if mismatch:
-            raise ConfigError(
-                f"groups in the quorum run different plans/models/configs (fingerprint "
-                f"{self.fingerprint:x} differs); start every group with the same config"
-            )
+        opts, participants = self.options, pending.participants
+        error = commit.refusal(
+            opts, group_bad, pending.mismatch, self.fingerprint, self._sync_error
+        )
+        if error is not None:  # every rank of the group: it restarts as one
+            raise error
         if committed:
             self.optimizer.step()
             self.committed += 1
@@ -360,9 +361,6 @@ class FaultTolerance:
         self.optimizer.zero_grad(set_to_none=True)
         self._short.after_step(participants < opts.min_replica_size)
         return committed
-
-    def _vote(self, bad_here: bool) -> tuple[bool, bool]:
-        return vote.group_commit(self.manager, self._pg, self.options, bad_here, self.participants)
 
     def _drop_process_group(self) -> None:
         quorum.drop_process_group(self._pg, self.manager)
@@ -377,6 +375,7 @@ class FaultTolerance:
 
     def summary(self) -> dict[str, Any]:
         """The counters a run reports (``committed_steps``, ``failed_commits``, ``heals``...)."""
+        self.land()
         return {
             "replica_id": self.options.replica_id,
             "committed_steps": self.committed,
@@ -394,6 +393,8 @@ class FaultTolerance:
 
     def shutdown(self) -> None:
         """Stop this group's manager server and checkpoint server."""
+        self.land()
         self._lease.settle()  # the last step's echo: every group is still there for it
         self._overlap.close()
+        self._land_hook.remove()
         self.manager.shutdown(wait=False)

@@ -3,7 +3,7 @@
 Each group adds its plan fingerprint and its NaN/inf flag to the step's cross-group average
 (``FaultTolerance.finish_step``): a group with another plan, or a bad value anywhere, is
 seen by every group from the average alone, with no collective of its own. Then the ranks of
-each group agree whether the step commits (``group_commit``), and whether some rank of the
+each group agree whether the step commits (``GroupVote``), and whether some rank of the
 group found a non-finite value (the whole group then stops and restarts as one).
 """
 
@@ -108,54 +108,74 @@ class SentScan:
                     flat[-1] = 1.0
 
 
-MANAGER_FIELDS = ("_step", "_batches_committed", "_commit_failures", "_checkpoint_transport")
-"""What torchft 0.2's ``Manager.should_commit`` updates after its vote RPC (``group_commit``
-does the same after its all-reduce); ``tests/test_ft_vote.py`` fails if a release renames them."""
+MANAGER_FIELDS = (
+    "_step", "_batches_committed", "_commit_failures", "_checkpoint_transport", "_errored",
+)  # fmt: skip
+"""What torchft 0.2's ``Manager.should_commit`` updates after its vote RPC (``GroupVote.land``
+does the same after its all-reduce), and its error, which ``FaultTolerance.land`` clears after
+a late failed commit; ``tests/test_ft_vote.py`` fails if a release renames them."""
 
 
-def group_commit(
-    manager: Any, pg: Any, options: FTOptions, bad_here: bool, participants: int
-) -> tuple[bool, bool]:
+class GroupVote:
     """The commit vote of this group's ranks: torchft's ``Manager.should_commit`` with its
     RPC (every rank to the group's manager server and back) replaced by one SUM all-reduce
     over this torchrun world, which is the group, of each rank's "cannot commit" and
-    "non-finite here" flags. Not faster on CPU: the vote's wait is the skew between the
-    group's ranks either way (an A/B against the RPC in one run measured no difference, nor
-    did carrying the dense gradients' group sum in it instead of DDP's all-reduce: 0.887 vs
-    0.895 of the standard launcher, docs/fault_tolerance.md); a rank of the group that is
-    lost fails it at once, not after ``timeout_s``. The verdict and the bookkeeping are
-    torchft's: a step commits only when every rank's cross-group process group (``pg``) and
-    manager saw no error and the quorum has ``min_replica_size`` groups; on commit the step
-    and committed batches advance, otherwise the consecutive failures count (the lighthouse
+    "non-finite here" flags. Started as soon as the step's cross-group all-reduce landed;
+    ``land()`` waits for it and does torchft's bookkeeping, at once or at the next forward
+    (``FaultTolerance.finish_step(defer=True)``): the wait is the skew between the group's
+    ranks (each left its cross-group all-reduce with a different peer), and landing it late
+    lets the pipeline's next input all-to-all and data overlap it. (Carrying the dense
+    gradients' group sum in it instead of DDP's all-reduce measured no gain: the skew DDP
+    absorbed moved here, docs/fault_tolerance.md.) A rank of the group that is lost fails
+    it at once, not after ``timeout_s``. The verdict and the bookkeeping are torchft's: a
+    step commits only when every rank's cross-group process group (``pg``) and manager saw
+    no error and the quorum has ``min_replica_size`` groups; on commit the step and
+    committed batches advance, otherwise the consecutive failures count (the lighthouse
     regroups on them); the heal checkpoint stops being served. Different groups may decide
-    differently, as with torchft. A vote that cannot complete (a rank of this group lost) is
-    one line, not a traceback.
-    ``participants``: groups in the step's quorum (torchft's ``num_participants()``).
-    Returns ``(committed, some rank of this group holds a non-finite value)``."""
-    from torchft.utils import synchronize
+    differently, as with torchft. A vote that cannot complete is one line, not a traceback.
+    ``participants``: groups in the step's quorum (torchft's ``num_participants()``)."""
 
-    if torch.accelerator.is_available():  # errors of queued device work show only after it
-        synchronize()
-    if (error := pg.errored()) is not None:
-        manager.report_error(error)
-    here = participants >= options.min_replica_size and manager.errored() is None
-    flags = torch.tensor(
-        [0 if here else 1, 1 if bad_here else 0], dtype=torch.int32, device=flag_device()
-    )
-    try:
-        dist.all_reduce(flags)
-    except Exception as error:
-        raise FaultToleranceError(
-            f"group {options.replica_id}: commit vote failed (a rank of this group was "
-            f"lost?): {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        ) from None
-    cannot, bad = flags.tolist()  # one read of the result
-    committed, group_bad = cannot == 0, bad > 0
-    manager._checkpoint_transport.disallow_checkpoint()
-    if committed:
-        manager._step += 1
-        manager._batches_committed += participants
-        manager._commit_failures = 0
-    else:
-        manager._commit_failures += 1
-    return committed, group_bad
+    def __init__(
+        self, manager: Any, pg: Any, options: FTOptions, bad_here: bool, participants: int
+    ) -> None:
+        from torchft.utils import synchronize
+
+        if torch.accelerator.is_available():  # errors of queued device work show only after it
+            synchronize()
+        if (error := pg.errored()) is not None:
+            manager.report_error(error)
+        here = participants >= options.min_replica_size and manager.errored() is None
+        self._flags = torch.tensor(
+            [0 if here else 1, 1 if bad_here else 0], dtype=torch.int32, device=flag_device()
+        )
+        self._manager, self._options, self._participants = manager, options, participants
+        self._work: Any = None
+        try:
+            self._work = dist.all_reduce(self._flags, async_op=True)
+        except Exception as error:
+            self._failed = error
+
+    def land(self) -> tuple[bool, bool]:
+        """Wait for the vote; returns ``(committed, some rank of this group holds a
+        non-finite value)``."""
+        try:
+            if self._work is None:
+                raise self._failed
+            self._work.wait()
+        except Exception as error:
+            raise FaultToleranceError(
+                f"group {self._options.replica_id}: commit vote failed (a rank of this group "
+                f"was lost?): {type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}"
+            ) from None
+        cannot, bad = self._flags.tolist()  # one read of the result
+        committed, group_bad = cannot == 0, bad > 0
+        manager, participants = self._manager, self._participants
+        manager._checkpoint_transport.disallow_checkpoint()
+        if committed:
+            manager._step += 1
+            manager._batches_committed += participants
+            manager._commit_failures = 0
+        else:
+            manager._commit_failures += 1
+        return committed, group_bad

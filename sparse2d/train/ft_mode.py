@@ -136,10 +136,14 @@ class FaultTolerantMode:
             loss, (_, logits, labels) = loop.model(batch)
             loss.backward()
             participants = ft.participants
-            committed = ft.finish_step()
+            committed = bool(ft.finish_step())
+            ft.verdicts.clear()
         else:  # zero_grad: quorum; step: vote and commit (sparse2d.ft.FTOptimizer)
             logits, labels = self._pipeline.progress()
-            participants, committed = ft.participants, bool(ft.last_committed)
+            # the verdicts that landed in this attempt: the previous step's, at the forward,
+            # when it was late (``_may_defer``); this step's own, unless it is late now
+            participants, committed = ft.participants, all(ft.verdicts)
+            ft.verdicts.clear()
             self._record_heals(loop)
         self._participants = participants
         samples = participants * self.samples_per_group
@@ -180,8 +184,16 @@ class FaultTolerantMode:
         from sparse2d.train.pipeline import PipelineSteps
 
         ft = self.ft
-        wrapper = FTOptimizer(ft, expect_position=ft.position)
+        wrapper = FTOptimizer(ft, expect_position=ft.position, defer=self._may_defer)
         return PipelineSteps(kind, loop.model, wrapper, loop.data, loop.device, ft.position, None)
+
+    def _may_defer(self, step: int) -> bool:
+        """Whether the vote of the step at committed step ``step`` may land at the next
+        forward (``sparse2d.ft.commit``): not when the loop logs, evaluates or saves after it,
+        nor the last step, so those read a committed state and each step is logged once."""
+        done, t = step + 1, self.cfg.train
+        cadences = (t.log_every, t.eval_every, self.cfg.checkpoint.every)
+        return done < t.steps and not any(every and done % every == 0 for every in cadences)
 
     def paused(self) -> contextlib.AbstractContextManager[None]:
         return self._pipeline.paused() if self._pipeline is not None else contextlib.nullcontext()

@@ -161,6 +161,7 @@ class Loop:
         window, clock = TrainWindow(), _Clock()
         last_train: dict[str, float] = {}
         profiler = StepProfiler(self.profile and self.is_main, cfg.run_dir, steps - mode.completed)
+        last_done = mode.completed
         while mode.completed < steps:
             self.step = mode.completed
             start = time.perf_counter()
@@ -184,8 +185,11 @@ class Loop:
             profiler.step()
             window.update(attempt.logits, attempt.labels)
             clock.add(attempt)
-            bar.update(1)
             done = mode.completed
+            if done == last_done:  # its commit lands at the next forward (fault tolerance)
+                continue
+            bar.update(done - last_done)
+            last_done = done
             if done % t.log_every == 0 or done == steps:
                 last_train = self._log_train(window, clock, attempt, bar)
             if done != steps and t.eval_every and done % t.eval_every == 0:

@@ -1,0 +1,90 @@
+"""A fault-tolerant step between its cross-group all-reduce and its commit.
+
+``FaultTolerance.finish_step`` sends the step's one all-reduce and starts the group's vote
+(``vote.GroupVote``); ``FaultTolerance.land`` waits for the vote and commits or discards the
+step. With ``defer`` the landing waits for the model's next forward, so the vote's wait (the
+skew between the group's ranks) overlaps the pipeline's next input all-to-all and data
+instead of blocking ``step()``. Every rank of a group decides alike when to land: a quorum's
+step, the job's last step and a step whose sync failed land at once, and a step never starts
+a quorum with a vote pending (a heal's capture reads the committed state). A step whose vote
+fails when it lands late was followed by one that kept the last quorum: this group sends
+that step's all-reduce anyway (its managers' error cleared: a peer must not wait for a
+collective an errored manager skips) with the control vector's flag set, so every group
+refuses that step's average, and the commit echo of the failed step makes every group
+regroup at the step after. A fault thus costs the live groups one failed step instead of
+none (their data slices are skipped, never trained twice); the trainer defers only the steps
+after which it neither logs, evaluates nor saves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sparse2d.errors import ConfigError, SyncError
+from sparse2d.ft import vote
+from sparse2d.ft.options import FTOptions
+
+
+@dataclass(slots=True)
+class PendingCommit:
+    """A step whose vote was started and has not landed."""
+
+    vote: vote.GroupVote
+    pg_failed: bool
+    """This rank's cross-group process group failed (it regroups after landing)."""
+    participants: int
+    """Groups in the step's quorum."""
+    mismatch: bool
+    """Another plan in the quorum (the average is refused everywhere)."""
+
+
+def dense_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The dense gradients the step averages: a zero gradient where none was made, so the
+    layout is identical in every group; MP-ZCH identities (integer parameters) left out."""
+    out = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not p.is_floating_point():
+                continue
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            out.append(p.grad)
+    return out
+
+
+def refusal(
+    options: FTOptions,
+    group_bad: bool,
+    mismatch: bool,
+    fingerprint: int,
+    sync_error: SyncError | None,
+) -> Exception | None:
+    """What a landed step raises on every rank of the group, if anything: a non-finite
+    value in the group (it restarts as one and heals) or another plan in the quorum."""
+    if group_bad:
+        return SyncError(
+            f"group {options.replica_id} rank {dist.get_rank()}: non-finite dense gradient or "
+            "embedding value; its average was refused by every group (this group restarts "
+            f"and heals from a live one){': ' + str(sync_error) if sync_error else ''}"
+        )
+    if mismatch:
+        return ConfigError(
+            f"groups in the quorum run different plans/models/configs (fingerprint "
+            f"{fingerprint:x} differs); start every group with the same config"
+        )
+    return None
+
+
+def before_forward(land: Callable[..., Any]) -> Callable[[Any, Any], None]:
+    """The model's forward pre-hook that lands a pending vote late (it returns None: a
+    value returned by a pre-hook would replace the forward's arguments)."""
+
+    def hook(module: Any, args: Any) -> None:
+        land(late=True)
+
+    return hook
