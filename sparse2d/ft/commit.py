@@ -66,9 +66,10 @@ def refusal(
 ) -> Exception | None:
     """What a landed step raises on every rank of the group, if anything: a non-finite
     value in the group (it restarts as one and heals) or another plan in the quorum."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
     if group_bad:
         return SyncError(
-            f"group {options.replica_id} rank {dist.get_rank()}: non-finite dense gradient or "
+            f"group {options.replica_id} rank {rank}: non-finite dense gradient or "
             "embedding value; its average was refused by every group (this group restarts "
             f"and heals from a live one){': ' + str(sync_error) if sync_error else ''}"
         )
