@@ -79,3 +79,40 @@ def test_quorum_below_min_replica_size_stops_every_rank_within_the_timeout(tmp_p
     assert ranks == [" rank 0", " rank 1"], (elapsed, _ours(run.stderr)[-12000:])
     for line in lines:
         assert "no quorum of >= 2 group(s) within fault_tolerance.quorum_timeout_s=5" in line, line
+
+
+def _logged_steps(log_every: int, eval_every: int, save_every: int, steps: int) -> list[int]:
+    """The steps the trainer's loop logs when each vote lands late where ``_may_defer``
+    allows: after attempt ``k`` the loop sees ``k`` steps done if its vote is late, ``k+1``
+    if it landed in ``step()`` (the late one before it lands at its forward)."""
+    from types import SimpleNamespace
+
+    from sparse2d.train.config import load_config
+    from sparse2d.train.ft_mode import FaultTolerantMode
+
+    cfg = load_config("configs/ft_tiny_cpu.yaml", [
+        f"train.log_every={log_every}", f"train.eval_every={eval_every}",
+        f"checkpoint.every={save_every}", f"train.steps={steps}",
+    ])  # fmt: skip
+    mode = SimpleNamespace(cfg=cfg)
+    logged, last = [], 0
+    for attempt in range(steps):
+        late = FaultTolerantMode._may_defer(mode, attempt)  # type: ignore[arg-type]
+        done = attempt if late else attempt + 1
+        if done != last and (done % log_every == 0 or done == steps):
+            logged.append(done)
+        if done != last and (eval_every and done % eval_every == 0 or done == steps):
+            assert not late, (attempt, done)  # evaluated after: a committed state
+        last = done
+    return logged
+
+
+def test_late_votes_keep_every_logged_step_logged_once() -> None:
+    """``FaultTolerantMode._may_defer``: the loop still logs every ``log_every``-th step once
+    (and the last), evaluates and saves only committed states, whatever the cadences."""
+    for log_every, eval_every, save_every, steps in [
+        (10, 100, 0, 300), (3, 100, 0, 200), (1, 50, 0, 120), (7, 0, 50, 200), (10, 0, 0, 95),
+    ]:  # fmt: skip
+        want = [d for d in range(1, steps + 1) if d % log_every == 0 or d == steps]
+        got = _logged_steps(log_every, eval_every, save_every, steps)
+        assert got == want, (log_every, eval_every, save_every, steps, got)

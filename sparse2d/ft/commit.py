@@ -12,8 +12,8 @@ that step's all-reduce anyway (its managers' error cleared: a peer must not wait
 collective an errored manager skips) with the control vector's flag set, so every group
 refuses that step's average, and the commit echo of the failed step makes every group
 regroup at the step after. A fault thus costs the live groups one failed step instead of
-none (their data slices are skipped, never trained twice); the trainer defers only the steps
-after which it neither logs, evaluates nor saves.
+none (their data slices are skipped, never trained twice); the trainer defers all steps but
+those it evaluates or saves after (``sparse2d.train.ft_mode``).
 """
 
 from __future__ import annotations

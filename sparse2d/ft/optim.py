@@ -43,7 +43,7 @@ class FTOptimizer(torch.optim.Optimizer):
         no batch is trained twice or out of place. ``None``: the loop reads ``ft.position``."""
         self.defer = defer
         """``defer(step)``: whether the vote of the step that starts at committed step
-        ``step`` may land at the model's next forward (the trainer: unless the loop logs,
+        ``step`` may land at the model's next forward (the trainer: unless the loop
         evaluates or saves after it). Nothing may read the tables in between:
         ``TrainPipelineSparseDist`` looks up inside the forward; ``TrainPipelineSemiSync``
         looks the next batch up after ``step()`` in its warm-up batches (before

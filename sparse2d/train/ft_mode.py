@@ -189,11 +189,21 @@ class FaultTolerantMode:
 
     def _may_defer(self, step: int) -> bool:
         """Whether the vote of the step at committed step ``step`` may land at the next
-        forward (``sparse2d.ft.commit``): not when the loop logs, evaluates or saves after it,
-        nor the last step, so those read a committed state and each step is logged once."""
-        done, t = step + 1, self.cfg.train
-        cadences = (t.log_every, t.eval_every, self.cfg.checkpoint.every)
-        return done < t.steps and not any(every and done % every == 0 for every in cadences)
+        forward (``sparse2d.ft.commit``): not when the loop evaluates or saves after it, nor
+        the last step, so those read a committed state. The loop counts a step done when its
+        vote lands, so it moves two steps at once where an immediate vote follows a late one;
+        the step before must then land too when the loop logs after it (with ``log_every``
+        1, every step), so that each logged step is logged once."""
+        t = self.cfg.train
+
+        def lands(done: int) -> bool:
+            return done >= t.steps or any(
+                every and done % every == 0 for every in (t.eval_every, self.cfg.checkpoint.every)
+            )
+
+        done = step + 1
+        logged_before_a_jump = done % t.log_every == 0 and lands(done + 1)
+        return not (lands(done) or logged_before_a_jump or t.log_every == 1)
 
     def paused(self) -> contextlib.AbstractContextManager[None]:
         return self._pipeline.paused() if self._pipeline is not None else contextlib.nullcontext()
