@@ -173,6 +173,7 @@ class FaultTolerance:
         """
         if self._open:  # already joined (the trainer opens the first step before a pipeline)
             return
+        echoing, voted = time.perf_counter(), self.waited["vote_s"]  # echo: settled first
         if self._pending is not None:  # it lands before any quorum (a heal's capture reads
             self._lease.settle()  # the state); the group's decision: no rank's own verdict
             if self._lease.regroup or (self.step + 1) % self.options.quorum_every == 0:
@@ -182,9 +183,8 @@ class FaultTolerance:
         self._opened_at = (time.perf_counter(), self.manager.current_step())
         overlap = self.options.overlap_quorum and not self._may_lag and self._overlap.forward_seen
         self._overlap.arm()
-        echoing = time.perf_counter()
         reuse = self._lease.reuses(self._started, self.manager.current_step() + late)
-        self.waited["echo_s"] += time.perf_counter() - echoing
+        self.waited["echo_s"] += time.perf_counter() - echoing - (self.waited["vote_s"] - voted)
         if reuse:
             self._open = True
             return
