@@ -178,12 +178,11 @@ class FaultTolerance:
             self._lease.settle()  # the state); the group's decision: no rank's own verdict
             if self._lease.regroup or (self.step + 1) % self.options.quorum_every == 0:
                 self.land()
-        late = int(self._pending is not None)
         self._heal_from, self._expect = None, expect_position
         self._opened_at = (time.perf_counter(), self.manager.current_step())
         overlap = self.options.overlap_quorum and not self._may_lag and self._overlap.forward_seen
         self._overlap.arm()
-        reuse = self._lease.reuses(self._started, self.manager.current_step() + late)
+        reuse = self._lease.reuses(self._started, self.step + (self._pending is not None))
         self.waited["echo_s"] += time.perf_counter() - echoing - (self.waited["vote_s"] - voted)
         if reuse:
             self._open = True
@@ -336,7 +335,8 @@ class FaultTolerance:
         self.waited["vote_s"] += time.perf_counter() - voting
         if late and not committed:  # the step after kept the quorum: all groups refuse it,
             self._poison = True  # and this rank sends it (its peers wait for it)
-            self.manager._errored = None if not pending.pg_failed else self.manager._errored
+            if not pending.pg_failed:
+                self.manager._errored = None
         self._lease.after_vote(committed, pending.pg_failed, pending.participants)
         self._may_lag = not committed  # a group that committed is at the next quorum's step
         self.last_committed = committed

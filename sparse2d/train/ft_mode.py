@@ -29,7 +29,7 @@ from sparse2d.errors import FaultToleranceError
 from sparse2d.ft.heal_log import HealLog
 from sparse2d.train.config import Config
 from sparse2d.train.data import DataSource
-from sparse2d.train.step_mode import Attempt
+from sparse2d.train.step_mode import Attempt, evaluates_after, saves_after
 
 if TYPE_CHECKING:
     from sparse2d.train.loop import Loop
@@ -194,12 +194,10 @@ class FaultTolerantMode:
         vote lands, so it moves two steps at once where an immediate vote follows a late one;
         the step before must then land too when the loop logs after it (with ``log_every``
         1, every step), so that each logged step is logged once."""
-        t = self.cfg.train
+        cfg, t = self.cfg, self.cfg.train
 
-        def lands(done: int) -> bool:
-            return done >= t.steps or any(
-                every and done % every == 0 for every in (t.eval_every, self.cfg.checkpoint.every)
-            )
+        def lands(done: int) -> bool:  # the loop reads a committed state after it
+            return done >= t.steps or evaluates_after(cfg, done) or saves_after(cfg, done)
 
         done = step + 1
         logged_before_a_jump = done % t.log_every == 0 and lands(done + 1)

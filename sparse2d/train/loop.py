@@ -24,7 +24,7 @@ from sparse2d.train.failure import gather_peers
 from sparse2d.train.metrics import TrainWindow, evaluate_batches
 from sparse2d.train.profiling import StepProfiler
 from sparse2d.train.recorder import Recorder, short
-from sparse2d.train.step_mode import Attempt, Mode
+from sparse2d.train.step_mode import Attempt, Mode, evaluates_after, saves_after
 
 
 def make_mode(cfg: Config, rank: int, world: int) -> Mode:
@@ -102,8 +102,7 @@ class Loop:
     def _maybe_save(self, step: int) -> None:
         """A checkpoint after ``step`` steps on the ``checkpoint.every`` cadence and at the
         end (sparse2d.checkpoint: DCP, atomic ``latest``, keep=K)."""
-        every = self.cfg.checkpoint.every
-        if every == 0 or (step % every and step != self.cfg.train.steps):
+        if not saves_after(self.cfg, step):
             return
         from sparse2d import checkpoint
 
@@ -192,7 +191,7 @@ class Loop:
             last_done = done
             if done % t.log_every == 0 or done == steps:
                 last_train = self._log_train(window, clock, attempt, bar)
-            if done != steps and t.eval_every and done % t.eval_every == 0:
+            if evaluates_after(cfg, done):
                 self.log({"kind": "eval", "step": done, **self.evaluate(), **self.planted}, bar)
             self._maybe_save(done)
         bar.close()

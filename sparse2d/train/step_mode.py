@@ -22,7 +22,22 @@ import torch
 from sparse2d.train.data import DataSource
 
 if TYPE_CHECKING:
+    from sparse2d.train.config import Config
     from sparse2d.train.loop import Loop
+
+
+def evaluates_after(cfg: Config, done: int) -> bool:
+    """The loop evaluates after ``done`` steps (``train.eval_every``; the final evaluation
+    follows the loop). A mode whose commits land late lands these at once."""
+    every = cfg.train.eval_every
+    return bool(every) and done % every == 0 and done != cfg.train.steps
+
+
+def saves_after(cfg: Config, done: int) -> bool:
+    """The loop saves a checkpoint after ``done`` steps: on ``checkpoint.every`` and at the
+    end. A mode whose commits land late lands these at once."""
+    every = cfg.checkpoint.every
+    return every > 0 and (done % every == 0 or done == cfg.train.steps)
 
 
 @dataclass
