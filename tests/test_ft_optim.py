@@ -79,15 +79,23 @@ def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str, defer
             position += 1
 
     it, committed, pending = data(), [], []
+    surface_landed = None
     while ft.step < steps:
         pipeline.progress(it)
         committed += ft.verdicts
         pending.append(ft.pending)
         ft.verdicts.clear()
+        if ft.pending and surface_landed is None:  # a state dict shows committed values
+            before = ft.committed
+            model.state_dict()
+            surface_landed = (ft.pending, ft.committed - before)
+            committed += ft.verdicts
+            ft.verdicts.clear()
     summary = ft.summary()
     ft.shutdown()
     return {"tables": gather_tables(model, tables, None), "dense": dense_params(model),
-            "committed": committed, "summary": summary, "pending": pending}  # fmt: skip
+            "committed": committed, "summary": summary, "pending": pending,
+            "surface_landed": surface_landed}  # fmt: skip
 
 
 def _pipeline_reference(steps: int, kind: str) -> dict:
@@ -124,6 +132,8 @@ def test_torchrec_pipeline_drives_ft_and_equals_1d_driven_by_it(world4, kind, de
         # each vote but the first quorum's step and the last landed late, when deferred
         late = [defer and _late(kind, i) and i < STEPS - 1 for i in range(STEPS)]
         assert got["pending"] == late, (key, got["pending"])
+        # model.state_dict() with a vote pending landed it (committed one step) first
+        assert got["surface_landed"] == ((False, 1) if defer else None), (key, got)
         for name, table in ref["tables"].items():
             assert_close(got["tables"][name], table, atol=1e-5, rtol=1e-5, msg=f"{key} {name}")
             assert torch.equal(got["tables"][name], base["tables"][name]), (key, name)

@@ -81,11 +81,20 @@ def refusal(
     return None
 
 
+def land_before_reads(model: Any, policy: Any, land: Callable[..., Any]) -> Any:
+    """Land a pending vote before anything reads the tables: the model's next forward and,
+    through the policy's ``finish`` (``TwoStagePolicy``), the
+    model's surfaces that land syncs (``state_dict``, ``load_state_dict``, the fused
+    optimizer's). Returns the forward pre-hook's handle."""
+    policy.land_commit = land
+    return model.register_forward_pre_hook(before_forward(land))
+
+
 def before_forward(land: Callable[..., Any]) -> Callable[[Any, Any], None]:
-    """The model's forward pre-hook that lands a pending vote late (it returns None: a
-    value returned by a pre-hook would replace the forward's arguments)."""
+    """The model's forward pre-hook that lands a pending vote (it returns None: a value
+    returned by a pre-hook would replace the forward's arguments)."""
 
     def hook(module: Any, args: Any) -> None:
-        land(late=True)
+        land()
 
     return hook

@@ -115,7 +115,7 @@ class FaultTolerance:
         self._poison = False
         self.verdicts: list[bool] = []
         """Every landed step's verdict, in order (a loop reads and clears it)."""
-        self._land_hook = model.register_forward_pre_hook(commit.before_forward(self.land))
+        self._land_hook = commit.land_before_reads(model, self.policy, self.land)
 
     # ---- heal state (torchft calls these; sparse2d.ft.state) ------------------------------
     def _capture(self) -> dict[str, Any]:
@@ -275,7 +275,7 @@ class FaultTolerance:
         dense gradients always. Returns whether the step committed, or None with ``defer``:
         the vote then lands before the model's next forward (``sparse2d.ft.commit``)."""
         self._require_joined()
-        self.land(late=True)
+        self.land()
         m, opts, step, participants = self.manager, self.options, self.step, self.participants
         last = self.final_step is not None and step + 1 >= self.final_step
         if force_sync or last or (step + 1) % opts.sync_every == 0:
@@ -321,20 +321,20 @@ class FaultTolerance:
         """A step's vote was started and has not landed (``finish_step(defer=True)``)."""
         return self._pending is not None
 
-    def land(self, late: bool = False) -> bool | None:
+    def land(self) -> bool | None:
         """Land the pending step's vote, if any, and commit or discard the step: write the
         averages back and step the dense optimizer on commit. Returns whether it committed
         (None when nothing was pending). Runs by itself before the model's next forward,
-        before a quorum is formed, in ``shutdown`` and ``summary``. ``late``: inside the
-        next step, which kept the last quorum (a failed step: ``sparse2d.ft.commit``)."""
+        before a quorum, before the model's surfaces are read, in ``shutdown`` and ``summary``.
+        Late (the next step kept the quorum): a failed step is refused there (``commit``)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
         voting = time.perf_counter()
         committed, group_bad = pending.vote.land()
         self.waited["vote_s"] += time.perf_counter() - voting
-        if late and not committed:  # the step after kept the quorum: all groups refuse it,
-            self._poison = True  # and this rank sends it (its peers wait for it)
+        if self._open and not committed:  # the next step kept the quorum: all groups refuse
+            self._poison = True  # it, and this rank sends it (its peers wait for it)
             if not pending.pg_failed:
                 self.manager._errored = None
         self._lease.after_vote(committed, pending.pg_failed, pending.participants)
