@@ -21,6 +21,7 @@ from sparse2d.environment import environment
 from sparse2d.train.auto_trial import log_trial
 from sparse2d.train.config import Config
 from sparse2d.train.failure import gather_peers
+from sparse2d.train.link_bytes import LinkBytes
 from sparse2d.train.metrics import TrainWindow, evaluate_batches
 from sparse2d.train.profiling import StepProfiler
 from sparse2d.train.recorder import Recorder, short
@@ -70,6 +71,8 @@ class Loop:
         self.planted: dict[str, float] = {}
         self.train_s = 0.0
         self.trained_samples = 0
+        self.trained_steps = 0
+        self.link = LinkBytes.from_env()
         self.mode.attach(self)
 
     # ---- helpers ---------------------------------------------------------------------
@@ -161,6 +164,7 @@ class Loop:
         last_train: dict[str, float] = {}
         profiler = StepProfiler(self.profile and self.is_main, cfg.run_dir, steps - mode.completed)
         last_done = mode.completed
+        self.link.resume()
         while mode.completed < steps:
             self.step = mode.completed
             start = time.perf_counter()
@@ -191,9 +195,14 @@ class Loop:
             last_done = done
             if done % t.log_every == 0 or done == steps:
                 last_train = self._log_train(window, clock, attempt, bar)
-            if evaluates_after(cfg, done):
-                self.log({"kind": "eval", "step": done, **self.evaluate(), **self.planted}, bar)
-            self._maybe_save(done)
+            if evaluates_after(cfg, done) or saves_after(cfg, done):
+                self.link.pause()  # their traffic is not the step's
+                if evaluates_after(cfg, done):
+                    metrics = self.evaluate()
+                    self.log({"kind": "eval", "step": done, **metrics, **self.planted}, bar)
+                self._maybe_save(done)
+                self.link.resume()
+        self.link.pause()
         bar.close()
         profiler.close()
         self.model.sync_policy.finish()
@@ -208,6 +217,7 @@ class Loop:
         elapsed = self.max_over_ranks([clock.seconds])[0]
         self.train_s += elapsed
         self.trained_samples += clock.samples
+        self.trained_steps += clock.steps
         last_train = window.reduce()
         record = {"kind": "train", "step": self.mode.completed, **last_train}
         record["samples_per_s"] = clock.samples / max(elapsed, 1e-9)
@@ -227,7 +237,7 @@ class Loop:
             "global_batch_size": self.data.global_batch,
             "batch_size_per_rank": cfg.data.batch_size_per_rank,
             **self.mode.shape(self),
-            "replica_layout": cfg.parallel.replica_layout,
+            "replica_layout": model.replica_layout,
             "sync_every": cfg.parallel.sync.every,
             "pipeline": cfg.train.pipeline,
             "data_source": cfg.data.source,
@@ -239,6 +249,7 @@ class Loop:
             **self.planted,
             "samples_per_s": self.trained_samples / max(self.train_s, 1e-9),
             "train_s": self.train_s,
+            **self._link_summary(),
             # which code and libraries made these numbers (sparse2d/environment.py)
             "environment": self.environment,
             "construction": model.construction.record(),  # sparse2d.construction (issue 32)
@@ -261,6 +272,18 @@ class Loop:
             )
         self.mode.close()
         return summary
+
+    def _link_summary(self) -> dict[str, Any]:
+        """``host_link_bytes_per_step``: bytes that crossed host links per training step,
+        summed over hosts (collective; only where ``GLOO_SOCKET_IFNAME`` names the link)."""
+        if not self.link.enabled:
+            return {}
+        t = torch.tensor([float(self.link.total)], dtype=torch.float64, device=flag_device())
+        dist.all_reduce(t)
+        return {
+            "host_link_interface": self.link.interface,
+            "host_link_bytes_per_step": t.item() / max(self.trained_steps, 1),
+        }
 
 
 class _Clock:
