@@ -59,10 +59,11 @@ def test_nothing_fits_lists_numbered_fixes_with_numbers() -> None:
 
 def test_json_is_one_object_with_every_candidate() -> None:
     data = json.loads(to_json(advise(WORKLOAD, TOPO)))
-    assert set(data) == {"world_size", "recommended", "reason", "candidates"}
+    assert set(data) == {"world_size", "recommended", "recommended_layout", "reason", "candidates"}
     assert data["world_size"] == 8 and len(data["candidates"]) == 4
     keys = {"sharding_group_size", "fits", "memory_per_rank_bytes", "a2a_s", "sync_s",
-            "compute_s", "imbalance", "step_s", "sharding_types", "terms", "sync_kind"}  # fmt: skip
+            "compute_s", "imbalance", "step_s", "sharding_types", "terms", "sync_kind",
+            "replica_layout"}  # fmt: skip
     assert all(set(c) == keys for c in data["candidates"])
 
 

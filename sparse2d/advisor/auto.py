@@ -89,9 +89,18 @@ def workload_from_module(
     )
 
 
+TOPOLOGY_ENV = "SPARSE2D_TOPOLOGY"
+"""A topology YAML (``sparse2d.advisor.topology``) that describes this job's cluster better than
+the device's preset: its hosts, links and memory. ``launch/emulated_hosts.sh`` writes one per
+run (``RUN_DIR/topology.yaml``: the emulated hosts, their cores, each host's link) and sets it."""
+
+
 def topology_for_device(device: torch.device, world_size: int) -> ClusterTopology:
-    """``h100_8x`` sized to this GPU's memory on CUDA, the fitted ``cpu_gloo`` on CPU with
-    this host's cores (its constants are per core)."""
+    """The cluster ``$SPARSE2D_TOPOLOGY`` describes where set; else ``h100_8x`` sized to this
+    GPU's memory on CUDA, the fitted ``cpu_gloo`` on CPU with this host's cores (its
+    constants are per core)."""
+    if os.environ.get(TOPOLOGY_ENV):
+        return load_topology(os.environ[TOPOLOGY_ENV], world_size)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None
     if device.type == "cuda":
         import torch

@@ -74,6 +74,8 @@ class Candidate:
     sync_kind: str = "none"
     """How the replica sync runs: ``none`` (G=1), ``folded`` (inside DDP's all-reduce),
     ``dense``, ``sparse`` (touched rows) or ``fully_sharded``."""
+    replica_layout: str = "intra_host"
+    """The replica layout priced (the faster of both where the workload says ``auto``)."""
 
     def term(self, name: str) -> float:
         return dict(self.terms)[name]
@@ -81,6 +83,7 @@ class Candidate:
     def as_json(self) -> dict[str, object]:
         return {
             "sharding_group_size": self.sharding_group_size,
+            "replica_layout": self.replica_layout,
             "fits": self.fits,
             "memory_per_rank_bytes": self.memory_per_rank_bytes,
             "a2a_s": self.a2a_s,
@@ -153,8 +156,8 @@ def _peers(topology: ClusterTopology, ranks: list[int]) -> tuple[int, int]:
 
 def _allreduce_s(nbytes: float, members: list[int], topology: ClusterTopology) -> float:
     """Ring all-reduce of ``nbytes`` per rank over ``members`` (bottleneck link)."""
-    _, remote = _peers(topology, members) if members else (0, 0)
-    return ct.allreduce_s(nbytes, len(members), remote > 0, topology)
+    local, remote = _peers(topology, members) if members else (0, 0)
+    return ct.allreduce_s(nbytes, len(members), remote > 0, topology, local + 1)
 
 
 def _type_rank(candidate: Candidate) -> int:
@@ -262,6 +265,7 @@ class AnalyticCostModel(CostModel):
             sharding_types=tuple(sorted((k, sum(v.values())) for k, v in loads.types.items())),
             terms=terms,
             sync_kind=sync_kind,
+            replica_layout=w.replica_layout,
         )
 
     def _loads(self, layout: GroupLayout, replicas: int, H: int) -> _RankLoads:
@@ -352,7 +356,7 @@ class AnalyticCostModel(CostModel):
         if replicas <= 1:
             return 0.0, "none"
         members = replica_groups(topo.world_size, L, w.replica_layout)[0]
-        _, remote = _peers(topo, members)
+        local, remote = _peers(topo, members)
         world_remote = topo.world_size > topo.ranks_per_host
         if w.sharding_strategy == "fully_sharded":
             return ct.fully_sharded_s(
@@ -364,7 +368,8 @@ class AnalyticCostModel(CostModel):
             # the region holds one slot per replica group: all of one group's shard bytes
             folded = ct.fold_s(region, topo.world_size, world_remote, topo)
             return folded / w.sync_every, "folded"
-        per_sync = ct.allreduce_s(shard_bytes, replicas, remote > 0, topo) + topo.sync_overhead_s
+        per_sync = ct.allreduce_s(shard_bytes, replicas, remote > 0, topo, local + 1)
+        per_sync += topo.sync_overhead_s
         kind = "dense" if w.engine == "dense" else "sparse"
         if w.check_finite and not (w.ddp and kind == "dense"):  # else DDP carries the vote
             per_sync += ct.vote_s(topo.world_size, world_remote, topo)

@@ -142,6 +142,11 @@ def on_shared_cores(topo: ClusterTopology) -> ClusterTopology:
     2.0-2.2x and 4.2-4.6x one rank's (``bench/lookup_cost.py``); the fit set's sync per byte
     at world 8 is ~2x world 4's. Identity where cores are not shared (GPU presets)."""
     share = cpu_share(topo)
+    if topo.host_link_bw:  # a rank's share of its host's link caps the inter-host bandwidth
+        link = topo.host_link_bw / topo.ranks_per_host
+        topo = dataclasses.replace(
+            topo, inter_host_bw=min(topo.inter_host_bw / share, link) * share
+        )
     if share == 1.0:
         return topo
     return dataclasses.replace(
@@ -177,9 +182,10 @@ def link_time_s(intra_bytes: float, inter_bytes: float, topology: ClusterTopolog
     ``a2a_bw_factor`` (fitted on gloo: all-to-alls reach ~0.15 of an all-reduce's
     bandwidth there, ``bench/planner_fit.py``)."""
     f = topology.a2a_bw_factor
-    return max(
-        intra_bytes / (f * topology.intra_host_bw), inter_bytes / (f * topology.inter_host_bw)
-    )
+    inter_bw = f * topology.inter_host_bw
+    if topology.host_link_bw:  # a wire: the loopback fit's factor does not speed it up
+        inter_bw = min(inter_bw, topology.host_link_bw / topology.ranks_per_host)
+    return max(intra_bytes / (f * topology.intra_host_bw), inter_bytes / inter_bw)
 
 
 def output_values_s(values: float, topo: ClusterTopology) -> float:
@@ -200,19 +206,34 @@ def a2a_latency_s(remote_peers: int, collectives: int, topo: ClusterTopology) ->
     return collectives * alpha
 
 
-def allreduce_s(nbytes: float, members: int, remote: bool, topo: ClusterTopology) -> float:
+def allreduce_s(
+    nbytes: float, members: int, remote: bool, topo: ClusterTopology, members_per_host: int = 1
+) -> float:
     """Ring all-reduce of ``nbytes`` per rank over ``members`` ranks: ``2 (n-1)/n`` bytes per
     rank over the bottleneck link plus the latency steps of ``topo.allreduce_latency``
-    (gloo: ring, ``2 (n-1)``; NCCL at scale: tree, ``2 log2 n``)."""
+    (gloo: ring, ``2 (n-1)``; NCCL at scale: tree, ``2 log2 n``).
+
+    With a host link (``topo.host_link_bw``) the ring crosses each host's link once per
+    group, whose ``members_per_host`` members there are adjacent in it, and every group of
+    the same shape runs at once: ``ranks_per_host / members_per_host`` rings share the link.
+    The cores still copy and reduce every byte (``intra_host_bw``), at the same time as the
+    link carries it: the slower of the two counts (measured on emulated hosts: full
+    replication's ring over 2 hosts x 4 ranks moved 1.75 copies of its tables across each
+    host's link per sync, the inter-host layout's pairs 1 copy per rank's shard)."""
     if members <= 1 or nbytes <= 0:
         return 0.0
-    bw = topo.inter_host_bw if remote else topo.intra_host_bw
     alpha = topo.inter_host_latency_s if remote else topo.intra_host_latency_s
     if topo.allreduce_latency == "ring":
         steps = 2 * (members - 1)
     else:
         steps = 2 * math.ceil(math.log2(members))
-    return 2 * (members - 1) / members * nbytes / bw + steps * alpha
+    per_rank = 2 * (members - 1) / members * nbytes
+    if remote and topo.host_link_bw:
+        rings = max(1.0, topo.ranks_per_host / max(1, members_per_host))
+        wire = rings * per_rank / topo.host_link_bw
+        return max(per_rank / topo.intra_host_bw, wire) + steps * alpha
+    bw = topo.inter_host_bw if remote else topo.intra_host_bw
+    return per_rank / bw + steps * alpha
 
 
 def fold_s(region_bytes: float, world: int, remote: bool, topo: ClusterTopology) -> float:

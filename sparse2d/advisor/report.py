@@ -36,20 +36,26 @@ def format_table(advice: Advice) -> str:
         f"sharding group size advisor: world {advice.world_size}, topology {advice.topology}",
         _HEADER,
     ]
+    layouts = len({c.replica_layout for c in advice.candidates}) > 1  # auto: both priced
     for c in advice.candidates:
         mark = "  <- recommended" if c.sharding_group_size == advice.recommended else ""
         lines.append(
             f"{c.sharding_group_size:>6} {c.num_replicas:>5} "
             f"{c.memory_per_rank_bytes / GiB:>7.2f}GiB {_ms(c.a2a_s):>9} {_ms(c.sync_s):>9} "
             f"{_ms(c.compute_s):>9} {c.imbalance:>6.2f} {_ms(c.step_s):>9}  "
-            f"{'yes' if c.fits else 'NO':<4}  {c.sync_kind:<8} {types_text(c)}{mark}"
+            f"{'yes' if c.fits else 'NO':<4}  {c.sync_kind:<8} {types_text(c)}"
+            + (f" [{c.replica_layout}]" if layouts else "")
+            + mark
         )
     lines.append("terms per step (ms): " + ", ".join(n for n, _ in advice.candidates[0].terms))
     for c in advice.candidates:
         values = " ".join(f"{v * 1e3:.2f}" for _, v in c.terms)
         lines.append(f"{c.sharding_group_size:>6}: {values}")
     if advice.recommended is not None:
-        lines.append(f"recommended: sharding_group_size={advice.recommended}  ({advice.reason})")
+        where = f" replica_layout={advice.recommended_layout}" if layouts else ""
+        lines.append(
+            f"recommended: sharding_group_size={advice.recommended}{where}  ({advice.reason})"
+        )
     return "\n".join(lines)
 
 
@@ -99,6 +105,7 @@ def to_json(advice: Advice) -> str:
         {
             "world_size": advice.world_size,
             "recommended": advice.recommended,
+            "recommended_layout": advice.recommended_layout,
             "reason": advice.reason,
             "candidates": [c.as_json() for c in advice.candidates],
         }

@@ -24,6 +24,9 @@ def default_planner() -> GroupLayoutPlanner:
     return _DEFAULT_PLANNER
 
 
+LAYOUTS = ("intra_host", "inter_host")
+
+
 @dataclass(frozen=True, slots=True)
 class Advice:
     world_size: int
@@ -31,6 +34,8 @@ class Advice:
     candidates: tuple[Candidate, ...]
     recommended: int | None
     reason: str
+    recommended_layout: str | None = None
+    """The replica layout of the recommended candidate."""
 
     def candidate(self, group_size: int) -> Candidate:
         return next(c for c in self.candidates if c.sharding_group_size == group_size)
@@ -42,23 +47,51 @@ def advise(
     planner: GroupLayoutPlanner | None = None,
     model: CostModel | None = None,
 ) -> Advice:
-    """Estimate every divisor ``L`` of the world size and recommend one (None: nothing fits)."""
-    model = model or AnalyticCostModel(workload, topology, planner or default_planner())
-    candidates = tuple(model.estimate(L) for L in divisors(topology.world_size))
+    """Estimate every divisor ``L`` of the world size and recommend one (None: nothing fits).
+    With ``workload.replica_layout == "auto"`` each ``L`` is priced in both layouts and keeps
+    the faster (L=1 and L=T have one layout: their groups are the same either way)."""
+    if workload.replica_layout != "auto" or model is not None:
+        model = model or AnalyticCostModel(workload, topology, planner or default_planner())
+        candidates = tuple(model.estimate(L) for L in divisors(topology.world_size))
+    else:
+        candidates = _both_layouts(workload, topology, planner or default_planner())
     fitting = [c for c in candidates if c.fits]
     if not fitting:
         return Advice(topology.world_size, topology.name, candidates, None, "no L fits memory")
     best = min(fitting, key=lambda c: (c.step_s, -c.sharding_group_size))
     return Advice(
         topology.world_size, topology.name, candidates, best.sharding_group_size,
-        _reason(best, candidates, topology),
+        _reason(best, candidates, topology), best.replica_layout,
     )  # fmt: skip
+
+
+def _both_layouts(
+    workload: Workload, topology: ClusterTopology, planner: GroupLayoutPlanner
+) -> tuple[Candidate, ...]:
+    """Each ``L``'s estimate in the faster replica layout (a fitting one first)."""
+    models = [
+        AnalyticCostModel(dataclasses.replace(workload, replica_layout=layout), topology, planner)
+        for layout in LAYOUTS
+    ]
+    out = []
+    for L in divisors(topology.world_size):
+        if L in (1, topology.world_size):
+            out.append(models[0].estimate(L))
+            continue
+        both = [m.estimate(L) for m in models]
+        out.append(min(both, key=lambda c: (not c.fits, c.step_s)))
+    return tuple(out)
 
 
 def _reason(best: Candidate, candidates: tuple[Candidate, ...], topology: ClusterTopology) -> str:
     smaller = [c for c in candidates if c.sharding_group_size < best.sharding_group_size]
     larger = [c for c in candidates if c.sharding_group_size > best.sharding_group_size]
-    parts = [f"L={best.sharding_group_size} has the least estimated step ({_ms(best.step_s)})"]
+    where = (
+        f" ({best.replica_layout})" if 1 < best.sharding_group_size < topology.world_size else ""
+    )
+    parts = [
+        f"L={best.sharding_group_size}{where} has the least estimated step ({_ms(best.step_s)})"
+    ]
     tight = [c for c in smaller if not c.fits]
     if tight:
         c = max(tight, key=lambda c: c.sharding_group_size)

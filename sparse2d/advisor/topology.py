@@ -45,6 +45,12 @@ class ClusterTopology:
     """Effective per-rank bandwidth (bytes/s) of collectives across hosts (one NIC per rank)."""
     inter_host_latency_s: float = 8e-6
     """Per-message latency across hosts (seconds)."""
+    host_link_bw: float = 0.0
+    """Bytes/s of one host's link to the other hosts, shared by all of its ranks (one NIC per
+    host, or an emulated host's shaped link, ``launch/emulated_hosts.sh``). A rank's share,
+    ``host_link_bw / ranks_per_host``, caps ``inter_host_bw``; an all-reduce whose ring
+    crosses a host's link once (its members on a host adjacent) gets the whole link.
+    0: no limit beyond ``inter_host_bw``."""
     lookup_bw: float = 1.3e12
     """Bytes/s one rank streams through embedding lookups (forward + backward)."""
     row_update_s: float = 0.0
@@ -90,6 +96,7 @@ class ClusterTopology:
             "sync_overhead_s",
             "row_update_s",
             "a2a_value_s",
+            "host_link_bw",
         ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"topology.{key}={getattr(self, key)} must be >= 0.")

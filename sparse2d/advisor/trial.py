@@ -78,6 +78,9 @@ class TrialReport:
     options: TrialOptions = field(default_factory=TrialOptions)
     period: int = 1
     """The job's sync cadence: the trial timed whole periods of this many steps."""
+    layouts: dict[int, str] = field(default_factory=dict)
+    """The replica layout each candidate ``L`` was built in, where the caller chose one per
+    ``L`` (``replica_layout: auto``); empty: every candidate in the caller's one layout."""
 
     def table(self) -> str:
         lines = [
@@ -93,9 +96,10 @@ class TrialReport:
             if r.sharding_group_size == self.chosen:
                 other = "" if self.chosen == self.model_pick else f" (model: L={self.model_pick})"
                 note = ", ".join(filter(None, [remeasured, "<- chosen" + other]))
+            layout = self.layouts.get(r.sharding_group_size)
             lines.append(
                 f"{r.sharding_group_size:>6} {r.predicted_s * 1e3:9.2f}ms {measured} "
-                f"{r.seconds:7.1f}s  {note}"
+                f"{r.seconds:7.1f}s  {note}" + (f" [{layout}]" if layout else "")
             )
         return "\n".join(lines)
 
@@ -109,6 +113,7 @@ class TrialReport:
             "sync_period": self.period,
             "retrial_margin": self.options.retrial_margin,
             "candidates": [r.as_json() for r in self.results],
+            "layouts": {str(k): v for k, v in self.layouts.items()},
         }
 
 

@@ -62,8 +62,10 @@ class Workload:
     zipf_exponent: float = 1.1
     """Id popularity skew (0: uniform ids); sets the expected touched rows of the sparse
     engine and of the fused optimizer's per-row work."""
-    replica_layout: Literal["intra_host", "inter_host"] = "intra_host"
-    """Where the replicas of a shard sit (adjacent ranks or across hosts)."""
+    replica_layout: Literal["intra_host", "inter_host", "auto"] = "intra_host"
+    """Where the replicas of a shard sit (adjacent ranks or across hosts); ``auto``: the
+    advisor prices both at every ``L`` and keeps the faster (on tiered links the layout
+    decides which traffic crosses hosts)."""
     sharding_strategy: Literal["default", "fully_sharded"] = "default"
     """``fully_sharded``: sparse2d's FULLY_SHARDED 2D (weights and state split over replicas)."""
     dense_params: int = 0
@@ -108,7 +110,7 @@ class Workload:
             ("qcomm_forward", ("fp32", "fp16", "bf16", "fp8", "int8")),
             ("qcomm_backward", ("fp32", "fp16", "bf16", "fp8", "int8")),
             ("engine", ("dense", "sparse", "auto")),
-            ("replica_layout", ("intra_host", "inter_host")),
+            ("replica_layout", ("intra_host", "inter_host", "auto")),
             ("sharding_strategy", ("default", "fully_sharded")),
         ):
             if getattr(self, key) not in allowed:

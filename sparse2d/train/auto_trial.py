@@ -20,17 +20,21 @@ import torch.distributed as dist
 from sparse2d.advisor.trial import TrialReport, measure_group_sizes
 from sparse2d.train.config import Config
 
-Build = Callable[[int], tuple[Any, torch.optim.Optimizer]]
-"""``L`` -> (a fresh sharded model, its dense optimizer), built as the trainer builds them."""
+Build = Callable[[int, str], tuple[Any, torch.optim.Optimizer]]
+"""(``L``, replica layout) -> (a fresh sharded model, its dense optimizer), built as the
+trainer builds them."""
 
 
 def resolve_group_size(
     cfg: Config, device: torch.device, world: int, build: Build
-) -> tuple[int, TrialReport | None]:
-    """``L`` for this job and, for a measured ``auto``, the trial's report."""
-    size = cfg.group_size(world)
-    if size != "auto":
-        return int(size), None
+) -> tuple[int, str, TrialReport | None]:
+    """``L`` and the replica layout for this job and, for a measured ``auto``, the trial's
+    report. ``replica_layout: auto`` takes the advisor's layout for each ``L`` (the faster of
+    the two on the job's topology: ``SPARSE2D_TOPOLOGY`` where a launcher describes the
+    cluster); the trial measures each shortlisted ``L`` in that layout."""
+    size, layout = cfg.group_size(world), cfg.parallel.replica_layout
+    if size != "auto" and layout != "auto":
+        return int(size), layout, None
     from sparse2d.advisor.auto import share_from_rank0, topology_for_device
     from sparse2d.advisor.search import advise, no_fit_message
     from sparse2d.advisor.trial import shortlist
@@ -39,20 +43,25 @@ def resolve_group_size(
 
     options = cfg.parallel.auto
 
-    def rank_candidates() -> tuple[int, list[tuple[int, float]]]:
+    def rank_candidates() -> tuple[int, list[tuple[int, float]], dict[int, str]]:
         workload = workload_from_config(cfg)
         topology = topology_for_device(device, world)
         advice = advise(workload, topology)
+        layouts = {c.sharding_group_size: c.replica_layout for c in advice.candidates}
+        if size != "auto":  # only the layout is asked for
+            return int(size), [], layouts
         if advice.recommended is None:
             raise NoFitError(no_fit_message(advice, workload, topology))
-        return advice.recommended, shortlist(advice, options)
+        return advice.recommended, shortlist(advice, options), layouts
 
-    model_pick, candidates = share_from_rank0(rank_candidates, dist.group.WORLD)
-    if options.candidates == 0:
-        return model_pick, None
+    model_pick, candidates, layouts = share_from_rank0(rank_candidates, dist.group.WORLD)
+    if layout != "auto":
+        layouts = dict.fromkeys(layouts, layout)
+    if size != "auto" or options.candidates == 0:
+        return model_pick, layouts[model_pick], None
     period = cfg.parallel.sync.every
     report = measure_group_sizes(
-        lambda L: _candidate(cfg, device, build, L, options.steps_for(period)),
+        lambda L: _candidate(cfg, device, build, L, layouts[L], options.steps_for(period)),
         lambda built, i: built[1].run(i, device, built[0].maybe_sync),
         candidates,
         options,
@@ -60,11 +69,12 @@ def resolve_group_size(
         model_pick=model_pick,
         period=period,
     )
-    return report.chosen, report
+    report.layouts = {r.sharding_group_size: layouts[r.sharding_group_size] for r in report.results}
+    return report.chosen, layouts[report.chosen], report
 
 
 def _candidate(
-    cfg: Config, device: torch.device, build: Build, group_size: int, steps: int
+    cfg: Config, device: torch.device, build: Build, group_size: int, layout: str, steps: int
 ) -> tuple[Any, Any]:
     """One candidate as the trainer builds it: model, dense optimizer, the job's step."""
     from sparse2d.train.data import DataSource
@@ -72,7 +82,7 @@ def _candidate(
 
     cache_dir = cfg.data.criteo.cache_dir or os.path.join(cfg.run_dir, "criteo_cache")
     data = DataSource(cfg, dist.get_rank(), dist.get_world_size(), cache_dir)
-    model, optimizer = build(group_size)
+    model, optimizer = build(group_size, layout)
     try:
         steps_ = make_steps(cfg.train.pipeline, model, optimizer, data, device, 0, steps)
     except BaseException:

@@ -88,17 +88,17 @@ def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int
     (``sparse2d.train.auto_trial``), its report kept as ``model.trial_report``."""
     from sparse2d.train.auto_trial import resolve_group_size
 
-    size, report = resolve_group_size(cfg, device, world, _candidate_builder(cfg, device))
-    model = shard_at(cfg, module, device, size)
+    size, layout, report = resolve_group_size(cfg, device, world, _candidate_builder(cfg, device))
+    model = shard_at(cfg, module, device, size, layout)
     model.trial_report = report
     return model
 
 
 def _candidate_builder(cfg: Config, device: torch.device) -> Any:
-    """``L`` -> (model, dense optimizer), built exactly as the trainer builds them."""
+    """(``L``, layout) -> (model, dense optimizer), built exactly as the trainer builds them."""
 
-    def candidate(size: int) -> tuple[Any, torch.optim.Optimizer]:
-        model = shard_at(cfg, build_model(cfg, device), device, size)
+    def candidate(size: int, layout: str) -> tuple[Any, torch.optim.Optimizer]:
+        model = shard_at(cfg, build_model(cfg, device), device, size, layout)
         return model, dense_optimizer(cfg, model)
 
     return candidate
@@ -116,12 +116,15 @@ def measure_only(cfg: Config, device: torch.device, world: int) -> Any:
         raise ConfigError("--measure with parallel.auto.candidates=0 measures nothing: set >= 1.")
     parallel = dataclasses.replace(cfg.parallel, sharding_group_size="auto")
     cfg = dataclasses.replace(cfg, parallel=parallel)
-    _, report = resolve_group_size(cfg, device, world, _candidate_builder(cfg, device))
+    _, _, report = resolve_group_size(cfg, device, world, _candidate_builder(cfg, device))
     return report
 
 
-def shard_at(cfg: Config, module: torch.nn.Module, device: torch.device, size: int) -> Any:
-    """``module`` as a ``DMPCollection`` with sharding groups of ``size`` ranks; the plan for
+def shard_at(
+    cfg: Config, module: torch.nn.Module, device: torch.device, size: int, layout: str | None = None
+) -> Any:
+    """``module`` as a ``DMPCollection`` with sharding groups of ``size`` ranks, replicas in
+    ``layout`` (default ``parallel.replica_layout``, which must then not be ``auto``); the plan for
     ``size`` is stored under ``RUN_DIR/plans`` and reused by restarts, relaunches, replica
     groups and dry runs."""
     import os
@@ -141,7 +144,7 @@ def shard_at(cfg: Config, module: torch.nn.Module, device: torch.device, size: i
         size,
         device=device,
         constraints=constraints or None,
-        replica_layout=cfg.parallel.replica_layout,
+        replica_layout=layout or cfg.parallel.replica_layout,
         node_group_size=cfg.parallel.node_group_size,
         planner_batch_size=cfg.data.batch_size_per_rank,
         sync_options=None if fully_sharded else cfg.parallel.sync,

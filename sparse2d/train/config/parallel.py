@@ -25,8 +25,12 @@ class ParallelConfig:
     """Ranks per sharding group ``L``; must divide the world size. null: the whole world (1D);
     ``auto``: at start-up the advisor shortlists and a short trial on the job's first batches
     picks the fastest (``parallel.auto``; ``sparse2d plan`` shows the model's table)."""
-    replica_layout: Literal["intra_host", "inter_host"] = "intra_host"
-    """``intra_host``: replicas of a shard on adjacent ranks; ``inter_host``: contiguous groups."""
+    replica_layout: Literal["intra_host", "inter_host", "auto"] = "intra_host"
+    """``intra_host``: replicas of a shard on adjacent ranks; ``inter_host``: contiguous groups
+    (a sharding group inside a host, its replicas on other hosts); ``auto``: the advisor's
+    faster layout for each ``L`` on the job's topology (``SPARSE2D_TOPOLOGY``, which
+    ``launch/emulated_hosts.sh`` sets; on tiered links the layout decides which traffic
+    crosses hosts)."""
     node_group_size: int | None = None
     """Ranks of one group sharing a host (table-row-wise/grid); null: from ``LOCAL_WORLD_SIZE``."""
     sync: SyncOptions = field(default_factory=trainer_sync)
