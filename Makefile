@@ -48,7 +48,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile --no-loadscope-reorder)
 
-.PHONY: install test test-quick test-all lint bytecode format train bench clean
+.PHONY: install test test-quick test-all lint bytecode format train train-cluster bench clean
 
 install: $(STAMP)
 
@@ -94,6 +94,16 @@ test-all: test
 
 train: $(STAMP)
 	NPROC=$(NPROC) CONFIG=$(CONFIG) PYTHON=$(PY) launch/local.sh
+
+# The cluster main job on an emulated cluster (root: network namespaces and tc): 2 hosts x 4
+# ranks whose links run at 200 Mbit/s (launch/emulated_hosts.sh, configs/cluster_cpu.yaml).
+# ARGS: dotted overrides, e.g. make train-cluster ARGS="parallel.sharding_group_size=8".
+HOSTS ?= 2
+LINK ?= 200mbit
+ARGS ?=
+train-cluster: $(STAMP)
+	HOSTS=$(HOSTS) NPROC=4 LINK=$(LINK) CONFIG=configs/cluster_cpu.yaml PYTHON=$(PY) \
+	  launch/emulated_hosts.sh $(ARGS)
 
 # Performance benchmarks: each script below rewrites its own section of bench/RESULTS.md
 # (sync-bench, sync-vs-raw, sparse-sync, fold, overhead, memory, step-breakdown, main-job)

@@ -14,6 +14,7 @@ WORLDS = {
     "ft_tiny_cpu": (2, 2),
     "dlrm_criteo_1host_8gpu": (8, 8),
     "dlrm_large_1024gpu": (1024, 8),
+    "cluster_cpu": (8, 4),
 }
 
 

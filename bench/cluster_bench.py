@@ -1,0 +1,354 @@
+"""2D against 1D and full replication on an emulated cluster (``launch/emulated_hosts.sh``).
+
+Each cell is one training run of the cluster job (``configs/cluster_cpu.yaml`` by default) on
+``HOSTS x NPROC`` ranks whose host links are shaped to a rate: one network namespace per host,
+gloo over each host's own interface. Per cell: samples/s (the trainer's own, over every
+round), eval AUC at equal steps, and the bytes that crossed host links per step, read from the
+hosts' interface counters (the trainer's ``host_link_bytes_per_step``: what ``ip -s link``
+prints, summed over hosts), never estimated. Strategies run in alternating order round by
+round (A B C, C B A, ...), so a drift of the shared 2-core box does not favour one.
+
+    sudo .venv/bin/python bench/cluster_bench.py                      # the full matrix
+    .venv/bin/python bench/cluster_bench.py --preset main             # the cluster main job's
+    .venv/bin/python bench/cluster_bench.py --render                  # re-render from JSON
+
+Strategies: ``1D`` (L = T), ``L=1`` (full replication), and 2D at each other ``L`` dividing T
+with both replica layouts (``intra``: replicas of a shard on one host, the sharding group
+spans hosts; ``inter``: the sharding group inside a host, replicas across hosts); each with a
+sync every ``--every`` steps, the ``--engines`` (dense rows or touched rows) and bf16 on/off.
+Writes ``bench/results/cluster[_<preset>].json``, its plot and its RESULTS.md section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bench_util import RESULTS_DIR, machine_note, publish, stored_stamp  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCHER = ROOT / "launch" / "emulated_hosts.sh"
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """One way to lay the job out: the overrides that give it, and a short label."""
+
+    group_size: int
+    layout: str = "inter_host"
+    every: int = 1
+    engine: str = "dense"
+    bf16: bool = False
+
+    def label(self, world: int) -> str:
+        if self.group_size == world:
+            return "1D"
+        text = "L=1" if self.group_size == 1 else f"L={self.group_size} {self.layout[:5]}"
+        text += f" every {self.every} {self.engine}"
+        return text + (" bf16" if self.bf16 else "")
+
+    def overrides(self) -> list[str]:
+        return [
+            f"parallel.sharding_group_size={self.group_size}",
+            f"parallel.replica_layout={self.layout}",
+            f"parallel.sync.every={self.every}",
+            f"parallel.sync.engine={self.engine}",
+            f"parallel.sync.compression={'bf16' if self.bf16 else 'none'}",
+        ]
+
+
+def strategies(
+    world: int,
+    hosts: int,
+    every: list[int],
+    engines: list[str],
+    bf16: list[bool],
+    group_sizes: list[int] | None = None,
+) -> list[Strategy]:
+    """1D, full replication and every 2D layout of ``world`` ranks, crossed with the options.
+    The layouts of L=1 and L=T are one and the same (one replica group, one sharding group)."""
+    sizes = group_sizes or [d for d in range(1, world + 1) if world % d == 0]
+    out = [Strategy(world)] if world in sizes else []
+    for size in sizes:
+        if size == world:
+            continue
+        layouts = ["inter_host"] if size == 1 else ["intra_host", "inter_host"]
+        for layout in layouts:
+            for n in every:
+                for engine in engines:
+                    for half in bf16:
+                        if half and engine != "dense":
+                            continue  # bf16 deltas need the dense engine (refused otherwise)
+                        out.append(Strategy(size, layout, n, engine, half))
+    return out
+
+
+@dataclass(slots=True)
+class Cell:
+    """One strategy on one cluster and link: each round's measurement."""
+
+    hosts: int
+    nproc: int
+    link: str
+    strategy: Strategy
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def world(self) -> int:
+        return self.hosts * self.nproc
+
+    def mean(self, key: str) -> float | None:
+        values = [r[key] for r in self.runs if r.get(key) is not None]
+        return statistics.fmean(values) if values else None
+
+
+def run_once(cell: Cell, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+    """One launch of the emulated cluster; the summary's figures (or the error's last line)."""
+    env = {
+        **os.environ,
+        "HOSTS": str(cell.hosts),
+        "NPROC": str(cell.nproc),
+        "LINK": cell.link,
+        "CONFIG": str(args.config),
+        "HOST_RESTARTS": "0",
+        "MAX_RESTARTS": "0",
+    }
+    command = [
+        "bash",
+        str(LAUNCHER),
+        *cell.strategy.overrides(),
+        f"train.steps={args.steps}",
+        f"run_dir={run_dir}",
+        "train.progress_bar=false",
+        "train.eval_every=0",
+        *args.set,
+    ]
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    wall = time.perf_counter() - start
+    summary_path = run_dir / "summary.json"
+    if done.returncode != 0 or not summary_path.exists():
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {"error": f"rc {done.returncode}: {' | '.join(tail)}", "wall_s": wall}
+    summary = json.loads(summary_path.read_text())
+    return {
+        "samples_per_s": summary["samples_per_s"],
+        "eval_auc": summary.get("eval_auc"),
+        "eval_loss": summary.get("eval_loss"),
+        "host_link_bytes_per_step": summary.get("host_link_bytes_per_step"),
+        "sync_s_per_step": summary.get("sync_s_per_step"),
+        "step_s": summary["global_batch_size"] / summary["samples_per_s"],
+        "wall_s": wall,
+    }
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    cells: list[Cell] = []
+    for shape in args.shapes:
+        hosts, nproc = (int(x) for x in shape.split("x"))
+        world = hosts * nproc
+        plan = strategies(world, hosts, args.every, args.engines, args.bf16, args.group_sizes)
+        for link in args.links:
+            cells += [Cell(hosts, nproc, link, s) for s in plan]
+    load = os.getloadavg()[0]
+    scratch = Path(args.scratch)
+    for r in range(args.rounds):
+        order = cells if r % 2 == 0 else cells[::-1]
+        for i, cell in enumerate(order):
+            run_dir = scratch / f"r{r}_c{cells.index(cell)}"
+            result = run_once(cell, args, run_dir)
+            cell.runs.append(result)
+            label = cell.strategy.label(cell.world)
+            shown = result.get("error") or f"{result['samples_per_s']:.0f} samples/s"
+            print(f"[round {r} {i + 1}/{len(cells)}] {cell.hosts}x{cell.nproc} {cell.link} "
+                  f"{label}: {shown}", flush=True)  # fmt: skip
+    return {
+        "config": str(args.config),
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "overrides": args.set,
+        "machine": machine_note(load),
+        "cells": [
+            {
+                "hosts": c.hosts,
+                "nproc": c.nproc,
+                "link": c.link,
+                "strategy": asdict(c.strategy),
+                "label": c.strategy.label(c.world),
+                "runs": c.runs,
+            }
+            for c in cells
+        ],
+    }
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(result: dict[str, Any]) -> str:
+    """One table per cluster and link: each strategy against 1D, best first."""
+    groups: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+    for cell in result["cells"]:
+        groups.setdefault((cell["hosts"], cell["nproc"], cell["link"]), []).append(cell)
+    lines = [
+        "## Emulated cluster: 2D vs 1D vs full replication by link rate (bench/cluster_bench.py)",
+        "",
+        f"`{result['config']}`, {result['steps']} steps a run, {result['rounds']} rounds in "
+        f"alternating order{', overrides ' + ' '.join(result['overrides']) if result['overrides'] else ''}; "
+        f"{result['machine']}. samples/s: mean over the rounds (each the trainer's own); "
+        "x1D: ratio to 1D's mean in the same run; bytes: what crossed host links per step, "
+        "summed over hosts, from the interfaces' counters; emb/rank: the share of the tables "
+        "each rank holds (1/L).",
+        "",
+    ]  # fmt: skip
+    for (hosts, nproc, link), cells in groups.items():
+
+        def mean(cell: dict[str, Any], key: str) -> float | None:
+            values = [r[key] for r in cell["runs"] if r.get(key) is not None]
+            return statistics.fmean(values) if values else None
+
+        base = next((mean(c, "samples_per_s") for c in cells if c["label"] == "1D"), None)
+        lines += [
+            f"**{hosts} hosts x {nproc} ranks, links {link}**",
+            "",
+            "| strategy | samples/s | rounds | x1D | eval AUC | MB crossing hosts / step | emb/rank |",
+            "|---|---:|---|---:|---:|---:|---:|",
+        ]
+        ranked = sorted(cells, key=lambda c: -(mean(c, "samples_per_s") or 0.0))
+        for cell in ranked:
+            sps = mean(cell, "samples_per_s")
+            rounds = ", ".join(
+                _fmt(r.get("samples_per_s"), ".0f") if "error" not in r else "failed"
+                for r in cell["runs"]
+            )
+            ratio = sps / base if sps and base else None
+            nbytes = mean(cell, "host_link_bytes_per_step")
+            lines.append(
+                f"| {cell['label']} | {_fmt(sps, '.0f')} | {rounds} | {_fmt(ratio, '.2f')} | "
+                f"{_fmt(mean(cell, 'eval_auc'), '.4f')} | "
+                f"{_fmt(None if nbytes is None else nbytes / 1e6, '.3f')} | "
+                f"1/{cell['strategy']['group_size']} |"
+            )
+        errors = [(c["label"], r["error"]) for c in cells for r in c["runs"] if "error" in r]
+        lines += [""] + [f"- {label} failed: {error}" for label, error in errors[:5]]
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """samples/s against link rate, one line per strategy, one panel per cluster shape."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(c["hosts"], c["nproc"]) for c in result["cells"]})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
+    for ax, (hosts, nproc) in zip(axes[0], shapes):
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for cell in result["cells"]:
+            if (cell["hosts"], cell["nproc"]) != (hosts, nproc):
+                continue
+            values = [r["samples_per_s"] for r in cell["runs"] if "samples_per_s" in r]
+            if values:
+                rate = _rate_bits(cell["link"])
+                lines.setdefault(cell["label"], []).append((rate, statistics.fmean(values)))
+        for label, points in sorted(lines.items()):
+            points.sort()
+            style = "-" if label in ("1D",) or label.startswith("L=1 ") else "--"
+            ax.plot([p[0] / 1e6 for p in points], [p[1] for p in points], style, marker="o",
+                    label=label, linewidth=2.5 if label == "1D" else 1.2)  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("host link rate (Mbit/s)")
+        ax.set_ylabel("samples/s")
+        ax.set_title(f"{hosts} hosts x {nproc} ranks")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _rate_bits(link: str) -> float:
+    import re
+
+    match = re.fullmatch(r"([0-9.]+)([a-z]*)", link)
+    if match is None:
+        return float("nan")
+    units = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    return float(match.group(1)) * units.get(match.group(2), float("nan"))
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The acceptance's cell: the shipped setting against 1D and full replication, 2 x 4 ranks
+    # at 200 Mbit/s, sync every 10 (the shipped cadence).
+    "main": {
+        "shapes": ["2x4"],
+        "links": ["200mbit"],
+        "every": [10],
+        "engines": ["auto"],
+        "bf16": [False],
+        "group_sizes": [1, 4, 8],
+        "rounds": 3,
+    },  # fmt: skip
+}
+
+
+MARKERS = {None: "cluster", "main": "cluster-main"}
+"""Each run's section of bench/RESULTS.md."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "cluster_cpu.yaml")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a named subset of the matrix")
+    parser.add_argument("--shapes", type=lambda s: s.split(","), default=["2x4", "4x2"])
+    parser.add_argument("--links", type=lambda s: s.split(","),
+                        default=["100mbit", "400mbit", "1gbit"])  # fmt: skip
+    parser.add_argument("--every", type=lambda s: [int(x) for x in s.split(",")], default=[1, 10])
+    parser.add_argument("--engines", type=lambda s: s.split(","), default=["dense", "sparse"])
+    parser.add_argument("--bf16", type=lambda s: [x == "on" for x in s.split(",")],
+                        default=[False, True], help="on,off")  # fmt: skip
+    parser.add_argument("--group-sizes", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--scratch", default="/tmp/sparse2d-cluster-bench")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--no-results-md", action="store_true")
+    parser.add_argument("--render", action="store_true", help="re-render the stored JSON")
+    args = parser.parse_args(argv)
+    if args.preset:
+        for key, value in PRESETS[args.preset].items():
+            setattr(args, key, value)
+    name = f"cluster_{args.preset}" if args.preset else "cluster"
+    marker = MARKERS[args.preset]
+    if args.render:
+        result = json.loads((args.out / f"{name}.json").read_text())
+        stamp = stored_stamp(marker, args.out)
+    else:
+        if os.geteuid() != 0:
+            print("cluster_bench: needs root (launch/emulated_hosts.sh makes namespaces)")
+            return 2
+        result = measure(args)
+        stamp = None
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(result, args.out / f"{name}.png")
+    text = render(result) + f"\n\nPlot: `bench/results/{name}.png`."
+    publish(args, result, text, f"{name}.json", marker, stamp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
