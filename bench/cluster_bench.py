@@ -49,8 +49,14 @@ class Strategy:
     every: int = 1
     engine: str = "dense"
     bf16: bool = False
+    auto: str = ""
+    """``measured``: ``sharding_group_size`` and ``replica_layout`` both ``auto`` (the advisor
+    shortlists, a trial on the job decides); ``model``: the same without the trial (the cost
+    model's pick); empty: the fixed layout above."""
 
     def label(self, world: int) -> str:
+        if self.auto:
+            return f"auto ({self.auto}) every {self.every} {self.engine}"
         if self.group_size == world:
             return "1D"
         text = "L=1" if self.group_size == 1 else f"L={self.group_size} {self.layout[:5]}"
@@ -58,6 +64,15 @@ class Strategy:
         return text + (" bf16" if self.bf16 else "")
 
     def overrides(self) -> list[str]:
+        if self.auto:
+            trial = [] if self.auto == "measured" else ["parallel.auto.candidates=0"]
+            return [
+                "parallel.sharding_group_size=auto",
+                "parallel.replica_layout=auto",
+                f"parallel.sync.every={self.every}",
+                f"parallel.sync.engine={self.engine}",
+                *trial,
+            ]
         return [
             f"parallel.sharding_group_size={self.group_size}",
             f"parallel.replica_layout={self.layout}",
@@ -74,6 +89,7 @@ def strategies(
     engines: list[str],
     bf16: list[bool],
     group_sizes: list[int] | None = None,
+    auto: list[str] = (),  # type: ignore[assignment]
 ) -> list[Strategy]:
     """1D, full replication and every 2D layout of ``world`` ranks, crossed with the options.
     The layouts of L=1 and L=T are one and the same (one replica group, one sharding group)."""
@@ -90,6 +106,8 @@ def strategies(
                         if half and engine != "dense":
                             continue  # bf16 deltas need the dense engine (refused otherwise)
                         out.append(Strategy(size, layout, n, engine, half))
+    for kind in auto:  # the advisor's picks at the job's own cadence and engine
+        out += [Strategy(0, every=n, engine=engines[0], auto=kind) for n in every]
     return out
 
 
@@ -141,7 +159,11 @@ def run_once(cell: Cell, args: argparse.Namespace, run_dir: Path) -> dict[str, A
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return {"error": f"rc {done.returncode}: {' | '.join(tail)}", "wall_s": wall}
     summary = json.loads(summary_path.read_text())
+    predicted = predicted_step_s(cell, args, run_dir, summary)
     return {
+        "sharding_group_size": summary["sharding_group_size"],
+        "replica_layout": summary.get("replica_layout"),
+        "predicted_step_s": predicted,
         "samples_per_s": summary["samples_per_s"],
         "eval_auc": summary.get("eval_auc"),
         "eval_loss": summary.get("eval_loss"),
@@ -152,12 +174,36 @@ def run_once(cell: Cell, args: argparse.Namespace, run_dir: Path) -> dict[str, A
     }
 
 
+def predicted_step_s(
+    cell: Cell, args: argparse.Namespace, run_dir: Path, summary: dict[str, Any]
+) -> float | None:
+    """The cost model's step time for the layout the run trained in, on the topology the
+    emulator wrote for it (``RUN_DIR/topology.yaml``: its hosts, cores and links)."""
+    import dataclasses
+
+    from sparse2d.advisor.search import advise
+    from sparse2d.advisor.topology import load_topology
+    from sparse2d.train.config import load_config
+    from sparse2d.train.plan import workload_from_config
+
+    topology_file = run_dir / "topology.yaml"
+    if not topology_file.exists():
+        return None
+    cfg = load_config(str(args.config), [*cell.strategy.overrides(), *args.set])
+    layout = summary.get("replica_layout") or "intra_host"
+    workload = dataclasses.replace(workload_from_config(cfg), replica_layout=layout)
+    advice = advise(workload, load_topology(str(topology_file), cell.world))
+    return advice.candidate(int(summary["sharding_group_size"])).step_s
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     cells: list[Cell] = []
     for shape in args.shapes:
         hosts, nproc = (int(x) for x in shape.split("x"))
         world = hosts * nproc
-        plan = strategies(world, hosts, args.every, args.engines, args.bf16, args.group_sizes)
+        plan = strategies(
+            world, hosts, args.every, args.engines, args.bf16, args.group_sizes, args.auto
+        )
         for link in args.links:
             cells += [Cell(hosts, nproc, link, s) for s in plan]
     load = os.getloadavg()[0]
@@ -222,8 +268,9 @@ def render(result: dict[str, Any]) -> str:
         lines += [
             f"**{hosts} hosts x {nproc} ranks, links {link}**",
             "",
-            "| strategy | samples/s | rounds | x1D | eval AUC | MB crossing hosts / step | emb/rank |",
-            "|---|---:|---|---:|---:|---:|---:|",
+            "| strategy | samples/s | rounds | x1D | eval AUC | MB crossing hosts / step "
+            "| emb/rank | step ms measured / predicted |",
+            "|---|---:|---|---:|---:|---:|---:|---:|",
         ]
         ranked = sorted(cells, key=lambda c: -(mean(c, "samples_per_s") or 0.0))
         for cell in ranked:
@@ -234,15 +281,51 @@ def render(result: dict[str, Any]) -> str:
             )
             ratio = sps / base if sps and base else None
             nbytes = mean(cell, "host_link_bytes_per_step")
+            label = cell["label"]
+            picked = {(r.get("sharding_group_size"), r.get("replica_layout")) for r in cell["runs"]}
+            if cell["strategy"].get("auto"):
+                label += ": " + ", ".join(f"L={g} {lay}" for g, lay in sorted(picked, key=str))
+            step, predicted = mean(cell, "step_s"), mean(cell, "predicted_step_s")
             lines.append(
-                f"| {cell['label']} | {_fmt(sps, '.0f')} | {rounds} | {_fmt(ratio, '.2f')} | "
+                f"| {label} | {_fmt(sps, '.0f')} | {rounds} | {_fmt(ratio, '.2f')} | "
                 f"{_fmt(mean(cell, 'eval_auc'), '.4f')} | "
                 f"{_fmt(None if nbytes is None else nbytes / 1e6, '.3f')} | "
-                f"1/{cell['strategy']['group_size']} |"
+                f"1/{next(iter(picked))[0] if picked else '?'} | "
+                f"{_fmt(None if step is None else step * 1e3, '.0f')} / "
+                f"{_fmt(None if predicted is None else predicted * 1e3, '.0f')} |"
             )
+        lines += [""] + _verdicts(cells, mean)
         errors = [(c["label"], r["error"]) for c in cells for r in c["runs"] if "error" in r]
-        lines += [""] + [f"- {label} failed: {error}" for label, error in errors[:5]]
+        lines += [f"- {label} failed: {error}" for label, error in errors[:5]] + [""]
     return "\n".join(lines)
+
+
+def _verdicts(cells: list[dict[str, Any]], mean: Any) -> list[str]:
+    """The advisor's picks against the best fixed strategy measured, and the cost model's
+    error over the fixed strategies (mean absolute error of the step time, relative)."""
+    fixed = [c for c in cells if not c["strategy"].get("auto") and mean(c, "samples_per_s")]
+    out = []
+    if fixed:
+        best = max(fixed, key=lambda c: mean(c, "samples_per_s"))
+        for cell in cells:
+            sps = mean(cell, "samples_per_s")
+            if cell["strategy"].get("auto") and sps:
+                regret = mean(best, "samples_per_s") / sps
+                out.append(
+                    f"- {cell['label']}: the best fixed strategy ({best['label']}) is "
+                    f"{regret:.2f}x its samples/s."
+                )
+    errors = [
+        abs(mean(c, "predicted_step_s") - mean(c, "step_s")) / mean(c, "step_s")
+        for c in fixed
+        if mean(c, "predicted_step_s") is not None
+    ]
+    if errors:
+        out.append(
+            f"- Cost model: mean absolute error of the predicted step {statistics.fmean(errors):.0%}"
+            f" over {len(errors)} fixed strategies (worst {max(errors):.0%})."
+        )
+    return out
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -320,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bf16", type=lambda s: [x == "on" for x in s.split(",")],
                         default=[False, True], help="on,off")  # fmt: skip
     parser.add_argument("--group-sizes", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--auto", type=lambda s: [x for x in s.split(",") if x],
+                        default=["measured", "model"],
+                        help="the advisor's picks to run too: measured,model (empty: none)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -172,3 +173,38 @@ def test_signal_tears_everything_down(tmp_path: Path, signum: int) -> None:
     job.communicate(timeout=60)
     assert job.returncode == 128 + signum, job.returncode
     assert _left_behind(run_id, run_dir) == []
+
+
+def test_a_lost_host_is_started_again_and_the_job_resumes(tmp_path: Path) -> None:
+    """Every process of host 1 SIGKILLed at a step >= 120 (its launcher included): the
+    launcher, as a cluster scheduler, starts host 1's launch again; torchrun's agent on host 0
+    restarts its workers; the world resumes from the newest checkpoint and finishes, rc 0."""
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen(
+        [BASH, str(LAUNCHER), "train.steps=300", *TINY, f"run_dir={run_dir}",
+         "checkpoint.every=50", "train.resume=auto"],
+        cwd=ROOT, env=_env(CONFIG="configs/tiny_cpu.yaml", LINK="1gbit"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    seen, killed = "", []
+    for line in job.stdout:  # type: ignore[union-attr]
+        seen += line
+        if not killed and line.startswith("[train] step="):
+            if int(line.split("step=")[1].split()[0]) >= 120:
+                host = _cluster(run_dir)["hosts"][1]
+                pids = subprocess.run(["ip", "netns", "pids", host["namespace"]],
+                                      capture_output=True, text=True).stdout.split()  # fmt: skip
+                assert host["launcher_pid"] in map(int, pids), (host, pids)
+                for pid in pids:
+                    os.kill(int(pid), signal.SIGKILL)
+                killed = pids
+    job.wait(timeout=300)
+    assert killed and job.returncode == 0, (job.returncode, seen[-3000:])
+    assert "host 1's launch exited" in seen and "starting it again (1 of 3)" in seen
+    log = (run_dir / "host_0.log").read_text()
+    resumed = log.split("[resume] ")[-1].split("\n")[0]  # the restarted world's
+    assert re.search(r": step (1|2)[05]0$", resumed), log[-2000:]  # a checkpoint after step 100
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 300 and summary["world_size"] == 4
+    assert _cluster(run_dir)["hosts"][1]["launcher_pid"] != host["launcher_pid"]  # a new launch
+    assert _left_behind(_cluster(run_dir)["id"], run_dir) == []
