@@ -201,3 +201,50 @@ def test_reduce_scatter_part_of_each_output_dist() -> None:
     assert twrw.send_inter == twrw.recv_inter == 0  # the scatter stays on the host
     topo = load_topology("h100_8x", 16)
     assert ct.scatter_s(8e9, 0, topo) == pytest.approx(8e9 / topo.intra_host_bw)
+
+
+LINKED = ClusterTopology(
+    world_size=8, ranks_per_host=4, compute_device="cpu", intra_host_bw=1e9,
+    inter_host_bw=1e9, lookup_bw=1e10, dense_flops=1e12, host_link_bw=25e6,
+)  # fmt: skip
+"""Two hosts of 4 ranks joined by 200 Mbit/s links (the emulated cluster's main job)."""
+
+
+def test_a_host_link_caps_each_ranks_inter_host_share() -> None:
+    on_link = ct.on_shared_cores(LINKED)
+    assert on_link.inter_host_bw == pytest.approx(25e6 / 4)
+    # the all-to-all's wire part: no loopback speed-up factor on a real link
+    fast = dataclasses.replace(on_link, a2a_bw_factor=10)
+    assert ct.link_time_s(0, 1e6, fast) == pytest.approx(1e6 / (25e6 / 4))
+    unlinked = dataclasses.replace(LINKED, host_link_bw=0.0)
+    assert ct.on_shared_cores(unlinked).inter_host_bw == 1e9
+
+
+def test_a_ring_crossing_a_host_once_gets_the_whole_link() -> None:
+    """8 ranks on 2 hosts in one ring (full replication) cross each link once; 4 pairs with
+    one member per host (the inter-host layout's replica groups) share it four ways."""
+    nbytes = 1e6
+    ring = ct.allreduce_s(nbytes, 8, True, LINKED, members_per_host=4)
+    pairs = ct.allreduce_s(nbytes, 2, True, LINKED, members_per_host=1)
+    alpha = LINKED.inter_host_latency_s  # tree latency: 2 log2(n) steps
+    assert ring == pytest.approx(1.75 * nbytes / 25e6 + 6 * alpha)
+    assert pairs == pytest.approx(4 * nbytes / 25e6 + 2 * alpha)
+
+
+def test_replica_layout_auto_keeps_the_faster_layout_per_group_size() -> None:
+    """On slow host links with many tables and a large batch, the sharding group inside a
+    host (inter_host) keeps the all-to-all off the links: auto picks it at L=4, and at each L
+    keeps the faster of the two layouts priced alone."""
+    tables = tuple(TableLoad(f"t{i}", 8000, 32, sharding="table_wise") for i in range(26))
+    workload = Workload(tables=tables, batch_size_per_rank=512, sync_every=10)
+    topology = dataclasses.replace(LINKED, cores_per_host=1.0)
+    auto = advise(dataclasses.replace(workload, replica_layout="auto"), topology)
+    each = {
+        layout: advise(dataclasses.replace(workload, replica_layout=layout), topology)
+        for layout in ("intra_host", "inter_host")
+    }
+    assert (auto.recommended, auto.recommended_layout) == (4, "inter_host")
+    for c in auto.candidates:
+        fastest = min(each[lay].candidate(c.sharding_group_size).step_s for lay in each)
+        assert c.step_s == pytest.approx(fastest)
+    assert each["inter_host"].candidate(4).step_s < each["intra_host"].candidate(4).step_s

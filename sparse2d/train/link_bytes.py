@@ -22,7 +22,8 @@ class LinkBytes:
         self.enabled = interface is not None
         """The same on every rank (one launcher sets the variable for all): the job-wide
         sum is a collective every rank must join."""
-        self._path = f"/sys/class/net/{interface}/statistics/tx_bytes" if reads else None
+        counter = f"/sys/class/net/{interface}/statistics/tx_bytes"
+        self._path = counter if reads and interface is not None else None
         self._since: int | None = None
         self.total = 0
 
