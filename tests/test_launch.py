@@ -223,3 +223,20 @@ def test_launchers_default_to_the_project_venv() -> None:
     command = ["bash", "-c", 'source launch/python.sh && echo "$PYTHON"']
     run = subprocess.run(command, cwd=ROOT, env=reader_env(), capture_output=True, text=True)
     assert run.stdout.strip() == os.path.join(ROOT, ".venv", "bin", "python"), run.stderr
+
+
+@pytest.mark.parametrize("where", ["proc", "file_parent"])
+def test_unwritable_checkpoint_dir_fails_before_torchrun(tmp_path, where: str) -> None:
+    """`launch/local.sh checkpoint.dir=... checkpoint.every=10` with a directory no one can
+    make (tests run as root: /proc, or a file as parent): one line naming checkpoint.dir, in
+    seconds, and no torchrun (it used to fail at the first save and restart three times)."""
+    (tmp_path / "file").write_text("")
+    target = "/proc/nope" if where == "proc" else str(tmp_path / "file" / "sub")
+    command = ["launch/local.sh", f"checkpoint.dir={target}", "checkpoint.every=10"]
+    start = time.monotonic()
+    env = reader_env(PYTHON=sys.executable)
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and time.monotonic() - start < 20
+    assert len(run.stderr.strip().splitlines()) == 1 and run.stdout == "", run.stderr
+    assert run.stderr.startswith(f"sparse2d: config error: checkpoint.dir={target!r}: ")
+    assert "set checkpoint.dir to a directory this user can write" in run.stderr
