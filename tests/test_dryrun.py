@@ -155,3 +155,45 @@ def test_world4_dry_run_plans_what_a_gloo_launch_plans(tmp_path, world4) -> None
             stored[name] = json.load(f)
     assert stored["dry"]["plan"] == stored["real"]["plan"]
     assert stored["dry"]["context"]["tables"] == stored["real"]["context"]["tables"]
+
+
+LARGE = os.path.join(ROOT, "configs", "dlrm_large_1024gpu.yaml")
+
+
+def test_1024_gpu_config_dry_run_allocates_no_tables(tmp_path) -> None:
+    """docs/training.md's dry run of the shipped 1,024-GPU config on a laptop: rank 0's
+    tables (28.3 GB) were allocated and the run died after 30 s; now the rank is described
+    from its plan, in bounded time, with its peak memory, and says why no step ran."""
+    for rank, expected in ((0, 28_262_400_000), (1023, None)):
+        start = time.monotonic()
+        args = ("--world-size", "1024", "--rank", str(rank), "device=cpu", f"run_dir={tmp_path}")
+        run = dryrun(*args, config=LARGE)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert time.monotonic() - start < 60
+        report = json.loads(run.stdout)
+        assert report["materialized"] is False and report["sharding_group_size"] == 256
+        assert report["embedding_bytes"] == (expected or report["embedding_bytes"]) > 1 << 30
+        assert report["embedding_bytes"] == sum(s["weight_bytes"] for s in report["shards"])
+        assert report["peak_rss_bytes"]["build"] < 4 << 30
+        step = report["forward_backward"]
+        assert step["ran"] is False and "GB of real storage" in step["skipped"], step
+
+
+def test_planned_shards_are_the_shards_a_built_rank_holds(tmp_path) -> None:
+    """Rank 4095 of 4,096 described from its plan alone (--max-storage 0) holds exactly the
+    shards the same rank holds when built; rank 0 its own 1/64 of every row-wise table."""
+    common = ("--world-size", "4096", "--no-step", f"run_dir={tmp_path}", ROW_WISE)
+    common = (*common, "parallel.sharding_group_size=64")
+    built = dryrun("--rank", "4095", *common)
+    planned = dryrun("--rank", "4095", "--max-storage", "0", *common)
+    first = dryrun("--rank", "0", "--max-storage", "0", *common)
+    for run in (built, planned, first):
+        assert run.returncode == 0, run.stderr[-3000:]
+    built, planned, first = (json.loads(r.stdout) for r in (built, planned, first))
+    assert built["materialized"] and not planned["materialized"]
+    keys = ("table", "rows", "cols", "weight_bytes")
+    assert [{k: s[k] for k in keys} for s in built["shards"]] == planned["shards"]
+    for key in ("embedding_bytes", "sharding_group", "replica_group", "sharding_types"):
+        assert planned[key] == built[key], key
+    assert first["embedding_bytes"] == first["total_embedding_bytes"] // 64
+    assert {tuple(s["rows"]) for s in first["shards"]} == {(0, 100)}

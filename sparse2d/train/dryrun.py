@@ -7,7 +7,9 @@ JSON object (also written to ``--out``, default ``RUN_DIR/dryrun/rank<r>_of_<N>.
 the rank's embedding and optimizer-state bytes, its shards, sharding and replica groups,
 the process groups built, seconds per construction phase, the plan's source, and whether
 one forward and backward ran through the fake collectives (their outputs carry no data:
-this checks shapes and code paths, not numbers). The plan goes through the same plan
+this checks shapes and code paths, not numbers; it runs in a fresh interpreter, bounded by
+``--step-timeout``) and the peak RSS. A rank whose shards need more than ``--max-storage``
+bytes is described from its plan alone, with no embedding storage allocated. The plan goes through the same plan
 store as a launch of that config (``RUN_DIR/plans``), so a dry run before a launch saves
 the launch its planning. A bad config, group size or plan exits 1 with the one-line error
 a launch would print.
@@ -45,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=300.0,
         help="seconds the forward and backward may take before it is killed (default 300)",
+    )
+    parser.add_argument(
+        "--max-storage",
+        type=float,
+        default=float(1 << 30),
+        help="bytes of embedding shards the rank may allocate here (default 1 GiB); a rank "
+        "that needs more is described from its plan alone, without a forward and backward",
     )
     parser.add_argument("--step-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
@@ -140,12 +149,22 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     cfg.check_runtime(args.world_size, local)
     device = resolve_device(cfg)
     init_fake_world(args.rank, args.world_size, local)
+    planned = None
+    if cfg.parallel.sharding_group_size != "auto":  # (auto: its trial builds models anyway)
+        report, planned = _planned_only(cfg, device, args)
+        if report is not None:
+            dist.destroy_process_group()
+            report["peak_rss_bytes"] = _peak_rss()
+            return report
     recorder = GroupRecorder()
     with recorder.recording():
         model = shard(cfg, build_model(cfg, device), device, args.world_size)
     if args.step_child:
         return _step_here(cfg, model, device, args.rank, args.world_size)
     report = rank_report(model, recorder.groups)
+    report["materialized"] = True
+    if planned is not None:  # the plan was made (or loaded) by the planning pass
+        _planning_pass(report["construction"], planned)
     report["config"] = args.config
     report["run_dir"] = cfg.run_dir
     report["total_embedding_bytes"] = sum(4 * t.rows * t.dim for t in cfg.model.specs())
@@ -156,6 +175,73 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
         report["forward_backward"] = _try_step(argv, args.step_timeout)
     report["peak_rss_bytes"] = _peak_rss()
     return report
+
+
+def _planning_pass(construction: dict[str, Any], planned: dict[str, Any]) -> None:
+    """The build's construction record with the planning pass's plan phase: the build
+    itself loaded the plan that pass had just stored."""
+    total = construction["total_s"] - construction["plan_s"] + planned["plan_s"]
+    construction.update(
+        plan_s=planned["plan_s"], total_s=round(total, 4), plan_cache=planned["plan_cache"]
+    )
+    construction["plans"] = planned["plans"]
+
+
+def _planned_only(
+    cfg: Any, device: Any, args: argparse.Namespace
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The rank from its plan alone when its shards need more than ``--max-storage`` bytes
+    (a 1,024-GPU job's rank holds tens of GB): nothing is sharded, no storage allocated.
+    None when the rank fits: it is built for real (the plan is stored, so that is a hit);
+    with the planning pass's construction record either way."""
+    import torch
+
+    from sparse2d.dryrun import plan_rank, planned_shards
+    from sparse2d.resources import GroupRecorder
+    from sparse2d.train.model import build_model, shard_options
+
+    recorder = GroupRecorder()
+    size = cfg.group_size(args.world_size)
+    with recorder.recording():
+        meta = build_model(cfg, torch.device("meta"))  # the plan reads shapes only
+        plan, contexts, construction = plan_rank(meta, size, **shard_options(cfg, device))
+    shapes = {t.name: (t.rows, t.dim) for t in cfg.model.specs()}
+    shards = planned_shards(plan, args.rank, shapes)
+    need = sum(s["weight_bytes"] for s in shards)
+    if need <= args.max_storage:
+        return None, construction.record()
+    ctx, types = contexts[0], {}
+    for module_plan in plan.plan.values():
+        for sharding in module_plan.values():
+            types[sharding.sharding_type] = types.get(sharding.sharding_type, 0) + 1
+    sizes: dict[str, int] = {}
+    for g in recorder.groups:
+        sizes[str(g.size())] = sizes.get(str(g.size()), 0) + 1
+    why = (
+        f"not run: the rank's shards need {need / 1e9:.2f} GB of real storage, over "
+        f"--max-storage {args.max_storage:.0f} bytes; a dry run allocates none"
+    )
+    report = {
+        "rank": args.rank,
+        "world_size": args.world_size,
+        "sharding_group_size": ctx.sharding_group_size,
+        "num_replicas": ctx.num_replicas,
+        "replica_layout": ctx.replica_layout,
+        "sharding_group": ctx.sharding_group,
+        "replica_group": ctx.replica_group,
+        "materialized": False,
+        "embedding_bytes": need,
+        "optimizer_state_bytes": None,
+        "shards": shards,
+        "sharding_types": types,
+        "construction": construction.record(),
+        "process_groups": {"created": len(recorder.groups), "by_size": sizes},
+        "config": args.config,
+        "run_dir": cfg.run_dir,
+        "total_embedding_bytes": sum(4 * t.rows * t.dim for t in cfg.model.specs()),
+        "forward_backward": {"ran": False, "forward": False, "skipped": why},
+    }
+    return report, report["construction"]
 
 
 def _peak_rss() -> dict[str, int]:
