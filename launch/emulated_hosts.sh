@@ -9,7 +9,7 @@
 #   LINK         each host's link rate, tc syntax (default 200mbit; e.g. 100mbit, 1gbit;
 #                `none`: not shaped)
 #   CONFIG       YAML (default configs/cluster_cpu.yaml)   PYTHON  interpreter (default the
-#                project's .venv/bin/python, else python3)
+#                project's .venv/bin/python, else python3: launch/python.sh)
 #   FT           0 (default): one torchrun world over every host; 1: fault tolerant, one
 #                sharding group (a torchft replica group) per host
 #   HOST_RESTARTS  times a host whose launcher died is started again, as a cluster scheduler
@@ -33,10 +33,6 @@ CONFIG="${CONFIG:-configs/cluster_cpu.yaml}"
 FT="${FT:-0}"
 HOST_RESTARTS="${HOST_RESTARTS:-3}"
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
-if [[ -z "${PYTHON:-}" ]]; then
-  PYTHON=python3
-  [[ -x .venv/bin/python ]] && PYTHON="$PWD/.venv/bin/python"
-fi
 for var in HOSTS NPROC HOST_RESTARTS MAX_RESTARTS; do
   [[ "${!var}" =~ ^[0-9]+$ ]] || refuse "$var=${!var} must be a whole number"
 done
@@ -48,8 +44,7 @@ done
 for tool in ip tc unshare; do
   command -v "$tool" >/dev/null || refuse "'$tool' not found; install iproute2 and util-linux (apt-get install iproute2 util-linux)"
 done
-"$PYTHON" -c 'import sparse2d, torch' 2>/dev/null \
-  || refuse "PYTHON=$PYTHON cannot import sparse2d and torch; run 'make install' first (or set PYTHON)"
+source launch/python.sh  # PYTHON: the set value, else .venv/bin/python, else python3
 
 FT_ARGS=()
 (( FT == 1 )) && FT_ARGS=(fault_tolerance.enable=true "fault_tolerance.group_size=$HOSTS")

@@ -4,7 +4,7 @@
 # its own group. Extra arguments are dotted config overrides, e.g.
 #   NGROUPS=2 NPROC=2 launch/ft_local.sh train.steps=300
 #   NGROUPS  replica groups (default 2)         NPROC  processes per group (default 2)
-#   CONFIG   YAML (default configs/ft_tiny_cpu.yaml)  PYTHON  interpreter (default python3)
+#   CONFIG   YAML (default configs/ft_tiny_cpu.yaml)  PYTHON  interpreter (default .venv/bin/python)
 #   MAX_RESTARTS  restarts of one group after one of its workers fails (default 3)
 #   MIN_REPLICAS  fewest groups a step commits with (default 1)
 #   LIGHTHOUSE_PORT  (default 29510; 0: a free port the lighthouse binds itself, no race)
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 NGROUPS="${NGROUPS:-2}"
 NPROC="${NPROC:-2}"
 CONFIG="${CONFIG:-configs/ft_tiny_cpu.yaml}"
-PYTHON="${PYTHON:-python3}"
+source launch/python.sh  # PYTHON: the set value, else .venv/bin/python, else python3
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
 MIN_REPLICAS="${MIN_REPLICAS:-1}"
 LIGHTHOUSE_PORT="${LIGHTHOUSE_PORT:-29510}"

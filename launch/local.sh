@@ -2,14 +2,14 @@
 # Single host: NPROC processes via `torchrun --standalone`. Extra arguments are dotted
 # config overrides, e.g.  launch/local.sh train.steps=100 parallel.sharding_group_size=4
 #   NPROC   processes (default 4)          CONFIG  YAML file (default configs/tiny_cpu.yaml)
-#   PYTHON  interpreter (default python3)  OMP_NUM_THREADS  threads per process (default 1)
+#   PYTHON  interpreter (default .venv/bin/python)  OMP_NUM_THREADS  threads per process (default 1)
 #   MAX_RESTARTS  restarts of the whole worker group after a worker fails (default 3); the
 #           restarted job resumes from the latest complete checkpoint (train.resume=auto)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NPROC="${NPROC:-4}"
 CONFIG="${CONFIG:-configs/tiny_cpu.yaml}"
-PYTHON="${PYTHON:-python3}"
+source launch/python.sh  # PYTHON: the set value, else .venv/bin/python, else python3
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # Restart rounds: torchrun's agent store stays shared (its default, bound once by the agent);

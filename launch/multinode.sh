@@ -2,7 +2,7 @@
 # Several hosts: run this on every host with the same rendezvous endpoint.
 #   NNODES       hosts in the job                 NODE_RANK  this host's index (0..NNODES-1)
 #   NPROC        processes (GPUs) per host        MASTER_ADDR, MASTER_PORT  rendezvous endpoint
-#   CONFIG       YAML file                        PYTHON     interpreter (default python3)
+#   CONFIG       YAML file                        PYTHON     interpreter (default .venv/bin/python)
 #   RDZV_ID      job id shared by all hosts (default sparse2d)
 #   LOCAL_ADDR   this host's address on the job's network (optional; where a host has several
 #                interfaces, or its hostname does not resolve to that network): torchrun's agent
@@ -22,7 +22,7 @@ NPROC="${NPROC:-8}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 ENTRY="${ENTRY:-}"
 [[ -n "$ENTRY" ]] || CONFIG="${CONFIG:?set CONFIG}"
-PYTHON="${PYTHON:-python3}"
+source launch/python.sh  # PYTHON: the set value, else .venv/bin/python, else python3
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # A fresh rendezvous store per restart round (see launch/local.sh): without it, restarted

@@ -107,3 +107,63 @@ def _sharding_types(model: Any) -> dict[str, int]:
             for sharding in module_plan.values():
                 counts[sharding.sharding_type] = counts.get(sharding.sharding_type, 0) + 1
     return counts
+
+
+def plan_rank(module: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[Any], Any]:
+    """``DMPCollection(module, *args, **kwargs)`` up to its plan, without sharding: validate,
+    build the mesh, plan (or load the stored plan), remapped to this rank's groups. Allocates
+    no embedding storage, so a rank whose shards would not fit this machine can be described:
+    returns ``(plan, contexts, construction_report)``; ``planned_shards`` reads the plan."""
+    from sparse2d.collection_setup import resolve_setup
+    from sparse2d.construction import ConstructionReport
+    from sparse2d.contexts import build_contexts
+
+    setup = resolve_setup(module, args, kwargs)
+    call, report = setup.call, ConstructionReport()
+    plan = build_contexts(
+        setup.contexts,
+        module,
+        setup.sharders,
+        setup.device,
+        setup.rank,
+        setup.pg,
+        call.constraints,
+        call.planner_batch_size,
+        call.plan_store,
+        report,
+    )
+    return plan, setup.contexts, report
+
+
+def planned_shards(
+    plan: Any, rank: int, shapes: dict[str, tuple[int, int]], element_size: int = 4
+) -> list[dict[str, Any]]:
+    """The shards ``plan`` (remapped: global ranks) places on ``rank``, in ``rank_report``'s
+    form without optimizer state; ``shapes`` maps a table to its ``(rows, dim)`` for tables
+    planned without a sharding spec (data parallel: the whole table on every rank)."""
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
+
+    shards = []
+    for module_plan in plan.plan.values():
+        for table, sharding in module_plan.items():
+            spec = sharding.sharding_spec
+            if isinstance(spec, EnumerableShardingSpec):
+                pieces = [
+                    (s.shard_offsets, s.shard_sizes)
+                    for s in spec.shards
+                    if s.placement.rank() == rank
+                ]
+            elif sharding.ranks is None or rank in sharding.ranks:
+                pieces = [([0, 0], list(shapes[table]))]
+            else:
+                pieces = []
+            for (row, col), (rows, cols) in pieces:
+                shards.append(
+                    {
+                        "table": table,
+                        "rows": [row, row + rows],
+                        "cols": [col, col + cols],
+                        "weight_bytes": rows * cols * element_size,
+                    }
+                )
+    return shards

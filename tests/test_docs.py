@@ -78,6 +78,26 @@ def broken_links(page: Path) -> list[str]:
     return bad
 
 
+VENV_COMMANDS = ("sparse2d", "tensorboard", "torchrun")  # installed into .venv/bin by make
+
+
+def bare_venv_commands(page: Path) -> list[str]:
+    """Lines of ``page``'s code blocks that start a command only the venv has (``sparse2d
+    report ...``): after the README's set-up they fail with "command not found"."""
+    bad, fenced = [], False
+    for line in page.read_text().split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced and line.split(" ", 1)[0] in VENV_COMMANDS:
+            bad.append(line)
+    return bad
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_venv_commands_are_written_with_their_path(page: Path) -> None:
+    assert bare_venv_commands(page) == [], "write .venv/bin/<command> (README: set-up)"
+
+
 def snippets(page: Path) -> list[str]:
     return _SNIPPET.findall(page.read_text())
 

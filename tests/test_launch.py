@@ -15,6 +15,7 @@ import torch
 
 from sparse2d.checkpoint import latest
 from tests import trainer_world
+from tests.reader_env import reader_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = (
@@ -200,3 +201,42 @@ def test_launcher_rejects_bad_environment_before_starting(case: str) -> None:
     )  # fmt: skip
     assert run.returncode != 0
     assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+@pytest.mark.parametrize("script", ["local.sh", "multinode.sh", "ft_local.sh"])
+def test_launcher_without_torch_says_make_install(tmp_path, script: str) -> None:
+    """A fresh interpreter without the project's packages (the system python3 of a newcomer
+    who did not `make install`): one line naming the interpreter and `make install`."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    hosts = dict(NNODES="1", NODE_RANK="0", MASTER_ADDR="h", CONFIG="configs/tiny_cpu.yaml")
+    env = reader_env(PYTHON=str(bare / "bin" / "python"), **hosts)
+    run = subprocess.run([f"launch/{script}"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 1 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "cannot import torch, torchrec and sparse2d: run 'make install'" in run.stderr
+
+
+def test_launchers_default_to_the_project_venv() -> None:
+    """Without PYTHON the launchers run .venv/bin/python (what make creates), not python3."""
+    if not os.path.exists(os.path.join(ROOT, ".venv", "bin", "python")):
+        pytest.skip("no .venv in this checkout (another TORCHREC set's venv runs the tests)")
+    command = ["bash", "-c", 'source launch/python.sh && echo "$PYTHON"']
+    run = subprocess.run(command, cwd=ROOT, env=reader_env(), capture_output=True, text=True)
+    assert run.stdout.strip() == os.path.join(ROOT, ".venv", "bin", "python"), run.stderr
+
+
+@pytest.mark.parametrize("where", ["proc", "file_parent"])
+def test_unwritable_checkpoint_dir_fails_before_torchrun(tmp_path, where: str) -> None:
+    """`launch/local.sh checkpoint.dir=... checkpoint.every=10` with a directory no one can
+    make (tests run as root: /proc, or a file as parent): one line naming checkpoint.dir, in
+    seconds, and no torchrun (it used to fail at the first save and restart three times)."""
+    (tmp_path / "file").write_text("")
+    target = "/proc/nope" if where == "proc" else str(tmp_path / "file" / "sub")
+    command = ["launch/local.sh", f"checkpoint.dir={target}", "checkpoint.every=10"]
+    start = time.monotonic()
+    env = reader_env(PYTHON=sys.executable)
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and time.monotonic() - start < 20
+    assert len(run.stderr.strip().splitlines()) == 1 and run.stdout == "", run.stderr
+    assert run.stderr.startswith(f"sparse2d: config error: checkpoint.dir={target!r}: ")
+    assert "set checkpoint.dir to a directory this user can write" in run.stderr

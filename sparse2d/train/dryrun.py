@@ -7,7 +7,9 @@ JSON object (also written to ``--out``, default ``RUN_DIR/dryrun/rank<r>_of_<N>.
 the rank's embedding and optimizer-state bytes, its shards, sharding and replica groups,
 the process groups built, seconds per construction phase, the plan's source, and whether
 one forward and backward ran through the fake collectives (their outputs carry no data:
-this checks shapes and code paths, not numbers). The plan goes through the same plan
+this checks shapes and code paths, not numbers; it runs in a fresh interpreter, bounded by
+``--step-timeout``) and the peak RSS. A rank whose shards need more than ``--max-storage``
+bytes is described from its plan alone, with no embedding storage allocated. The plan goes through the same plan
 store as a launch of that config (``RUN_DIR/plans``), so a dry run before a launch saves
 the launch its planning. A bad config, group size or plan exits 1 with the one-line error
 a launch would print.
@@ -19,7 +21,9 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 from sparse2d.errors import ConfigError
@@ -38,6 +42,20 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the forward and backward through the fake collectives",
     )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=300.0,
+        help="seconds the forward and backward may take before it is killed (default 300)",
+    )
+    parser.add_argument(
+        "--max-storage",
+        type=float,
+        default=float(1 << 30),
+        help="bytes of embedding shards the rank may allocate here (default 1 GiB); a rank "
+        "that needs more is described from its plan alone, without a forward and backward",
+    )
+    parser.add_argument("--step-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
     return parser
 
@@ -58,40 +76,64 @@ def _local_ddp_hooks(model: Any) -> None:
             module.register_comm_hook(None, keep)
 
 
-def _try_step(cfg: Any, model: Any, device: Any, rank: int, world: int) -> dict[str, Any]:
-    """One forward and backward of a real batch through the fake collectives, in a forked
-    child: their outputs are uninitialized memory (the fake backend moves no data), and ids
-    or lengths read from it can crash FBGEMM's kernels, which must not take the report down."""
+def _step_here(cfg: Any, model: Any, device: Any, rank: int, world: int) -> dict[str, Any]:
+    """``--step-child``: one forward and backward of a real batch through the fake collectives
+    in this (fresh) interpreter; their outputs are uninitialized memory (the fake backend moves
+    no data), so an error is reported, not raised."""
     from sparse2d.train.data import DataSource
 
     batch = DataSource(cfg, rank, world).train(0)[0].to(device)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: run, say how it went, exit without cleanup
-        os.close(read)
-        said = "forward: "
-        try:
-            _local_ddp_hooks(model)
-            loss, _ = model(batch)
-            said = "backward: "
-            loss.backward()
-            said = "ok"
-        except BaseException as error:  # noqa: BLE001 (reported to the parent)
-            said += f"{type(error).__name__}: {error}"[:500]
-        os.write(write, said.encode("utf-8", "replace"))
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as f:
-        said = f.read().decode("utf-8", "replace")
-    _, status = os.waitpid(pid, 0)
-    if said == "ok" and os.WIFEXITED(status):
+    said = "forward: "
+    try:
+        _local_ddp_hooks(model)
+        loss, _ = model(batch)
+        said = "backward: "
+        loss.backward()
         return {"ran": True, "forward": True}
-    if not said:
-        said = f"the step's process died (status {status}): fake collectives carry no data"
+    except Exception as error:  # noqa: BLE001 (reported to the parent)
+        said += f"{type(error).__name__}: {error}"[:500]
     return {"ran": False, "forward": said.startswith("backward: "), "error": said}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def _exit_with_parent() -> None:
+    """The step's child ends when the dry run that started it is gone (killed with SIGKILL,
+    say), instead of running on as an orphan."""
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _try_step(argv: list[str], timeout_s: float) -> dict[str, Any]:
+    """One forward and backward in a fresh interpreter (``--step-child``: the same rank,
+    rebuilt from the plan just stored), never a fork of this one: a forked child of a process
+    whose OpenMP pool exists waits forever in that pool's barrier. Its ids or lengths come
+    from uninitialized memory and can crash FBGEMM's kernels, which must not take the report
+    down; it is waited for at most ``timeout_s`` and killed with the dry run (Ctrl-C,
+    SIGTERM: ``subprocess.run`` kills it on any exception)."""
+    import subprocess
+
+    command = [sys.executable, "-m", "sparse2d.train.dryrun", *argv, "--step-child"]
+    try:
+        child = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        said = f"no answer in {timeout_s:g} s (--step-timeout): the step's process was killed"
+        return {"ran": False, "forward": False, "error": said}
+    lines = child.stdout.strip().splitlines()
+    if child.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    tail = (child.stderr.strip().splitlines() or [""])[-1][:300]
+    said = f"the step's process died (exit {child.returncode}): fake collectives carry no data"
+    return {"ran": False, "forward": False, "error": f"{said}; {tail}" if tail else said}
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     """Build the rank and describe it (raises the launch's errors)."""
     import torch.distributed as dist
 
@@ -107,30 +149,146 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg.check_runtime(args.world_size, local)
     device = resolve_device(cfg)
     init_fake_world(args.rank, args.world_size, local)
+    planned = None
+    if cfg.parallel.sharding_group_size != "auto":  # (auto: its trial builds models anyway)
+        report, planned = _planned_only(cfg, device, args)
+        if report is not None:
+            dist.destroy_process_group()
+            report["peak_rss_bytes"] = _peak_rss()
+            return report
     recorder = GroupRecorder()
     with recorder.recording():
         model = shard(cfg, build_model(cfg, device), device, args.world_size)
+    if args.step_child:
+        return _step_here(cfg, model, device, args.rank, args.world_size)
     report = rank_report(model, recorder.groups)
+    report["materialized"] = True
+    if planned is not None:  # the plan was made (or loaded) by the planning pass
+        _planning_pass(report["construction"], planned)
     report["config"] = args.config
     report["run_dir"] = cfg.run_dir
     report["total_embedding_bytes"] = sum(4 * t.rows * t.dim for t in cfg.model.specs())
-    if not args.no_step:
-        report["forward_backward"] = _try_step(cfg, model, device, args.rank, args.world_size)
     dist.destroy_process_group()
+    del model
+    if not args.no_step:
+        argv = sys.argv[1:] if argv is None else argv
+        report["forward_backward"] = _try_step(argv, args.step_timeout)
+    report["peak_rss_bytes"] = _peak_rss()
     return report
+
+
+def _planning_pass(construction: dict[str, Any], planned: dict[str, Any]) -> None:
+    """The build's construction record with the planning pass's plan phase: the build
+    itself loaded the plan that pass had just stored."""
+    total = construction["total_s"] - construction["plan_s"] + planned["plan_s"]
+    construction.update(
+        plan_s=planned["plan_s"], total_s=round(total, 4), plan_cache=planned["plan_cache"]
+    )
+    construction["plans"] = planned["plans"]
+
+
+def _planned_only(
+    cfg: Any, device: Any, args: argparse.Namespace
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The rank from its plan alone when its shards need more than ``--max-storage`` bytes
+    (a 1,024-GPU job's rank holds tens of GB): nothing is sharded, no storage allocated.
+    None when the rank fits: it is built for real (the plan is stored, so that is a hit);
+    with the planning pass's construction record either way."""
+    import torch
+
+    from sparse2d.dryrun import plan_rank, planned_shards
+    from sparse2d.resources import GroupRecorder
+    from sparse2d.train.model import build_model, shard_options
+
+    recorder = GroupRecorder()
+    size = cfg.group_size(args.world_size)
+    with recorder.recording():
+        meta = build_model(cfg, torch.device("meta"))  # the plan reads shapes only
+        plan, contexts, construction = plan_rank(meta, size, **shard_options(cfg, device))
+    shapes = {t.name: (t.rows, t.dim) for t in cfg.model.specs()}
+    shards = planned_shards(plan, args.rank, shapes)
+    need = sum(s["weight_bytes"] for s in shards)
+    if need <= args.max_storage:
+        return None, construction.record()
+    ctx, types = contexts[0], {}
+    for module_plan in plan.plan.values():
+        for sharding in module_plan.values():
+            types[sharding.sharding_type] = types.get(sharding.sharding_type, 0) + 1
+    sizes: dict[str, int] = {}
+    for g in recorder.groups:
+        sizes[str(g.size())] = sizes.get(str(g.size()), 0) + 1
+    why = (
+        f"not run: the rank's shards need {need / 1e9:.2f} GB of real storage, over "
+        f"--max-storage {args.max_storage:.0f} bytes; a dry run allocates none"
+    )
+    report = {
+        "rank": args.rank,
+        "world_size": args.world_size,
+        "sharding_group_size": ctx.sharding_group_size,
+        "num_replicas": ctx.num_replicas,
+        "replica_layout": ctx.replica_layout,
+        "sharding_group": ctx.sharding_group,
+        "replica_group": ctx.replica_group,
+        "materialized": False,
+        "embedding_bytes": need,
+        "optimizer_state_bytes": None,
+        "shards": shards,
+        "sharding_types": types,
+        "construction": construction.record(),
+        "process_groups": {"created": len(recorder.groups), "by_size": sizes},
+        "config": args.config,
+        "run_dir": cfg.run_dir,
+        "total_embedding_bytes": sum(4 * t.rows * t.dim for t in cfg.model.specs()),
+        "forward_backward": {"ran": False, "forward": False, "skipped": why},
+    }
+    return report, report["construction"]
+
+
+def _peak_rss() -> dict[str, int]:
+    """Peak resident memory of this process and of the step's process (Linux: KiB)."""
+    import resource
+
+    kib = 1024 if sys.platform.startswith("linux") else 1
+    return {
+        "build": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib,
+        "step": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib,
+    }
+
+
+def _terminate_as_exit(signum: int, _frame: Any) -> None:
+    """SIGTERM unwinds like Ctrl-C, so the step's process is killed on the way out."""
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.step_child:
+        _exit_with_parent()
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminate_as_exit) if main_thread else None
+    try:
+        return _main(args, argv)
+    except KeyboardInterrupt:  # the step's process was killed on the way here
+        print(f"sparse2d dryrun: rank {args.rank}: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
+
+
+def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
     ignore_known_warnings()  # by message: a new warning still shows
     for name in ("torchrec", "torch.fx", "fbgemm_gpu"):  # planner/tracing chatter, as a launch
         logging.getLogger(name).setLevel(logging.ERROR)
     try:
-        report = run(args)
+        report = run(args, argv)
     except ConfigError as error:  # PlanError, StoredPlanError too: the launch's one line
         line = f"{type(error).__name__}: {error}".replace("\n", " ")
         print(f"sparse2d dryrun: rank {args.rank}: {line}", file=sys.stderr)
         return 1
+    if args.step_child:  # one line for the dry run that started this process
+        print(json.dumps(report))
+        return 0
     out = args.out or os.path.join(
         report["run_dir"], "dryrun", f"rank{args.rank}_of_{args.world_size}.json"
     )

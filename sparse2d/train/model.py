@@ -127,11 +127,16 @@ def shard_at(
     ``layout`` (default ``parallel.replica_layout``, which must then not be ``auto``); the plan for
     ``size`` is stored under ``RUN_DIR/plans`` and reused by restarts, relaunches, replica
     groups and dry runs."""
+    from sparse2d import DMPCollection
+
+    return DMPCollection(module, size, **shard_options(cfg, device))
+
+
+def shard_options(cfg: Config, device: torch.device) -> dict[str, Any]:
+    """The ``DMPCollection`` keywords of the config (``shard_at``; a dry run's plan alone)."""
     import os
 
     from torchrec.distributed.planner.types import ParameterConstraints
-
-    from sparse2d import DMPCollection
 
     constraints = {
         t.name: ParameterConstraints(sharding_types=[t.sharding])
@@ -139,9 +144,7 @@ def shard_at(
         if t.sharding is not None and not cfg.model.managed_collision.enabled  # MC: row-wise
     }
     fully_sharded = cfg.parallel.sharding_strategy == "fully_sharded"
-    return DMPCollection(
-        module,
-        size,
+    return dict(
         device=device,
         constraints=constraints or None,
         replica_layout=layout or cfg.parallel.replica_layout,

@@ -18,6 +18,7 @@ from sparse2d.train.config.io import bad
 from sparse2d.train.config.model import ModelConfig
 from sparse2d.train.config.optimizer import OptimizerConfig
 from sparse2d.train.config.parallel import ParallelConfig
+from sparse2d.train.config.paths import check_writable
 from sparse2d.train.config.train import MetricsConfig, TrainConfig
 
 
@@ -121,6 +122,8 @@ class Config:
                 "metrics.tensorboard=true needs the tensorboard package, which is not installed: "
                 "pip install 'sparse2d[train]' (or tensorboard), or set metrics.tensorboard=false."
             )
+        if check_paths:
+            check_writable(self)
         if check_paths and self.data.source == "criteo":
             for key in ("train_files", "eval_files"):
                 for i, path in enumerate(getattr(self.data.criteo, key)):
