@@ -32,9 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.bench_util import RESULTS_DIR, machine_note, publish, stored_stamp  # noqa: E402
+from bench_util import RESULTS_DIR, machine_note, publish, stored_stamp
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "launch" / "emulated_hosts.sh"

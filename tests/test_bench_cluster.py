@@ -1,0 +1,63 @@
+"""bench/cluster_bench.py: the strategies it runs and how a measurement renders (the runs
+themselves go through launch/emulated_hosts.sh, tested in tests/test_emulated_hosts.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tests.bench_path  # noqa: F401  (bench/ on sys.path)
+
+# isort: split
+from cluster_bench import Strategy, plot, render, strategies
+
+
+def test_every_layout_once_and_the_options_crossed() -> None:
+    plan = strategies(8, 2, [1, 10], ["dense", "sparse"], [False, True], auto=["measured"])
+    labels = [s.label(8) for s in plan]
+    assert len(labels) == len(set(labels))
+    assert labels[0] == "1D" and sum(s.group_size == 8 for s in plan) == 1
+    # L=1 has one layout; L=2, 4 both; bf16 only with the dense engine
+    assert {s.layout for s in plan if s.group_size == 1} == {"inter_host"}
+    assert {s.layout for s in plan if s.group_size in (2, 4)} == {"intra_host", "inter_host"}
+    assert not any(s.bf16 and s.engine != "dense" for s in plan)
+    fixed = [s for s in plan if not s.auto and s.group_size != 8]
+    assert len(fixed) == (1 + 2 + 2) * 2 * 3  # L=1, 2x2, 2x4 layouts; every; engines x bf16
+    assert [s.every for s in plan if s.auto] == [1, 10]
+    assert "parallel.replica_layout=auto" in Strategy(0, auto="model").overrides()
+    assert "parallel.auto.candidates=0" in Strategy(0, auto="model").overrides()
+
+
+def _cell(label: str, group: int, sps: list[float], **extra) -> dict:
+    runs = [
+        {"samples_per_s": v, "step_s": 1024 / v, "eval_auc": 0.8, "sharding_group_size": group,
+         "replica_layout": "inter_host", "host_link_bytes_per_step": 1e6 * group,
+         "predicted_step_s": 1024 / v * 1.2}
+        for v in sps
+    ]  # fmt: skip
+    strategy = {"group_size": group, "auto": extra.pop("auto", "")}
+    return {"hosts": 2, "nproc": 2, "link": "100mbit", "label": label, "strategy": strategy,
+            "runs": runs, **extra}  # fmt: skip
+
+
+def test_render_ranks_against_1d_and_judges_the_advisor(tmp_path: Path) -> None:
+    result = {
+        "config": "configs/cluster_cpu.yaml", "steps": 10, "rounds": 2, "overrides": [],
+        "machine": "2 cores",
+        "cells": [
+            _cell("1D", 4, [100.0, 110.0]),
+            _cell("L=2 inter every 10 auto", 2, [200.0, 220.0]),
+            _cell("auto (measured) every 10 auto", 2, [190.0, 200.0], auto="measured"),
+            {**_cell("L=1 every 10 auto", 1, []),
+             "runs": [{"error": "rc 1: boom", "wall_s": 1.0}]},
+        ],
+    }  # fmt: skip
+    text = render(result)
+    rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
+    assert rows[0].startswith("| L=2 inter every 10 auto | 210 | 200, 220 | 2.00 |")
+    assert "auto (measured) every 10 auto: L=2 inter_host" in rows[1]
+    assert "| 1D | 105 | 100, 110 | 1.00 |" in text
+    assert "the best fixed strategy (L=2 inter every 10 auto) is 1.08x its samples/s" in text
+    assert "mean absolute error of the predicted step 20%" in text
+    assert "L=1 every 10 auto failed: rc 1: boom" in text
+    plot(result, tmp_path / "cluster.png")
+    assert (tmp_path / "cluster.png").stat().st_size > 1000
