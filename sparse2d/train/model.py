@@ -129,11 +129,12 @@ def shard_at(
     groups and dry runs."""
     from sparse2d import DMPCollection
 
-    return DMPCollection(module, size, **shard_options(cfg, device))
+    return DMPCollection(module, size, **shard_options(cfg, device, layout))
 
 
-def shard_options(cfg: Config, device: torch.device) -> dict[str, Any]:
-    """The ``DMPCollection`` keywords of the config (``shard_at``; a dry run's plan alone)."""
+def shard_options(cfg: Config, device: torch.device, layout: str | None = None) -> dict[str, Any]:
+    """The ``DMPCollection`` keywords of the config (``shard_at``; a dry run's plan alone),
+    replicas in ``layout`` (default ``parallel.replica_layout``)."""
     import os
 
     from torchrec.distributed.planner.types import ParameterConstraints
