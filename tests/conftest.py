@@ -48,7 +48,7 @@ SAMPLER: ThreadSampler | None = None
 
 HEAVY_FIRST = (
     "test_ft_launch.py", "test_train.py", "test_torchrec_2d_suite.py", "test_launch.py",
-    "test_compatibility.py", "test_train_ft_mode.py", "test_dryrun.py",
+    "test_compatibility.py", "test_train_ft_mode.py", "test_dryrun.py", "test_emulated_hosts.py",
 )  # fmt: skip
 """The modules with the most CPU seconds (fault-tolerant launches above all: 620 of the
 suite's ~1740, 2026-11-27), collected first: ``make test`` runs the modules on two

@@ -204,9 +204,15 @@ def test_reduce_scatter_part_of_each_output_dist() -> None:
 
 
 LINKED = ClusterTopology(
-    world_size=8, ranks_per_host=4, compute_device="cpu", intra_host_bw=1e9,
-    inter_host_bw=1e9, lookup_bw=1e10, dense_flops=1e12, host_link_bw=25e6,
-)  # fmt: skip
+    world_size=8,
+    ranks_per_host=4,
+    compute_device="cpu",
+    intra_host_bw=1e9,
+    inter_host_bw=1e9,
+    lookup_bw=1e10,
+    dense_flops=1e12,
+    host_link_bw=25e6,
+)
 """Two hosts of 4 ranks joined by 200 Mbit/s links (the emulated cluster's main job)."""
 
 

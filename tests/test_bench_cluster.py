@@ -29,28 +29,43 @@ def test_every_layout_once_and_the_options_crossed() -> None:
 
 def _cell(label: str, group: int, sps: list[float], **extra) -> dict:
     runs = [
-        {"samples_per_s": v, "step_s": 1024 / v, "eval_auc": 0.8, "sharding_group_size": group,
-         "replica_layout": "inter_host", "host_link_bytes_per_step": 1e6 * group,
-         "predicted_step_s": 1024 / v * 1.2}
+        {
+            "samples_per_s": v,
+            "step_s": 1024 / v,
+            "eval_auc": 0.8,
+            "sharding_group_size": group,
+            "replica_layout": "inter_host",
+            "host_link_bytes_per_step": 1e6 * group,
+            "predicted_step_s": 1024 / v * 1.2,
+        }
         for v in sps
-    ]  # fmt: skip
+    ]
     strategy = {"group_size": group, "auto": extra.pop("auto", "")}
-    return {"hosts": 2, "nproc": 2, "link": "100mbit", "label": label, "strategy": strategy,
-            "runs": runs, **extra}  # fmt: skip
+    return {
+        "hosts": 2,
+        "nproc": 2,
+        "link": "100mbit",
+        "label": label,
+        "strategy": strategy,
+        "runs": runs,
+        **extra,
+    }
 
 
 def test_render_ranks_against_1d_and_judges_the_advisor(tmp_path: Path) -> None:
     result = {
-        "config": "configs/cluster_cpu.yaml", "steps": 10, "rounds": 2, "overrides": [],
+        "config": "configs/cluster_cpu.yaml",
+        "steps": 10,
+        "rounds": 2,
+        "overrides": [],
         "machine": "2 cores",
         "cells": [
             _cell("1D", 4, [100.0, 110.0]),
             _cell("L=2 inter every 10 auto", 2, [200.0, 220.0]),
             _cell("auto (measured) every 10 auto", 2, [190.0, 200.0], auto="measured"),
-            {**_cell("L=1 every 10 auto", 1, []),
-             "runs": [{"error": "rc 1: boom", "wall_s": 1.0}]},
+            {**_cell("L=1 every 10 auto", 1, []), "runs": [{"error": "rc 1: boom", "wall_s": 1.0}]},
         ],
-    }  # fmt: skip
+    }
     text = render(result)
     rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
     assert rows[0].startswith("| L=2 inter every 10 auto | 210 | 200, 220 | 2.00 |")

@@ -40,16 +40,25 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _launch(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [BASH, str(LAUNCHER), *args], cwd=ROOT, env=_env(**env),
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [BASH, str(LAUNCHER), *args],
+        cwd=ROOT,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _left_behind(run_id: str, marker: Path) -> list[str]:
     """Namespaces, links and per-namespace files of run ``run_id``, and processes whose
     command line names ``marker`` (every rank's names its run directory), still there."""
-    left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                      text=True).stdout.split() if run_id in n]  # fmt: skip
+    left = [
+        n
+        for n in subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True
+        ).stdout.split()
+        if run_id in n
+    ]
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     left += [line.split(":")[1].strip() for line in links.splitlines() if run_id in line]
     left += (
@@ -96,16 +105,32 @@ def test_inter_host_layout_sends_fewer_bytes_across_hosts_than_1d(tmp_path: Path
     for name, group in (("1d", 4), ("2d", 2)):
         run_dir = tmp_path / name
         done = _launch(
-            "train.steps=20", *TINY, f"run_dir={run_dir}",
-            f"parallel.sharding_group_size={group}", "parallel.replica_layout=inter_host",
-            "parallel.sync.every=5", CONFIG="configs/tiny_cpu.yaml", LINK="1gbit",
-        )  # fmt: skip
+            "train.steps=20",
+            *TINY,
+            f"run_dir={run_dir}",
+            f"parallel.sharding_group_size={group}",
+            "parallel.replica_layout=inter_host",
+            "parallel.sync.every=5",
+            CONFIG="configs/tiny_cpu.yaml",
+            LINK="1gbit",
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         summaries[name] = json.loads((run_dir / "summary.json").read_text())
         cluster = _cluster(run_dir)
-        assert [sorted(h) for h in cluster["hosts"]] == [sorted(
-            ["host", "namespace", "address", "interface", "bridge_interface", "launcher_pid",
-             "link", "ranks"])] * 2  # fmt: skip
+        assert [sorted(h) for h in cluster["hosts"]] == [
+            sorted(
+                [
+                    "host",
+                    "namespace",
+                    "address",
+                    "interface",
+                    "bridge_interface",
+                    "launcher_pid",
+                    "link",
+                    "ranks",
+                ]
+            )
+        ] * 2
         assert [h["link"] for h in cluster["hosts"]] == ["1gbit", "1gbit"]
         assert _left_behind(cluster["id"], run_dir) == []
     one_d = summaries["1d"]["host_link_bytes_per_step"]
@@ -135,8 +160,12 @@ def test_not_root_or_no_tc_is_one_line(tmp_path: Path) -> None:
     """Without root, or without tc on PATH: one line naming what is missing, exit 2."""
     nobody = subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", str(LAUNCHER)],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert nobody.returncode == 2 and nobody.stderr.strip().count("\n") == 0, nobody.stderr
     assert "needs root" in nobody.stderr
     tools = tmp_path / "bin"  # every command on PATH but tc
@@ -157,9 +186,12 @@ def test_signal_tears_everything_down(tmp_path: Path, signum: int) -> None:
     run_dir = tmp_path / "run"
     job = subprocess.Popen(
         ["bash", str(LAUNCHER), "train.steps=100000", *TINY, f"run_dir={run_dir}"],
-        cwd=ROOT, env=_env(CONFIG="configs/tiny_cpu.yaml", LINK="1gbit"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=_env(CONFIG="configs/tiny_cpu.yaml", LINK="1gbit"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     seen = ""
     for line in job.stdout:  # type: ignore[union-attr]
@@ -181,19 +213,30 @@ def test_a_lost_host_is_started_again_and_the_job_resumes(tmp_path: Path) -> Non
     restarts its workers; the world resumes from the newest checkpoint and finishes, rc 0."""
     run_dir = tmp_path / "run"
     job = subprocess.Popen(
-        [BASH, str(LAUNCHER), "train.steps=300", *TINY, f"run_dir={run_dir}",
-         "checkpoint.every=50", "train.resume=auto"],
-        cwd=ROOT, env=_env(CONFIG="configs/tiny_cpu.yaml", LINK="1gbit"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            BASH,
+            str(LAUNCHER),
+            "train.steps=300",
+            *TINY,
+            f"run_dir={run_dir}",
+            "checkpoint.every=50",
+            "train.resume=auto",
+        ],
+        cwd=ROOT,
+        env=_env(CONFIG="configs/tiny_cpu.yaml", LINK="1gbit"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen, killed = "", []
     for line in job.stdout:  # type: ignore[union-attr]
         seen += line
         if not killed and line.startswith("[train] step="):
             if int(line.split("step=")[1].split()[0]) >= 120:
                 host = _cluster(run_dir)["hosts"][1]
-                pids = subprocess.run(["ip", "netns", "pids", host["namespace"]],
-                                      capture_output=True, text=True).stdout.split()  # fmt: skip
+                pids = subprocess.run(
+                    ["ip", "netns", "pids", host["namespace"]], capture_output=True, text=True
+                ).stdout.split()
                 assert host["launcher_pid"] in map(int, pids), (host, pids)
                 for pid in pids:
                     os.kill(int(pid), signal.SIGKILL)
