@@ -214,8 +214,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             cell.runs.append(result)
             label = cell.strategy.label(cell.world)
             shown = result.get("error") or f"{result['samples_per_s']:.0f} samples/s"
-            print(f"[round {r} {i + 1}/{len(cells)}] {cell.hosts}x{cell.nproc} {cell.link} "
-                  f"{label}: {shown}", flush=True)  # fmt: skip
+            print(
+                f"[round {r} {i + 1}/{len(cells)}] {cell.hosts}x{cell.nproc} {cell.link} "
+                f"{label}: {shown}",
+                flush=True,
+            )
     return {
         "config": str(args.config),
         "steps": args.steps,
@@ -255,7 +258,7 @@ def render(result: dict[str, Any]) -> str:
         "summed over hosts, from the interfaces' counters; emb/rank: the share of the tables "
         "each rank holds (1/L).",
         "",
-    ]  # fmt: skip
+    ]
     for (hosts, nproc, link), cells in groups.items():
 
         def mean(cell: dict[str, Any], key: str) -> float | None:
@@ -347,8 +350,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
         for label, points in sorted(lines.items()):
             points.sort()
             style = "-" if label in ("1D",) or label.startswith("L=1 ") else "--"
-            ax.plot([p[0] / 1e6 for p in points], [p[1] for p in points], style, marker="o",
-                    label=label, linewidth=2.5 if label == "1D" else 1.2)  # fmt: skip
+            ax.plot(
+                [p[0] / 1e6 for p in points],
+                [p[1] for p in points],
+                style,
+                marker="o",
+                label=label,
+                linewidth=2.5 if label == "1D" else 1.2,
+            )
         ax.set_xscale("log")
         ax.set_ylim(bottom=0)
         ax.set_xlabel("host link rate (Mbit/s)")
@@ -372,20 +381,25 @@ def _rate_bits(link: str) -> float:
 
 PRESETS: dict[str, dict[str, Any]] = {
     # The acceptance's cell: the shipped setting against 1D and full replication, 2 x 4 ranks
-    # at 200 Mbit/s, sync every 10 (the shipped cadence).
+    # at 200 Mbit/s, sync every 20 (the shipped cadence), and the advisor's two picks.
     "main": {
         "shapes": ["2x4"],
         "links": ["200mbit"],
-        "every": [10],
+        "every": [20],
         "engines": ["auto"],
         "bf16": [False],
         "group_sizes": [1, 4, 8],
+        "auto": ["measured", "model"],
         "rounds": 3,
-    },  # fmt: skip
+        "steps": 150,
+    },
 }
 
 
-MARKERS = {None: "cluster", "main": "cluster-main"}
+PRESETS["main_every10"] = {**PRESETS["main"], "every": [10], "steps": 200}
+"""The same cell at the cadence measured first (a sync every 10 steps): kept beside it."""
+
+MARKERS = {None: "cluster", "main": "cluster-main", "main_every10": "cluster-main-every10"}
 """Each run's section of bench/RESULTS.md."""
 
 
@@ -394,16 +408,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "cluster_cpu.yaml")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a named subset of the matrix")
     parser.add_argument("--shapes", type=lambda s: s.split(","), default=["2x4", "4x2"])
-    parser.add_argument("--links", type=lambda s: s.split(","),
-                        default=["100mbit", "400mbit", "1gbit"])  # fmt: skip
+    parser.add_argument(
+        "--links", type=lambda s: s.split(","), default=["100mbit", "400mbit", "1gbit"]
+    )
     parser.add_argument("--every", type=lambda s: [int(x) for x in s.split(",")], default=[1, 10])
     parser.add_argument("--engines", type=lambda s: s.split(","), default=["dense", "sparse"])
-    parser.add_argument("--bf16", type=lambda s: [x == "on" for x in s.split(",")],
-                        default=[False, True], help="on,off")  # fmt: skip
+    parser.add_argument(
+        "--bf16",
+        type=lambda s: [x == "on" for x in s.split(",")],
+        default=[False, True],
+        help="on,off",
+    )
     parser.add_argument("--group-sizes", type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--auto", type=lambda s: [x for x in s.split(",") if x],
-                        default=["measured", "model"],
-                        help="the advisor's picks to run too: measured,model (empty: none)")  # fmt: skip
+    parser.add_argument(
+        "--auto",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=["measured", "model"],
+        help="the advisor's picks to run too: measured,model (empty: none)",
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
@@ -412,6 +434,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true")
     parser.add_argument("--render", action="store_true", help="re-render the stored JSON")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the stored JSON's other cells (another shape or link)",
+    )
     args = parser.parse_args(argv)
     if args.preset:
         for key, value in PRESETS[args.preset].items():
@@ -427,6 +454,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         result = measure(args)
         stamp = None
+        stored = args.out / f"{name}.json"
+        if args.merge and stored.exists():  # another shape or link measured earlier
+            old = json.loads(stored.read_text())
+            keys = {(c["hosts"], c["nproc"], c["link"], c["label"]) for c in result["cells"]}
+            kept = [
+                c
+                for c in old["cells"]
+                if (c["hosts"], c["nproc"], c["link"], c["label"]) not in keys
+            ]
+            result["cells"] = kept + result["cells"]
+            result["machine"] = f"{old['machine']}; then {result['machine']}"
     args.out.mkdir(parents=True, exist_ok=True)
     plot(result, args.out / f"{name}.png")
     text = render(result) + f"\n\nPlot: `bench/results/{name}.png`."
