@@ -38,3 +38,13 @@ def reader_env(**extra: str) -> dict[str, str]:
 def console_script(name: str) -> str:
     """``.venv/bin/<name>``: the entry point installed next to the interpreter running tests."""
     return str(Path(sys.executable).parent / name)
+
+
+def terminal_signals() -> None:
+    """``preexec_fn`` for a command a test interrupts as a terminal would: SIGINT at its
+    default. A test run started in the background (``nohup``, ``&`` in a script, some CI
+    runners) inherits SIGINT ignored, and a shell cannot trap, nor Python catch, a signal
+    ignored when it started: the Ctrl-C under test would never arrive."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

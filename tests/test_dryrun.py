@@ -14,7 +14,7 @@ import pytest
 from sparse2d.mesh import rank_layout, replica_groups
 from sparse2d.train.config import load_config
 from tests import trainer_world
-from tests.reader_env import console_script, reader_env
+from tests.reader_env import console_script, reader_env, terminal_signals
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "tiny_cpu.yaml")
@@ -66,6 +66,7 @@ def test_interrupted_dry_run_leaves_no_process(tmp_path, how) -> None:
         [*command, f"run_dir={tmp_path}"],
         cwd=ROOT,
         env=reader_env(),
+        preexec_fn=terminal_signals,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

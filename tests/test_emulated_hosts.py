@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.reader_env import terminal_signals
+
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "launch" / "emulated_hosts.sh"
 BASH = shutil.which("bash") or "/bin/bash"
@@ -188,6 +190,7 @@ def test_signal_tears_everything_down(tmp_path: Path, signum: int) -> None:
         ["bash", str(LAUNCHER), "train.steps=100000", *TINY, f"run_dir={run_dir}"],
         cwd=ROOT,
         env=_env(CONFIG="configs/tiny_cpu.yaml", LINK="1gbit"),
+        preexec_fn=terminal_signals,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
