@@ -195,19 +195,24 @@ def test_signal_tears_everything_down(tmp_path: Path, signum: int) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + 300
-    seen = ""
-    for line in job.stdout:  # type: ignore[union-attr]
-        seen += line
-        if line.startswith("[train] step=") or time.monotonic() > deadline:
-            break
-    assert "[train] step=" in seen, seen[-3000:]
-    run_id = _cluster(run_dir)["id"]
-    assert _left_behind(run_id, run_dir), "nothing to tear down: the test looks in the wrong place"
-    job.send_signal(signum)
-    job.communicate(timeout=60)
-    assert job.returncode == 128 + signum, job.returncode
-    assert _left_behind(run_id, run_dir) == []
+    try:
+        deadline = time.monotonic() + 300
+        seen = ""
+        for line in job.stdout:  # type: ignore[union-attr]
+            seen += line
+            if line.startswith("[train] step=") or time.monotonic() > deadline:
+                break
+        assert "[train] step=" in seen, seen[-3000:]
+        run_id = _cluster(run_dir)["id"]
+        assert _left_behind(run_id, run_dir), "nothing to tear down: wrong place looked in"
+        job.send_signal(signum)
+        job.communicate(timeout=60)
+        assert job.returncode == 128 + signum, job.returncode
+        assert _left_behind(run_id, run_dir) == []
+    finally:  # a failed check must not leave a job training for ever beside the suite
+        if job.poll() is None:
+            job.terminate()
+            job.communicate(timeout=60)
 
 
 def test_a_lost_host_is_started_again_and_the_job_resumes(tmp_path: Path) -> None:
