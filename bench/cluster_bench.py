@@ -82,7 +82,6 @@ class Strategy:
 
 def strategies(
     world: int,
-    hosts: int,
     every: list[int],
     engines: list[str],
     bf16: list[bool],
@@ -122,10 +121,6 @@ class Cell:
     @property
     def world(self) -> int:
         return self.hosts * self.nproc
-
-    def mean(self, key: str) -> float | None:
-        values = [r[key] for r in self.runs if r.get(key) is not None]
-        return statistics.fmean(values) if values else None
 
 
 def run_once(cell: Cell, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
@@ -199,9 +194,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for shape in args.shapes:
         hosts, nproc = (int(x) for x in shape.split("x"))
         world = hosts * nproc
-        plan = strategies(
-            world, hosts, args.every, args.engines, args.bf16, args.group_sizes, args.auto
-        )
+        plan = strategies(world, args.every, args.engines, args.bf16, args.group_sizes, args.auto)
         for link in args.links:
             cells += [Cell(hosts, nproc, link, s) for s in plan]
     load = os.getloadavg()[0]

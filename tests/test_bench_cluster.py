@@ -12,7 +12,7 @@ from cluster_bench import Strategy, plot, render, strategies
 
 
 def test_every_layout_once_and_the_options_crossed() -> None:
-    plan = strategies(8, 2, [1, 10], ["dense", "sparse"], [False, True], auto=["measured"])
+    plan = strategies(8, [1, 10], ["dense", "sparse"], [False, True], auto=["measured"])
     labels = [s.label(8) for s in plan]
     assert len(labels) == len(set(labels))
     assert labels[0] == "1D" and sum(s.group_size == 8 for s in plan) == 1
