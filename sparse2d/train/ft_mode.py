@@ -131,6 +131,8 @@ class FaultTolerantMode:
             startup_s = time.perf_counter() - joined
         if self._pipeline is None:
             ft.start_step()  # quorum; a group behind heals here (already open at the first)
+            if self._back_after_the_job_ended(loop, ft.participants):
+                return None
             batch = loop.data.train(ft.position)[0].to(loop.device)  # joins the quorum first
             self._record_heals(loop)
             loss, (_, logits, labels) = loop.model(batch)
@@ -244,6 +246,27 @@ class FaultTolerantMode:
                     if json.load(f).get("final_step") == self.cfg.train.steps:
                         return g
         return None
+
+    def _back_after_the_job_ended(self, loop: Loop, participants: int) -> bool:
+        """A group alone in its quorum right after sharing one: the others were lost (train
+        on), or they finished the job while this group was cut off from them (its link down
+        longer than their remaining steps). Then its state is stale and every step it took
+        alone would be one the others never saw: stop cleanly instead (True). Checked once,
+        on the step the quorum shrank, before the step's forward."""
+        shrank = participants == 1 < self._participants and self.groups > 1
+        self._participants = participants
+        if not shrank:
+            return False
+        done = [self._finished_by_others() if self.rank == 0 else None]  # as in the restart
+        dist.broadcast_object_list(done, src=0)
+        if done[0] is None:
+            return False
+        loop.recorder.say(
+            "done",
+            f"group {done[0]} finished the job while this group was cut "
+            f"off from it (back at step {self.ft.step}); nothing to rejoin",
+        )
+        return True
 
     def _check_not_all_lost(self, loop: Loop) -> bool:
         """A restarted group that finds the job at step 0 with nothing to heal from while it
