@@ -196,7 +196,7 @@ class DMPCollection(TorchRecDMPCollection):
             report,
         )
         # 4. Shard: TorchRec's DMP, each module type with its context's ShardingEnv2D.
-        apply_all()  # TorchRec/FBGEMM workarounds still needed (sparse2d.patches)
+        apply_all(setup.device)  # workarounds this device still needs (sparse2d.patches)
         install_pipeline_guard()
         self._envs_by_type = {c.module_type: sharding_env(c, setup.pg) for c in contexts}
         with report.phase("shard"):

@@ -268,5 +268,6 @@ PATCHES = (
         sites=(
             "torchrec.modules.hash_mc_modules:HashZchManagedCollisionModule._zero_collision_hash",
         ),
+        devices=("cpu",),  # FBGEMM's CUDA kernel inserts
     ),
 )
