@@ -36,6 +36,7 @@ TOPICS = (
     "training",
     "benchmarks",
     "observability",
+    "patches",
 )
 _LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
 _SNIPPET = re.compile(re.escape(MARKER) + r"\n```python\n(.*?)\n```", re.S)
