@@ -73,8 +73,9 @@ def _step(series: Series, model: Any, i: int, rank: int) -> None:
     model.sync()
 
 
-def _rank(series: Series, shortlist: list, pick: int, rounds: int, steps: int,
-          options: Any) -> dict[str, Any]:  # fmt: skip
+def _rank(
+    series: Series, shortlist: list, pick: int, rounds: int, steps: int, options: Any
+) -> dict[str, Any]:
     """One rank of ``measure_series`` (run by ``bench_util.spawn``): the trial's report and
     the reference, the slowest rank's median step per L."""
     import torch.distributed as dist
@@ -84,9 +85,12 @@ def _rank(series: Series, shortlist: list, pick: int, rounds: int, steps: int,
 
     rank, world = dist.get_rank(), dist.get_world_size()
     report = measure_group_sizes(
-        lambda L: _build(series, L), lambda m, i: _step(series, m, i, rank), shortlist,
-        options, model_pick=pick,
-    )  # fmt: skip
+        lambda L: _build(series, L),
+        lambda m, i: _step(series, m, i, rank),
+        shortlist,
+        options,
+        model_pick=pick,
+    )
     models = {L: _build(series, L) for L in divisors(world)}
     times: dict[int, list[float]] = {L: [] for L in models}
     step = 1000  # past the trial's batches
@@ -105,8 +109,7 @@ def _rank(series: Series, shortlist: list, pick: int, rounds: int, steps: int,
     mine = {L: statistics.median(t) for L, t in times.items()}
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine)
-    return {"trial": report.as_json(),
-            "reference": {L: max(g[L] for g in gathered) for L in mine}}  # fmt: skip
+    return {"trial": report.as_json(), "reference": {L: max(g[L] for g in gathered) for L in mine}}
 
 
 def measure_series(series: Series, rounds: int, steps: int, options: Any) -> dict[str, Any]:
@@ -144,10 +147,15 @@ def main_job(steps: int) -> dict[str, Any]:
         summary = run_trainer(["parallel.sharding_group_size=auto"], steps, tmp)
         wall = time.perf_counter() - begin
     trial = summary["auto_trial"]
-    return {"steps": steps, "wall_s": wall, "train_s": summary["train_s"],
-            "trial_s": trial["trial_s"], "trial": trial,
-            "sharding_group_size": summary["sharding_group_size"],
-            "samples_per_s": summary["samples_per_s"]}  # fmt: skip
+    return {
+        "steps": steps,
+        "wall_s": wall,
+        "train_s": summary["train_s"],
+        "trial_s": trial["trial_s"],
+        "trial": trial,
+        "sharding_group_size": summary["sharding_group_size"],
+        "samples_per_s": summary["samples_per_s"],
+    }
 
 
 def trial_options(args: argparse.Namespace) -> Any:
@@ -177,8 +185,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             except Exception as error:  # recorded, not hidden
                 entry = {"error": repr(error)[:300]}
             result["series"][s.name] = {"set": kind, **entry}
-            print(s.name, {k: entry.get(k) for k in ("auto", "best_fixed", "auto_over_best",
-                  "model_pick", "model_over_best")}, flush=True)  # fmt: skip
+            print(
+                s.name,
+                {
+                    k: entry.get(k)
+                    for k in (
+                        "auto",
+                        "best_fixed",
+                        "auto_over_best",
+                        "model_pick",
+                        "model_over_best",
+                    )
+                },
+                flush=True,
+            )
     if args.main_job:
         result["main_job"] = main_job(1000)
     return result
@@ -201,8 +221,10 @@ def _trial_shape(result: dict[str, Any]) -> str:
     text = f"{trial['warmup_steps']} warm-up + {trial['timed_steps']} timed steps each"
     margin = trial.get("retrial_margin", 0.0)
     if margin:
-        text += (f", the candidates within {margin:g} of the fastest measured again in "
-                 "reverse order, each keeping its lower time; both passes in brackets")  # fmt: skip
+        text += (
+            f", the candidates within {margin:g} of the fastest measured again in "
+            "reverse order, each keeping its lower time; both passes in brackets"
+        )
     return text
 
 
@@ -294,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
                 if key in e:
                     e[key] = {int(L): v for L, v in e[key].items()}
         args.machine = result.get("machine", "load not recorded")
-        publish(args, result, markdown(result, args, result.get("wall_s", 0.0)), "auto.json",
-                "auto")  # fmt: skip
+        publish(
+            args, result, markdown(result, args, result.get("wall_s", 0.0)), "auto.json", "auto"
+        )
         return 0
     result, wall = timed(args, measure, args)
     result["machine"], result["wall_s"] = args.machine, wall

@@ -164,9 +164,13 @@ def rendezvous_env(rank: int, world: int, where: str) -> None:
     """The torchrun-style env a spawned benchmark rank needs (TorchRec reads the local ones),
     and ``where`` its world meets (``rendezvous``), for ``init_gloo``."""
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world), SPARSE2D_BENCH_STORE=where,
-    )  # fmt: skip
+        MASTER_ADDR="127.0.0.1",
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        SPARSE2D_BENCH_STORE=where,
+    )
 
 
 def init_gloo(timeout_s: float) -> None:

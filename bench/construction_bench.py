@@ -134,16 +134,22 @@ def table(rows: list[tuple[dict, dict, dict]], baseline: dict[int, float]) -> st
                 f"{r['wall_s']:.2f} | {c['plan_cache']} |"
             )
     if baseline:
-        lines += ["", "| world | TorchRec's default planner, plan s | sparse2d cold plan s | ratio |",
-                  "|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            "",
+            "| world | TorchRec's default planner, plan s | sparse2d cold plan s | ratio |",
+            "|---:|---:|---:|---:|",
+        ]
         for cold, *_ in rows:
             if cold["world"] in baseline:
                 base, ours = baseline[cold["world"]], cold["construction"]["plan_s"]
                 lines.append(
                     f"| {cold['world']:,} | {base:.2f} | {ours:.2f} | {base / ours:.1f}x |"
                 )
-    lines += ["", "| world | rank | embedding bytes | total / L | ratio | plan's sharding types |",
-              "|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| world | rank | embedding bytes | total / L | ratio | plan's sharding types |",
+        "|---:|---:|---:|---:|---:|---|",
+    ]
     for cold, _, last in rows:
         for r in (cold, last):
             lines.append(
@@ -158,9 +164,10 @@ def main() -> None:
     parser.add_argument("--only", default="64,1024,4096")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument(
-        "--baseline", default="64,1024",
+        "--baseline",
+        default="64,1024",
         help="worlds whose TorchRec-default plan time is measured in the same run ('' for none)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     sys.path.insert(0, HERE)
     from bench_util import machine_note, write_section

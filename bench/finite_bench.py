@@ -42,13 +42,15 @@ def _model(case: dict) -> Any:
     ebc = EmbeddingBagCollection(
         tables=[
             EmbeddingBagConfig(
-                name=f"t{i}", embedding_dim=case["dim"], num_embeddings=case["rows"],
+                name=f"t{i}",
+                embedding_dim=case["dim"],
+                num_embeddings=case["rows"],
                 feature_names=[f"f{i}"],
             )
             for i in range(case["tables"])
         ],
         device=torch.device("meta"),
-    )  # fmt: skip
+    )
     _apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.01})
     return ebc
 

@@ -66,28 +66,30 @@ def fold_rank(sizes_kb: list[int], reps: int) -> dict[str, Any]:
 def _markdown(r: dict[str, Any], args: argparse.Namespace, wall: float) -> str:
     from sparse2d.sync.ddp.fold import FOLD_MAX_BYTES
 
-    return "\n".join([
-        "## Fold: a replica sync inside DDP's all-reduce vs its own all-reduce",
-        "",
-        f"`bench/fold_bench.py` — world {WORLD} gloo CPU ranks, L={L}; *separate* = DDP's "
-        f"world all-reduce of a {BUCKET >> 10} KB bucket, then a replica all-reduce of the "
-        f"rank's shard (region / L); *folded* = one world all-reduce of bucket + region. "
-        f"{args.reps} interleaved repetitions of 10, slowest rank, medians. {args.machine}. "
-        f"Wall {wall:.0f} s.",
-        "",
-        "| region (all shards) | separate ms | folded ms | folded / separate |",
-        "|---:|---:|---:|---:|",
-        *(
-            f"| {row['region_kb'] / 1024:g} MB | {1e3 * row['separate']['median']:.2f} | "
-            f"{1e3 * row['folded']['median']:.2f} | {row['ratio']:.2f} |"
-            for row in r["rows"]
-        ),
-        "",
-        f"Folding is used up to `FOLD_MAX_BYTES` = {FOLD_MAX_BYTES / (1 << 20):g} MB "
-        "(the main job's region: 0.5 MB), well below the crossover.",
-        "",
-        f"Reproduce: `PYTHONPATH=. .venv/bin/python bench/fold_bench.py --reps {args.reps}`.",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "## Fold: a replica sync inside DDP's all-reduce vs its own all-reduce",
+            "",
+            f"`bench/fold_bench.py` — world {WORLD} gloo CPU ranks, L={L}; *separate* = DDP's "
+            f"world all-reduce of a {BUCKET >> 10} KB bucket, then a replica all-reduce of the "
+            f"rank's shard (region / L); *folded* = one world all-reduce of bucket + region. "
+            f"{args.reps} interleaved repetitions of 10, slowest rank, medians. {args.machine}. "
+            f"Wall {wall:.0f} s.",
+            "",
+            "| region (all shards) | separate ms | folded ms | folded / separate |",
+            "|---:|---:|---:|---:|",
+            *(
+                f"| {row['region_kb'] / 1024:g} MB | {1e3 * row['separate']['median']:.2f} | "
+                f"{1e3 * row['folded']['median']:.2f} | {row['ratio']:.2f} |"
+                for row in r["rows"]
+            ),
+            "",
+            f"Folding is used up to `FOLD_MAX_BYTES` = {FOLD_MAX_BYTES / (1 << 20):g} MB "
+            "(the main job's region: 0.5 MB), well below the crossover.",
+            "",
+            f"Reproduce: `PYTHONPATH=. .venv/bin/python bench/fold_bench.py --reps {args.reps}`.",
+        ]
+    )
 
 
 def main() -> None:

@@ -34,8 +34,7 @@ from tests.test_ft_launch import workers  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-COMMON = ("train.eval_batches=10", "train.progress_bar=false",
-          "parallel.sync.divergence_every=0")  # fmt: skip
+COMMON = ("train.eval_batches=10", "train.progress_bar=false", "parallel.sync.divergence_every=0")
 PER_STEP = ("train.log_every=1",)
 """The kill runs log every step (their analysis needs each commit's time); the no-failure
 rounds keep the config's ``log_every`` (10), as a user runs it: a per-step log adds a
@@ -56,9 +55,18 @@ with the step's size (a supplementary section; the acceptance's is the config's 
 def _std(run_dir: Path, steps: int, kill: bool) -> list[str]:
     extra = ("checkpoint.every=50", "checkpoint.keep=2", "train.resume=auto", *PER_STEP)
     extra = extra if kill else ()
-    return ["launch/local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON,
-            "parallel.sharding_group_size=2", "fault_tolerance.enable=false",
-            *extra, *PIPELINE, *MC, *SET]  # fmt: skip
+    return [
+        "launch/local.sh",
+        f"train.steps={steps}",
+        f"run_dir={run_dir}",
+        *COMMON,
+        "parallel.sharding_group_size=2",
+        "fault_tolerance.enable=false",
+        *extra,
+        *PIPELINE,
+        *MC,
+        *SET,
+    ]
 
 
 FT_OVERLAP: tuple[str, ...] = ()
@@ -77,9 +85,18 @@ blocks) and ``ft_every1`` (``--compare-every1``: a quorum every step, as before 
 
 def _ft(run_dir: Path, steps: int, variant: str = "ft", kill: bool = False) -> list[str]:
     quorum = FT_VARIANTS[variant] if variant != "ft" else FT_OVERLAP
-    return ["launch/ft_local.sh", f"train.steps={steps}", f"run_dir={run_dir}", *COMMON[:2],
-            *(PER_STEP if kill else ()), "fault_tolerance.timeout_s=20", *quorum,
-            *PIPELINE, *MC, *SET]  # fmt: skip
+    return [
+        "launch/ft_local.sh",
+        f"train.steps={steps}",
+        f"run_dir={run_dir}",
+        *COMMON[:2],
+        *(PER_STEP if kill else ()),
+        "fault_tolerance.timeout_s=20",
+        *quorum,
+        *PIPELINE,
+        *MC,
+        *SET,
+    ]
 
 
 def _steps(events: list[tuple[float, str]], prefix: str) -> list[tuple[float, int]]:
@@ -93,9 +110,15 @@ def run(kind: str, run_dir: Path, steps: int, kill_at: int | None) -> dict:
     """One launch; with ``kill_at``, SIGKILL rank 1 (of group 1 in ft) at that step.
     ``kind``: ``std`` or a key of ``FT_VARIANTS``."""
     variant, kind = kind, "ft" if kind in FT_VARIANTS else kind
-    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1",
-               NPROC="2" if kind == "ft" else "4", NGROUPS="2", MAX_RESTARTS="3",
-               LIGHTHOUSE_PORT="0")  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS="1",
+        NPROC="2" if kind == "ft" else "4",
+        NGROUPS="2",
+        MAX_RESTARTS="3",
+        LIGHTHOUSE_PORT="0",
+    )
     env.pop("TORCHFT_LIGHTHOUSE", None)
     # the repo first, then the caller's path (a GPU machine's carried TorchRec lives there)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -103,8 +126,9 @@ def run(kind: str, run_dir: Path, steps: int, kill_at: int | None) -> dict:
     kill = kill_at is not None
     argv = _ft(run_dir, steps, variant, kill) if kind == "ft" else _std(run_dir, steps, kill)
     start, cpu = time.time(), _children_cpu_s()
-    job = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    job = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     killed_at = kill_step = None
     prefix = "[train] replica=1 step=" if kind == "ft" else "[train] step="
     tail, events = [], []
@@ -120,10 +144,16 @@ def run(kind: str, run_dir: Path, steps: int, kill_at: int | None) -> dict:
     job.wait()
     if job.returncode != 0:
         raise RuntimeError(f"{kind} run failed:\n{''.join(tail)}")
-    out: dict = {"wall_s": time.time() - start, "cpu_s": _children_cpu_s() - cpu,
-                 "kill_time": killed_at, "kill_step": kill_step,
-           "steps": {p: _steps(events, p) for p in ("[train] step=", "[train] replica=0 step=",
-                                                   "[train] replica=1 step=")}}  # fmt: skip
+    out: dict = {
+        "wall_s": time.time() - start,
+        "cpu_s": _children_cpu_s() - cpu,
+        "kill_time": killed_at,
+        "kill_step": kill_step,
+        "steps": {
+            p: _steps(events, p)
+            for p in ("[train] step=", "[train] replica=0 step=", "[train] replica=1 step=")
+        },
+    }
     if kind == "ft":
         for g in (0, 1):  # a group that restarted after the job ended writes no summary
             path = run_dir / f"replica_{g}" / "summary.json"
@@ -178,13 +208,18 @@ def analyse_ft(r: dict) -> dict:
     ranks = r["g0"]["sharding_group_size"]
     past = min(t for t, step in g0 if step > r["kill_step"])
     return {
-        "survivor_stall_s": stall, "group1_down_s": down, "heal_s": heal["seconds"],
-        "heal_bytes_per_rank": heal["bytes"], "steps_redone": redone,
+        "survivor_stall_s": stall,
+        "group1_down_s": down,
+        "heal_s": heal["seconds"],
+        "heal_bytes_per_rank": heal["bytes"],
+        "steps_redone": redone,
         "rank_seconds_lost": ranks * down + ranks * stall,
-        "past_kill_step_s": past - kill, "samples_skipped": r["g0"]["samples_skipped"],
-        "eval_auc": r["g0"]["eval_auc"], "wall_s": r["wall_s"],
+        "past_kill_step_s": past - kill,
+        "samples_skipped": r["g0"]["samples_skipped"],
+        "eval_auc": r["g0"]["eval_auc"],
+        "wall_s": r["wall_s"],
         "identical": r["g0"]["state_digests"] == r["g1"]["state_digests"],
-    }  # fmt: skip
+    }
 
 
 def analyse_std(r: dict, world: int = 4) -> dict:
@@ -192,9 +227,14 @@ def analyse_std(r: dict, world: int = 4) -> dict:
     after = [(t, step) for t, step in steps if t > kill]
     resumed = min(step for _, step in after) - 1
     past = min(t for t, step in after if step > r["kill_step"])
-    return {"resumed_from": resumed, "steps_redone": r["kill_step"] - resumed,
-            "past_kill_step_s": past - kill, "rank_seconds_lost": world * (past - kill),
-            "eval_auc": r["summary"]["eval_auc"], "wall_s": r["wall_s"]}  # fmt: skip
+    return {
+        "resumed_from": resumed,
+        "steps_redone": r["kill_step"] - resumed,
+        "past_kill_step_s": past - kill,
+        "rank_seconds_lost": world * (past - kill),
+        "eval_auc": r["summary"]["eval_auc"],
+        "wall_s": r["wall_s"],
+    }
 
 
 def main() -> None:
@@ -253,9 +293,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     # with --set: a supplementary section, not the config's own
-    section = {(False, False): "ft-pipeline", (True, False): "ft-pipeline-mc",
-               (False, True): "ft-pipeline-set", (True, True): "ft-pipeline-mc-set"}[
-        (args.mc != "none", bool(args.set))]  # fmt: skip
+    section = {
+        (False, False): "ft-pipeline",
+        (True, False): "ft-pipeline-mc",
+        (False, True): "ft-pipeline-set",
+        (True, True): "ft-pipeline-mc-set",
+    }[(args.mc != "none", bool(args.set))]
     clean_json = f"{section.replace('-', '_')}.json"  # the --clean-only rounds' results
     if args.render_only:
         name = clean_json if args.clean_only else "ft.json"
@@ -273,13 +316,23 @@ def main() -> None:
     if args.mc != "none":
         MC = ("model.managed_collision.enabled=true", f"model.managed_collision.kind={args.mc}")
     load = os.getloadavg()[0]
-    kinds = ("ft", *(("ft_blocking",) if args.compare_blocking else ()),
-             *(("ft_every1",) if args.compare_every1 else ()), "std")  # fmt: skip
+    kinds = (
+        "ft",
+        *(("ft_blocking",) if args.compare_blocking else ()),
+        *(("ft_every1",) if args.compare_every1 else ()),
+        "std",
+    )
     if args.compare_blocking:
         global FT_OVERLAP
         FT_OVERLAP = ("fault_tolerance.overlap_quorum=true",)
-    res: dict = {"clean": {kind: [] for kind in kinds}, "pipeline": args.pipeline, "mc": args.mc,
-                 "steps": args.steps, "rounds": args.rounds, "set": list(SET)}  # fmt: skip
+    res: dict = {
+        "clean": {kind: [] for kind in kinds},
+        "pipeline": args.pipeline,
+        "mc": args.mc,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "set": list(SET),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):  # alternate the variants: the box is shared
             # ... and reverse their order every other round (ABBA): the first launch after
@@ -288,8 +341,12 @@ def main() -> None:
                 r = run(kind, Path(tmp) / f"{kind}{i}", args.steps, None)
                 summary = r["summary"] if kind == "std" else r["g0"]
                 sps, auc = summary["samples_per_s"], summary["eval_auc"]
-                entry = {"samples_per_s": sps, "eval_auc": auc, "wall_s": r["wall_s"],
-                         "cpu_s": r["cpu_s"]}  # fmt: skip
+                entry = {
+                    "samples_per_s": sps,
+                    "eval_auc": auc,
+                    "wall_s": r["wall_s"],
+                    "cpu_s": r["cpu_s"],
+                }
                 if kind != "std":  # main-thread ms per step blocked on the quorum / the vote
                     for key in ("quorum_wait_s", "vote_wait_s", "echo_wait_s"):
                         entry[f"{key[:-2]}_ms_per_step"] = 1e3 * summary[key] / args.steps
@@ -297,10 +354,17 @@ def main() -> None:
                 res["clean"][kind].append(entry)
                 print(kind, res["clean"][kind][-1], flush=True)
             if args.compare_blocking:
-                print("round", i, "ft/std", res["clean"]["ft"][-1]["samples_per_s"]
-                      / res["clean"]["std"][-1]["samples_per_s"], "ft_blocking/std",
-                      res["clean"]["ft_blocking"][-1]["samples_per_s"]
-                      / res["clean"]["std"][-1]["samples_per_s"], flush=True)  # fmt: skip
+                print(
+                    "round",
+                    i,
+                    "ft/std",
+                    res["clean"]["ft"][-1]["samples_per_s"]
+                    / res["clean"]["std"][-1]["samples_per_s"],
+                    "ft_blocking/std",
+                    res["clean"]["ft_blocking"][-1]["samples_per_s"]
+                    / res["clean"]["std"][-1]["samples_per_s"],
+                    flush=True,
+                )
         if args.clean_only:
             args.machine = res["machine"] = machine_note(load)
             publish(args, res, clean_markdown(res, args), clean_json, section)

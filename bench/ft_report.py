@@ -11,9 +11,13 @@ QUORUM_EVERY = FaultToleranceConfig().quorum_every
 """The trainer's default, which every ``ft`` launch of ``ft_bench`` runs with."""
 
 
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+# A printed t table, kept as one: a row per ten degrees of freedom (1-10, 11-20, 21-30) so each
+# value can be checked against the textbook's; `ruff format` would put one per line.
+T_975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
 """Student's t, two-sided 95%, for 1-30 degrees of freedom (a round count the bench runs,
 or consecutive runs pooled)."""
 
@@ -39,132 +43,134 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
     mc = res.get("mc", "none")
     ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(ft, std, strict=True)]
     mean = sum(a["samples_per_s"] for a in ft) / sum(b["samples_per_s"] for b in std)
-    return "\n".join([
-        f"## Fault tolerance vs the standard launcher, no failure, `train.pipeline={res['pipeline']}`"
-        f"{', managed-collision tables (' + mc.upper() + ')' if mc != 'none' else ''} "
-        "(bench/ft_bench.py --clean-only)",
-        "",
-        f"2 groups x 2 ranks (`launch/ft_local.sh`) vs one world of 4, L=2 (`launch/local.sh`), "
-        f"configs/ft_tiny_cpu.yaml model, data and `log_every` (10)"
-        f"{', with ' + ', '.join(f'`{kv}`' for kv in res.get('set', [])) if res.get('set') else ''}"
-        f"{', every table managed-collision (`model.managed_collision.kind=' + mc + '`)' if mc != 'none' else ''}"
-        ", sync every step, "
-        f"{args.steps} steps, each driven by TorchRec's pipeline; rounds alternated, the order "
-        "reversed every other round (fault tolerant first in even rounds, standard first in odd "
-        "ones: the first launch after other work runs slowest). "
-        f"{args.machine}.",
-        f"Regenerate: `PYTHONPATH=. OMP_NUM_THREADS=1 python bench/ft_bench.py --clean-only "
-        f"--pipeline {res['pipeline']}{' --mc ' + mc if mc != 'none' else ''} --steps {args.steps} "
-        f"--rounds {args.rounds}"
-        f"{''.join(f' --set {kv!r}' for kv in res.get('set', []))}"
-        f"{' --compare-blocking' if 'ft_blocking' in res['clean'] else ''}"
-        f"{' --compare-every1' if 'ft_every1' in res['clean'] else ''}`.",
-        "",
-        "| round | fault tolerant samples/s | standard samples/s | ratio | AUC ft / std |",
-        "|---|---|---|---|---|",
-        *[
-            f"| {i} | {a['samples_per_s']:.0f} | {b['samples_per_s']:.0f} | {r:.3f} | "
-            f"{a['eval_auc']:.4f} / {b['eval_auc']:.4f} |"
-            for i, (a, b, r) in enumerate(zip(ft, std, ratios, strict=True))
-        ],
-        "",
-        *(
-            [
-                "The table's fault-tolerant column overlaps the quorum "
-                "(`fault_tolerance.overlap_quorum=true`, opt-in); with every quorum blocking (the "
-                "default, `--compare-blocking`), alternated in the same rounds: "
-                + ", ".join(
-                    f"{a['samples_per_s']:.0f} ({a['samples_per_s'] / b['samples_per_s']:.3f})"
-                    for a, b in zip(res["clean"]["ft_blocking"], std, strict=True)
-                )
-                + " samples/s (ratio). Main-thread ms per step blocked on the quorum, overlapped "
-                "vs blocking: "
-                + ", ".join(
-                    f"{a['quorum_wait_ms_per_step']:.1f} vs {b['quorum_wait_ms_per_step']:.1f}"
-                    for a, b in zip(ft, res["clean"]["ft_blocking"], strict=True)
-                    if "quorum_wait_ms_per_step" in a and "quorum_wait_ms_per_step" in b
-                )
-                + ".",
-                "",
-            ]
-            if "ft_blocking" in res["clean"]
-            else []
-        ),
-        *(
-            [
-                "With a quorum every step (`fault_tolerance.quorum_every=1`, torchft's "
-                "`OptimizerWrapper` pattern; `--compare-every1`), alternated in the same rounds: "
-                + ", ".join(
-                    f"{a['samples_per_s']:.0f} ({a['samples_per_s'] / b['samples_per_s']:.3f})"
-                    for a, b in zip(res["clean"]["ft_every1"], std, strict=True)
-                )
-                + " samples/s (ratio to the standard launcher). Main-thread ms per step blocked "
-                "on the quorum / the vote / the commit echo, default lease vs every step: "
-                + ", ".join(
-                    f"{a['quorum_wait_ms_per_step']:.1f} / {a['vote_wait_ms_per_step']:.1f} / "
-                    f"{a['echo_wait_ms_per_step']:.1f} vs "
-                    f"{b['quorum_wait_ms_per_step']:.1f} / {b['vote_wait_ms_per_step']:.1f} / "
-                    f"{b['echo_wait_ms_per_step']:.1f}"
-                    for a, b in zip(ft, res["clean"]["ft_every1"], strict=True)
-                )
-                + f"; quorums formed per run: {', '.join(str(a['quorums']) for a in ft)} vs "
-                + f"{', '.join(str(b['quorums']) for b in res['clean']['ft_every1'])}.",
-                "",
-            ]
-            if "ft_every1" in res["clean"]
-            else []
-        ),
-        *(
-            [
-                "CPU seconds of each launch (user + system of its workers and torchrun agents, "
-                "start-up and the final eval included; the 2 cores are shared by 4 workers, so "
-                "a launch's CPU seconds set its pace), fault tolerant vs standard, by round: "
-                + ", ".join(
-                    f"{a['cpu_s']:.0f} vs {b['cpu_s']:.0f} ({a['cpu_s'] / b['cpu_s']:.2f}x)"
-                    for a, b in zip(ft, std, strict=True)
-                )
-                + ".",
-                "",
-            ]
-            if all("cpu_s" in e for e in ft + std)
-            else []
-        ),
-        *(
-            [
-                "Main-thread ms per step blocked on the quorum / the commit vote / the commit "
-                "echo (fault tolerant), by round: "
-                + ", ".join(
-                    f"{a['quorum_wait_ms_per_step']:.1f} / {a['vote_wait_ms_per_step']:.1f} / "
-                    f"{a['echo_wait_ms_per_step']:.1f}"
-                    for a in ft
-                )
-                + ".",
-                "",
-            ]
-            if all("echo_wait_ms_per_step" in a for a in ft)
-            else []
-        ),
-        f"Goal >= 0.95: **{'met' if mean >= 0.95 else 'not met'}** by the ratio of the mean "
-        f"samples/s over the rounds, {mean:.4f} (single rounds {min(ratios):.3f}-"
-        f"{max(ratios):.3f}: one launch pair varies by a few percent on this shared box; "
-        f"{_interval_text(ratios)}). "
-        "Samples/s count the training steps "
-        "on both sides: the fault-tolerant group's join (its first quorum, which waits for every "
-        "planned group, and the step-0 heal) is start-up, like the standard world's rendezvous. "
-        "Per step, a fault-tolerant group runs the in-group DDP all-reduce, ONE cross-group "
-        "all-reduce carrying the embedding copies, the dense gradients and the control vector "
-        "(fingerprint bytes, NaN/inf flag), the group's commit vote (one SUM all-reduce of "
-        "two flags over the group, `sparse2d.ft.vote.GroupVote`; it lands at the next forward, "
-        "overlapping the pipeline's next input all-to-all and data, except for the steps the "
-        "trainer evaluates or saves after: `sparse2d.ft.commit`), the commit echo (one "
-        "float over the quorum) and the write-back from the copies, plus torchft's quorum RPC (manager server -> "
-        f"lighthouse) every `quorum_every` ({QUORUM_EVERY}) committed steps and after any failed step; the standard "
-        "world runs one DDP all-reduce that also carries the folded embedding sync and the "
-        "NaN/inf vote (`sync.ddp.fold`, `sync.ddp.vote`). The quorum is joined before the forward, "
-        "not the backward: a live group's heal capture runs on torchft's quorum thread and the "
-        "forward already changes captured state (FBGEMM's iteration counter, managed-collision "
-        "remaps) (docs/fault_tolerance.md).",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"## Fault tolerance vs the standard launcher, no failure, `train.pipeline={res['pipeline']}`"
+            f"{', managed-collision tables (' + mc.upper() + ')' if mc != 'none' else ''} "
+            "(bench/ft_bench.py --clean-only)",
+            "",
+            f"2 groups x 2 ranks (`launch/ft_local.sh`) vs one world of 4, L=2 (`launch/local.sh`), "
+            f"configs/ft_tiny_cpu.yaml model, data and `log_every` (10)"
+            f"{', with ' + ', '.join(f'`{kv}`' for kv in res.get('set', [])) if res.get('set') else ''}"
+            f"{', every table managed-collision (`model.managed_collision.kind=' + mc + '`)' if mc != 'none' else ''}"
+            ", sync every step, "
+            f"{args.steps} steps, each driven by TorchRec's pipeline; rounds alternated, the order "
+            "reversed every other round (fault tolerant first in even rounds, standard first in odd "
+            "ones: the first launch after other work runs slowest). "
+            f"{args.machine}.",
+            f"Regenerate: `PYTHONPATH=. OMP_NUM_THREADS=1 python bench/ft_bench.py --clean-only "
+            f"--pipeline {res['pipeline']}{' --mc ' + mc if mc != 'none' else ''} --steps {args.steps} "
+            f"--rounds {args.rounds}"
+            f"{''.join(f' --set {kv!r}' for kv in res.get('set', []))}"
+            f"{' --compare-blocking' if 'ft_blocking' in res['clean'] else ''}"
+            f"{' --compare-every1' if 'ft_every1' in res['clean'] else ''}`.",
+            "",
+            "| round | fault tolerant samples/s | standard samples/s | ratio | AUC ft / std |",
+            "|---|---|---|---|---|",
+            *[
+                f"| {i} | {a['samples_per_s']:.0f} | {b['samples_per_s']:.0f} | {r:.3f} | "
+                f"{a['eval_auc']:.4f} / {b['eval_auc']:.4f} |"
+                for i, (a, b, r) in enumerate(zip(ft, std, ratios, strict=True))
+            ],
+            "",
+            *(
+                [
+                    "The table's fault-tolerant column overlaps the quorum "
+                    "(`fault_tolerance.overlap_quorum=true`, opt-in); with every quorum blocking (the "
+                    "default, `--compare-blocking`), alternated in the same rounds: "
+                    + ", ".join(
+                        f"{a['samples_per_s']:.0f} ({a['samples_per_s'] / b['samples_per_s']:.3f})"
+                        for a, b in zip(res["clean"]["ft_blocking"], std, strict=True)
+                    )
+                    + " samples/s (ratio). Main-thread ms per step blocked on the quorum, overlapped "
+                    "vs blocking: "
+                    + ", ".join(
+                        f"{a['quorum_wait_ms_per_step']:.1f} vs {b['quorum_wait_ms_per_step']:.1f}"
+                        for a, b in zip(ft, res["clean"]["ft_blocking"], strict=True)
+                        if "quorum_wait_ms_per_step" in a and "quorum_wait_ms_per_step" in b
+                    )
+                    + ".",
+                    "",
+                ]
+                if "ft_blocking" in res["clean"]
+                else []
+            ),
+            *(
+                [
+                    "With a quorum every step (`fault_tolerance.quorum_every=1`, torchft's "
+                    "`OptimizerWrapper` pattern; `--compare-every1`), alternated in the same rounds: "
+                    + ", ".join(
+                        f"{a['samples_per_s']:.0f} ({a['samples_per_s'] / b['samples_per_s']:.3f})"
+                        for a, b in zip(res["clean"]["ft_every1"], std, strict=True)
+                    )
+                    + " samples/s (ratio to the standard launcher). Main-thread ms per step blocked "
+                    "on the quorum / the vote / the commit echo, default lease vs every step: "
+                    + ", ".join(
+                        f"{a['quorum_wait_ms_per_step']:.1f} / {a['vote_wait_ms_per_step']:.1f} / "
+                        f"{a['echo_wait_ms_per_step']:.1f} vs "
+                        f"{b['quorum_wait_ms_per_step']:.1f} / {b['vote_wait_ms_per_step']:.1f} / "
+                        f"{b['echo_wait_ms_per_step']:.1f}"
+                        for a, b in zip(ft, res["clean"]["ft_every1"], strict=True)
+                    )
+                    + f"; quorums formed per run: {', '.join(str(a['quorums']) for a in ft)} vs "
+                    + f"{', '.join(str(b['quorums']) for b in res['clean']['ft_every1'])}.",
+                    "",
+                ]
+                if "ft_every1" in res["clean"]
+                else []
+            ),
+            *(
+                [
+                    "CPU seconds of each launch (user + system of its workers and torchrun agents, "
+                    "start-up and the final eval included; the 2 cores are shared by 4 workers, so "
+                    "a launch's CPU seconds set its pace), fault tolerant vs standard, by round: "
+                    + ", ".join(
+                        f"{a['cpu_s']:.0f} vs {b['cpu_s']:.0f} ({a['cpu_s'] / b['cpu_s']:.2f}x)"
+                        for a, b in zip(ft, std, strict=True)
+                    )
+                    + ".",
+                    "",
+                ]
+                if all("cpu_s" in e for e in ft + std)
+                else []
+            ),
+            *(
+                [
+                    "Main-thread ms per step blocked on the quorum / the commit vote / the commit "
+                    "echo (fault tolerant), by round: "
+                    + ", ".join(
+                        f"{a['quorum_wait_ms_per_step']:.1f} / {a['vote_wait_ms_per_step']:.1f} / "
+                        f"{a['echo_wait_ms_per_step']:.1f}"
+                        for a in ft
+                    )
+                    + ".",
+                    "",
+                ]
+                if all("echo_wait_ms_per_step" in a for a in ft)
+                else []
+            ),
+            f"Goal >= 0.95: **{'met' if mean >= 0.95 else 'not met'}** by the ratio of the mean "
+            f"samples/s over the rounds, {mean:.4f} (single rounds {min(ratios):.3f}-"
+            f"{max(ratios):.3f}: one launch pair varies by a few percent on this shared box; "
+            f"{_interval_text(ratios)}). "
+            "Samples/s count the training steps "
+            "on both sides: the fault-tolerant group's join (its first quorum, which waits for every "
+            "planned group, and the step-0 heal) is start-up, like the standard world's rendezvous. "
+            "Per step, a fault-tolerant group runs the in-group DDP all-reduce, ONE cross-group "
+            "all-reduce carrying the embedding copies, the dense gradients and the control vector "
+            "(fingerprint bytes, NaN/inf flag), the group's commit vote (one SUM all-reduce of "
+            "two flags over the group, `sparse2d.ft.vote.GroupVote`; it lands at the next forward, "
+            "overlapping the pipeline's next input all-to-all and data, except for the steps the "
+            "trainer evaluates or saves after: `sparse2d.ft.commit`), the commit echo (one "
+            "float over the quorum) and the write-back from the copies, plus torchft's quorum RPC (manager server -> "
+            f"lighthouse) every `quorum_every` ({QUORUM_EVERY}) committed steps and after any failed step; the standard "
+            "world runs one DDP all-reduce that also carries the folded embedding sync and the "
+            "NaN/inf vote (`sync.ddp.fold`, `sync.ddp.vote`). The quorum is joined before the forward, "
+            "not the backward: a live group's heal capture runs on torchft's quorum thread and the "
+            "forward already changes captured state (FBGEMM's iteration counter, managed-collision "
+            "remaps) (docs/fault_tolerance.md).",
+        ]
+    )
 
 
 def markdown(res: dict, args: argparse.Namespace) -> str:

@@ -43,10 +43,13 @@ def _model(rows: int = ROWS) -> Any:
 
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(
-        tables=[EmbeddingBagConfig(name="t0", embedding_dim=DIM, num_embeddings=rows,
-                                   feature_names=["f0"])],
+        tables=[
+            EmbeddingBagConfig(
+                name="t0", embedding_dim=DIM, num_embeddings=rows, feature_names=["f0"]
+            )
+        ],
         device=torch.device("cpu"),
-    )  # fmt: skip
+    )
     _apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.01})
 
     class Model(torch.nn.Module):
@@ -106,8 +109,14 @@ def _group(
 
     model = DMPCollection(_model(rows), 1, device="cpu", sync_options=SyncOptions(engine=engine))
     dense = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
-    options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
-                        lighthouse=lighthouse, timeout_s=60, quorum_timeout_s=120)  # fmt: skip
+    options = FTOptions(
+        replica_id=group,
+        num_groups=GROUPS,
+        min_replica_size=GROUPS,
+        lighthouse=lighthouse,
+        timeout_s=60,
+        quorum_timeout_s=120,
+    )
     ft = FaultTolerance(model, torch.optim.SGD(dense, lr=0.01), options)
     if variant == "fresh":  # the copies in buffers of their own, flattened at the send
         from sparse2d.sync.engines.base import BufferPool
@@ -149,8 +158,20 @@ def _group(
     seconds = time.perf_counter() - begin
     summary = ft.summary()
     ft.shutdown()
-    queue.put((group, {"bytes": handed, "rows": synced, "seconds": seconds, "summary": summary,
-                       "step_cpu_s": cpu, "step_wall_s": wall, "placed": ft.channel.arena.placed}))  # fmt: skip
+    queue.put(
+        (
+            group,
+            {
+                "bytes": handed,
+                "rows": synced,
+                "seconds": seconds,
+                "summary": summary,
+                "step_cpu_s": cpu,
+                "step_wall_s": wall,
+                "placed": ft.channel.arena.placed,
+            },
+        )
+    )
     queue.close()
     queue.join_thread()  # flush the result before the hard exit below
     os._exit(0)  # skip teardown: the other group may still be finishing its last step
@@ -194,28 +215,30 @@ def _markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         rows.append(f"| {name} | {mean / 1e6:.3f} | {later_mb:.3f} | {rows_text} |")
     ratio = result["ratio"]
     verdict = "met" if ratio <= 0.1 else "NOT met"
-    return "\n".join([
-        "## Sync bytes under fault tolerance: touched rows vs dense",
-        "",
-        f"`bench/ft_sync_bytes.py --steps {args.steps}`: 2 torchft groups x 1 gloo rank, one "
-        f"{ROWS:,} x {DIM} table with row-wise AdaGrad, Zipf({ZIPF}) ids, {LOOKUPS} lookups "
-        f"per group and step, {args.steps} steps with a sync each. Bytes are those handed to "
-        "torchft's all-reduces "
-        "during the sync (agreement metadata and payload, counted by wrapping "
-        "`ManagedChannel._start` and its queued averages), mean per sync on group 0; "
-        "rows = weight and accumulator rows "
-        "per sync (counted once per kind). The first sync follows the start's heal (torchft's "
-        "init_sync), after which the touched-row engine syncs densely once by design; the "
-        "ratio below counts it.",
-        "",
-        "| engine | MB per sync | MB per sync after the first | rows per sync |",
-        "|---|---|---|---|",
-        *rows,
-        "",
-        f"Touched rows send **{ratio:.4f}x** the dense engine's bytes (acceptance <= 1/10: "
-        f"{verdict}). {args.machine}; the box was shared with other jobs (bytes do not "
-        "depend on load).",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "## Sync bytes under fault tolerance: touched rows vs dense",
+            "",
+            f"`bench/ft_sync_bytes.py --steps {args.steps}`: 2 torchft groups x 1 gloo rank, one "
+            f"{ROWS:,} x {DIM} table with row-wise AdaGrad, Zipf({ZIPF}) ids, {LOOKUPS} lookups "
+            f"per group and step, {args.steps} steps with a sync each. Bytes are those handed to "
+            "torchft's all-reduces "
+            "during the sync (agreement metadata and payload, counted by wrapping "
+            "`ManagedChannel._start` and its queued averages), mean per sync on group 0; "
+            "rows = weight and accumulator rows "
+            "per sync (counted once per kind). The first sync follows the start's heal (torchft's "
+            "init_sync), after which the touched-row engine syncs densely once by design; the "
+            "ratio below counts it.",
+            "",
+            "| engine | MB per sync | MB per sync after the first | rows per sync |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+            f"Touched rows send **{ratio:.4f}x** the dense engine's bytes (acceptance <= 1/10: "
+            f"{verdict}). {args.machine}; the box was shared with other jobs (bytes do not "
+            "depend on load).",
+        ]
+    )
 
 
 def _median(values: list[float]) -> float:
@@ -236,16 +259,22 @@ def _send_buffer(args: argparse.Namespace) -> dict[str, Any]:
     for i in range(args.rounds):
         for variant in ("arena", "fresh") if i % 2 == 0 else ("fresh", "arena"):
             out = _run("dense", args.steps, variant, args.rows)
-            runs[variant].append({"cpu_ms": _step_ms(out, "step_cpu_s"),
-                                  "wall_ms": _step_ms(out, "step_wall_s"),
-                                  "placed": min(g["placed"] for g in out.values())})  # fmt: skip
+            runs[variant].append(
+                {
+                    "cpu_ms": _step_ms(out, "step_cpu_s"),
+                    "wall_ms": _step_ms(out, "step_wall_s"),
+                    "placed": min(g["placed"] for g in out.values()),
+                }
+            )
             print(variant, runs[variant][-1], flush=True)
     return runs
 
 
 def _send_buffer_markdown(runs: dict[str, Any], args: argparse.Namespace) -> str:
-    mean = {v: {k: sum(r[k] for r in rs) / len(rs) for k in ("cpu_ms", "wall_ms")}
-            for v, rs in runs.items()}  # fmt: skip
+    mean = {
+        v: {k: sum(r[k] for r in rs) / len(rs) for k in ("cpu_ms", "wall_ms")}
+        for v, rs in runs.items()
+    }
     payload_mb = (args.rows * DIM + args.rows) * 4 / 1e6
     lines = [
         "## The sync's copies gathered into the step's send buffer (fault tolerance)",
@@ -265,8 +294,10 @@ def _send_buffer_markdown(runs: dict[str, Any], args: argparse.Namespace) -> str
         "|---|---|---|---|---|",
     ]
     for i, (a, f) in enumerate(zip(runs["arena"], runs["fresh"], strict=True)):
-        lines.append(f"| {i} | {a['cpu_ms']:.2f} | {f['cpu_ms']:.2f} | {a['wall_ms']:.2f} | "
-                     f"{f['wall_ms']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {i} | {a['cpu_ms']:.2f} | {f['cpu_ms']:.2f} | {a['wall_ms']:.2f} | "
+            f"{f['wall_ms']:.2f} |"
+        )
     placed = min(r["placed"] for r in runs["arena"])
     lines += [
         "",
@@ -287,8 +318,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
     parser.add_argument("--render", action="store_true", help="re-render from the JSON")
-    parser.add_argument("--send-buffer", action="store_true",
-                        help="time the step with the copies in the send buffer or not")  # fmt: skip
+    parser.add_argument(
+        "--send-buffer",
+        action="store_true",
+        help="time the step with the copies in the send buffer or not",
+    )
     parser.add_argument("--rows", type=int, default=ROWS, help="table rows (--send-buffer)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds (--send-buffer)")
     args = parser.parse_args()
@@ -298,8 +332,13 @@ def main() -> None:
         args.machine = (
             f"{os.cpu_count()} cores, load {load:.1f} at start, {os.getloadavg()[0]:.1f} at end"
         )
-        publish(args, runs | {"machine": args.machine}, _send_buffer_markdown(runs, args),
-                "ft_send_buffer.json", "ft_send_buffer")  # fmt: skip
+        publish(
+            args,
+            runs | {"machine": args.machine},
+            _send_buffer_markdown(runs, args),
+            "ft_send_buffer.json",
+            "ft_send_buffer",
+        )
         return
     if args.render:
         import json
@@ -310,8 +349,13 @@ def main() -> None:
             for k, v in result.items()
         }
         args.machine = result.pop("machine")
-        publish(args, result | {"machine": args.machine}, _markdown(result, args),
-                "ft_sync_bytes.json", "ft_sync_bytes")  # fmt: skip
+        publish(
+            args,
+            result | {"machine": args.machine},
+            _markdown(result, args),
+            "ft_sync_bytes.json",
+            "ft_sync_bytes",
+        )
         return
     result: dict[str, Any] = {name: _run(name, args.steps) for name in ("dense", "sparse")}
     mean = {n: sum(r[0]["bytes"]) / len(r[0]["bytes"]) for n, r in result.items()}

@@ -52,9 +52,12 @@ def _model(args: argparse.Namespace, group: int, strategy: str) -> Any:
         f"t{i}": ParameterConstraints(sharding_types=[kinds[i % 2]]) for i in range(args.tables)
     }
     return DMPCollection(
-        ebc, group, device="cpu", constraints=constraints,
+        ebc,
+        group,
+        device="cpu",
+        constraints=constraints,
         sharding_strategy=ShardingStrategy[strategy],
-    )  # fmt: skip
+    )
 
 
 def _batch(args: argparse.Namespace, step: int, rank: int) -> Any:
@@ -108,9 +111,13 @@ def _worker(rank: int, world: int, where: str, job: tuple, args: argparse.Namesp
             _step(model, args, step, rank, window)
         weights, states = _buffer_bytes(model)
         result = {
-            "weights": weights, "states": states, "window": max(window),
-            "rss": _rss() - base, "peak": _peak_rss() - base, "G": model.num_replicas,
-        }  # fmt: skip
+            "weights": weights,
+            "states": states,
+            "window": max(window),
+            "rss": _rss() - base,
+            "peak": _peak_rss() - base,
+            "G": model.num_replicas,
+        }
     else:
         times: dict[str, list[float]] = {s: [] for s in strategies}
         step = 0

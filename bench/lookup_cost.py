@@ -79,8 +79,10 @@ def concurrent_us_per_id(procs: int, rows: int, reps: int) -> float:
 
     ctx = mp.get_context("fork")
     barrier, out = ctx.Barrier(procs), ctx.Queue()
-    workers = [ctx.Process(target=_concurrent_worker, args=(rows, reps, barrier, out))
-               for _ in range(procs)]  # fmt: skip
+    workers = [
+        ctx.Process(target=_concurrent_worker, args=(rows, reps, barrier, out))
+        for _ in range(procs)
+    ]
     for w in workers:
         w.start()
     results = [out.get(timeout=600) for _ in workers]
@@ -118,14 +120,21 @@ def main() -> None:
                 )
                 print(lines[-1], flush=True)
         fits.append((dim, *fit_per_id_and_row(points)))
-    lines += ["", "| dim | per id (us) | per distinct row (us) | max rel. error |",
-              "|---:|---:|---:|---:|"]  # fmt: skip
+    lines += [
+        "",
+        "| dim | per id (us) | per distinct row (us) | max rel. error |",
+        "|---:|---:|---:|---:|",
+    ]
     lines += [f"| {d} | {i * 1e6:.3f} | {r * 1e6:.3f} | {e:.2f} |" for d, i, r, e in fits]
     per_row = statistics.median(r for _, _, r, _ in fits)
     cores = os.cpu_count() or 1
-    lines += ["", f"Concurrent processes on this {cores}-core box (dim 32, batch 2048, us per id):",
-              "", "| rows | 1 process | 4 processes | 8 processes | 4 / 1 | 8 / 1 | ranks per core at 4, 8 |",
-              "|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines += [
+        "",
+        f"Concurrent processes on this {cores}-core box (dim 32, batch 2048, us per id):",
+        "",
+        "| rows | 1 process | 4 processes | 8 processes | 4 / 1 | 8 / 1 | ranks per core at 4, 8 |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for rows in (1000, 64000):
         one, four, eight = (concurrent_us_per_id(n, rows, args.reps) for n in (1, 4, 8))
         lines.append(

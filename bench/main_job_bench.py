@@ -52,12 +52,22 @@ def run_trainer(
 ) -> dict[str, Any]:
     """One trainer run of ``config`` (default the main job's); returns its ``summary.json``."""
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={nproc}", "-m", "sparse2d.train",
-        "--config", str(config),
-        f"train.steps={steps}", "train.eval_every=0", "train.eval_batches=1",
-        "train.progress_bar=false", f"run_dir={run_dir}", *overrides,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "sparse2d.train",
+        "--config",
+        str(config),
+        f"train.steps={steps}",
+        "train.eval_every=0",
+        "train.eval_batches=1",
+        "train.progress_bar=false",
+        f"run_dir={run_dir}",
+        *overrides,
+    ]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **(env or {}))
     done = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True)
     if done.returncode:

@@ -48,27 +48,48 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             order = GROUP_SIZES if r % 2 == 0 else tuple(reversed(GROUP_SIZES))
             for L in order:
                 run_dir = os.path.join(tmp, f"{r}_{L}")
-                s = run_trainer([f"parallel.sharding_group_size={L}", *args.set], args.steps,
-                                run_dir, config=args.config)  # fmt: skip
+                s = run_trainer(
+                    [f"parallel.sharding_group_size={L}", *args.set],
+                    args.steps,
+                    run_dir,
+                    config=args.config,
+                )
                 speed[str(L)].append(s["samples_per_s"])
-                runs[str(L)].append({"load": os.getloadavg()[0],
-                                     **{k: s.get(k) for k in RUN_KEYS}})  # fmt: skip
-                print(f"round {r} L={L} {s['samples_per_s']:.0f} samples/s "
-                      f"load {runs[str(L)][-1]['load']:.1f}", flush=True)  # fmt: skip
+                runs[str(L)].append({"load": os.getloadavg()[0], **{k: s.get(k) for k in RUN_KEYS}})
+                print(
+                    f"round {r} L={L} {s['samples_per_s']:.0f} samples/s "
+                    f"load {runs[str(L)][-1]['load']:.1f}",
+                    flush=True,
+                )
         loads.append(os.getloadavg()[0])
         for L in (2, 4) if args.full else ():
             begin = time.perf_counter()
-            s = run_trainer([f"parallel.sharding_group_size={L}", *shipped_eval(args.config),
-                             *args.set], args.full_steps, os.path.join(tmp, f"full_{L}"),
-                            config=args.config)  # fmt: skip
-            full[str(L)] = {"wall_s": time.perf_counter() - begin,
-                            **{k: s.get(k) for k in ("eval_auc", "planted_auc", "samples_per_s",
-                                                     "train_loss", "eval_loss")}}  # fmt: skip
+            s = run_trainer(
+                [f"parallel.sharding_group_size={L}", *shipped_eval(args.config), *args.set],
+                args.full_steps,
+                os.path.join(tmp, f"full_{L}"),
+                config=args.config,
+            )
+            full[str(L)] = {
+                "wall_s": time.perf_counter() - begin,
+                **{
+                    k: s.get(k)
+                    for k in ("eval_auc", "planted_auc", "samples_per_s", "train_loss", "eval_loss")
+                },
+            }
             print(f"full L={L}", full[str(L)], flush=True)
-    return {"samples_per_s": speed, "steps": args.steps, "rounds": args.rounds,
-            "load": loads, "full": full, "runs": runs, "config": config_name(args.config),
-            "overrides": list(args.set), "full_steps": args.full_steps,
-            "shape": shape(args.config, args.set)}  # fmt: skip
+    return {
+        "samples_per_s": speed,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "load": loads,
+        "full": full,
+        "runs": runs,
+        "config": config_name(args.config),
+        "overrides": list(args.set),
+        "full_steps": args.full_steps,
+        "shape": shape(args.config, args.set),
+    }
 
 
 def shipped_eval(config: Path) -> list[str]:
@@ -223,22 +244,43 @@ def repeat_paragraph(result: dict[str, Any], repeat: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=CONFIG,
-                        help="the job to measure (default: the main job, as shipped)")  # fmt: skip
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a dotted override for every run (repeatable; while exploring)")  # fmt: skip
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=CONFIG,
+        help="the job to measure (default: the main job, as shipped)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a dotted override for every run (repeatable; while exploring)",
+    )
     parser.add_argument("--steps", type=int, default=200, help="steps per speed run")
     parser.add_argument("--rounds", type=int, default=3, help="rounds alternating L")
-    parser.add_argument("--full-steps", type=int, help="steps of the two runs with eval "
-                        "(default: the config's train.steps)")  # fmt: skip
+    parser.add_argument(
+        "--full-steps",
+        type=int,
+        help="steps of the two runs with eval (default: the config's train.steps)",
+    )
     parser.add_argument("--no-full", dest="full", action="store_false")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true")
-    parser.add_argument("--candidates", type=Path, nargs="+", metavar="JSON",
-                        help="render the main-job-candidates section from these runs' JSON "
-                        "(bench/inputs/main_job_candidates/*.json) and exit")  # fmt: skip
-    parser.add_argument("--repeat", type=Path, help="an earlier run's JSON to report beside "
-                        "this one (bench/inputs/main_job_layouts_repeat.json)")  # fmt: skip
+    parser.add_argument(
+        "--candidates",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="render the main-job-candidates section from these runs' JSON "
+        "(bench/inputs/main_job_candidates/*.json) and exit",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=Path,
+        help="an earlier run's JSON to report beside "
+        "this one (bench/inputs/main_job_layouts_repeat.json)",
+    )
     args = parser.parse_args(argv)
     if args.candidates:
         text = candidates_section(sorted(args.candidates))
@@ -249,8 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.full_steps is None:
         args.full_steps = load(args.config, args.set).train.steps
     result, wall = timed(args, measure, args)
-    publish(args, result, markdown(result, args, wall, args.repeat), "main_job_layouts.json",
-            "main-job-layouts")  # fmt: skip
+    publish(
+        args,
+        result,
+        markdown(result, args, wall, args.repeat),
+        "main_job_layouts.json",
+        "main-job-layouts",
+    )
     return 0
 
 

@@ -161,7 +161,7 @@ def measure_sync(
             device="cpu",
             constraints=row_wise,
             sharders=default_sharders(),
-        )  # fmt: skip
+        )
         for kind in ("plain", "mc")
     }
     out: dict[str, Any] = {k: {"seconds": [], "bytes": 0} for k in models}

@@ -55,19 +55,29 @@ def memory_rank(size: int, tables: int, rows: int) -> list[dict[str, Any]]:
     module = nn.ModuleDict({"ebc": ebc})
     _apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.01})
     model = DMPCollection(
-        module, size, device="cpu", sync_options=SyncOptions(engine="auto"), init_data_parallel=False,
+        module,
+        size,
+        device="cpu",
+        sync_options=SyncOptions(engine="auto"),
+        init_data_parallel=False,
         constraints={n: ParameterConstraints(sharding_types=["table_wise"]) for n in names},
-    )  # fmt: skip
+    )
     shards = model.shard_states
     weights = sum(s.weight.numel() * s.weight.element_size() for s in shards)
     states = sum(t.numel() * t.element_size() for s in shards for t in s.optimizer_states)
     tracking = sum(s.rows for s in shards) * 4 if model.num_replicas > 1 else 0
     total = tables * rows * (DIM * 4 + 4)
     mine = {
-        "L": size, "rank": dist.get_rank(), "weights": weights, "states": states,
-        "tracking": tracking, "theory": total / size, "total": total,
-        "peak_rss": _rss(), "rss_model": _rss() - before,
-    }  # fmt: skip
+        "L": size,
+        "rank": dist.get_rank(),
+        "weights": weights,
+        "states": states,
+        "tracking": tracking,
+        "theory": total / size,
+        "total": total,
+        "peak_rss": _rss(),
+        "rss_model": _rss() - before,
+    }
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     model.sync_policy.close()

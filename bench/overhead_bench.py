@@ -51,9 +51,12 @@ def overhead_rank(blocks: int, steps: int) -> dict[str, Any]:
         node_group_size=ours._env.node_group_size,
     )
     theirs = DistributedModelParallel(
-        build_model(cfg, device), env=env, device=device, plan=ours.plan,
+        build_model(cfg, device),
+        env=env,
+        device=device,
+        plan=ours.plan,
         sharders=default_sharders(),
-    )  # fmt: skip
+    )
     models = {"ours": ours, "torchrec": theirs}
     optimizers = {name: dense_optimizer(cfg, m) for name, m in models.items()}
     data = DataSource(cfg, rank, world)
@@ -86,32 +89,34 @@ def overhead_rank(blocks: int, steps: int) -> dict[str, Any]:
 
 def _markdown(r: dict[str, Any], args: argparse.Namespace, wall: float) -> str:
     per_block = ", ".join(f"{x:.3f}" for x in r["per_block_ratio"])
-    return "\n".join([
-        "## Wrapper overhead: DMPCollection vs hand-built TorchRec DMP + ShardingEnv2D",
-        "",
-        f"`bench/overhead_bench.py` — world {WORLD} gloo CPU ranks, L={L}, `configs/tiny_cpu.yaml` "
-        f"model, same plan and process groups, sync excluded, row tracking on (engine auto: "
-        f"touched-row stamps + hidden-sync landing hook per fused kernel). {args.blocks} "
-        f"alternating blocks of {args.steps} steps (forward, backward, dense optimizer), slowest "
-        f"rank per block. {args.machine}; the ratio is measured "
-        f"within one run. Wall {wall:.0f} s.",
-        "",
-        "| model | ms/step min | median | max |",
-        "|---|---:|---:|---:|",
-        *(
-            f"| {name} | {1e3 * r[name]['min']:.2f} | {1e3 * r[name]['median']:.2f} | "
-            f"{1e3 * r[name]['max']:.2f} |"
-            for name in ("ours", "torchrec")
-        ),
-        "",
-        f"**Ours / torchrec: {r['min_ratio']:.3f} (fastest blocks), {r['ratio']:.3f} (medians), "
-        f"{r['paired_median_ratio']:.3f} (median of per-block pairs)** (goal <= 1.02). The "
-        f"fastest blocks are the least disturbed by other jobs, so their ratio is the best "
-        f"estimate of the wrapper's own cost. Per-block ratios: {per_block}.",
-        "",
-        f"Reproduce: `PYTHONPATH=. .venv/bin/python bench/overhead_bench.py --blocks "
-        f"{args.blocks} --steps {args.steps}`.",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "## Wrapper overhead: DMPCollection vs hand-built TorchRec DMP + ShardingEnv2D",
+            "",
+            f"`bench/overhead_bench.py` — world {WORLD} gloo CPU ranks, L={L}, `configs/tiny_cpu.yaml` "
+            f"model, same plan and process groups, sync excluded, row tracking on (engine auto: "
+            f"touched-row stamps + hidden-sync landing hook per fused kernel). {args.blocks} "
+            f"alternating blocks of {args.steps} steps (forward, backward, dense optimizer), slowest "
+            f"rank per block. {args.machine}; the ratio is measured "
+            f"within one run. Wall {wall:.0f} s.",
+            "",
+            "| model | ms/step min | median | max |",
+            "|---|---:|---:|---:|",
+            *(
+                f"| {name} | {1e3 * r[name]['min']:.2f} | {1e3 * r[name]['median']:.2f} | "
+                f"{1e3 * r[name]['max']:.2f} |"
+                for name in ("ours", "torchrec")
+            ),
+            "",
+            f"**Ours / torchrec: {r['min_ratio']:.3f} (fastest blocks), {r['ratio']:.3f} (medians), "
+            f"{r['paired_median_ratio']:.3f} (median of per-block pairs)** (goal <= 1.02). The "
+            f"fastest blocks are the least disturbed by other jobs, so their ratio is the best "
+            f"estimate of the wrapper's own cost. Per-block ratios: {per_block}.",
+            "",
+            f"Reproduce: `PYTHONPATH=. .venv/bin/python bench/overhead_bench.py --blocks "
+            f"{args.blocks} --steps {args.steps}`.",
+        ]
+    )
 
 
 def main() -> None:

@@ -68,8 +68,7 @@ def _pooled_fit() -> dict[str, Any]:
         }
         loads = [h["load"] for h in have if h.get("load")]
         load = (min(lo[0] for lo in loads), max(lo[1] for lo in loads)) if loads else None
-        pooled[name] = {"world": entry["world"], "points": points, "load": load,
-                        "runs": len(have)}  # fmt: skip
+        pooled[name] = {"world": entry["world"], "points": points, "load": load, "runs": len(have)}
     return pooled
 
 
@@ -80,9 +79,11 @@ def _topology_for(constants: Any) -> Any:
     def topo_for(p: Any) -> Any:
         t = p.topology
         return dataclasses.replace(
-            constants, world_size=t.world_size, ranks_per_host=t.ranks_per_host,
+            constants,
+            world_size=t.world_size,
+            ranks_per_host=t.ranks_per_host,
             cores_per_host=t.cores_per_host,
-        )  # fmt: skip
+        )
 
     return topo_for
 
@@ -163,14 +164,17 @@ def report(holdout: bool) -> str:
             f"### Held-out set, `{primary}` (never used by the fit{_when(primary)})",
             "",
             *HEADER,
-        ]  # fmt: skip
+        ]
         verdicts = {}
         for name, pts in pf.holdout_points(saved).items():
             verdicts[name] = pf.series_verdict(pts, topo_for)
             lines += _table(name, pts, verdicts[name], saved[name].get("load"))
         npoints = sum(len(v["meas"]) for v in verdicts.values())
-        lines += ["", f"- held-out: {npoints} points, {pf.summary(verdicts)}.",
-                  f"- {_acceptance(verdicts)}"]  # fmt: skip
+        lines += [
+            "",
+            f"- held-out: {npoints} points, {pf.summary(verdicts)}.",
+            f"- {_acceptance(verdicts)}",
+        ]
         failed = [n for n, e in saved.items() if "error" in e]
         if failed:
             lines.append(f"- series that failed to run: {failed}")
@@ -248,8 +252,9 @@ def _all_runs(topo_for: Any) -> list[str]:
     for name in runs["holdout"]:
         names = [k for k, r in runs.items() if "points" in r.get(name, {})]
         have = [runs[k] for k in names]
-        verdicts = [pf.series_verdict(pf.holdout_points({name: r[name]})[name], topo_for)
-                    for r in have]  # fmt: skip
+        verdicts = [
+            pf.series_verdict(pf.holdout_points({name: r[name]})[name], topo_for) for r in have
+        ]
         pooled[name] = vp = _pool(name, have, topo_for)
         now = [runs[k] for k in SHIPPED_RUNS if k in names]
         if now:
@@ -298,8 +303,9 @@ def _retimed(primary: str) -> list[str]:
 
     topo_for = _topology_for(refit)
     inside = {n: pf.series_verdict(pts, topo_for) for n, pts in pooled.items()}
-    held = {n: pf.series_verdict(pts, topo_for)
-            for n, pts in pf.holdout_points(_load(primary)).items()}  # fmt: skip
+    held = {
+        n: pf.series_verdict(pts, topo_for) for n, pts in pf.holdout_points(_load(primary)).items()
+    }
     worst = {}
     for k in RUNS:
         if os.path.exists(SAVED[k]):

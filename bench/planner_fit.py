@@ -38,10 +38,19 @@ def _unit(
     base: Any, *, bw: float, alpha: float, lookup: float, row: float = 0.0, value: float = 0.0
 ) -> Any:
     return dataclasses.replace(
-        base, intra_host_bw=bw, inter_host_bw=bw, intra_host_latency_s=alpha,
-        inter_host_latency_s=alpha, lookup_bw=lookup, row_update_s=row, step_overhead_s=0.0,
-        sync_overhead_s=0.0, a2a_bw_factor=1.0, a2a_value_s=value, scatter_bw_factor=1.0,
-    )  # fmt: skip
+        base,
+        intra_host_bw=bw,
+        inter_host_bw=bw,
+        intra_host_latency_s=alpha,
+        inter_host_latency_s=alpha,
+        lookup_bw=lookup,
+        row_update_s=row,
+        step_overhead_s=0.0,
+        sync_overhead_s=0.0,
+        a2a_bw_factor=1.0,
+        a2a_value_s=value,
+        scatter_bw_factor=1.0,
+    )
 
 
 class Point:
@@ -158,12 +167,18 @@ def fit(points: list[Point], base: Any) -> Any:
             "times: measure it again (bench/lookup_cost.py)."
         )
     return dataclasses.replace(
-        base, intra_host_bw=float(1 / inv_bw), inter_host_bw=float(1 / inv_bw),
-        intra_host_latency_s=float(alpha), inter_host_latency_s=float(alpha),
-        lookup_bw=float(1 / slope), step_overhead_s=float(overhead),
-        sync_overhead_s=float(sync_fixed), a2a_bw_factor=factor, a2a_value_s=value_s,
+        base,
+        intra_host_bw=float(1 / inv_bw),
+        inter_host_bw=float(1 / inv_bw),
+        intra_host_latency_s=float(alpha),
+        inter_host_latency_s=float(alpha),
+        lookup_bw=float(1 / slope),
+        step_overhead_s=float(overhead),
+        sync_overhead_s=float(sync_fixed),
+        a2a_bw_factor=factor,
+        a2a_value_s=value_s,
         scatter_bw_factor=scatter_factor,
-    )  # fmt: skip
+    )
 
 
 def series_workload(series: Any, L: int) -> Any:
@@ -176,9 +191,12 @@ def series_workload(series: Any, L: int) -> Any:
         for n, r, d, t in series.table_list()
     )
     return Workload(
-        tables=tables, batch_size_per_rank=series.batch, qcomm_forward=series.fwd,
-        qcomm_backward=series.bwd, zipf_exponent=0.0,
-    )  # fmt: skip
+        tables=tables,
+        batch_size_per_rank=series.batch,
+        qcomm_forward=series.fwd,
+        qcomm_backward=series.bwd,
+        zipf_exponent=0.0,
+    )
 
 
 def series_topology(series: Any, L: int) -> Any:
@@ -223,9 +241,13 @@ def series_verdict(points: list[Point], topo_for: Any) -> dict[str, Any]:
     best = points[int(np.argmin(meas))].L
     regret = meas[int(np.argmin(pred))] / min(meas)
     return {
-        "spearman": _spearman(pred, meas), "pick": pick, "best": best, "regret": regret,
-        "pred": pred, "meas": meas,
-    }  # fmt: skip
+        "spearman": _spearman(pred, meas),
+        "pick": pick,
+        "best": best,
+        "regret": regret,
+        "pred": pred,
+        "meas": meas,
+    }
 
 
 def summary(verdicts: dict[str, dict[str, Any]]) -> str:

@@ -102,7 +102,7 @@ FIT_SERIES: tuple[Series, ...] = (
             2048,
             fwd="fp16",
             bwd="fp16",
-        )  # fmt: skip
+        )
         for world in (4, 8)
     )
 )
@@ -187,8 +187,9 @@ def _build(series: Series, L: int) -> Any:
     )
 
 
-def _worker(rank: int, world: int, where: str, series: list[Series], rounds: int, steps: int,
-            out: Any) -> None:  # fmt: skip
+def _worker(
+    rank: int, world: int, where: str, series: list[Series], rounds: int, steps: int, out: Any
+) -> None:
     rendezvous_env(rank, world, where)
     import torch
     import torch.distributed as dist
@@ -275,29 +276,33 @@ def _measure_world(world: int, series: list[Series], rounds: int, steps: int) ->
             step = max(r[s.name]["L"][L][1] for r in ranks)
             points[int(L)] = {"fwdbwd": fwdbwd, "sync": max(0.0, step - fwdbwd), "step": step}
         measured[s.name] = {
-            "world": world, "load": ranks[0][s.name]["load"], "points": points,
+            "world": world,
+            "load": ranks[0][s.name]["load"],
+            "points": points,
             "timing": "slowest rank's step",
-        }  # fmt: skip
+        }
     return measured
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INPUTS = os.path.join(HERE, "inputs")  # earlier measured series that calibration reads
-SAVED = {"holdout": os.path.join(INPUTS, "planner_holdout.json"),
-         "fit": os.path.join(INPUTS, "planner_fit_set.json"),
-         "fit_retimed1": os.path.join(INPUTS, "planner_fit_set_retimed1.json"),
-         "fit_retimed2": os.path.join(INPUTS, "planner_fit_set_retimed2.json"),
-         "fit_retimed3": os.path.join(INPUTS, "planner_fit_set_retimed3.json"),
-         "repeat": os.path.join(INPUTS, "planner_holdout_repeat.json"),
-         "run3": os.path.join(INPUTS, "planner_holdout_run3.json"),
-         "run4": os.path.join(INPUTS, "planner_holdout_run4.json"),
-         "run5": os.path.join(INPUTS, "planner_holdout_run5.json"),
-         "run6": os.path.join(INPUTS, "planner_holdout_run6.json"),
-         "run7": os.path.join(INPUTS, "planner_holdout_run7.json"),
-         "run8": os.path.join(INPUTS, "planner_holdout_run8.json"),
-         "run9": os.path.join(INPUTS, "planner_holdout_run9.json"),
-         "long": os.path.join(INPUTS, "planner_holdout_long.json"),
-         "long8": os.path.join(INPUTS, "planner_holdout_long8.json")}  # fmt: skip
+SAVED = {
+    "holdout": os.path.join(INPUTS, "planner_holdout.json"),
+    "fit": os.path.join(INPUTS, "planner_fit_set.json"),
+    "fit_retimed1": os.path.join(INPUTS, "planner_fit_set_retimed1.json"),
+    "fit_retimed2": os.path.join(INPUTS, "planner_fit_set_retimed2.json"),
+    "fit_retimed3": os.path.join(INPUTS, "planner_fit_set_retimed3.json"),
+    "repeat": os.path.join(INPUTS, "planner_holdout_repeat.json"),
+    "run3": os.path.join(INPUTS, "planner_holdout_run3.json"),
+    "run4": os.path.join(INPUTS, "planner_holdout_run4.json"),
+    "run5": os.path.join(INPUTS, "planner_holdout_run5.json"),
+    "run6": os.path.join(INPUTS, "planner_holdout_run6.json"),
+    "run7": os.path.join(INPUTS, "planner_holdout_run7.json"),
+    "run8": os.path.join(INPUTS, "planner_holdout_run8.json"),
+    "run9": os.path.join(INPUTS, "planner_holdout_run9.json"),
+    "long": os.path.join(INPUTS, "planner_holdout_long.json"),
+    "long8": os.path.join(INPUTS, "planner_holdout_long8.json"),
+}
 """``repeat`` .. ``run6``: held-out series measured again (reported beside run 1, and pooled
 with it). ``run4`` was measured while issue 25's new terms were being chosen; ``run5`` after
 a first version froze (it showed row-wise mispriced: the reduce-scatter then got its own

@@ -47,21 +47,38 @@ def plot(rows: list[dict[str, object]], path: str) -> None:
 
     worlds = [r["world"] for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, key, title in ((axes[0], "step_s", "estimated step time"),
-                           (axes[1], "a2a_s", "lookup all-to-all time")):  # fmt: skip
+    for ax, key, title in (
+        (axes[0], "step_s", "estimated step time"),
+        (axes[1], "a2a_s", "lookup all-to-all time"),
+    ):
         full = [getattr(r["full"], key) for r in rows]
         fits = [r["full"].fits for r in rows]  # type: ignore[attr-defined]
         ax.plot(worlds, full, "o--", color="tab:red", label="full sharding (L = ranks)")
-        ax.scatter([w for w, f in zip(worlds, fits) if not f],
-                   [v for v, f in zip(full, fits) if not f], marker="x", s=90, color="black",
-                   zorder=3, label="full sharding does not fit memory")  # fmt: skip
-        best = [(r["world"], getattr(r["best"], key), r["best"].sharding_group_size)
-                for r in rows if r["best"] is not None]  # type: ignore[attr-defined]  # fmt: skip
-        ax.plot([b[0] for b in best], [b[1] for b in best], "o-", color="tab:blue",
-                label="best 2D (advisor's L)")  # fmt: skip
+        ax.scatter(
+            [w for w, f in zip(worlds, fits) if not f],
+            [v for v, f in zip(full, fits) if not f],
+            marker="x",
+            s=90,
+            color="black",
+            zorder=3,
+            label="full sharding does not fit memory",
+        )
+        best = [
+            (r["world"], getattr(r["best"], key), r["best"].sharding_group_size)
+            for r in rows
+            if r["best"] is not None
+        ]  # type: ignore[attr-defined]
+        ax.plot(
+            [b[0] for b in best],
+            [b[1] for b in best],
+            "o-",
+            color="tab:blue",
+            label="best 2D (advisor's L)",
+        )
         for w, v, L in best:
-            ax.annotate(f"L={L}", (w, v), textcoords="offset points", xytext=(0, 7),
-                        ha="center", fontsize=8)  # fmt: skip
+            ax.annotate(
+                f"L={L}", (w, v), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("ranks (8x H100 hosts)")
@@ -94,10 +111,21 @@ def table(rows: list[dict[str, object]]) -> str:
         if b is not None:
             t = dict(b.terms)  # type: ignore[union-attr]
             cells += [
-                f"{b.sharding_group_size}", _types(b), *(f"{t[k] * 1e3:.0f}" for k in (  # type: ignore[union-attr]
-                    "compute", "output_a2a", "input_a2a", "sync", "dense_allreduce")),
-                f"{b.step_s * 1e3:.0f}", f"{base.step_s / b.step_s:.2f}",  # type: ignore[union-attr]
-            ]  # fmt: skip
+                f"{b.sharding_group_size}",
+                _types(b),
+                *(
+                    f"{t[k] * 1e3:.0f}"
+                    for k in (  # type: ignore[union-attr]
+                        "compute",
+                        "output_a2a",
+                        "input_a2a",
+                        "sync",
+                        "dense_allreduce",
+                    )
+                ),
+                f"{b.step_s * 1e3:.0f}",
+                f"{base.step_s / b.step_s:.2f}",  # type: ignore[union-attr]
+            ]
         else:
             cells += ["-"] * 10
         cells.append(f"{paper:.2f}" if paper else "")

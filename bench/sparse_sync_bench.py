@@ -173,14 +173,28 @@ def _run_size(
                 (s_sec, s_bytes, s_meta), (d_sec, d_bytes, _) = timed["sparse"], timed["dense"]
                 a_sec = timed["auto"][0]
                 out["runs"].append(
-                    dict(dist=dist_name, every=every, sparse_s=s_sec, dense_s=d_sec,
-                         sparse_bytes=s_bytes, meta_bytes=s_meta, dense_bytes=d_bytes,
-                         union_fraction=fraction, step_s=step_s, auto_s=a_sec,
-                         auto_dense=float(auto.mode == "dense"))
-                )  # fmt: skip
+                    dict(
+                        dist=dist_name,
+                        every=every,
+                        sparse_s=s_sec,
+                        dense_s=d_sec,
+                        sparse_bytes=s_bytes,
+                        meta_bytes=s_meta,
+                        dense_bytes=d_bytes,
+                        union_fraction=fraction,
+                        step_s=step_s,
+                        auto_s=a_sec,
+                        auto_dense=float(auto.mode == "dense"),
+                    )
+                )
     twin = SparseEngine(shards, pg)  # A/A controls: the measurement's own noise and bias
-    engines = {"sparse": sparse, "dense": dense, "auto": auto, "twin": twin,
-               "dense_twin": DenseEngine(shards, pg)}  # fmt: skip
+    engines = {
+        "sparse": sparse,
+        "dense": dense,
+        "auto": auto,
+        "twin": twin,
+        "dense_twin": DenseEngine(shards, pg),
+    }
     out["ab"] = _alternate(model, dense_opt, engines, Ids(rows, "zipf"), rank, ab_reps, step)
     twin.close()
     sparse.crossover = 1.0  # the sweep times the sparse path even where dense is cheaper
@@ -196,9 +210,14 @@ def _run_size(
             points.append((s_sec, d_sec))
         s_sec, d_sec = (sorted(p[k] for p in points)[len(points) // 2] for k in (0, 1))
         out["sweep"].append(
-            dict(fraction=fraction, sparse_s=s_sec, dense_s=d_sec, sparse_bytes=s_bytes + s_meta,
-                 dense_bytes=d_bytes)
-        )  # fmt: skip
+            dict(
+                fraction=fraction,
+                sparse_s=s_sec,
+                dense_s=d_sec,
+                sparse_bytes=s_bytes + s_meta,
+                dense_bytes=d_bytes,
+            )
+        )
     sparse.close()
     auto.close()
     return out

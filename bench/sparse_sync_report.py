@@ -43,15 +43,23 @@ def _summaries(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             med = {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in runs[0] if k != "dist"}
             sparse_bytes = med["sparse_bytes"] + med["meta_bytes"]
             rows_out.append(
-                dict(rows=size["rows"], dist=dist_name, every=every, union=med["union_fraction"],
-                     step_ms=med["step_s"] * 1e3,
-                     sparse_mb=sparse_bytes / 1e6, dense_mb=med["dense_bytes"] / 1e6,
-                     bytes_x=med["dense_bytes"] / max(sparse_bytes, 1),
-                     sparse_ms=med["sparse_s"] * 1e3, dense_ms=med["dense_s"] * 1e3,
-                     time_x=med["dense_s"] / med["sparse_s"], auto_ms=med["auto_s"] * 1e3,
-                     auto_dense=sum(r["auto_dense"] for r in runs) / len(runs),
-                     auto_x=med["auto_s"] / min(med["sparse_s"], med["dense_s"]))
-            )  # fmt: skip
+                dict(
+                    rows=size["rows"],
+                    dist=dist_name,
+                    every=every,
+                    union=med["union_fraction"],
+                    step_ms=med["step_s"] * 1e3,
+                    sparse_mb=sparse_bytes / 1e6,
+                    dense_mb=med["dense_bytes"] / 1e6,
+                    bytes_x=med["dense_bytes"] / max(sparse_bytes, 1),
+                    sparse_ms=med["sparse_s"] * 1e3,
+                    dense_ms=med["dense_s"] * 1e3,
+                    time_x=med["dense_s"] / med["sparse_s"],
+                    auto_ms=med["auto_s"] * 1e3,
+                    auto_dense=sum(r["auto_dense"] for r in runs) / len(runs),
+                    auto_x=med["auto_s"] / min(med["sparse_s"], med["dense_s"]),
+                )
+            )
     return rows_out
 
 
@@ -79,25 +87,32 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: flo
             f"{r['auto_ms']:.1f} | {r['auto_dense']:.2f} | {r['auto_x']:.2f} |"
         )
     lines += ["", "Crossover sweep (never-dense sparse sync vs dense, union = fraction):", ""]
-    lines += ["| rows/table | fraction | sparse ms | dense ms | sparse/dense |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines += [
+        "| rows/table | fraction | sparse ms | dense ms | sparse/dense |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for size in results:
         for p in size["sweep"]:
             lines.append(
                 f"| {size['rows']:.0e} | {p['fraction']} | {p['sparse_s'] * 1e3:.1f} | "
                 f"{p['dense_s'] * 1e3:.1f} | {p['sparse_s'] / p['dense_s']:.2f} |"
             )
-    lines += ["", f"Auto vs the fixed engines, alternating: Zipf ids, sync every step, "
-              f"{args.ab_reps} steps; each step times every engine, in all orders in turn, "
-              f"plus a second touched-rows and a second dense engine (A/A controls: their "
-              f"ratios to the first are the measurement's own noise and bias, the floor under "
-              f"any auto / best figure). Slowest rank per sync; auto keeps what "
-              f"it learnt in the cells above, as in a long run. *Paired* = median over steps of "
-              f"the per-step ratio (load hits both alike). This is the acceptance check of "
-              f"`auto` (goal <= 1.05):", "",
-              "| rows/table | sparse ms | dense ms | auto ms | auto / best (medians) "
-              "| auto / best (paired) | A/A sparse (medians, paired) "
-              "| A/A dense (medians, paired) | auto dense syncs |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines += [
+        "",
+        f"Auto vs the fixed engines, alternating: Zipf ids, sync every step, "
+        f"{args.ab_reps} steps; each step times every engine, in all orders in turn, "
+        f"plus a second touched-rows and a second dense engine (A/A controls: their "
+        f"ratios to the first are the measurement's own noise and bias, the floor under "
+        f"any auto / best figure). Slowest rank per sync; auto keeps what "
+        f"it learnt in the cells above, as in a long run. *Paired* = median over steps of "
+        f"the per-step ratio (load hits both alike). This is the acceptance check of "
+        f"`auto` (goal <= 1.05):",
+        "",
+        "| rows/table | sparse ms | dense ms | auto ms | auto / best (medians) "
+        "| auto / best (paired) | A/A sparse (medians, paired) "
+        "| A/A dense (medians, paired) | auto dense syncs |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     nan = float("nan")
     for size in results:
         ab = size.get("ab")
@@ -155,19 +170,33 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
         dense = [r["dense_ms"] for r in summaries if r["rows"] == rows]
         left.axhline(sorted(dense)[len(dense) // 2], linestyle="--", color="gray")
         left.text(1, sorted(dense)[len(dense) // 2] * 1.1, f"dense {rows:.0e}", color="gray")
-    left.set(xscale="log", yscale="log", xlabel="sync_every (steps)", ylabel="sync time (ms)",
-             title="Sync time per sync (2 replicas, 4 gloo ranks)")  # fmt: skip
+    left.set(
+        xscale="log",
+        yscale="log",
+        xlabel="sync_every (steps)",
+        ylabel="sync time (ms)",
+        title="Sync time per sync (2 replicas, 4 gloo ranks)",
+    )
     left.legend(fontsize=7)
-    bytes_ax.set(xscale="log", yscale="log", xlabel="sync_every (steps)",
-                 ylabel="MB sent per rank per sync", title="Bytes per sync (dashed: dense)")  # fmt: skip
+    bytes_ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="sync_every (steps)",
+        ylabel="MB sent per rank per sync",
+        title="Bytes per sync (dashed: dense)",
+    )
     bytes_ax.legend(fontsize=7)
     for size in results:
         fractions = [p["fraction"] for p in size["sweep"]]
         ratio = [p["sparse_s"] / p["dense_s"] for p in size["sweep"]]
         right.plot(fractions, ratio, marker="o", label=f"{size['rows']:.0e} rows")
     right.axhline(1.0, linestyle="--", color="gray")
-    right.set(xscale="log", xlabel="touched fraction (union)", ylabel="sparse time / dense time",
-              title="Crossover: sparse sync vs dense sync")  # fmt: skip
+    right.set(
+        xscale="log",
+        xlabel="touched fraction (union)",
+        ylabel="sparse time / dense time",
+        title="Crossover: sparse sync vs dense sync",
+    )
     right.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -121,8 +121,10 @@ def _markdown(results: list[dict[str, Any]], args: argparse.Namespace, wall: flo
             + " | ".join(cells)
             + f" | {r['total_ms_median']:.1f} |"
         )
-    lines += ["", f"Reproduce: `PYTHONPATH=. .venv/bin/python bench/step_breakdown.py "
-              f"--steps {args.steps}`."]  # fmt: skip
+    lines += [
+        "",
+        f"Reproduce: `PYTHONPATH=. .venv/bin/python bench/step_breakdown.py --steps {args.steps}`.",
+    ]
     return "\n".join(lines)
 
 
@@ -139,8 +141,10 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
         heights = [1e3 * r[phase]["median"] for r in results]
         ax.bar(labels, heights, bottom=bottom, label=phase)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    ax.set(ylabel="ms per step (median, slowest rank)",
-           title="Step breakdown, same global batch (gloo CPU, 2 shared cores)")  # fmt: skip
+    ax.set(
+        ylabel="ms per step (median, slowest rank)",
+        title="Step breakdown, same global batch (gloo CPU, 2 shared cores)",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

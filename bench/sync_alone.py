@@ -153,8 +153,10 @@ def crossover(names: list[str], rounds: int = 8) -> list[str]:
                 continue
             place, copied = (max(r["sync"] for r in timed[k][L]) * 1e3 for k in (0, NEVER))
             faster = "in place" if place < copied else "copied"
-            lines.append(f"  {name} L={L} {payload_mb(series, L):.2f} MB: {place:.1f} / "
-                         f"{copied:.1f} ({faster} faster)")  # fmt: skip
+            lines.append(
+                f"  {name} L={L} {payload_mb(series, L):.2f} MB: {place:.1f} / "
+                f"{copied:.1f} ({faster} faster)"
+            )
             print(lines[-1])
     return lines
 

@@ -152,18 +152,23 @@ def main(argv: list[str] | None = None) -> int:
         "| sync | bytes/rank | s/call (max rank, median) | / raw coalesced | / raw flat |",
         "|---|---|---|---|---|",
     ]
-    for name, label in (("raw", "raw allreduce_coalesced (live views)"),
-                        ("flat", "raw all_reduce of one flat buffer (no copies timed)"),
-                        ("dense", "policy dense fp32 (gather + all-reduce + scatter)"),
-                        ("bf16", "policy bf16 deltas")):  # fmt: skip
+    for name, label in (
+        ("raw", "raw allreduce_coalesced (live views)"),
+        ("flat", "raw all_reduce of one flat buffer (no copies timed)"),
+        ("dense", "policy dense fp32 (gather + all-reduce + scatter)"),
+        ("bf16", "policy bf16 deltas"),
+    ):
         ratio = worst[name] / worst["raw"]
         flat_ratio = worst[name] / worst["flat"]
         lines.append(
             f"| {label} | {nbytes[name] / 1e6:.1f} MB | {worst[name]:.4f} | {ratio:.2f} "
             f"| {flat_ratio:.2f} |"
         )
-    lines += ["", "| overlap: steps between syncs | compute s | wait s | hidden fraction |",
-              "|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| overlap: steps between syncs | compute s | wait s | hidden fraction |",
+        "|---|---|---|---|",
+    ]
     for every in args.overlap_every:
         wait = max(r["hidden"][every][0] for r in ranks)
         compute = max(r["hidden"][every][1] for r in ranks)

@@ -79,19 +79,24 @@ def sync_vs_raw_rank(sizes_mb: list[int], reps: int, loopback_mb: int) -> dict[s
         rows = size * MB // (DIM * 4)
         ebc = EmbeddingBagCollection(
             tables=[
-                EmbeddingBagConfig(name=f"t{i}", embedding_dim=DIM, num_embeddings=rows,
-                                   feature_names=[f"f{i}"])
+                EmbeddingBagConfig(
+                    name=f"t{i}", embedding_dim=DIM, num_embeddings=rows, feature_names=[f"f{i}"]
+                )
                 for i in range(L)
             ],
             device=torch.device("meta"),
-        )  # fmt: skip
+        )
         _apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": 0.01})
         model = DMPCollection(
-            torch.nn.ModuleDict({"ebc": ebc}), L, device="cpu", init_data_parallel=False,
+            torch.nn.ModuleDict({"ebc": ebc}),
+            L,
+            device="cpu",
+            init_data_parallel=False,
             sync_options=SyncOptions(engine="dense"),
-            constraints={f"t{i}": ParameterConstraints(sharding_types=["table_wise"])
-                         for i in range(L)},
-        )  # fmt: skip
+            constraints={
+                f"t{i}": ParameterConstraints(sharding_types=["table_wise"]) for i in range(L)
+            },
+        )
         live = [s.weight for s in model.shard_states]
         nbytes = sum(t.numel() * t.element_size() for t in live)
         opts = dist.AllreduceCoalescedOptions()
@@ -119,10 +124,17 @@ def sync_vs_raw_rank(sizes_mb: list[int], reps: int, loopback_mb: int) -> dict[s
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         raw, synced, unguarded = slowest.tolist()
         out["sizes"].append(
-            {"mb": size, "bytes": nbytes, "raw_s": sorted(raw)[reps // 2],
-             "sync_s": sorted(synced)[reps // 2], "bare_s": sorted(unguarded)[reps // 2],
-             "raw_all": raw, "sync_all": synced, "bare_all": unguarded}
-        )  # fmt: skip
+            {
+                "mb": size,
+                "bytes": nbytes,
+                "raw_s": sorted(raw)[reps // 2],
+                "sync_s": sorted(synced)[reps // 2],
+                "bare_s": sorted(unguarded)[reps // 2],
+                "raw_all": raw,
+                "sync_all": synced,
+                "bare_all": unguarded,
+            }
+        )
         model.sync_policy.close()
         del model, live
     return out

@@ -184,11 +184,19 @@ class DMPCollection(TorchRecDMPCollection):
         # 2-3. Mesh and plan per context (sparse2d.contexts), remapped to this rank's groups.
         report = self.construction = ConstructionReport()
         plan = build_contexts(
-            contexts, module, setup.sharders, setup.device, setup.rank, setup.pg,
-            call.constraints, call.planner_batch_size, call.plan_store, report,
-        )  # fmt: skip
+            contexts,
+            module,
+            setup.sharders,
+            setup.device,
+            setup.rank,
+            setup.pg,
+            call.constraints,
+            call.planner_batch_size,
+            call.plan_store,
+            report,
+        )
         # 4. Shard: TorchRec's DMP, each module type with its context's ShardingEnv2D.
-        apply_all()  # TorchRec/FBGEMM workarounds still needed (sparse2d.patches)
+        apply_all(setup.device)  # workarounds this device still needs (sparse2d.patches)
         install_pipeline_guard()
         self._envs_by_type = {c.module_type: sharding_env(c, setup.pg) for c in contexts}
         with report.phase("shard"):
@@ -207,9 +215,15 @@ class DMPCollection(TorchRecDMPCollection):
         self._shards = assign_shards(contexts, self)
         sliced = [c for c in contexts if c.strategy == FS and c.num_replicas > 1]
         self._replicas = ReplicaSync.build(
-            self, contexts, sliced, call.sync_options, setup.hook, setup.pg, setup.has_mc,
+            self,
+            contexts,
+            sliced,
+            call.sync_options,
+            setup.hook,
+            setup.pg,
+            setup.has_mc,
             self._resources,
-        )  # fmt: skip
+        )
         # 5. Align replicas: TorchRec seeds each group's shards independently.
         with report.phase("align"):
             self._replicas.align()

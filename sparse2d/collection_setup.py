@@ -114,8 +114,14 @@ def _group_size(
         )
     if group_size == AUTO:
         group_size = auto_group_size(
-            module, world_size, device, pg, call.planner_batch_size, call.sync_options, layout,
+            module,
+            world_size,
+            device,
+            pg,
+            call.planner_batch_size,
+            call.sync_options,
+            layout,
             call.constraints,
-        )  # fmt: skip
+        )
     validate_group_size(world_size, group_size)  # type: ignore[arg-type]
     return group_size  # type: ignore[return-value]

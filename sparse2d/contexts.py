@@ -283,15 +283,25 @@ def build_contexts(
                 meshes[key] = build_mesh(world_size, *key, device.type, rank)
         ctx.mesh = meshes[key]
         logger.info(
-            "[sparse2d] %s mesh: %d groups x %d ranks (%s)", ctx.name,
-            world_size // ctx.sharding_group_size, ctx.sharding_group_size, ctx.replica_layout,
-        )  # fmt: skip
+            "[sparse2d] %s mesh: %d groups x %d ranks (%s)",
+            ctx.name,
+            world_size // ctx.sharding_group_size,
+            ctx.sharding_group_size,
+            ctx.replica_layout,
+        )
         if ctx.plan is None:
             with report.phase("plan"):
                 made = plan_context(
-                    ctx, contexts, module, sharders, device.type, plan_pg, constraints,
-                    batch_size, store,
-                )  # fmt: skip
+                    ctx,
+                    contexts,
+                    module,
+                    sharders,
+                    device.type,
+                    plan_pg,
+                    constraints,
+                    batch_size,
+                    store,
+                )
             ctx.plan = made.plan
             report.note_plan(ctx.name, made.cache, made.file, made.reason)
         else:

@@ -47,9 +47,15 @@ class ThreadSampler:
 SAMPLER: ThreadSampler | None = None
 
 HEAVY_FIRST = (
-    "test_ft_launch.py", "test_train.py", "test_torchrec_2d_suite.py", "test_launch.py",
-    "test_compatibility.py", "test_train_ft_mode.py", "test_dryrun.py", "test_emulated_hosts.py",
-)  # fmt: skip
+    "test_ft_launch.py",
+    "test_train.py",
+    "test_torchrec_2d_suite.py",
+    "test_launch.py",
+    "test_compatibility.py",
+    "test_train_ft_mode.py",
+    "test_dryrun.py",
+    "test_emulated_hosts.py",
+)
 """The modules with the most CPU seconds (fault-tolerant launches above all: 620 of the
 suite's ~1740, 2026-11-27), collected first: ``make test`` runs the modules on two
 pytest-xdist workers (``--dist loadfile --no-loadscope-reorder``) in collection order, so the
@@ -164,8 +170,13 @@ def tiny_runs(tmp_path_factory: pytest.TempPathFactory, world2: DistWorld) -> di
 
     root = tmp_path_factory.mktemp("tiny_runs")
     runs = {"2d": root / "tiny_2d", "1d": root / "tiny_1d"}
-    common = ["train.steps=6", "train.log_every=2", "train.eval_every=3", "train.eval_batches=2",
-              "data.batch_size_per_rank=32"]  # fmt: skip
+    common = [
+        "train.steps=6",
+        "train.log_every=2",
+        "train.eval_every=3",
+        "train.eval_batches=2",
+        "data.batch_size_per_rank=32",
+    ]
     extra = {
         "2d": ["parallel.sharding_group_size=1", "parallel.sync.divergence_every=2"],
         "1d": ["parallel.sharding_group_size=2", "metrics.tensorboard=false"],

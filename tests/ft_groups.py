@@ -19,8 +19,11 @@ def _group_worker(
     group: int, rank: int, size: int, ports: Any, fn: Callable, args: tuple, results: Any
 ) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
-    )  # fmt: skip
+        MASTER_ADDR="127.0.0.1",
+        RANK=str(rank),
+        WORLD_SIZE=str(size),
+        LOCAL_RANK=str(rank),
+    )
     os.environ.pop("LOCAL_WORLD_SIZE", None)
     import logging
 

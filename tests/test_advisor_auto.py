@@ -26,11 +26,14 @@ def test_workload_is_read_off_a_meta_model() -> None:
 def check_auto() -> tuple[int, int]:
     expected = recommend_group_size(
         workload_from_module(
-            build_model(MIXED_TABLES, device="meta"), 32, None, "intra_host",
+            build_model(MIXED_TABLES, device="meta"),
+            32,
+            None,
+            "intra_host",
             constraints_for(MIXED_TABLES),
         ),
         topology_for_device(torch.device("cpu"), dist.get_world_size()),
-    )  # fmt: skip
+    )
     model = DMPCollection(
         build_model(MIXED_TABLES),
         "auto",

@@ -18,10 +18,17 @@ PLANNER = TorchRecGroupPlanner()
 
 def topology(world: int, **kw: object) -> ClusterTopology:
     base = dict(
-        world_size=world, ranks_per_host=world, compute_device="cpu", device_memory_bytes=2**30,
-        intra_host_bw=1e9, intra_host_latency_s=1e-5, inter_host_bw=1e8,
-        inter_host_latency_s=1e-4, lookup_bw=1e9, dense_flops=1e9,
-    )  # fmt: skip
+        world_size=world,
+        ranks_per_host=world,
+        compute_device="cpu",
+        device_memory_bytes=2**30,
+        intra_host_bw=1e9,
+        intra_host_latency_s=1e-5,
+        inter_host_bw=1e8,
+        inter_host_latency_s=1e-4,
+        lookup_bw=1e9,
+        dense_flops=1e9,
+    )
     base.update(kw)
     return ClusterTopology(**base)  # type: ignore[arg-type]
 

@@ -104,8 +104,9 @@ def test_advisor_switches_sharding_type_with_group_size() -> None:
     topo = load_topology("h100_8x", 64, ["ranks_per_host=16", "device_memory_bytes=536870912"])
     w = Workload(
         tables=tuple(TableLoad(f"big{i}", 4_000_000, 64) for i in range(4)),
-        batch_size_per_rank=1024, replica_layout="inter_host",
-    )  # fmt: skip
+        batch_size_per_rank=1024,
+        replica_layout="inter_host",
+    )
     advice = advise(w, topo)
     types = {L: dict(advice.candidate(L).sharding_types) for L in (16, 32, 64)}
     assert types[16] == {"row_wise": 4}
@@ -166,20 +167,25 @@ def test_row_updates_make_every_table_on_every_rank_cost_more() -> None:
     topo = load_topology("cpu_gloo", 8)
     model = AnalyticCostModel(w, topo, default_planner())
     one, eight = model.estimate(1), model.estimate(8)
-    bytes_only = AnalyticCostModel(w, load_topology("cpu_gloo", 8, ["row_update_s=0"]),
-                                   default_planner())  # fmt: skip
+    bytes_only = AnalyticCostModel(
+        w, load_topology("cpu_gloo", 8, ["row_update_s=0"]), default_planner()
+    )
     assert bytes_only.estimate(1).compute_s == pytest.approx(bytes_only.estimate(8).compute_s)
     assert one.compute_s > 1.5 * eight.compute_s
 
 
 def test_wire_precision_saves_bytes_not_the_per_value_work() -> None:
     topo = load_topology("cpu_gloo", 4)
-    fp32 = AnalyticCostModel(Workload(tables=TABLES, batch_size_per_rank=256), topo,
-                             default_planner()).estimate(4)  # fmt: skip
+    fp32 = AnalyticCostModel(
+        Workload(tables=TABLES, batch_size_per_rank=256), topo, default_planner()
+    ).estimate(4)
     fp16 = AnalyticCostModel(
-        Workload(tables=TABLES, batch_size_per_rank=256, qcomm_forward="fp16",
-                 qcomm_backward="fp16"), topo, default_planner(),
-    ).estimate(4)  # fmt: skip
+        Workload(
+            tables=TABLES, batch_size_per_rank=256, qcomm_forward="fp16", qcomm_backward="fp16"
+        ),
+        topo,
+        default_planner(),
+    ).estimate(4)
     free = dataclasses.replace(topo, a2a_value_s=0.0)
     values_free = AnalyticCostModel(
         Workload(tables=TABLES, batch_size_per_rank=256), free, default_planner()

@@ -16,9 +16,15 @@ from sparse2d.errors import NoFitError
 TABLES = tuple(TableLoad(f"t{i}", 20_000, 32, sharding="table_wise") for i in range(8))
 WORKLOAD = Workload(tables=TABLES, batch_size_per_rank=64)
 TOPO = ClusterTopology(
-    world_size=8, ranks_per_host=4, compute_device="cpu", device_memory_bytes=2**30,
-    intra_host_bw=1e10, inter_host_bw=1e9, lookup_bw=1e10, dense_flops=1e12,
-)  # fmt: skip
+    world_size=8,
+    ranks_per_host=4,
+    compute_device="cpu",
+    device_memory_bytes=2**30,
+    intra_host_bw=1e10,
+    inter_host_bw=1e9,
+    lookup_bw=1e10,
+    dense_flops=1e12,
+)
 
 
 def test_recommends_the_fastest_fitting_group_and_explains_it() -> None:
@@ -61,9 +67,20 @@ def test_json_is_one_object_with_every_candidate() -> None:
     data = json.loads(to_json(advise(WORKLOAD, TOPO)))
     assert set(data) == {"world_size", "recommended", "recommended_layout", "reason", "candidates"}
     assert data["world_size"] == 8 and len(data["candidates"]) == 4
-    keys = {"sharding_group_size", "fits", "memory_per_rank_bytes", "a2a_s", "sync_s",
-            "compute_s", "imbalance", "step_s", "sharding_types", "terms", "sync_kind",
-            "replica_layout"}  # fmt: skip
+    keys = {
+        "sharding_group_size",
+        "fits",
+        "memory_per_rank_bytes",
+        "a2a_s",
+        "sync_s",
+        "compute_s",
+        "imbalance",
+        "step_s",
+        "sharding_types",
+        "terms",
+        "sync_kind",
+        "replica_layout",
+    }
     assert all(set(c) == keys for c in data["candidates"])
 
 

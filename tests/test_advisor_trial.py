@@ -26,9 +26,12 @@ from tests.models import MIXED_TABLES, build_model, constraints_for
 
 def test_shortlist_keeps_the_model_pick_first_within_the_margin_at_most_k() -> None:
     workload = workload_from_module(
-        build_model(MIXED_TABLES, device="meta"), 32, None, "intra_host",
+        build_model(MIXED_TABLES, device="meta"),
+        32,
+        None,
+        "intra_host",
         constraints_for(MIXED_TABLES),
-    )  # fmt: skip
+    )
     advice = advise(workload, topology_for_device(torch.device("cpu"), 8))
     wide = shortlist(advice, TrialOptions(candidates=64, margin=100.0))
     assert wide[0][0] == advice.recommended
@@ -104,9 +107,12 @@ def test_a_sync_period_is_timed_whole_so_its_cost_counts() -> None:
     assert TrialOptions(timed_steps=5).timed_for(4) == 8 and TrialOptions().timed_for(1) == 5
     steps: list[int] = []
     report = measure_group_sizes(
-        lambda L: _Model(L, 0.0), lambda m, i: steps.append(i), [(2, 0.1)],
-        TrialOptions(warmup_steps=1, timed_steps=5), period=4,
-    )  # fmt: skip
+        lambda L: _Model(L, 0.0),
+        lambda m, i: steps.append(i),
+        [(2, 0.1)],
+        TrialOptions(warmup_steps=1, timed_steps=5),
+        period=4,
+    )
     assert steps == list(range(9))  # 1 warm-up + two whole periods of 4
     assert report.as_json()["timed_steps"] == 8 and report.as_json()["sync_period"] == 4
 
@@ -132,9 +138,11 @@ def test_a_near_tie_is_measured_again_in_reverse_order_and_keeps_the_lower_time(
     assert "re-measured, <- chosen" in report.table()
     order.clear()
     once = measure_group_sizes(
-        lambda L: build(L) if L in (1, 2) else _Model(L, 0.1), lambda m, i: m.step(i),
-        [(1, 0.1), (2, 0.1)], TrialOptions(warmup_steps=0, timed_steps=2, retrial_margin=0.0),
-    )  # fmt: skip
+        lambda L: build(L) if L in (1, 2) else _Model(L, 0.1),
+        lambda m, i: m.step(i),
+        [(1, 0.1), (2, 0.1)],
+        TrialOptions(warmup_steps=0, timed_steps=2, retrial_margin=0.0),
+    )
     assert order == [1, 2] and all(len(r.passes_s) == 1 for r in once.results)
 
 
@@ -186,8 +194,13 @@ def _library_door() -> dict[str, object]:
         lambda: build_model(tables), step, options=TrialOptions(candidates=0), **kwargs
     )
     same = all(torch.equal(v, states[1][k]) for k, v in states[0].items())
-    return {"report": report.as_json(), "untouched": untouched, "same": same,
-            "keys": len(states[0]), "model_only": model_only.as_json()}  # fmt: skip
+    return {
+        "report": report.as_json(),
+        "untouched": untouched,
+        "same": same,
+        "keys": len(states[0]),
+        "model_only": model_only.as_json(),
+    }
 
 
 def test_library_door_measures_every_shortlisted_l_and_leaves_no_trace(world2) -> None:

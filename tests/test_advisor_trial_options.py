@@ -12,10 +12,18 @@ from sparse2d.train.config import load_config
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("candidates", -1), ("candidates", 65), ("margin", -0.1), ("warmup_steps", -1),
-     ("timed_steps", 0), ("timed_steps", 2.5), ("candidates", True), ("retrial_margin", -0.1),
-     ("retrial_margin", "0.1")],
-)  # fmt: skip
+    [
+        ("candidates", -1),
+        ("candidates", 65),
+        ("margin", -0.1),
+        ("warmup_steps", -1),
+        ("timed_steps", 0),
+        ("timed_steps", 2.5),
+        ("candidates", True),
+        ("retrial_margin", -0.1),
+        ("retrial_margin", "0.1"),
+    ],
+)
 def test_out_of_range_settings_are_refused_naming_the_key(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=rf"^{key}={value!r} must be"):
         TrialOptions(**{key: value})  # type: ignore[arg-type]

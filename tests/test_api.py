@@ -80,8 +80,16 @@ def test_error_hierarchy() -> None:
     """Bad input stays a ValueError (callers catch that); a checkpoint error is not a config
     error (a damaged file is not a bad setting); run-time failures are RuntimeErrors."""
     e = errors
-    for cls in (e.ConfigError, e.PlanError, e.StoredPlanError, e.NoFitError, e.TrialError,
-                e.UnsupportedOptimizerError, e.KeyValueError, e.NotARunError):  # fmt: skip
+    for cls in (
+        e.ConfigError,
+        e.PlanError,
+        e.StoredPlanError,
+        e.NoFitError,
+        e.TrialError,
+        e.UnsupportedOptimizerError,
+        e.KeyValueError,
+        e.NotARunError,
+    ):
         assert issubclass(cls, e.ConfigError) and issubclass(cls, ValueError), cls
     for cls in (e.CheckpointError, e.CorruptCheckpointError):
         assert issubclass(cls, e.CheckpointError) and not issubclass(cls, e.ConfigError), cls

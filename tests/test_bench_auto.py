@@ -19,8 +19,18 @@ BENCH = Path(tests.bench_path.BENCH)
 
 def test_auto_report_renders_every_series_from_the_saved_run(tmp_path) -> None:
     saved = json.loads((BENCH / "results" / "auto.json").read_text())
-    assert auto_bench.main(["--render", str(BENCH / "results" / "auto.json"), "--out", str(tmp_path),
-                            "--no-results-md"]) == 0  # fmt: skip
+    assert (
+        auto_bench.main(
+            [
+                "--render",
+                str(BENCH / "results" / "auto.json"),
+                "--out",
+                str(tmp_path),
+                "--no-results-md",
+            ]
+        )
+        == 0
+    )
     rendered = json.loads((tmp_path / "auto.json").read_text())
     assert rendered["series"].keys() == saved["series"].keys()
     kinds = {e["set"] for e in saved["series"].values()}

@@ -27,26 +27,47 @@ def test_the_interval_is_students_t_around_the_mean_ratio() -> None:
 
 
 def _result(steps: int, rounds: int) -> dict:
-    entry = {"samples_per_s": 1000.0, "eval_auc": 0.8, "wall_s": 1.0, "cpu_s": 2.0,
-             "quorum_wait_ms_per_step": 0.1, "vote_wait_ms_per_step": 0.2,
-             "echo_wait_ms_per_step": 0.3, "quorums": 4}  # fmt: skip
+    entry = {
+        "samples_per_s": 1000.0,
+        "eval_auc": 0.8,
+        "wall_s": 1.0,
+        "cpu_s": 2.0,
+        "quorum_wait_ms_per_step": 0.1,
+        "vote_wait_ms_per_step": 0.2,
+        "echo_wait_ms_per_step": 0.3,
+        "quorums": 4,
+    }
     std = {"samples_per_s": 1000.0, "eval_auc": 0.8, "wall_s": 1.0, "cpu_s": 2.0}
-    return {"clean": {"ft": [entry] * rounds, "std": [std] * rounds}, "pipeline": "sparse_dist",
-            "mc": "none", "machine": "2 cores", "steps": steps, "rounds": rounds}  # fmt: skip
+    return {
+        "clean": {"ft": [entry] * rounds, "std": [std] * rounds},
+        "pipeline": "sparse_dist",
+        "mc": "none",
+        "machine": "2 cores",
+        "steps": steps,
+        "rounds": rounds,
+    }
 
 
 def test_a_re_render_keeps_the_measured_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    args = argparse.Namespace(out=tmp_path, no_results_md=False, machine="2 cores",
-                              steps=300, rounds=2)  # fmt: skip
+    args = argparse.Namespace(
+        out=tmp_path, no_results_md=False, machine="2 cores", steps=300, rounds=2
+    )
     measured = {**bench_environment(), "git_commit": "ab" * 20}
     res = _result(steps=1000, rounds=3)
     args.steps, args.rounds = res["steps"], res["rounds"]
     publish(args, res, clean_markdown(res, args), "ft_pipeline.json", "ft-pipeline", measured)
     assert stored_stamp("ft-pipeline", tmp_path)["git_commit"] == "ab" * 20
-    argv = ["ft_bench.py", "--clean-only", "--pipeline", "sparse_dist", "--render-only",
-            "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        "ft_bench.py",
+        "--clean-only",
+        "--pipeline",
+        "sparse_dist",
+        "--render-only",
+        "--out",
+        str(tmp_path),
+    ]
     monkeypatch.setattr(sys, "argv", argv)  # the command line names neither steps nor rounds
     ft_bench.main()
     text = (tmp_path / "RESULTS.md").read_text()
@@ -73,10 +94,16 @@ def test_send_buffer_section_reports_the_means_and_their_ratio() -> None:
     import tests.bench_path  # noqa: F401  (ft_sync_bytes imports bench_util as a sibling)
     from bench import ft_sync_bytes
 
-    runs = {"arena": [{"cpu_ms": 40.0, "wall_ms": 100.0, "placed": 29},
-                      {"cpu_ms": 60.0, "wall_ms": 120.0, "placed": 29}],
-            "fresh": [{"cpu_ms": 100.0, "wall_ms": 200.0, "placed": 0},
-                      {"cpu_ms": 100.0, "wall_ms": 240.0, "placed": 0}]}  # fmt: skip
+    runs = {
+        "arena": [
+            {"cpu_ms": 40.0, "wall_ms": 100.0, "placed": 29},
+            {"cpu_ms": 60.0, "wall_ms": 120.0, "placed": 29},
+        ],
+        "fresh": [
+            {"cpu_ms": 100.0, "wall_ms": 200.0, "placed": 0},
+            {"cpu_ms": 100.0, "wall_ms": 240.0, "placed": 0},
+        ],
+    }
     args = argparse.Namespace(rows=1000, steps=30, rounds=2, machine="2 cores")
     text = ft_sync_bytes._send_buffer_markdown(runs, args)
     assert "CPU 50.00 vs 100.00 ms (**0.500x**)" in text

@@ -18,8 +18,10 @@ def test_median_ms_runs_fbgemm_and_counts_ids_and_rows() -> None:
 
 
 def test_fit_recovers_per_id_and_per_row_costs() -> None:
-    points = [(ids, rows, (ids * 3e-8 + rows * 5e-7) * 1e3) for ids, rows in
-              ((1000, 900), (4000, 1000), (16000, 15000), (64000, 8000))]  # fmt: skip
+    points = [
+        (ids, rows, (ids * 3e-8 + rows * 5e-7) * 1e3)
+        for ids, rows in ((1000, 900), (4000, 1000), (16000, 15000), (64000, 8000))
+    ]
     per_id, per_row, error = fit_per_id_and_row(points)
     assert per_id == pytest.approx(3e-8, rel=1e-6)
     assert per_row == pytest.approx(5e-7, rel=1e-6)

@@ -17,9 +17,13 @@ def test_main_job_bench_two_steps(world4) -> None:
     def in_world(overrides, steps, run_dir, env=None):
         assert env is None, env  # environment variables would need a fresh launch
         summary, _ = trainer_world.train(
-            world4, *overrides, f"train.steps={steps}", "train.eval_every=0",
-            "train.eval_batches=1", f"run_dir={run_dir}",
-        )  # fmt: skip
+            world4,
+            *overrides,
+            f"train.steps={steps}",
+            "train.eval_every=0",
+            "train.eval_batches=1",
+            f"run_dir={run_dir}",
+        )
         return summary
 
     settings = {"1D (L=4)": ["parallel.sharding_group_size=4"], "2D (L=2)": []}

@@ -30,13 +30,25 @@ def _points(truth) -> list[pf.Point]:
 
 def test_fit_recovers_the_constants_that_made_the_times() -> None:
     truth = dataclasses.replace(
-        PRESETS["cpu_gloo"], intra_host_bw=4e8, inter_host_bw=4e8, intra_host_latency_s=1e-3,
-        inter_host_latency_s=1e-3, a2a_bw_factor=0.3, lookup_bw=9e8, step_overhead_s=0.01,
-        sync_overhead_s=0.004, a2a_value_s=3e-8,
-    )  # fmt: skip
+        PRESETS["cpu_gloo"],
+        intra_host_bw=4e8,
+        inter_host_bw=4e8,
+        intra_host_latency_s=1e-3,
+        inter_host_latency_s=1e-3,
+        a2a_bw_factor=0.3,
+        lookup_bw=9e8,
+        step_overhead_s=0.01,
+        sync_overhead_s=0.004,
+        a2a_value_s=3e-8,
+    )
     fitted = pf.fit(_points(truth), PRESETS["cpu_gloo"])  # row_update_s: measured, kept
-    for key in ("intra_host_bw", "intra_host_latency_s", "a2a_bw_factor", "sync_overhead_s",
-                "a2a_value_s"):  # fmt: skip
+    for key in (
+        "intra_host_bw",
+        "intra_host_latency_s",
+        "a2a_bw_factor",
+        "sync_overhead_s",
+        "a2a_value_s",
+    ):
         assert getattr(fitted, key) == pytest.approx(getattr(truth, key), rel=1e-3), key
     assert fitted.lookup_bw == pytest.approx(truth.lookup_bw, rel=0.05)
     assert fitted.step_overhead_s == pytest.approx(truth.step_overhead_s, rel=0.05)

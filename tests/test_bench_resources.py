@@ -27,10 +27,17 @@ def test_resources_bench_small(world4) -> None:
 
 def test_suite_bench_table() -> None:
     run = {
-        "run": 1, "commit": "abc1234", "total_s": 600.0, "pytest_s": 540.2, "summary": "400 passed in 540.2s",
-        "load_before": 0.1, "load_after": 2.0, "peak_worker_threads": 40,
-        "thread_samples": 900, "returncode": 0,
-    }  # fmt: skip
+        "run": 1,
+        "commit": "abc1234",
+        "total_s": 600.0,
+        "pytest_s": 540.2,
+        "summary": "400 passed in 540.2s",
+        "load_before": 0.1,
+        "load_after": 2.0,
+        "peak_worker_threads": 40,
+        "thread_samples": 900,
+        "returncode": 0,
+    }
     text = suite_markdown([run, {**run, "run": 2, "cores_busy": 0.964}])
     assert "| 1 | `abc1234` | 10.0 min (600 s) | 540.2 s | 400 passed in 540.2s |" in text
     assert "| 0.1 -> 2.0 | - | 40 (900 samples) | 0 |" in text  # a run kept from before

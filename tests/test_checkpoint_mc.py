@@ -340,8 +340,11 @@ def test_replicas_write_one_copy(saved: dict) -> None:
 
     def table_bytes(directory: str) -> int:
         data = FileSystemReader(directory).read_metadata().storage_data
-        return sum(info.length for index, info in data.items() if ".emb." in f".{index.fqn}"
-                   or ".mc." in f".{index.fqn}")  # fmt: skip
+        return sum(
+            info.length
+            for index, info in data.items()
+            if ".emb." in f".{index.fqn}" or ".mc." in f".{index.fqn}"
+        )
 
     ratio = table_bytes(path) / table_bytes(os.path.join(saved["root"], "naive"))
     assert ratio == pytest.approx(0.5, abs=0.02), ratio  # 2 replicas: one copy of two

@@ -34,7 +34,7 @@ def check_resolve() -> dict:
                     )
                 ],
             },
-        ),  # fmt: skip
+        ),
     ):
         with pytest.raises(ConfigError) as error:
             resolve_setup(build_model(MIXED_TABLES), args, kwargs)
@@ -47,13 +47,13 @@ def check_resolve() -> dict:
             ours.pg is dist.group.WORLD,
             ours.has_mc,
             ours.hook is None,
-        ),  # fmt: skip
+        ),
         "torchrec": (
             torchrec.world_size,
             torchrec.contexts[0].sharding_group_size,
             torchrec.contexts[0].strategy,
             len(torchrec.sharders) > 0,
-        ),  # fmt: skip
+        ),
         "paths": ours.contexts[0].paths,
         "errors": errors,
         "rank": (ours.rank, dist.get_rank()),

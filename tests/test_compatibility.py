@@ -142,29 +142,56 @@ def test_every_working_pair_names_a_test_that_exists() -> None:
 
 COVERING_RUNS: dict[str, list[str]] = {
     "semi_sync_bf16_delayed_overlap": [
-        "auto_group_size", "bf16", "checkpoints", "delayed_state", "inter_host",
-        "momentum_scaling", "overlap", "pipeline_semi_sync", "sync_every_4",
+        "auto_group_size",
+        "bf16",
+        "checkpoints",
+        "delayed_state",
+        "inter_host",
+        "momentum_scaling",
+        "overlap",
+        "pipeline_semi_sync",
+        "sync_every_4",
     ],
     "fully_sharded_sparse_dist": [
-        "auto_group_size", "checkpoints", "fully_sharded", "inter_host", "pipeline_sparse_dist",
+        "auto_group_size",
+        "checkpoints",
+        "fully_sharded",
+        "inter_host",
+        "pipeline_sparse_dist",
     ],
     "mch_sparse_engine_overlap": [
-        "auto_group_size", "checkpoints", "delayed_state", "inter_host", "mch", "overlap",
-        "pipeline_sparse_dist", "sparse_engine", "sync_every_4",
+        "auto_group_size",
+        "checkpoints",
+        "delayed_state",
+        "inter_host",
+        "mch",
+        "overlap",
+        "pipeline_sparse_dist",
+        "sparse_engine",
+        "sync_every_4",
     ],
     "zch_sparse_engine_overlap": [
-        "auto_group_size", "checkpoints", "delayed_state", "inter_host", "mp_zch", "overlap",
-        "pipeline_sparse_dist", "sparse_engine", "sync_every_4",
+        "auto_group_size",
+        "checkpoints",
+        "delayed_state",
+        "inter_host",
+        "mp_zch",
+        "overlap",
+        "pipeline_sparse_dist",
+        "sparse_engine",
+        "sync_every_4",
     ],
     "mch_bf16_sparse_dist": ["bf16", "mch", "pipeline_sparse_dist"],
     "zch_bf16": ["bf16", "mp_zch"],
     "fully_sharded_semi_sync": ["fully_sharded", "pipeline_semi_sync"],
     "scaling_sparse_engine_sparse_dist": [
-        "momentum_scaling", "pipeline_sparse_dist", "sparse_engine",
+        "momentum_scaling",
+        "pipeline_sparse_dist",
+        "sparse_engine",
     ],
     "semi_sync_sparse_engine": ["pipeline_semi_sync", "sparse_engine"],
     "semi_sync_defaults": ["pipeline_semi_sync"],
-}  # fmt: skip
+}
 """Trainer runs in one world that together cover every working pair without fault
 tolerance (chosen greedily; ``test_covering_runs_cover_every_working_pair`` checks).
 ``semi_sync_defaults`` guards a bug these runs found: under ``TrainPipelineSemiSync`` the
@@ -239,9 +266,14 @@ def test_covering_run(world4, tmp_path, run: str) -> None:
     names = COVERING_RUNS[run]
     assert refusal(*names) is None, f"{run}: the config refuses {names}: {refusal(*names)}"
     args = overrides(*names) + [
-        "train.steps=8", "train.log_every=4", "train.eval_batches=2", "train.eval_every=0",
-        "train.progress_bar=false", "metrics.tensorboard=false", f"run_dir={tmp_path}",
-    ]  # fmt: skip
+        "train.steps=8",
+        "train.log_every=4",
+        "train.eval_batches=2",
+        "train.eval_every=0",
+        "train.progress_bar=false",
+        "metrics.tensorboard=false",
+        f"run_dir={tmp_path}",
+    ]
     summary = world4.run(_covering_run_on_this_rank, str(ROOT / BASE), args, timeout=400)[0]
     assert summary["steps"] == 8
     for key in ("train_loss", "eval_loss"):

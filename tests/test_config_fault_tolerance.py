@@ -54,8 +54,15 @@ def test_unsupported_options_are_refused_before_anything_starts(
     override: str, message: str
 ) -> None:
     with pytest.raises(ConfigError, match="fault_tolerance.enable=true cannot run with") as info:
-        load_config("configs/tiny_cpu.yaml", [*FT, "parallel.sync.divergence_every=0",
-                                               "parallel.sharding_group_size=null", override])  # fmt: skip
+        load_config(
+            "configs/tiny_cpu.yaml",
+            [
+                *FT,
+                "parallel.sync.divergence_every=0",
+                "parallel.sharding_group_size=null",
+                override,
+            ],
+        )
     assert message in str(info.value)
 
 
@@ -72,8 +79,10 @@ def test_sparse_engine_and_bf16_are_accepted(override: str) -> None:
 @pytest.mark.parametrize("kind", ["mch", "zch"])
 def test_managed_collision_tables_are_accepted(kind: str) -> None:
     """Identities merge over the quorum and travel with a heal (tests/test_ft_mc.py)."""
-    cfg = load_config("configs/ft_tiny_cpu.yaml", ["model.managed_collision.enabled=true",
-                                                   f"model.managed_collision.kind={kind}"])  # fmt: skip
+    cfg = load_config(
+        "configs/ft_tiny_cpu.yaml",
+        ["model.managed_collision.enabled=true", f"model.managed_collision.kind={kind}"],
+    )
     assert cfg.model.managed_collision.kind == kind
 
 
@@ -103,7 +112,7 @@ def test_disabled_section_changes_nothing() -> None:
             "model.managed_collision.enabled=true",
             "train.pipeline=sparse_dist",
             "checkpoint.every=50",
-        ],  # fmt: skip
+        ],
         ["model.managed_collision.enabled=true", "model.managed_collision.kind=zch"],
         ["fault_tolerance.enable=false", "parallel.sharding_strategy=fully_sharded"],
     ],
@@ -121,8 +130,11 @@ def test_launch_check_imports_no_torch(overrides: list[str]) -> None:
     )
     run = subprocess.run(
         [sys.executable, "-c", code, *overrides],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "[]", (run.stdout, run.stderr[-2000:])
     refused = overrides == ["parallel.sync.overlap=true"]

@@ -222,9 +222,13 @@ def _per_feature(gen: SyntheticCTR, stream: int, start: int, count: int) -> dict
         lengths.append(length)
         values.append(((rank * a + b) % spec.rows)[mask])
     labels = uniform(*key, idx[:, 0], _LABEL) < 1.0 / (1.0 + np.exp(-logit))
-    return {"dense": dense.astype(np.float32), "logit": logit.astype(np.float32),
-            "labels": labels.astype(np.float32), "values": np.concatenate(values),
-            "lengths": np.concatenate(lengths).astype(np.int32)}  # fmt: skip
+    return {
+        "dense": dense.astype(np.float32),
+        "logit": logit.astype(np.float32),
+        "labels": labels.astype(np.float32),
+        "values": np.concatenate(values),
+        "lengths": np.concatenate(lengths).astype(np.int32),
+    }
 
 
 @pytest.mark.parametrize("ids", [1, 3, 12])
@@ -244,9 +248,13 @@ def test_one_pass_batch_equals_the_per_feature_definition(ids: int, exponent: fl
     for stream, start, count in [(0, 0, 64), (1, 12345, 7), (0, 10**9, 33)]:
         batch, logit = gen.samples(stream, start, count)
         want = _per_feature(gen, stream, start, count)
-        got = {"dense": batch.dense_features, "logit": logit, "labels": batch.labels,
-               "values": batch.sparse_features.values(),
-               "lengths": batch.sparse_features.lengths()}  # fmt: skip
+        got = {
+            "dense": batch.dense_features,
+            "logit": logit,
+            "labels": batch.labels,
+            "values": batch.sparse_features.values(),
+            "lengths": batch.sparse_features.lengths(),
+        }
         for name, value in got.items():
             assert value.numpy().dtype == want[name].dtype, name
             assert np.array_equal(value.numpy(), want[name]), (name, stream, start)

@@ -26,8 +26,18 @@ from tests.conftest import ROOT
 
 MARKER = "<!-- runnable -->"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-TOPICS = ("for_torchrec_users", "sync_strategies", "checkpoints", "fully_sharded", "advisor",
-          "reliability", "training", "benchmarks", "observability")  # fmt: skip
+TOPICS = (
+    "for_torchrec_users",
+    "sync_strategies",
+    "checkpoints",
+    "fully_sharded",
+    "advisor",
+    "reliability",
+    "training",
+    "benchmarks",
+    "observability",
+    "patches",
+)
 _LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
 _SNIPPET = re.compile(re.escape(MARKER) + r"\n```python\n(.*?)\n```", re.S)
 
@@ -139,11 +149,23 @@ def snippet_runner() -> Iterator[subprocess.Popen]:
     """One interpreter that imports torch once and forks a fresh child per snippet."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT"):  # fmt: skip
+    for var in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
         env.pop(var, None)  # a snippet is a reader's fresh process, not a rank of ours
-    runner = subprocess.Popen([sys.executable, "-m", "tests.snippet_runner"], cwd=ROOT, env=env,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "tests.snippet_runner"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     yield runner
     runner.kill()
     runner.wait(timeout=30)

@@ -95,8 +95,13 @@ def _running(pid: int) -> bool:
 def test_first_and_last_rank_of_a_1024_rank_job(tmp_path) -> None:
     """Rank 0 plans (and stores); rank 1023 loads that plan; each holds 1/64 of every
     row-wise table, in its own sharding group of the intra-host layout."""
-    common = ("--world-size", "1024", f"run_dir={tmp_path}", "parallel.sharding_group_size=64",
-              ROW_WISE)  # fmt: skip
+    common = (
+        "--world-size",
+        "1024",
+        f"run_dir={tmp_path}",
+        "parallel.sharding_group_size=64",
+        ROW_WISE,
+    )
     first = dryrun("--rank", "0", *common)
     assert first.returncode == 0, first.stderr[-3000:]
     last = dryrun("--rank", "1023", "--no-step", *common)
@@ -133,8 +138,15 @@ def test_bad_group_size_or_memory_fails_with_the_launchs_line(tmp_path) -> None:
     expected = f"sparse2d dryrun: rank 5: ConfigError: {launch.value}"
     assert run.stderr.strip().splitlines()[-1] == expected
     huge = "model.tables=[{name: t, count: 1, rows: 1000000000000, dim: 16}]"
-    run = dryrun("--world-size", "2", "--rank", "1", f"run_dir={tmp_path}", huge,
-                 "parallel.sharding_group_size=1")  # fmt: skip
+    run = dryrun(
+        "--world-size",
+        "2",
+        "--rank",
+        "1",
+        f"run_dir={tmp_path}",
+        huge,
+        "parallel.sharding_group_size=1",
+    )
     assert run.returncode == 1 and run.stdout == ""
     line = run.stderr.strip().splitlines()[-1]
     assert line.startswith("sparse2d dryrun: rank 1: PlanError: Planning the embedding tables for")
@@ -145,10 +157,23 @@ def test_world4_dry_run_plans_what_a_gloo_launch_plans(tmp_path, world4) -> None
     """The plan a dry run stores is the plan the real 4-rank gloo job stored for L=2."""
     tables = "model.tables=[{name: t, count: 6, rows: [900, 700, 500, 300, 200, 100], dim: 16}]"
     common = ("parallel.sharding_group_size=2", tables)
-    trainer_world.train(world4, f"run_dir={tmp_path / 'real'}", "train.steps=2", "train.log_every=1",
-                        "train.eval_batches=1", *common)  # fmt: skip
-    run = dryrun("--world-size", "4", "--local-world-size", "4", "--no-step",
-                 f"run_dir={tmp_path / 'dry'}", *common)  # fmt: skip
+    trainer_world.train(
+        world4,
+        f"run_dir={tmp_path / 'real'}",
+        "train.steps=2",
+        "train.log_every=1",
+        "train.eval_batches=1",
+        *common,
+    )
+    run = dryrun(
+        "--world-size",
+        "4",
+        "--local-world-size",
+        "4",
+        "--no-step",
+        f"run_dir={tmp_path / 'dry'}",
+        *common,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     stored = {}
     for name in ("real", "dry"):

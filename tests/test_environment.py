@@ -44,8 +44,9 @@ def _installed() -> dict[str, str]:
 
 def _git(*args: str) -> str | None:
     """git's answer in the repository root; None when the tests run outside a checkout."""
-    out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                         check=False)  # fmt: skip
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False
+    )
     return out.stdout.strip() if out.returncode == 0 else None
 
 
@@ -57,8 +58,11 @@ def test_stamp_matches_installed_versions_and_checkout() -> None:
     if stamp["git_commit"] is not None:
         assert stamp["git_dirty"] is bool(_git("status", "--porcelain", "--untracked-files=no"))
     assert (stamp["backend"], stamp["device_type"], stamp["world_size"], stamp["hosts"]) == (
-        "gloo", "cpu", 4, 1,
-    )  # fmt: skip
+        "gloo",
+        "cpu",
+        4,
+        1,
+    )
     line = one_line(stamp)
     assert line.startswith(f"sparse2d {stamp['sparse2d']}")
     if stamp["git_commit"] is not None:
@@ -85,8 +89,11 @@ def test_trainer_stamps_start_record_and_summary(tiny_runs) -> None:
     assert _stamped(stamp) == _installed()
     assert stamp["git_commit"] == _git("rev-parse", "HEAD")
     assert (stamp["backend"], stamp["device_type"], stamp["world_size"], stamp["hosts"]) == (
-        "gloo", "cpu", 2, 1,
-    )  # fmt: skip
+        "gloo",
+        "cpu",
+        2,
+        1,
+    )
 
 
 def test_bench_sections_carry_the_stamp(tmp_path) -> None:

@@ -41,10 +41,13 @@ def _model(**sync_options: object):
     from tests.models import build_model
 
     return DMPCollection(
-        build_model(SPARSE_SYNC_TABLES, optimizer=RowWiseAdagrad, lr=0.05), SIZE,
-        device="cpu", constraints=constraints_for(SPARSE_SYNC_TABLES), node_group_size=2,
+        build_model(SPARSE_SYNC_TABLES, optimizer=RowWiseAdagrad, lr=0.05),
+        SIZE,
+        device="cpu",
+        constraints=constraints_for(SPARSE_SYNC_TABLES),
+        node_group_size=2,
         sync_options=SyncOptions(every=EVERY, **sync_options),  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
 
 
 def _values(shards) -> list[torch.Tensor]:
@@ -72,9 +75,15 @@ def _ft_variants(group: int, lighthouses: dict[str, str]) -> dict:
         torch.manual_seed(0)  # the same start rows in every variant and group
         model = _model(**opts)
         store = fresh_store()  # noqa: F841 (kept alive while the manager uses it)
-        options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
-                            lighthouse=lighthouses[name], timeout_s=20, quorum_timeout_s=60,
-                            sync_every=EVERY)  # fmt: skip
+        options = FTOptions(
+            replica_id=group,
+            num_groups=GROUPS,
+            min_replica_size=GROUPS,
+            lighthouse=lighthouses[name],
+            timeout_s=20,
+            quorum_timeout_s=60,
+            sync_every=EVERY,
+        )
         ft = FaultTolerance(model, _dense_opt(model), options)
         wrapper, stats = FTOptimizer(ft), []
         last = getattr(ft.policy.engine, "stats", None)  # a new object per touched-row sync
@@ -156,11 +165,20 @@ def _ft_failed_sync(group: int, lighthouse: str, steps: int) -> dict:
     from tests.models import MIXED_TABLES, build_model
 
     model = DMPCollection(
-        build_model(MIXED_TABLES, lr=0.1), 1, device="cpu",
-        constraints=constraints_for(MIXED_TABLES), sync_options=SyncOptions(engine="sparse"),
-    )  # fmt: skip
-    options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
-                        lighthouse=lighthouse, timeout_s=5, quorum_timeout_s=60)  # fmt: skip
+        build_model(MIXED_TABLES, lr=0.1),
+        1,
+        device="cpu",
+        constraints=constraints_for(MIXED_TABLES),
+        sync_options=SyncOptions(engine="sparse"),
+    )
+    options = FTOptions(
+        replica_id=group,
+        num_groups=GROUPS,
+        min_replica_size=GROUPS,
+        lighthouse=lighthouse,
+        timeout_s=5,
+        quorum_timeout_s=60,
+    )
     ft = FaultTolerance(model, _dense_opt(model), options)
     syncs = []
     while ft.step < steps:

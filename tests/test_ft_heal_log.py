@@ -26,11 +26,21 @@ sys.stdin.read()  # wait to be killed
 def _restart(directory, fresh: bool, heals: int, first_step: int) -> None:
     """One process of the group: record ``heals`` heals, then be SIGKILLed (torchrun restarts)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(directory), "1" if fresh else "0", str(heals),
-         str(first_step)],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            WRITER,
+            str(directory),
+            "1" if fresh else "0",
+            str(heals),
+            str(first_step),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline() == "ready\n"  # type: ignore[union-attr]
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -41,8 +51,11 @@ def test_heals_of_every_restart_are_listed_and_a_new_launch_starts_over(tmp_path
     _restart(tmp_path, fresh=False, heals=1, first_step=130)  # killed, restarted, healed
     _restart(tmp_path, fresh=False, heals=2, first_step=400)  # and again (plus a later heal)
     assert [h["step"] for h in HealLog(str(tmp_path), fresh_launch=False).read()] == [
-        0, 130, 400, 401,
-    ]  # fmt: skip
+        0,
+        130,
+        400,
+        401,
+    ]
     relaunch = HealLog(str(tmp_path), fresh_launch=True)  # a new launch of the job
     assert relaunch.read() == []
     relaunch.append({"step": 7})

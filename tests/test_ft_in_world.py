@@ -60,8 +60,14 @@ def _start(name: str, ebc_group: int, ec_group: int):
     optimizer, lr = (torch.optim.SGD, 2.0) if fused == "sgd" else (RowWiseAdagrad, 0.05)
     unsharded = build()
     weights = {**full_weights(unsharded.pooled), **full_weights(unsharded.sequence)}
-    model = per_module(ebc_group=ebc_group, ec_group=ec_group, plan=False, optimizer=optimizer,
-                       lr=lr, sync_options=SyncOptions(**options))  # type: ignore[arg-type]  # fmt: skip
+    model = per_module(
+        ebc_group=ebc_group,
+        ec_group=ec_group,
+        plan=False,
+        optimizer=optimizer,
+        lr=lr,
+        sync_options=SyncOptions(**options),
+    )  # type: ignore[arg-type]
     load_full_weights(model, weights)
     return model
 
@@ -89,8 +95,14 @@ def _ft_variants(group: int, lighthouses: dict[str, str]) -> dict:
         opt = torch.optim.SGD(
             [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=0.1
         )
-        options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
-                            lighthouse=lighthouses[name], timeout_s=20, quorum_timeout_s=60)  # fmt: skip
+        options = FTOptions(
+            replica_id=group,
+            num_groups=GROUPS,
+            min_replica_size=GROUPS,
+            lighthouse=lighthouses[name],
+            timeout_s=20,
+            quorum_timeout_s=60,
+        )
         ft = FaultTolerance(model, opt, options)
         wrapper = FTOptimizer(ft)
         while ft.step < STEPS:
@@ -103,12 +115,15 @@ def _ft_variants(group: int, lighthouses: dict[str, str]) -> dict:
         stats = getattr(ft.policy.engine, "stats", None)
         scaler = ft.policy.scaler
         out[name] = {
-            "tables": tables, "dense": dense_params(model), "shards": _shards(model),
-            "summary": ft.summary(), "stage1": len(ft.policy.in_world),
+            "tables": tables,
+            "dense": dense_params(model),
+            "shards": _shards(model),
+            "summary": ft.summary(),
+            "stage1": len(ft.policy.in_world),
             "contexts": [(c.name, c.sharding_group_size, c.num_replicas) for c in model.contexts],
             "rows": None if stats is None else (stats.rows_synced, stats.rows_total),
             "within": None if scaler is None else sorted(set(scaler.within)),
-        }  # fmt: skip
+        }
         ft.shutdown()
         model.close()
     return out
@@ -124,9 +139,11 @@ def _in_world_2d() -> dict:
         tables, _ = tables_and_coverage(model)
         moved = max(float((tables[n] - start[n]).abs().max()) for n in tables)
         out[name] = {
-            "tables": tables, "dense": dense_params(model), "moved": moved,
+            "tables": tables,
+            "dense": dense_params(model),
+            "moved": moved,
             "shards": _shards(model),
-        }  # fmt: skip
+        }
         model.close()
     return out
 
@@ -146,8 +163,13 @@ def _check_close(name: str, got: dict, ref: dict, where: str) -> None:
         rtol = BF16_STATES_RTOL if name == "bf16" else 1e-5
         for a, b in zip(states, values[1:], strict=True):
             excess = ((a - b).abs() - 1e-6) / b.abs().clamp(min=1e-30)
-            assert_close(a, b, atol=1e-6, rtol=rtol, msg=f"{name} {where} states {key}: "
-                         f"{float(excess.max())} relative over 1e-6")  # fmt: skip
+            assert_close(
+                a,
+                b,
+                atol=1e-6,
+                rtol=rtol,
+                msg=f"{name} {where} states {key}: {float(excess.max())} relative over 1e-6",
+            )
 
 
 def test_per_module_group_sizes_under_ft_equal_in_world_2d(world4) -> None:
@@ -180,8 +202,9 @@ def test_per_module_group_sizes_under_ft_equal_in_world_2d(world4) -> None:
             assert len(copies) == (GROUPS * SIZE if key[0] in ec else GROUPS), (key, len(copies))
             for copy in copies:
                 assert all(torch.equal(a, b) for a, b in zip(copy, copies[0], strict=True)), (
-                    name, key
-                )  # fmt: skip
+                    name,
+                    key,
+                )
     for got in out.values():
         rows, total = got["sparse"]["rows"]
         assert 0 < rows < total, (rows, total)  # the last quorum sync: touched rows only
@@ -199,14 +222,22 @@ def _mc_tables_in_a_replicated_module() -> str:
     from tests.mc_models import build_mc_model
 
     config = DMPCollectionConfig(
-        module=ManagedCollisionEmbeddingCollection, plan=None, sharding_group_size=1,
+        module=ManagedCollisionEmbeddingCollection,
+        plan=None,
+        sharding_group_size=1,
         sharding_strategy=ShardingStrategy.PER_MODULE,
-    )  # fmt: skip
-    model = DMPCollection(build_mc_model(plain=True), 2, device="cpu", submodule_configs=[config],
-                          sharding_strategy=ShardingStrategy.PER_MODULE)  # fmt: skip
+    )
+    model = DMPCollection(
+        build_mc_model(plain=True),
+        2,
+        device="cpu",
+        submodule_configs=[config],
+        sharding_strategy=ShardingStrategy.PER_MODULE,
+    )
     # no lighthouse listens there: the refusal must come first, from local checks alone
-    options = FTOptions(replica_id=0, num_groups=2, lighthouse="http://127.0.0.1:1",
-                        connect_timeout_s=1)  # fmt: skip
+    options = FTOptions(
+        replica_id=0, num_groups=2, lighthouse="http://127.0.0.1:1", connect_timeout_s=1
+    )
     try:
         FaultTolerance(model, torch.optim.SGD([torch.zeros(1, requires_grad=True)]), options)
         return "accepted"

@@ -74,9 +74,13 @@ def workers(group: int, run_dir) -> dict[int, int]:
                 )
         except OSError:
             continue
-        if (f"fault_tolerance.replica_id={group}" in argv and "sparse2d.train" in argv
-                and f"run_dir={run_dir}" in argv
-                and "torch.distributed.run" not in argv and "LOCAL_RANK" in env):  # fmt: skip
+        if (
+            f"fault_tolerance.replica_id={group}" in argv
+            and "sparse2d.train" in argv
+            and f"run_dir={run_dir}" in argv
+            and "torch.distributed.run" not in argv
+            and "LOCAL_RANK" in env
+        ):
             found[int(env["LOCAL_RANK"])] = int(entry)
     return found
 
@@ -92,14 +96,25 @@ def launch(
 ) -> subprocess.Popen:
     """Start launch/ft_local.sh; its output goes to a pipe, or to ``out`` (a job nobody reads
     while it runs must not block on a full pipe)."""
-    env = dict(os.environ, PYTHON=sys.executable, NGROUPS=str(groups), NPROC=str(nproc),
-               MAX_RESTARTS=str(restarts), LIGHTHOUSE_PORT="0",
-               MIN_REPLICAS=str(min_replicas), PYTHONPATH=ROOT)  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        NGROUPS=str(groups),
+        NPROC=str(nproc),
+        MAX_RESTARTS=str(restarts),
+        LIGHTHOUSE_PORT="0",
+        MIN_REPLICAS=str(min_replicas),
+        PYTHONPATH=ROOT,
+    )
     env.pop("TORCHFT_LIGHTHOUSE", None)
     return subprocess.Popen(
         ["launch/ft_local.sh", *TINY, f"run_dir={run_dir}", *extra],
-        cwd=ROOT, env=env, stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdout=out or subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def run_and_kill(
@@ -202,8 +217,9 @@ def relaunch_resumes_from_checkpoints(run_dir) -> None:
     steps on the kill test's uninterrupted run instead of two launches of their own: each
     launch's start-up (imports, a lighthouse, two torchruns) is most of a short job's CPU
     seconds, and the suite is CPU-bound on 2 cores."""
-    again = launch(run_dir, 2, *PIPELINE_MC, CHECKPOINTS, f"train.steps={STEPS + 20}",
-                   "train.resume=auto")  # fmt: skip
+    again = launch(
+        run_dir, 2, *PIPELINE_MC, CHECKPOINTS, f"train.steps={STEPS + 20}", "train.resume=auto"
+    )
     out, _ = again.communicate(timeout=300)
     assert again.returncode == 0, out[-3000:]
     resumed = [line for line in out.splitlines() if line.startswith("[resume] replica=")]
@@ -290,8 +306,15 @@ def test_three_groups_killed_in_turn_each_heal_once_and_end_identical(tmp_path) 
     # others wait (MIN_REPLICAS=3) and a core would idle; its own quorums need all 3 of its
     # groups, so the load only slows it.
     with open(tmp_path / "clean.out", "w") as clean_out:
-        clean = launch(tmp_path / "clean", 3, f"train.steps={steps}", *ALL_THREE_ZCH,
-                       nproc=1, min_replicas=3, out=clean_out)  # fmt: skip
+        clean = launch(
+            tmp_path / "clean",
+            3,
+            f"train.steps={steps}",
+            *ALL_THREE_ZCH,
+            nproc=1,
+            min_replicas=3,
+            out=clean_out,
+        )
         try:
             kills, out = kill_in_turn(tmp_path / "killed", steps, *ALL_THREE_ZCH)
             clean.wait(timeout=600)

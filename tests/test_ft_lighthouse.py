@@ -57,9 +57,13 @@ def test_the_lighthouse_process_serves_without_importing_torch() -> None:
         "print('ok')\n"
     )
     run = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )  # fmt: skip
+    )
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
@@ -69,10 +73,21 @@ def test_the_lighthouse_process_on_port_0_writes_the_port_it_bound(tmp_path) -> 
     choice and the bind; the file holds that port, whole, once the lighthouse listens."""
     port_file = tmp_path / "lighthouse.port"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sparse2d.ft.lighthouse", "--port", "0", "--port-file",
-         str(port_file)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sparse2d.ft.lighthouse",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         port = int(port_file.read_text())  # written before the line

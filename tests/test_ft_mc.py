@@ -56,8 +56,14 @@ def _ft_mc(group: int, lighthouse: str, steps: int, kind: str) -> dict:
 
     model = DMPCollection(build_mc_model(kind=kind), SIZE, device="cpu")
     _set_rows(model)
-    options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
-                        lighthouse=lighthouse, timeout_s=20, quorum_timeout_s=60)  # fmt: skip
+    options = FTOptions(
+        replica_id=group,
+        num_groups=GROUPS,
+        min_replica_size=GROUPS,
+        lighthouse=lighthouse,
+        timeout_s=20,
+        quorum_timeout_s=60,
+    )
     ft = FaultTolerance(model, _dense_opt(model), options)
     opt = FTOptimizer(ft)
     while ft.step < steps:

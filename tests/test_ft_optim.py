@@ -55,21 +55,29 @@ def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str, defer
 
     tables = MIXED_TABLES
     weights = full_weights(pipeline_model().model)
-    model = DMPCollection(pipeline_model(), SIZE, device="cpu",
-                          constraints=constraints_for(tables), node_group_size=2)  # fmt: skip
+    model = DMPCollection(
+        pipeline_model(), SIZE, device="cpu", constraints=constraints_for(tables), node_group_size=2
+    )
     load_full_weights(model, weights)
     dense = torch.optim.SGD(
         [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=DENSE_LR
     )
-    options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
-                        lighthouse=lighthouse, timeout_s=20, quorum_timeout_s=60)  # fmt: skip
+    options = FTOptions(
+        replica_id=group,
+        num_groups=GROUPS,
+        min_replica_size=GROUPS,
+        lighthouse=lighthouse,
+        timeout_s=20,
+        quorum_timeout_s=60,
+    )
     ft = FaultTolerance(model, dense, options)
     ft.final_step = steps if defer else None  # the last vote lands in step()
     ft.start_step()  # join (and heal) before the pipeline's first prefetch
     extra = {"start_batch": SEMI_SYNC_START} if kind == "semi_sync" else {}
     wrapper = FTOptimizer(ft, defer=partial(_late, kind) if defer else None)
-    pipeline = PIPELINES[kind](model, wrapper, torch.device("cpu"),
-                               dmp_collection_sync_interval_batches=1, **extra)  # fmt: skip
+    pipeline = PIPELINES[kind](
+        model, wrapper, torch.device("cpu"), dmp_collection_sync_interval_batches=1, **extra
+    )
 
     def data():
         position = ft.position
@@ -93,9 +101,14 @@ def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str, defer
             ft.verdicts.clear()
     summary = ft.summary()
     ft.shutdown()
-    return {"tables": gather_tables(model, tables, None), "dense": dense_params(model),
-            "committed": committed, "summary": summary, "pending": pending,
-            "surface_landed": surface_landed}  # fmt: skip
+    return {
+        "tables": gather_tables(model, tables, None),
+        "dense": dense_params(model),
+        "committed": committed,
+        "summary": summary,
+        "pending": pending,
+        "surface_landed": surface_landed,
+    }
 
 
 def _pipeline_reference(steps: int, kind: str) -> dict:

@@ -53,16 +53,24 @@ def _train(
 
     tables = MIXED_TABLES
     weights = full_weights(pipeline_model().model)
-    model = DMPCollection(pipeline_model(), SIZE, device="cpu",
-                          constraints=constraints_for(tables), node_group_size=2)  # fmt: skip
+    model = DMPCollection(
+        pipeline_model(), SIZE, device="cpu", constraints=constraints_for(tables), node_group_size=2
+    )
     load_full_weights(model, weights)
     dense = torch.optim.SGD(
         [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=DENSE_LR
     )
-    options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=1,
-                        lighthouse=lighthouse, sync_every=EVERY, timeout_s=20,
-                        quorum_timeout_s=60, quorum_every=quorum_every,
-                        overlap_quorum=quorum_every == 1)  # fmt: skip
+    options = FTOptions(
+        replica_id=group,
+        num_groups=GROUPS,
+        min_replica_size=1,
+        lighthouse=lighthouse,
+        sync_every=EVERY,
+        timeout_s=20,
+        quorum_timeout_s=60,
+        quorum_every=quorum_every,
+        overlap_quorum=quorum_every == 1,
+    )
     ft = FaultTolerance(model, dense, options)
     ft.final_step = STEPS  # the last step syncs: the groups end averaged
     seen = {"overlapped": 0, "restore_threads": [], "attempt": 0, "quorum_rpcs": []}
@@ -132,10 +140,16 @@ def _train(
     summary = ft.summary()  # lands the last vote, if pending
     committed += ft.verdicts
     ft.shutdown()
-    return {"tables": gather_tables(model, tables, None), "dense": dense_params(model),
-            "committed": committed, "summary": summary, "read": read,
-            "overlapped": seen["overlapped"], "restores": seen["restore_threads"],
-            "quorum_rpcs": sorted(set(seen["quorum_rpcs"]))}  # fmt: skip
+    return {
+        "tables": gather_tables(model, tables, None),
+        "dense": dense_params(model),
+        "committed": committed,
+        "summary": summary,
+        "read": read,
+        "overlapped": seen["overlapped"],
+        "restores": seen["restore_threads"],
+        "quorum_rpcs": sorted(set(seen["quorum_rpcs"])),
+    }
 
 
 def _run(quorum_every: int, fail_at: dict[int, str], defer: bool = False) -> dict:

@@ -38,17 +38,28 @@ def _ft_train(group: int, lighthouse: str, steps: int) -> dict:
     tables = MIXED_TABLES
     weights = full_weights(build_model(tables, lr=LR))
     model = DMPCollection(
-        build_model(tables, lr=LR), SIZE, device="cpu", constraints=constraints_for(tables),
+        build_model(tables, lr=LR),
+        SIZE,
+        device="cpu",
+        constraints=constraints_for(tables),
         node_group_size=2,
-    )  # fmt: skip
+    )
     load_full_weights(model, weights)
     opt = torch.optim.SGD(
         [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=LR
     )
     ft = FaultTolerance(
-        model, opt, FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
-                              lighthouse=lighthouse, timeout_s=20, quorum_timeout_s=60),
-    )  # fmt: skip
+        model,
+        opt,
+        FTOptions(
+            replica_id=group,
+            num_groups=GROUPS,
+            min_replica_size=GROUPS,
+            lighthouse=lighthouse,
+            timeout_s=20,
+            quorum_timeout_s=60,
+        ),
+    )
     losses, participants = [], []
     while ft.step < steps:
         ft.start_step()
@@ -77,8 +88,11 @@ def _reference(steps: int) -> dict:
     model = shard_1d(build_model(tables, lr=LR), tables)
     load_full_weights(model, weights)
     losses = train(model, tables, steps, lr=LR)
-    return {"tables": gather_tables(model, tables, None), "dense": dense_params(model),
-            "losses": losses}  # fmt: skip
+    return {
+        "tables": gather_tables(model, tables, None),
+        "dense": dense_params(model),
+        "losses": losses,
+    }
 
 
 def test_no_failure_equals_torchrec_1d_and_replicas_identical(world4) -> None:
@@ -114,8 +128,13 @@ def _ft_fault(group: int, lighthouse: str, steps: int, fault: str) -> dict:
     from sparse2d.ft import FaultTolerance, FTOptions
 
     tables = MIXED_TABLES
-    model = DMPCollection(build_model(tables, lr=0.1), dist.get_world_size(), device="cpu",
-                          constraints=constraints_for(tables), node_group_size=1)  # fmt: skip
+    model = DMPCollection(
+        build_model(tables, lr=0.1),
+        dist.get_world_size(),
+        device="cpu",
+        constraints=constraints_for(tables),
+        node_group_size=1,
+    )
     opt = torch.optim.SGD(
         [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=0.1
     )
@@ -124,8 +143,9 @@ def _ft_fault(group: int, lighthouse: str, steps: int, fault: str) -> dict:
     if fault == "plan" and group == 1:
         keys |= {"train.pipeline": '"sparse_dist"', "model.managed_collision.kind": '"zch"'}
     digest = keys
-    options = FTOptions(replica_id=group, num_groups=2, lighthouse=lighthouse, timeout_s=10,
-                        quorum_timeout_s=30)  # fmt: skip
+    options = FTOptions(
+        replica_id=group, num_groups=2, lighthouse=lighthouse, timeout_s=10, quorum_timeout_s=30
+    )
     ft = FaultTolerance(model, opt, options, config_digest=digest)
     try:
         while ft.step < steps:
@@ -188,8 +208,9 @@ def _refusal() -> str:
     from sparse2d.ft import FaultTolerance, FTOptions
 
     # L=1 on 2 ranks: 2 replicas inside one world
-    model = DMPCollection(build_model(MIXED_TABLES), 1, device="cpu",
-                          constraints=constraints_for(MIXED_TABLES))  # fmt: skip
+    model = DMPCollection(
+        build_model(MIXED_TABLES), 1, device="cpu", constraints=constraints_for(MIXED_TABLES)
+    )
     opt = torch.optim.SGD([p for _, p in in_backward_optimizer_filter(model.named_parameters())])
     try:
         FaultTolerance(model, opt, FTOptions(replica_id=0, num_groups=2, lighthouse="http://x:1"))
@@ -220,9 +241,15 @@ def _ft_momentum(group: int, lighthouse: str, steps: int, every: int) -> dict:
 
     model = adagrad_2d(group_size=SIZE, momentum_scaling=True, every=every)
     opt = torch.optim.SGD([p for _, p in _dense(model)], lr=0.1)
-    options = FTOptions(replica_id=group, num_groups=GROUPS, min_replica_size=GROUPS,
-                        lighthouse=lighthouse, timeout_s=20, quorum_timeout_s=60,
-                        sync_every=every)  # fmt: skip
+    options = FTOptions(
+        replica_id=group,
+        num_groups=GROUPS,
+        min_replica_size=GROUPS,
+        lighthouse=lighthouse,
+        timeout_s=20,
+        quorum_timeout_s=60,
+        sync_every=every,
+    )
     ft = FaultTolerance(model, opt, options)
     wrapper = FTOptimizer(ft)
     while ft.step < steps:

@@ -22,9 +22,12 @@ def _capture_restore_roundtrip() -> dict:
     from sparse2d.ft import state
 
     model = DMPCollection(
-        build_model(MIXED_TABLES, optimizer=RowWiseAdagrad, lr=0.05), dist.get_world_size(),
-        device="cpu", constraints=constraints_for(MIXED_TABLES), node_group_size=2,
-    )  # fmt: skip
+        build_model(MIXED_TABLES, optimizer=RowWiseAdagrad, lr=0.05),
+        dist.get_world_size(),
+        device="cpu",
+        constraints=constraints_for(MIXED_TABLES),
+        node_group_size=2,
+    )
     shards = model.shard_states
     opt = torch.optim.Adagrad(
         [p for _, p in in_backward_optimizer_filter(model.named_parameters())], lr=0.1
@@ -38,11 +41,15 @@ def _capture_restore_roundtrip() -> dict:
     nbytes = state.restore(model, shards, opt, snapshot)
     fp = state.fingerprint(model, shards, "cfg")
     out = {
-        "before": before, "moved": moved, "after": state.digest(model, shards), "bytes": nbytes,
-        "states": sum(len(s.optimizer_states) for s in shards), "fp": fp,
+        "before": before,
+        "moved": moved,
+        "after": state.digest(model, shards),
+        "bytes": nbytes,
+        "states": sum(len(s.optimizer_states) for s in shards),
+        "fp": fp,
         "fp_other": state.fingerprint(model, shards, "another config"),
         "opt_steps": [float(v["step"]) for v in opt.state.values()],
-    }  # fmt: skip
+    }
     model.close()  # the shared world2 goes on to other tests
     return out
 

@@ -136,9 +136,16 @@ def test_library_never_imports_the_application() -> None:
 
 def test_layout_has_the_documented_packages() -> None:
     graph = import_graph()
-    for name in ("sparse2d.collection", "sparse2d.mesh", "sparse2d.planner", "sparse2d.sync",
-                 "sparse2d.checkpoint", "sparse2d.patches", "sparse2d.train",
-                 "sparse2d.train.loop"):  # fmt: skip
+    for name in (
+        "sparse2d.collection",
+        "sparse2d.mesh",
+        "sparse2d.planner",
+        "sparse2d.sync",
+        "sparse2d.checkpoint",
+        "sparse2d.patches",
+        "sparse2d.train",
+        "sparse2d.train.loop",
+    ):
         assert name in graph, f"{name} is missing from the package layout"
 
 
@@ -158,7 +165,7 @@ def test_layout_has_the_documented_packages() -> None:
             },
             False,
             None,
-        ),  # fmt: skip
+        ),
         (
             {
                 "lib.py": "from sparse2d.train.loop import Loop\n",
@@ -167,7 +174,7 @@ def test_layout_has_the_documented_packages() -> None:
             },
             True,
             ("sparse2d.lib", "sparse2d.train"),
-        ),  # fmt: skip
+        ),
         (
             {
                 "lib.py": "import os\n",
@@ -176,7 +183,7 @@ def test_layout_has_the_documented_packages() -> None:
             },
             False,
             None,
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_the_checks_catch_what_they_claim(

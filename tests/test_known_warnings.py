@@ -15,24 +15,44 @@ from sparse2d.known_warnings import KNOWN_WARNINGS, ignore_known_warnings
 from tests.conftest import ROOT
 
 EXAMPLES = (  # per KNOWN_WARNINGS entry, in order: a message as the library words it, and where
-    ("\x1b[93m\n        Failed to import: fbgemm_gpu.x.lookup_adam_ssd\n",
-     "fbgemm_gpu.split_embedding_codegen_lookup_invokers"),
-    ("\x1b[93m\n    The Python module fbgemm_gpu.split_table_batched_embeddings_ops is now "
-     "DEPRECATED and will be removed", "fbgemm_gpu.split_table_batched_embeddings_ops"),
-    ("`torch.jit.interface` is deprecated. Please use `torch.compile` instead.", "torch.jit._script"),
-    ("`torch.jit.script` is deprecated. Please switch to `torch.compile` or `torch.export`.",
-     "torch.jit._script"),
-    ("distutils Version classes are deprecated. Use packaging.version instead.",
-     "torchmetrics.utilities.imports"),
-    ("HeuristicalStorageReservation is known to cause issues, particularly during dry run",
-     "torchrec.distributed.planner.planners"),
-    ("`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: ...",
-     "torchrec.distributed.model_parallel"),
-    ("To copy construct from a tensor, it is recommended to use sourceTensor.detach().clone()",
-     "torchrec.modules.hash_mc_modules"),
-    ("Local function is not supported by pickle, please use regular python function",
-     "torch.utils.data.datapipes.iter.callable"),
-)  # fmt: skip
+    (
+        "\x1b[93m\n        Failed to import: fbgemm_gpu.x.lookup_adam_ssd\n",
+        "fbgemm_gpu.split_embedding_codegen_lookup_invokers",
+    ),
+    (
+        "\x1b[93m\n    The Python module fbgemm_gpu.split_table_batched_embeddings_ops is now "
+        "DEPRECATED and will be removed",
+        "fbgemm_gpu.split_table_batched_embeddings_ops",
+    ),
+    (
+        "`torch.jit.interface` is deprecated. Please use `torch.compile` instead.",
+        "torch.jit._script",
+    ),
+    (
+        "`torch.jit.script` is deprecated. Please switch to `torch.compile` or `torch.export`.",
+        "torch.jit._script",
+    ),
+    (
+        "distutils Version classes are deprecated. Use packaging.version instead.",
+        "torchmetrics.utilities.imports",
+    ),
+    (
+        "HeuristicalStorageReservation is known to cause issues, particularly during dry run",
+        "torchrec.distributed.planner.planners",
+    ),
+    (
+        "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: ...",
+        "torchrec.distributed.model_parallel",
+    ),
+    (
+        "To copy construct from a tensor, it is recommended to use sourceTensor.detach().clone()",
+        "torchrec.modules.hash_mc_modules",
+    ),
+    (
+        "Local function is not supported by pickle, please use regular python function",
+        "torch.utils.data.datapipes.iter.callable",
+    ),
+)
 
 
 def _shown(message: str, category: type[Warning], module: str) -> bool:

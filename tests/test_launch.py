@@ -51,8 +51,12 @@ def _launch(run_dir, *extra: str, restarts: int = 3, nproc: int = 2) -> subproce
     env = dict(os.environ, PYTHON=sys.executable, NPROC=str(nproc), MAX_RESTARTS=str(restarts))
     return subprocess.Popen(
         ["launch/local.sh", *TINY, f"run_dir={run_dir}", *extra],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.mark.slow
@@ -110,16 +114,31 @@ def test_lost_rank_never_hangs_the_others(tmp_path) -> None:
     with one line naming the step and the lost rank (the ranks share this host)."""
     timeout_s = 10
     port = _port_no_one_else_is_given()
-    argv = [sys.executable, "-m", "sparse2d.train", "--config", "configs/tiny_cpu.yaml",
-            *TINY[:2], "train.steps=100000", "train.log_every=5", "train.progress_bar=false",
-            f"parallel.timeout_s={timeout_s}", f"run_dir={tmp_path}"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sparse2d.train",
+        "--config",
+        "configs/tiny_cpu.yaml",
+        *TINY[:2],
+        "train.steps=100000",
+        "train.log_every=5",
+        "train.progress_bar=false",
+        f"parallel.timeout_s={timeout_s}",
+        f"run_dir={tmp_path}",
+    ]
     procs = []
     for rank in range(4):
         env = dict(
-            os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="4",
-            LOCAL_WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="4",
+            LOCAL_WORLD_SIZE="4",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
             OMP_NUM_THREADS="1",
-        )  # fmt: skip
+        )
         with open(tmp_path / f"rank{rank}.err", "w") as err:  # the child keeps its own copy
             procs.append(
                 subprocess.Popen(
@@ -129,7 +148,7 @@ def test_lost_rank_never_hangs_the_others(tmp_path) -> None:
                     stderr=err,
                     text=True,
                     stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                )  # fmt: skip
+                )
             )
     try:
         for line in procs[0].stdout:  # type: ignore[union-attr]
@@ -196,9 +215,14 @@ def test_launcher_rejects_bad_environment_before_starting(case: str) -> None:
     script, env, message = LAUNCH_ERRORS[case]
     clean = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NODE_RANK", "NPROC")}
     run = subprocess.run(
-        [f"launch/{script}"], cwd=ROOT, env={**clean, "PYTHON": sys.executable, **env},
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [f"launch/{script}"],
+        cwd=ROOT,
+        env={**clean, "PYTHON": sys.executable, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert run.returncode != 0
     assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
 

@@ -55,9 +55,15 @@ def test_exact_auc_of_one_class_follows_torchmetrics() -> None:
 
 @pytest.mark.parametrize(
     "ce,count,positives",
-    [(700.0, 1000.0, 250.0), (3.2, 10.0, 1.0), (5.0, 10.0, 0.0), (5.0, 10.0, 10.0),
-     (0.0, 0.0, 0.0), (123456.7, 4e6, 1.0e6)],
-)  # fmt: skip
+    [
+        (700.0, 1000.0, 250.0),
+        (3.2, 10.0, 1.0),
+        (5.0, 10.0, 0.0),
+        (5.0, 10.0, 10.0),
+        (0.0, 0.0, 0.0),
+        (123456.7, 4e6, 1.0e6),
+    ],
+)
 def test_ne_equals_torchrec_compute_ne(ce: float, count: float, positives: float) -> None:
     t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
     expected = float(

@@ -7,6 +7,7 @@ themselves are checked end to end by the tests each module's docstring names.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -69,12 +70,18 @@ def test_each_probe_answers_as_recorded_for_the_installed_versions(patch: patche
 
 
 def test_apply_all_is_idempotent_and_wraps_each_site_once() -> None:
+    here = "cuda" if torch.cuda.is_available() else "cpu"
     first = patches.apply_all()
     sites = {s: resolve(s) for p in patches.PATCHES for s in p.sites}
     second = patches.apply_all()
-    assert first == second == [p.name for p in patches.PATCHES if p.trigger is None and p.needed()]
+    expected = [
+        p.name
+        for p in patches.PATCHES
+        if p.trigger is None and p.applies_to(here) and p.wanted() and p.needed()
+    ]
+    assert first == second == expected
     for patch in patches.PATCHES:
-        if patch.trigger is not None:
+        if patch.name not in expected:
             continue
         for site in patch.sites:
             current = resolve(site)
@@ -170,3 +177,98 @@ def test_glibc_threshold_is_pinned_once_unless_the_user_pinned_it() -> None:
         [sys.executable, "-c", GLIBC], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split("\n")[-2]
     assert out == "(False, False) True True True", out
+
+
+CPU_ONLY = {
+    "torchrec_comm_ops",
+    "torchrec_train_pipelines.cpu_streams",
+    "torchrec_runtime_forwards",
+    "torchrec_jagged_tensor",
+    "torchrec_hash_mc_modules",
+    "fbgemm_tbe_training",
+    "glibc_malloc",
+}
+"""The workarounds of gloo, CPU streams, FBGEMM's CPU kernels and a CPU-only host's default."""
+
+
+def test_cpu_only_workarounds_are_scoped_to_the_cpu() -> None:
+    assert {p.name for p in patches.PATCHES if p.devices == ("cpu",)} == CPU_ONLY
+    assert all(p.devices is None for p in patches.PATCHES if p.name not in CPU_ONLY)
+
+
+def _fresh(script: str) -> dict:
+    """``script`` run in a fresh process (patches are process-wide); its last line as JSON."""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().split("\n")[-1])
+
+
+SCOPED = """
+import json
+from sparse2d import patches
+from sparse2d.patches._base import is_patched, resolve
+
+def patched(name):
+    patch = next(p for p in patches.PATCHES if p.name == name)
+    return all(is_patched(resolve(site)) for site in patch.sites)
+
+cuda = patches.apply_all("cuda")
+after_cuda = {p.name: patched(p.name) for p in patches.PATCHES if p.trigger is None}
+cpu = patches.apply_all("cpu")
+after_cpu = {p.name: patched(p.name) for p in patches.PATCHES if p.trigger is None}
+print(json.dumps({"cuda": cuda, "after_cuda": after_cuda, "cpu": cpu, "after_cpu": after_cpu}))
+"""
+
+
+def test_a_cuda_model_leaves_the_cpu_only_patches_out() -> None:
+    """``apply_all("cuda")`` patches only what every device needs; a CPU model built later in
+    the same process adds the CPU-only ones."""
+    out = _fresh(SCOPED)
+    everywhere = [p.name for p in patches.PATCHES if p.trigger is None and p.devices is None]
+    assert out["cuda"] == everywhere
+    assert {n for n, done in out["after_cuda"].items() if done} == set(everywhere)
+    needed = [p.name for p in patches.PATCHES if p.trigger is None and p.needed()]
+    assert out["cpu"] == needed
+    assert all(out["after_cpu"].values()), out["after_cpu"]
+
+
+OPTED_OUT = """
+import json
+from sparse2d import patches
+from sparse2d.patches import glibc_malloc
+from sparse2d.patches._base import is_patched, resolve
+
+errors = []
+def refused(*names):
+    try:
+        patches.opt_out(*names)
+    except (ValueError, RuntimeError) as error:
+        errors.append(type(error).__name__)
+
+patches.opt_out("torchrec_jagged_tensor", "torch_ddp_comm_hook")
+applied = patches.apply_all("cpu")
+site = resolve("torchrec.sparse.jagged_tensor:KeyedTensor.record_stream")
+left = not is_patched(site)
+refused("no_such_patch")
+refused("torchrec_comm")  # in force since apply_all: too late
+glibc_malloc.apply()
+refused("glibc_malloc")
+patches.opt_in("torchrec_jagged_tensor")
+again = patches.apply_all("cpu")
+print(json.dumps({
+    "applied": applied, "left": left, "errors": errors, "again": again,
+    "wanted": {p.name: p.wanted() for p in patches.PATCHES},
+}))
+"""
+
+
+def test_an_opted_out_patch_is_never_applied() -> None:
+    out = _fresh(OPTED_OUT)
+    scoped = [p.name for p in patches.PATCHES if p.trigger is None and p.needed()]
+    assert out["applied"] == [n for n in scoped if n != "torchrec_jagged_tensor"]
+    assert out["left"], "the opted-out patch wrapped its site"
+    assert out["errors"] == ["ValueError", "RuntimeError", "RuntimeError"]
+    assert out["again"] == scoped  # opted in again: the next model applies it
+    assert [n for n, wanted in out["wanted"].items() if not wanted] == ["torch_ddp_comm_hook"]

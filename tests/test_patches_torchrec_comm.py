@@ -27,9 +27,12 @@ def rebuild_full_group_twrw() -> int:
     steps = 0
     for _ in range(2):
         model = DMPCollection(
-            build_model(SPARSE_SYNC_TABLES), 4, device="cpu",
-            constraints=constraints_for(SPARSE_SYNC_TABLES), node_group_size=2,
-        )  # fmt: skip
+            build_model(SPARSE_SYNC_TABLES),
+            4,
+            device="cpu",
+            constraints=constraints_for(SPARSE_SYNC_TABLES),
+            node_group_size=2,
+        )
         train(model, SPARSE_SYNC_TABLES, 1)  # the TWRW all-to-alls run on the cached pair
         model.close()
         steps += 1

@@ -114,13 +114,15 @@ def test_window_longer_than_its_bucket_fills_the_bucket_then_falls_back() -> Non
     local_sizes = torch.full_like(values, bucket)
     offsets = torch.full_like(values, 2 * bucket)  # the third bucket
     identities = torch.full((SIZE, 1), -1, dtype=torch.int64)
-    slots, _ = zch_insert(values, identities, max_probe=4 * bucket,
-                          local_sizes=local_sizes, offsets=offsets)  # fmt: skip
+    slots, _ = zch_insert(
+        values, identities, max_probe=4 * bucket, local_sizes=local_sizes, offsets=offsets
+    )
     table = identities.view(-1)
     assert int((table != -1).sum()) == bucket and bool((table[2 * bucket : 3 * bucket] != -1).all())
     torch.testing.assert_close(table[slots[:bucket]], values[:bucket])
-    found = lookup(values[:bucket], identities, local_sizes=local_sizes[:bucket],
-                   offsets=offsets[:bucket])  # fmt: skip
+    found = lookup(
+        values[:bucket], identities, local_sizes=local_sizes[:bucket], offsets=offsets[:bucket]
+    )
     torch.testing.assert_close(found, slots[:bucket])
     assert not bool(torch.isin(values[bucket:], table).any())
 

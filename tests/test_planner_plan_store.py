@@ -22,9 +22,17 @@ TABLES = tuple(Table(t.name, t.rows, t.dim, "") for t in MIXED_TABLES)  # free t
 def make(tables=TABLES, ranks: int = 2, store: PlanStore | None = None, batch: int = 8):
     """One context planned (or loaded) alone, as the dry run does (``pg=None``)."""
     return plan_for_group(
-        PooledModel(tables, device="meta"), ranks, "cpu", default_sharders(), None, ranks, None,
-        batch, store=store, paths=["ebc"],
-    )  # fmt: skip
+        PooledModel(tables, device="meta"),
+        ranks,
+        "cpu",
+        default_sharders(),
+        None,
+        ranks,
+        None,
+        batch,
+        store=store,
+        paths=["ebc"],
+    )
 
 
 def shards_of(plan: ShardingPlan) -> dict:
@@ -39,8 +47,10 @@ def test_codec_round_trips_every_field_of_a_plan() -> None:
         other = again.plan["ebc"][table]
         assert type(again.plan["ebc"]) is type(plan.plan["ebc"])
         assert (other.sharding_type, other.compute_kernel, other.ranks) == (
-            sharding.sharding_type, sharding.compute_kernel, sharding.ranks,
-        )  # fmt: skip
+            sharding.sharding_type,
+            sharding.compute_kernel,
+            sharding.ranks,
+        )
         assert other.sharding_spec == sharding.sharding_spec
 
 

@@ -49,29 +49,43 @@ def build_variant(variant: str) -> DMPCollection:
     if variant == "default":  # TW, CW, RW, TWRW: the mesh's groups and TorchRec's TWRW pair
         tables = SPARSE_SYNC_TABLES
         return DMPCollection(
-            build_model(tables), 2, device=rank_device(), constraints=constraints_for(tables),
+            build_model(tables),
+            2,
+            device=rank_device(),
+            constraints=constraints_for(tables),
             node_group_size=2,
-        )  # fmt: skip
+        )
     if variant == "fully_sharded":
         return DMPCollection(
-            build_model(MIXED_TABLES, optimizer=RowWiseAdagrad, lr=0.05), 2, device=rank_device(),
+            build_model(MIXED_TABLES, optimizer=RowWiseAdagrad, lr=0.05),
+            2,
+            device=rank_device(),
             constraints=constraints_for(MIXED_TABLES),
             sharding_strategy=ShardingStrategy.FULLY_SHARDED,
-        )  # fmt: skip
+        )
     if variant == "per_module":  # EBC in groups of 2, EC in groups of 4: two meshes
         model = build()
         config = DMPCollectionConfig(
-            module=EmbeddingCollection, plan=ec_plan(model, 4), sharding_group_size=4,
+            module=EmbeddingCollection,
+            plan=ec_plan(model, 4),
+            sharding_group_size=4,
             sharding_strategy=ShardingStrategy.PER_MODULE,
-        )  # fmt: skip
+        )
         return DMPCollection(
-            model, 2, device=rank_device(), constraints=constraints_for(ALL), submodule_configs=[config],
+            model,
+            2,
+            device=rank_device(),
+            constraints=constraints_for(ALL),
+            submodule_configs=[config],
             sharding_strategy=ShardingStrategy.PER_MODULE,
-        )  # fmt: skip
+        )
     return DMPCollection(  # hidden sync: one is left in flight when the model closes
-        build_model(MIXED_TABLES), 2, device=rank_device(), constraints=constraints_for(MIXED_TABLES),
+        build_model(MIXED_TABLES),
+        2,
+        device=rank_device(),
+        constraints=constraints_for(MIXED_TABLES),
         sync_options=SyncOptions(hide=True),
-    )  # fmt: skip
+    )
 
 
 VARIANTS = ("default", "fully_sharded", "per_module", "hidden_sync")
@@ -120,9 +134,12 @@ def check_close_semantics() -> dict:
     world_before = registered_groups()
     user_pg = dist.new_group(list(range(dist.get_world_size())))
     with DMPCollection(
-        build_model(MIXED_TABLES), 2, device=rank_device(), constraints=constraints_for(MIXED_TABLES),
+        build_model(MIXED_TABLES),
+        2,
+        device=rank_device(),
+        constraints=constraints_for(MIXED_TABLES),
         global_pg=user_pg,
-    ) as model:  # fmt: skip
+    ) as model:
         made = len(registered_groups()) - len(world_before) - 1
         train(model, MIXED_TABLES, 1, after_step=model.maybe_sync)
     model.close()  # a second close does nothing

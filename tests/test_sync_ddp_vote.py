@@ -9,7 +9,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from sparse2d import DMPCollection, SyncError
+from sparse2d import DMPCollection, SyncError, patches
+from sparse2d.patches import torch_ddp_comm_hook
 from sparse2d.sync.ddp import fold
 from tests.models import (
     MIXED_TABLES,
@@ -175,6 +176,7 @@ def check_user_comm_hook() -> dict:
         calls.append(bucket.index())
         return allreduce_hook(state, bucket)
 
+    routed = torch_ddp_comm_hook.routed(model._dmp_wrapped_module)
     model._dmp_wrapped_module.register_comm_hook(None, counting_hook)
     train(model, MIXED_TABLES, 4, after_step=model.maybe_sync)
     model.sync_policy.finish()
@@ -182,6 +184,7 @@ def check_user_comm_hook() -> dict:
         "calls": len(calls),
         "votes": model.sync_policy.votes_carried,
         "replica_diff": replica_max_diff(model, model.replica_pg),
+        "routed": routed,
     }
 
 
@@ -190,6 +193,49 @@ def test_user_comm_hook_runs_and_nothing_is_carried(world4) -> None:
         assert result["calls"] >= 4
         assert result["votes"] == 0
         assert result["replica_diff"] == 0.0
+        assert result["routed"]  # the torch_ddp_comm_hook patch, on this DDP instance
+
+
+def check_opted_out_comm_hook() -> dict:
+    """``opt_out("torch_ddp_comm_hook")``: no carrier, DDP's own ``register_comm_hook``; a
+    user's hook is DDP's, and each guarded sync votes by itself (same values, in sync)."""
+    patches.opt_out("torch_ddp_comm_hook")
+    try:
+        model = adagrad_2d(engine="dense")
+        train(model, MIXED_TABLES, 2, after_step=model.maybe_sync)
+        ddp = model._dmp_wrapped_module
+        carrier, routed = model._replicas.early.carrier, torch_ddp_comm_hook.routed(ddp)
+        calls = []
+
+        def counting_hook(state, bucket):  # type: ignore[no-untyped-def]
+            calls.append(bucket.index())
+            return allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(None, counting_hook)
+        train(model, MIXED_TABLES, 4, after_step=model.maybe_sync)
+        model.sync_policy.finish()
+        return {
+            "carrier": carrier is not None,
+            "routed": routed,
+            "own_hook": bool(ddp._comm_hooks),
+            "calls": len(calls) >= 4,
+            "votes": model.sync_policy.votes_carried,
+            "replica_diff": replica_max_diff(model, model.replica_pg),
+        }
+    finally:
+        patches.opt_in("torch_ddp_comm_hook")
+
+
+def test_opted_out_comm_hook_leaves_ddp_as_it_is(world4) -> None:
+    for result in world4.run(check_opted_out_comm_hook):
+        assert result == {
+            "carrier": False,
+            "routed": False,
+            "own_hook": True,
+            "calls": True,
+            "votes": 0,
+            "replica_diff": 0.0,
+        }
 
 
 def check_one_replica_has_no_carrier() -> bool:

@@ -302,9 +302,12 @@ def check_mixed_contexts() -> dict:
         module=EmbeddingCollection, plan=None, sharding_group_size=1, sharding_strategy=FS
     )
     model = DMPCollection(
-        ctx.build(), 2, device="cpu", constraints=constraints_for(ctx.ALL),
+        ctx.build(),
+        2,
+        device="cpu",
+        constraints=constraints_for(ctx.ALL),
         submodule_configs=[config],
-    )  # fmt: skip
+    )
     with materialized(model):
         load_full_weights(model, weights)
     losses = ctx.train(model, sync=True)

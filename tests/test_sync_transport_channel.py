@@ -15,9 +15,14 @@ from tests.models import adagrad_2d
 
 def _deferred(model) -> SyncPolicy:
     local = model.sync_policy
-    policy = SyncPolicy(local.shards, model.replica_pg, model.num_replicas, local.options,
-                        global_pg=dist.group.WORLD,
-                        channel=InWorldChannel(model.replica_pg, deferred=True))  # fmt: skip
+    policy = SyncPolicy(
+        local.shards,
+        model.replica_pg,
+        model.num_replicas,
+        local.options,
+        global_pg=dist.group.WORLD,
+        channel=InWorldChannel(model.replica_pg, deferred=True),
+    )
     local.close()
     return policy
 
@@ -57,5 +62,9 @@ def check_commit_and_discard() -> dict:
 def test_deferred_channel_commits_or_keeps_own_values(world4) -> None:
     for out in world4.run(check_commit_and_discard):
         for outcome, got in out.items():
-            assert got == {"untouched_before": True, "waiting": True, "landed": True,
-                           "left": False}, (outcome, got)  # fmt: skip
+            assert got == {
+                "untouched_before": True,
+                "waiting": True,
+                "landed": True,
+                "left": False,
+            }, (outcome, got)

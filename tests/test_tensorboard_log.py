@@ -77,11 +77,21 @@ def test_a_new_feature_record_needs_no_new_code(tmp_path) -> None:
 
 
 def test_scalars_names_and_skips() -> None:
-    record = {"kind": "train", "step": 3, "train_loss": 0.5, "samples_per_s": 10,
-              "ok": True, "nan": float("nan"), "device": "cpu", "sync_modes": {"dense": 2}}  # fmt: skip
+    record = {
+        "kind": "train",
+        "step": 3,
+        "train_loss": 0.5,
+        "samples_per_s": 10,
+        "ok": True,
+        "nan": float("nan"),
+        "device": "cpu",
+        "sync_modes": {"dense": 2},
+    }
     assert scalars(record) == {
-        "train/loss": 0.5, "train/samples_per_s": 10.0, "train/sync_modes/dense": 2.0,
-    }  # fmt: skip
+        "train/loss": 0.5,
+        "train/samples_per_s": 10.0,
+        "train/sync_modes/dense": 2.0,
+    }
 
 
 def test_library_and_trainer_import_without_tensorboard() -> None:
@@ -97,8 +107,14 @@ def test_library_and_trainer_import_without_tensorboard() -> None:
         "except Exception as e:\n"
         "    print(type(e).__name__, e)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120, check=False)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("ConfigError metrics.tensorboard=true needs the tensorboard")
     assert "metrics.tensorboard=false" in out.stdout

@@ -32,8 +32,12 @@ if runner.release_folder(torchrec.__version__) is None:
 
 def _marks(case: Case, params: dict[str, Any]) -> list[pytest.MarkDecorator]:
     if case.needs_ranks:
-        return [pytest.mark.skip(reason=f"hard-codes world_size={case.needs_ranks}; the "
-                                        "shared worlds have 2 and 4 ranks")]  # fmt: skip
+        return [
+            pytest.mark.skip(
+                reason=f"hard-codes world_size={case.needs_ranks}; the "
+                "shared worlds have 2 and 4 ranks"
+            )
+        ]
     if cases.dmp() != "sparse2d":
         return []  # a measurement run (docs/torchrec_suite.md): report what happens
     if "dynamic_2D" in case.method and params["variable_batch_size"]:
@@ -44,7 +48,7 @@ def _marks(case: Case, params: dict[str, Any]) -> list[pytest.MarkDecorator]:
 PARAMS = [
     pytest.param(
         case, params, id=f"{case.method}-{cases.label(params)}", marks=_marks(case, params)
-    )  # fmt: skip
+    )
     for case in cases.CASES
     for params in cases.combinations(case)
 ]
@@ -158,7 +162,8 @@ def test_vendored_files_unchanged() -> None:
     releases = {f"{folder}/test_2d_sharding.py" for folder in runner.RELEASES.values()}
     assert set(entries) >= releases | {"test_sequence_model.py", "LICENSE"}
     for name, blob in entries.items():
-        actual = subprocess.run(["git", "hash-object", str(vendored / name)], check=True,
-                                capture_output=True, text=True).stdout.strip()  # fmt: skip
+        actual = subprocess.run(
+            ["git", "hash-object", str(vendored / name)], check=True, capture_output=True, text=True
+        ).stdout.strip()
         assert actual == blob, f"{name} differs from TorchRec's blob {blob}"
     assert Path(vendored / "__init__.py").read_bytes() == b""

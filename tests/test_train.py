@@ -15,18 +15,34 @@ from tests.test_data import _write_tsv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_KEYS = {
-    "steps", "global_batch_size", "world_size", "sharding_group_size", "train_loss",
-    "eval_loss", "eval_auc", "samples_per_s", "sync_s_per_step",
-}  # fmt: skip
+    "steps",
+    "global_batch_size",
+    "world_size",
+    "sharding_group_size",
+    "train_loss",
+    "eval_loss",
+    "eval_auc",
+    "samples_per_s",
+    "sync_s_per_step",
+}
 
 
 def _torchrun(nproc: int, *overrides: str, config: str = "configs/tiny_cpu.yaml", timeout=300):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-        str(nproc), "-m", "sparse2d.train", "--config", config, "train.progress_bar=false",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "sparse2d.train",
+        "--config",
+        config,
+        "train.progress_bar=false",
         *overrides,
-    ]  # fmt: skip
+    ]
     return subprocess.run(
         cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -38,8 +54,15 @@ def _summary(run_dir) -> dict:
 
 
 def test_four_gloo_ranks_train_and_write_summary(tmp_path) -> None:
-    run = _torchrun(4, "train.steps=30", "train.log_every=10", "train.eval_every=20",
-                    "train.eval_batches=2", f"run_dir={tmp_path}", "--profile")  # fmt: skip
+    run = _torchrun(
+        4,
+        "train.steps=30",
+        "train.log_every=10",
+        "train.eval_every=20",
+        "train.eval_batches=2",
+        f"run_dir={tmp_path}",
+        "--profile",
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     trace = json.loads((tmp_path / "profile" / "trace_rank0.json").read_text())  # --profile
     names = {event.get("name") for event in trace["traceEvents"]}
@@ -56,8 +79,15 @@ def test_four_gloo_ranks_train_and_write_summary(tmp_path) -> None:
     assert len(final) == 1 and "eval_auc=" in final[0]
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     kinds = [(r["kind"], r.get("step")) for r in records]
-    assert kinds == [("start", None), ("balance", None), ("train", 10), ("train", 20), ("eval", 20),
-                     ("train", 30), ("eval", 30)]  # fmt: skip
+    assert kinds == [
+        ("start", None),
+        ("balance", None),
+        ("train", 10),
+        ("train", 20),
+        ("eval", 20),
+        ("train", 30),
+        ("eval", 30),
+    ]
 
 
 def test_criteo_tsv_end_to_end(tmp_path, world2) -> None:
@@ -106,8 +136,13 @@ def test_local_launcher_checks_config_before_starting(tmp_path) -> None:
     env = dict(os.environ, PYTHON=sys.executable, NPROC="4")
     run = subprocess.run(
         ["launch/local.sh", "optimizer.sparse.lrr=0.1", f"run_dir={tmp_path}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert run.returncode == 1
     assert run.stderr.strip().splitlines() == [
         "sparse2d: config error: unknown key 'lrr' in section 'optimizer.sparse'; "
@@ -135,8 +170,13 @@ def test_2d_matches_1d_auc(tmp_path, world4) -> None:
 
 @pytest.mark.slow
 def test_checkpoint_and_auto_resume(tmp_path, world4) -> None:
-    common = ("train.log_every=10", "checkpoint.every=10", "checkpoint.keep=1",
-              "train.eval_batches=2", f"run_dir={tmp_path}")  # fmt: skip
+    common = (
+        "train.log_every=10",
+        "checkpoint.every=10",
+        "checkpoint.keep=1",
+        "train.eval_batches=2",
+        f"run_dir={tmp_path}",
+    )
     trainer_world.train(world4, "train.steps=20", *common)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["latest", "step_00000020"]
     _, stdout = trainer_world.train(world4, "train.steps=30", "train.resume=auto", *common)
@@ -150,8 +190,14 @@ def test_checkpoint_and_auto_resume(tmp_path, world4) -> None:
 def test_non_finite_sync_stops_the_trainer_in_one_line(tmp_path) -> None:
     """A sparse lr of 1e38 overflows the embeddings within a step or two: the sync guard
     stops every rank before averaging, and the trainer says so in one line and exits 1."""
-    run = _torchrun(2, "parallel.sharding_group_size=1", "optimizer.sparse.kind=sgd",
-                    "optimizer.sparse.lr=1e38", "train.steps=6", f"run_dir={tmp_path}")  # fmt: skip
+    run = _torchrun(
+        2,
+        "parallel.sharding_group_size=1",
+        "optimizer.sparse.kind=sgd",
+        "optimizer.sparse.lr=1e38",
+        "train.steps=6",
+        f"run_dir={tmp_path}",
+    )
     assert run.returncode != 0
     lines = [line for line in run.stderr.splitlines() if line.startswith("sparse2d.train:")]
     assert len(lines) == 1, run.stderr[-3000:]
@@ -168,9 +214,15 @@ def test_auto_group_size_and_balance_at_start_up(tmp_path, world4) -> None:
     from sparse2d.train.config import load_config
     from sparse2d.train.plan import workload_from_config
 
-    trainer_world.train(world4, "parallel.sharding_group_size=auto", "train.steps=4",
-                        "parallel.auto.candidates=0",  # the model-only pick (no trial)
-                        "train.eval_batches=1", "checkpoint.every=0", f"run_dir={tmp_path}")  # fmt: skip
+    trainer_world.train(
+        world4,
+        "parallel.sharding_group_size=auto",
+        "train.steps=4",
+        "parallel.auto.candidates=0",  # the model-only pick (no trial)
+        "train.eval_batches=1",
+        "checkpoint.every=0",
+        f"run_dir={tmp_path}",
+    )
     cfg = load_config("configs/tiny_cpu.yaml")
     expected = recommend_group_size(
         workload_from_config(cfg), topology_for_device(torch.device("cpu"), 4)
@@ -188,8 +240,13 @@ def test_auto_group_size_and_balance_at_start_up(tmp_path, world4) -> None:
 def test_torchrec_pipelines_drive_the_trainer(tmp_path, world4) -> None:
     """``train.pipeline``: TrainPipelineSparseDist trains bit-identically to plain steps, with
     evaluations and checkpoints mid-run; TrainPipelineSemiSync trains too."""
-    common = ("train.steps=20", "train.log_every=10", "train.eval_every=10",
-              "train.eval_batches=2", "checkpoint.every=10")  # fmt: skip
+    common = (
+        "train.steps=20",
+        "train.log_every=10",
+        "train.eval_every=10",
+        "train.eval_batches=2",
+        "checkpoint.every=10",
+    )
     curves, summaries = {}, {}
     for kind in ("none", "sparse_dist", "semi_sync"):
         out = tmp_path / kind
@@ -215,9 +272,15 @@ def test_torchrec_pipelines_drive_the_trainer(tmp_path, world4) -> None:
 @pytest.mark.slow
 def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, world2) -> None:
     """A flipped byte in the newest checkpoint: resume=auto names it and takes the older one."""
-    common = ("parallel.sharding_group_size=1", "train.log_every=5", "checkpoint.every=5",
-              "checkpoint.keep=2", "train.eval_batches=2", "train.resume=auto",
-              f"run_dir={tmp_path}")  # fmt: skip
+    common = (
+        "parallel.sharding_group_size=1",
+        "train.log_every=5",
+        "checkpoint.every=5",
+        "checkpoint.keep=2",
+        "train.eval_batches=2",
+        "train.resume=auto",
+        f"run_dir={tmp_path}",
+    )
     trainer_world.train(world2, "train.steps=10", *common)
     newest = tmp_path / "checkpoints" / "step_00000010"
     victim = max(newest.glob("*.distcp"), key=lambda p: p.stat().st_size)
@@ -234,8 +297,12 @@ def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, world2) -> None:
 @pytest.mark.slow
 def test_fully_sharded_trains_and_resumes_as_default(tmp_path, world4) -> None:
     """parallel.sharding_strategy=fully_sharded end to end; its checkpoint resumes in DEFAULT."""
-    common = ("train.log_every=10", "checkpoint.every=10", "train.eval_batches=2",
-              f"run_dir={tmp_path}")  # fmt: skip
+    common = (
+        "train.log_every=10",
+        "checkpoint.every=10",
+        "train.eval_batches=2",
+        f"run_dir={tmp_path}",
+    )
     trainer_world.train(
         world4, "train.steps=20", "parallel.sharding_strategy=fully_sharded", *common
     )
@@ -252,10 +319,17 @@ def test_unusable_criteo_file_stops_every_rank_in_one_line(tmp_path) -> None:
     the preparing rank's error reaches every rank (no rank is left waiting in a barrier)."""
     bad = tmp_path / "bad.tsv"
     bad.write_text("a\tb\n" * 5)
-    run = _torchrun(2, "data.source=criteo", "model.tables=[{name: cat, count: 26, rows: 64, dim: 16}]",
-                    f"data.criteo.train_files=[{bad}]", f"data.criteo.eval_files=[{bad}]",
-                    "parallel.sharding_group_size=1", "parallel.timeout_s=60",
-                    f"run_dir={tmp_path / 'run'}", timeout=300)  # fmt: skip
+    run = _torchrun(
+        2,
+        "data.source=criteo",
+        "model.tables=[{name: cat, count: 26, rows: 64, dim: 16}]",
+        f"data.criteo.train_files=[{bad}]",
+        f"data.criteo.eval_files=[{bad}]",
+        "parallel.sharding_group_size=1",
+        "parallel.timeout_s=60",
+        f"run_dir={tmp_path / 'run'}",
+        timeout=300,
+    )
     assert run.returncode != 0
     lines = [line for line in run.stderr.splitlines() if line.startswith("sparse2d.train:")]
     assert len(lines) == 1, run.stderr[-3000:]

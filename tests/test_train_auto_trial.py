@@ -17,12 +17,18 @@ from tests import trainer_world
 from tests.state_views import flat_state
 
 COMMON = [
-    "train.progress_bar=false", "train.steps=4", "train.log_every=2", "train.eval_every=0",
-    "train.eval_batches=1", "parallel.sync.engine=dense",  # engine auto picks by timing
+    "train.progress_bar=false",
+    "train.steps=4",
+    "train.log_every=2",
+    "train.eval_every=0",
+    "train.eval_batches=1",
+    "parallel.sync.engine=dense",  # engine auto picks by timing
     "parallel.node_group_size=2",  # L=1 cannot take it: a real candidate failure
-    "parallel.auto.margin=100", "parallel.auto.warmup_steps=1", "parallel.auto.timed_steps=2",
+    "parallel.auto.margin=100",
+    "parallel.auto.warmup_steps=1",
+    "parallel.auto.timed_steps=2",
     "parallel.auto.retrial_margin=100",  # both survivors re-measured: a trial of two passes
-]  # fmt: skip
+]
 
 
 def _run(overrides: list[str]) -> tuple[dict[str, Any], str, dict[str, torch.Tensor]]:
@@ -76,16 +82,26 @@ def auto_then_explicit(run_dir: str) -> dict[str, Any]:
         k for k in auto_state if not torch.equal(auto_state[k], fixed_state.get(k, torch.empty(0)))
     )
     try:
-        _run([*COMMON, "parallel.sharding_group_size=auto", "parallel.node_group_size=3",
-              f"run_dir={run_dir}/none"])  # fmt: skip
+        _run(
+            [
+                *COMMON,
+                "parallel.sharding_group_size=auto",
+                "parallel.node_group_size=3",
+                f"run_dir={run_dir}/none",
+            ]
+        )
         all_fail = "trained"
     except TrialError as error:
         all_fail = str(error)
     return {
-        "summary": auto, "log": log, "records": records, "keys": sorted(auto_state),
-        "extra": sorted(set(fixed_state) - set(auto_state)), "different": different,
+        "summary": auto,
+        "log": log,
+        "records": records,
+        "keys": sorted(auto_state),
+        "extra": sorted(set(fixed_state) - set(auto_state)),
+        "different": different,
         "all_fail": all_fail,
-    }  # fmt: skip
+    }
 
 
 def test_auto_trains_at_the_measured_best_bit_identical_to_explicit(world4, tmp_path) -> None:
@@ -125,14 +141,33 @@ def test_plan_measure_runs_the_trial_on_a_launched_job(tmp_path) -> None:
     import sys
 
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "sparse2d.cli", "plan", "--config", "configs/tiny_cpu.yaml", "--measure",
-        "parallel.auto.margin=100", "parallel.auto.warmup_steps=1", "parallel.auto.timed_steps=1",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "sparse2d.cli",
+        "plan",
+        "--config",
+        "configs/tiny_cpu.yaml",
+        "--measure",
+        "parallel.auto.margin=100",
+        "parallel.auto.warmup_steps=1",
+        "parallel.auto.timed_steps=1",
         f"run_dir={tmp_path}",
-    ]  # fmt: skip
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    run = subprocess.run(cmd, cwd=trainer_world.ROOT, env=env, capture_output=True, text=True,
-                         timeout=300, check=False)  # fmt: skip
+    run = subprocess.run(
+        cmd,
+        cwd=trainer_world.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "auto sharding_group_size trial (2 candidates" in run.stdout, run.stdout
     report = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("{")))

@@ -20,9 +20,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _group(*overrides: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, float]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     env.pop("TORCHFT_LIGHTHOUSE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "sparse2d.train", "--config", "configs/ft_tiny_cpu.yaml", "train.steps=5",
-           *overrides]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "sparse2d.train",
+        "--config",
+        "configs/ft_tiny_cpu.yaml",
+        "train.steps=5",
+        *overrides,
+    ]
     start = time.monotonic()
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     return run, time.monotonic() - start
@@ -44,8 +55,11 @@ def test_unreachable_lighthouse_stops_every_rank_in_one_line(tmp_path) -> None:
     with socket.socket() as s:  # bound, never listening: refused, and nobody else takes it
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-        run, _ = _group(f"fault_tolerance.lighthouse=http://127.0.0.1:{port}",
-                        "fault_tolerance.connect_timeout_s=2", f"run_dir={tmp_path}")  # fmt: skip
+        run, _ = _group(
+            f"fault_tolerance.lighthouse=http://127.0.0.1:{port}",
+            "fault_tolerance.connect_timeout_s=2",
+            f"run_dir={tmp_path}",
+        )
     assert run.returncode != 0
     lines = _lines(run)
     assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], run.stderr[
@@ -68,9 +82,12 @@ def test_quorum_below_min_replica_size_stops_every_rank_within_the_timeout(tmp_p
     group's store before raising and again after saying it: ``sparse2d.ft.quorum``)."""
     lighthouse = start_lighthouse(min_replicas=2)  # the other group never comes
     try:
-        run, elapsed = _group(f"fault_tolerance.lighthouse={lighthouse.address()}",
-                              "fault_tolerance.min_replica_size=2",
-                              "fault_tolerance.quorum_timeout_s=5", f"run_dir={tmp_path}")  # fmt: skip
+        run, elapsed = _group(
+            f"fault_tolerance.lighthouse={lighthouse.address()}",
+            "fault_tolerance.min_replica_size=2",
+            "fault_tolerance.quorum_timeout_s=5",
+            f"run_dir={tmp_path}",
+        )
     finally:
         lighthouse.shutdown()
     assert run.returncode != 0
@@ -90,10 +107,15 @@ def _logged_steps(log_every: int, eval_every: int, save_every: int, steps: int) 
     from sparse2d.train.config import load_config
     from sparse2d.train.ft_mode import FaultTolerantMode
 
-    cfg = load_config("configs/ft_tiny_cpu.yaml", [
-        f"train.log_every={log_every}", f"train.eval_every={eval_every}",
-        f"checkpoint.every={save_every}", f"train.steps={steps}",
-    ])  # fmt: skip
+    cfg = load_config(
+        "configs/ft_tiny_cpu.yaml",
+        [
+            f"train.log_every={log_every}",
+            f"train.eval_every={eval_every}",
+            f"checkpoint.every={save_every}",
+            f"train.steps={steps}",
+        ],
+    )
     mode = SimpleNamespace(cfg=cfg)
     logged, last = [], 0
     for attempt in range(steps):
@@ -111,8 +133,12 @@ def test_late_votes_keep_every_logged_step_logged_once() -> None:
     """``FaultTolerantMode._may_defer``: the loop still logs every ``log_every``-th step once
     (and the last), evaluates and saves only committed states, whatever the cadences."""
     for log_every, eval_every, save_every, steps in [
-        (10, 100, 0, 300), (3, 100, 0, 200), (1, 50, 0, 120), (7, 0, 50, 200), (10, 0, 0, 95),
-    ]:  # fmt: skip
+        (10, 100, 0, 300),
+        (3, 100, 0, 200),
+        (1, 50, 0, 120),
+        (7, 0, 50, 200),
+        (10, 0, 0, 95),
+    ]:
         want = [d for d in range(1, steps + 1) if d % log_every == 0 or d == steps]
         got = _logged_steps(log_every, eval_every, save_every, steps)
         assert got == want, (log_every, eval_every, save_every, steps, got)

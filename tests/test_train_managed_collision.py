@@ -50,8 +50,15 @@ def test_wrapper_gives_dlrm_an_ebc_face() -> None:
 def test_trainer_runs_2d_with_managed_collision(tmp_path, world4) -> None:
     """Trains at L=2 saving checkpoints with identity tables, then resumes at L=4 (each MCH
     shard rebuilt by id) and trains on."""
-    common = (ON, "train.log_every=10", "train.eval_every=0", "train.eval_batches=2",
-              f"run_dir={tmp_path}", "checkpoint.every=10", "train.resume=auto")  # fmt: skip
+    common = (
+        ON,
+        "train.log_every=10",
+        "train.eval_every=0",
+        "train.eval_batches=2",
+        f"run_dir={tmp_path}",
+        "checkpoint.every=10",
+        "train.resume=auto",
+    )
     summary, _ = trainer_world.train(world4, *common, "train.steps=20")
     assert summary["num_replicas"] == 2 and summary["sync_bytes_per_step"] > 0
     assert summary["eval_auc"] > 0.6

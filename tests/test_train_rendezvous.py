@@ -49,8 +49,18 @@ def test_a_restart_round_gets_a_fresh_store_and_connects(tmp_path) -> None:
     script.write_text(WORKER)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)  # torchrun's default: shared
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", "--max-restarts", "1", str(script), str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        str(script),
+        str(tmp_path),
+    ]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
     rounds = {}

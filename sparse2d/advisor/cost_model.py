@@ -38,8 +38,13 @@ from sparse2d.advisor.workload import Workload
 from sparse2d.mesh import rank_layout, replica_groups
 
 TYPE_ORDER = (
-    "table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "grid_shard",
-)  # fmt: skip
+    "table_wise",
+    "column_wise",
+    "table_column_wise",
+    "row_wise",
+    "table_row_wise",
+    "grid_shard",
+)
 """Among equal estimates the simpler sharding wins (fewer collectives, fewer groups)."""
 
 
@@ -161,8 +166,9 @@ def _allreduce_s(nbytes: float, members: list[int], topology: ClusterTopology) -
 
 
 def _type_rank(candidate: Candidate) -> int:
-    return max((TYPE_ORDER.index(t) for t, _ in candidate.sharding_types if t in TYPE_ORDER),
-               default=0)  # fmt: skip
+    return max(
+        (TYPE_ORDER.index(t) for t, _ in candidate.sharding_types if t in TYPE_ORDER), default=0
+    )
 
 
 @dataclass(slots=True)
@@ -240,10 +246,13 @@ class AnalyticCostModel(CostModel):
             sync_s = ct.exposed_s(sync_s, ids_a2a, topo.comm_overlap)  # the dense step is tiny
         mem = max(loads.memory)
         terms = (
-            ("compute", compute_s), ("output_a2a", out_a2a), ("input_a2a", ids_exposed),
-            ("sync", sync_s), ("dense_allreduce", dense_s),
+            ("compute", compute_s),
+            ("output_a2a", out_a2a),
+            ("input_a2a", ids_exposed),
+            ("sync", sync_s),
+            ("dense_allreduce", dense_s),
             ("overhead", topo.step_overhead_s),
-        )  # fmt: skip
+        )
         return Candidate(
             sharding_group_size=L,
             num_replicas=replicas,

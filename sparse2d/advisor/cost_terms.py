@@ -150,14 +150,19 @@ def on_shared_cores(topo: ClusterTopology) -> ClusterTopology:
     if share == 1.0:
         return topo
     return dataclasses.replace(
-        topo, intra_host_bw=topo.intra_host_bw / share, inter_host_bw=topo.inter_host_bw / share,
+        topo,
+        intra_host_bw=topo.intra_host_bw / share,
+        inter_host_bw=topo.inter_host_bw / share,
         intra_host_latency_s=topo.intra_host_latency_s * share,
         inter_host_latency_s=topo.inter_host_latency_s * share,
-        lookup_bw=topo.lookup_bw / share, row_update_s=topo.row_update_s * share,
-        dense_flops=topo.dense_flops / share, step_overhead_s=topo.step_overhead_s * share,
-        sync_overhead_s=topo.sync_overhead_s * share, a2a_value_s=topo.a2a_value_s * share,
+        lookup_bw=topo.lookup_bw / share,
+        row_update_s=topo.row_update_s * share,
+        dense_flops=topo.dense_flops / share,
+        step_overhead_s=topo.step_overhead_s * share,
+        sync_overhead_s=topo.sync_overhead_s * share,
+        a2a_value_s=topo.a2a_value_s * share,
         cores_per_host=0.0,
-    )  # fmt: skip
+    )
 
 
 def lookup_s(lookup_bytes: float, touched_rows: float, topo: ClusterTopology) -> float:

@@ -16,9 +16,14 @@ _HEADER = (
 )
 
 _SHORT = {
-    "table_wise": "TW", "column_wise": "CW", "table_column_wise": "TWCW", "row_wise": "RW",
-    "table_row_wise": "TWRW", "grid_shard": "GRID", "data_parallel": "DP",
-}  # fmt: skip
+    "table_wise": "TW",
+    "column_wise": "CW",
+    "table_column_wise": "TWCW",
+    "row_wise": "RW",
+    "table_row_wise": "TWRW",
+    "grid_shard": "GRID",
+    "data_parallel": "DP",
+}
 
 
 def _ms(seconds: float) -> str:

@@ -60,9 +60,13 @@ def advise(
         return Advice(topology.world_size, topology.name, candidates, None, "no L fits memory")
     best = min(fitting, key=lambda c: (c.step_s, -c.sharding_group_size))
     return Advice(
-        topology.world_size, topology.name, candidates, best.sharding_group_size,
-        _reason(best, candidates, topology), best.replica_layout,
-    )  # fmt: skip
+        topology.world_size,
+        topology.name,
+        candidates,
+        best.sharding_group_size,
+        _reason(best, candidates, topology),
+        best.replica_layout,
+    )
 
 
 def _both_layouts(

@@ -229,8 +229,16 @@ def measure_group_sizes(
     near = [r for r in ok if r.measured_s <= fastest * (1.0 + options.retrial_margin)]  # type: ignore[operator]
     if options.retrial_margin > 0 and len(near) > 1:
         for result in reversed(near):
-            again = _measure(build, step, result.sharding_group_size, result.predicted_s,
-                             options, pg, close, period)  # fmt: skip
+            again = _measure(
+                build,
+                step,
+                result.sharding_group_size,
+                result.predicted_s,
+                options,
+                pg,
+                close,
+                period,
+            )
             result.seconds += again.seconds
             result.passes_s.append(again.measured_s)
             if again.measured_s is not None:
@@ -307,9 +315,12 @@ def measured_group_size(
     def rank_candidates() -> tuple[int, list[tuple[int, float]]]:
         with rng_preserved():
             workload = workload_from_module(
-                make_module(), batch_size_per_rank, dmp_kwargs.get("sync_options"),
-                dmp_kwargs.get("replica_layout") or "intra_host", dmp_kwargs.get("constraints"),
-            )  # fmt: skip
+                make_module(),
+                batch_size_per_rank,
+                dmp_kwargs.get("sync_options"),
+                dmp_kwargs.get("replica_layout") or "intra_host",
+                dmp_kwargs.get("constraints"),
+            )
         topology = topology_for_device(resolved, world)
         advice = advise(workload, topology)
         if advice.recommended is None:
@@ -329,7 +340,7 @@ def measured_group_size(
             global_pg=global_pg,
             planner_batch_size=batch_size_per_rank,
             **dmp_kwargs,
-        ),  # fmt: skip
+        ),
         step,
         candidates,
         options,

@@ -232,11 +232,15 @@ class FaultTolerance:
 
     def _record_heal(self) -> None:
         start, before = self._opened_at
-        self.heals.append({
-            "step": self.manager.current_step(), "from_group": self._heal_from,
-            "from_step": before, "seconds": time.perf_counter() - start,
-            "bytes": self._heal_bytes,
-        })  # fmt: skip
+        self.heals.append(
+            {
+                "step": self.manager.current_step(),
+                "from_group": self._heal_from,
+                "from_step": before,
+                "seconds": time.perf_counter() - start,
+                "bytes": self._heal_bytes,
+            }
+        )
         self._heal_from = None
 
     def _quorum(self) -> None:
@@ -288,9 +292,12 @@ class FaultTolerance:
         # control vector travel together, scanned for NaN/inf as sent (``vote.SentScan``)
         aside = self.policy.uncommitted and self.channel.sent_aside  # e.g. MC rows
         scan = vote.SentScan(
-            control, grads, self._check_finite or not self.policy.uncommitted,
-            live_tensors(self.shards, True, True) if aside else [], bad=bad_sync,
-        )  # fmt: skip
+            control,
+            grads,
+            self._check_finite or not self.policy.uncommitted,
+            live_tensors(self.shards, True, True) if aside else [],
+            bad=bad_sync,
+        )
         self.channel.sent_aside = False
         self.channel.start_tensors([*grads, control], scan)()
         bad_here = scan.bad or bad_sync
@@ -307,9 +314,11 @@ class FaultTolerance:
         self._position += 1  # the attempt used up its batch, committed or not
         self._open = False
         self._pending = commit.PendingCommit(
-            vote.GroupVote(m, self._pg, opts, bad_here, participants), pg_failed, participants,
+            vote.GroupVote(m, self._pg, opts, bad_here, participants),
+            pg_failed,
+            participants,
             mismatch,
-        )  # fmt: skip
+        )
         # late only where every rank of the group decides alike (never its local errors)
         late = defer and self._started and not last and self._sync_error is None
         if late and participants >= opts.min_replica_size:

@@ -76,9 +76,16 @@ def install(
     engine.pool = channel.arena  # type: ignore[assignment]  # copies gathered into the send
     stage1 = in_world.in_world_policies(model)  # modules with replicas inside this world
     policy = in_world.TwoStagePolicy(
-        stage1, plain, None, options.num_groups, sync_options,
-        engine=engine, global_pg=dist.group.WORLD, channel=channel, mc=mc,
-    )  # fmt: skip
+        stage1,
+        plain,
+        None,
+        options.num_groups,
+        sync_options,
+        engine=engine,
+        global_pg=dist.group.WORLD,
+        channel=channel,
+        mc=mc,
+    )
     local.close()  # G=1 in this world: the local policy never syncs; remove its hooks
     model.sync_policy = policy
     return policy, base.check_finite

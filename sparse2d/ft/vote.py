@@ -109,8 +109,12 @@ class SentScan:
 
 
 MANAGER_FIELDS = (
-    "_step", "_batches_committed", "_commit_failures", "_checkpoint_transport", "_errored",
-)  # fmt: skip
+    "_step",
+    "_batches_committed",
+    "_commit_failures",
+    "_checkpoint_transport",
+    "_errored",
+)
 """What torchft 0.2's ``Manager.should_commit`` updates after its vote RPC (``GroupVote.land``
 does the same after its all-reduce), and its error, which ``FaultTolerance.land`` clears after
 a late failed commit; ``tests/test_ft_vote.py`` fails if a release renames them."""

@@ -1,4 +1,4 @@
-"""What every patch module shares: the ``Patch`` record and the wrapper marker.
+"""What every patch module shares: the ``Patch`` record, the wrapper marker, the opt-outs.
 
 A wrapper carries its upstream original under ``ORIGINAL``; ``apply()`` wraps only an
 unmarked function, so applying twice wraps once, and a probe reads ``original_of`` so it
@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 ORIGINAL = "_sparse2d_original"
+OPTED_OUT: set[str] = set()
+"""Names of the patches this process never applies (``sparse2d.patches.opt_out``)."""
+IN_FORCE: set[str] = set()
+"""Names of the process-wide patches applied so far (too late to opt out of)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,17 @@ class Patch:
     """``module:attr.path`` of each upstream callable replaced (wrapped once when applied)."""
     trigger: str | None = None
     """None: ``apply_all`` applies it. Else where it is applied instead, and why."""
+    devices: tuple[str, ...] | None = None
+    """Device types whose models need it (``("cpu",)``: a CPU-only workaround, left out for
+    a CUDA model); None: every device."""
+
+    def applies_to(self, device_type: str) -> bool:
+        """Whether a model on ``device_type`` needs it (its scope; the probe is separate)."""
+        return self.devices is None or device_type in self.devices
+
+    def wanted(self) -> bool:
+        """Not opted out (``sparse2d.patches.opt_out``)."""
+        return self.name not in OPTED_OUT
 
     def sites_present(self) -> bool:
         """Whether every upstream callable it replaces exists here. An older release may

@@ -97,5 +97,6 @@ PATCHES = (
         needed=needed,
         apply=apply,
         sites=(_SITE,),
+        devices=("cpu",),  # FBGEMM has the CUDA kernel
     ),
 )

@@ -24,7 +24,7 @@ import ctypes.util
 import logging
 import os
 
-from sparse2d.patches._base import Patch
+from sparse2d.patches._base import IN_FORCE, Patch
 
 logger = logging.getLogger(__name__)
 _M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's malloc.h
@@ -60,6 +60,7 @@ def apply() -> bool:
     done = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, THRESHOLD))
     if done:
         _state["applied"] = True
+        IN_FORCE.add("glibc_malloc")
         logger.info("[sparse2d] FULLY_SHARDED: glibc mmap threshold fixed at %d bytes", THRESHOLD)
     return done
 
@@ -74,5 +75,6 @@ PATCHES = (
         needed=needed,
         apply=apply,
         trigger="sparse2d/sync/fully_sharded/schedule.py: FULLY_SHARDED over CPU buffers",
+        devices=("cpu",),
     ),
 )

@@ -52,9 +52,10 @@ def _groups_2d_per_layout(original: Callable[..., Any], comm: Any) -> Callable[.
         is the job's group, which outlives the model, and a later model of that layout
         would otherwise get the closed model's destroyed pair ("group is not registered")."""
         for key in [
-            k for k, pair in made.items()
+            k
+            for k, pair in made.items()
             if not _registered(k[0]) or not all(_registered(g) for g in pair if g is not None)
-        ]:  # fmt: skip
+        ]:
             del made[key]
         for name in ("_INTRA_PG_2D", "_CROSS_PG_2D"):
             group = getattr(comm, name)

@@ -88,5 +88,6 @@ PATCHES = (
         needed=needed,
         apply=apply,
         sites=(_SITE,),
+        devices=("cpu",),  # gloo, the CPU backend; NCCL gathers uneven blocks
     ),
 )

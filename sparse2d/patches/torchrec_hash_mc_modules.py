@@ -115,8 +115,15 @@ def zch_insert(
         size, base = int(sizes[index]), int(bases[index])
         first = int(start[index]) - base
         stamp = int(stamps[index]) if stamps is not None else cur_hour
-        slot = _probe(table, meta, item, (base, first, size, max_probe), stamp,
-                      eviction_threshold, eviction_policy)  # fmt: skip
+        slot = _probe(
+            table,
+            meta,
+            item,
+            (base, first, size, max_probe),
+            stamp,
+            eviction_threshold,
+            eviction_policy,
+        )
         if slot is None:
             out.append(-1 if disable_fallback else base + first)
             continue
@@ -261,5 +268,6 @@ PATCHES = (
         sites=(
             "torchrec.modules.hash_mc_modules:HashZchManagedCollisionModule._zero_collision_hash",
         ),
+        devices=("cpu",),  # FBGEMM's CUDA kernel inserts
     ),
 )

@@ -63,5 +63,6 @@ PATCHES = (
         needed=needed,
         apply=apply,
         sites=(_SITE,),
+        devices=("cpu",),  # only a CPU stream is refused
     ),
 )

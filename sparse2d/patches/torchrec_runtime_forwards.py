@@ -62,5 +62,6 @@ PATCHES = (
         needed=needed,
         apply=apply,
         sites=(_SITE,),
+        devices=("cpu",),  # CUDA is the right default for a CUDA model
     ),
 )

@@ -148,6 +148,7 @@ PATCHES = (
         needed=needed,
         apply=apply,
         sites=_STREAM_SITES,
+        devices=("cpu",),  # only a CPU stream is refused
     ),
     Patch(
         name="torchrec_train_pipelines.early_lookup",

@@ -74,9 +74,17 @@ def plan_for_group(
     def obtain() -> GroupPlan | Exception:
         try:
             return _obtain(
-                module, sharding_group_size, device_type, sharders, constraints,
-                node_group_size, batch_size, store, name, paths,
-            )  # fmt: skip
+                module,
+                sharding_group_size,
+                device_type,
+                sharders,
+                constraints,
+                node_group_size,
+                batch_size,
+                store,
+                name,
+                paths,
+            )
         except StoredPlanError as error:
             return error
         except Exception as error:  # forwarded to every rank below

@@ -112,13 +112,20 @@ class FaultTolerantMode:
         return self.ft.step
 
     def shape(self, loop: Loop) -> dict[str, int]:
-        return {"world_size": self.groups * self.size,
-                "sharding_group_size": loop.model.sharding_group_size,
-                "num_replicas": self.groups}  # fmt: skip
+        return {
+            "world_size": self.groups * self.size,
+            "sharding_group_size": loop.model.sharding_group_size,
+            "num_replicas": self.groups,
+        }
 
     def header(self, loop: Loop) -> dict[str, Any]:
-        return {"group_size": self.size, "groups": self.groups, "restart": self.restart,
-                "pid": os.getpid(), "position": self.ft.position}  # fmt: skip
+        return {
+            "group_size": self.size,
+            "groups": self.groups,
+            "restart": self.restart,
+            "pid": os.getpid(),
+            "position": self.ft.position,
+        }
 
     # ---- a step ------------------------------------------------------------------------
     def attempt(self, loop: Loop) -> Attempt | None:
@@ -210,8 +217,11 @@ class FaultTolerantMode:
 
     # ---- checkpoints and the all-lost case --------------------------------------------------
     def checkpoint_extra(self, step: int, loop: Loop) -> dict[str, Any]:
-        return {"step": step, "position": self.ft.position,
-                "slices_skipped": self.ft.slices_skipped}  # fmt: skip
+        return {
+            "step": step,
+            "position": self.ft.position,
+            "slices_skipped": self.ft.slices_skipped,
+        }
 
     def _maybe_resume(self, loop: Loop) -> bool:
         """Load this group's latest checkpoint (``train.resume=auto``): at a launch, before
@@ -281,8 +291,10 @@ class FaultTolerantMode:
         done = [self._finished_by_others() if self.rank == 0 else None]
         dist.broadcast_object_list(done, src=0)
         if done[0] is not None:
-            loop.recorder.say("done", f"group {done[0]} finished the job while this group "
-                              "restarted; nothing to rejoin")  # fmt: skip
+            loop.recorder.say(
+                "done",
+                f"group {done[0]} finished the job while this group restarted; nothing to rejoin",
+            )
             return True
         raise FaultToleranceError(
             f"group {self.group}: every replica group was lost (restart {self.restart} found "
@@ -293,8 +305,11 @@ class FaultTolerantMode:
 
     # ---- records -------------------------------------------------------------------------
     def window(self, loop: Loop, steps: int, last: Attempt) -> dict[str, Any]:
-        return {"participants": last.participants, "committed_steps": self.ft.committed,
-                "failed_commits": self.ft.failed}  # fmt: skip
+        return {
+            "participants": last.participants,
+            "committed_steps": self.ft.committed,
+            "failed_commits": self.ft.failed,
+        }
 
     def summary(self, loop: Loop) -> dict[str, Any]:
         """The group's counters; ``heals``: every heal of the group in this launch, its
@@ -321,8 +336,10 @@ class FaultTolerantMode:
         }
 
     def final_text(self, summary: dict[str, Any]) -> str:
-        return (f"committed={summary['committed_steps']} failed={summary['failed_commits']} "
-                f"heals={len(summary['heals'])} ")  # fmt: skip
+        return (
+            f"committed={summary['committed_steps']} failed={summary['failed_commits']} "
+            f"heals={len(summary['heals'])} "
+        )
 
     def close(self) -> None:
         """Stop this group's torchft manager."""

@@ -55,8 +55,15 @@ class InWorld:
     def attach(self, loop: Loop) -> None:
         self._maybe_resume(loop)
         self._next = self.start_step
-        self.steps = make_steps(self.cfg.train.pipeline, loop.model, loop.optimizer, loop.data,
-                                loop.device, self.start_step, self.cfg.train.steps)  # fmt: skip
+        self.steps = make_steps(
+            self.cfg.train.pipeline,
+            loop.model,
+            loop.optimizer,
+            loop.data,
+            loop.device,
+            self.start_step,
+            self.cfg.train.steps,
+        )
 
     def _maybe_resume(self, loop: Loop) -> None:
         """The newest checkpoint that loads (``train.resume=auto``); a damaged one is named
@@ -96,8 +103,11 @@ class InWorld:
 
     def shape(self, loop: Loop) -> dict[str, int]:
         model = loop.model
-        return {"world_size": loop.world, "sharding_group_size": model.sharding_group_size,
-                "num_replicas": model.num_replicas}  # fmt: skip
+        return {
+            "world_size": loop.world,
+            "sharding_group_size": model.sharding_group_size,
+            "num_replicas": model.num_replicas,
+        }
 
     def header(self, loop: Loop) -> dict[str, Any]:
         return {}

@@ -125,28 +125,40 @@ class Loop:
         from sparse2d.train.plan import workload_from_config
 
         tables = workload_from_config(self.cfg).tables
-        mine = local_load(self.model.shard_states, tables, self.model.sharding_group_size,
-                          self.cfg.data.batch_size_per_rank)  # fmt: skip
+        mine = local_load(
+            self.model.shard_states,
+            tables,
+            self.model.sharding_group_size,
+            self.cfg.data.batch_size_per_rank,
+        )
         loads: list[Any] = [None] * self.world
         dist.all_gather_object(loads, mine)
         lookup, memory = [x for x, _ in loads], [m for _, m in loads]
-        self.log({"kind": "balance", "lookup_max_over_mean": max_over_mean(lookup),
-                  "memory_max_over_mean": max_over_mean(memory), "memory_max_bytes": max(memory)})  # fmt: skip
+        self.log(
+            {
+                "kind": "balance",
+                "lookup_max_over_mean": max_over_mean(lookup),
+                "memory_max_over_mean": max_over_mean(memory),
+                "memory_max_bytes": max(memory),
+            }
+        )
 
     def _start(self) -> dict[str, Any]:
         """The ``start`` record (job shape, environment stamp, the mode's fields), the auto
         trial's and the balance records; returns the summary's trial entry."""
-        self.log({
-            "kind": "start",
-            **self.mode.shape(self),
-            "global_batch_size": self.data.global_batch,
-            "device": str(self.device),
-            "sync_every": self.cfg.parallel.sync.every,
-            "pipeline": self.cfg.train.pipeline,
-            **self.mode.header(self),
-            "environment": self.environment,
-            "construction": self.model.construction.record(),  # sparse2d.construction (issue 32)
-        })  # fmt: skip
+        self.log(
+            {
+                "kind": "start",
+                **self.mode.shape(self),
+                "global_batch_size": self.data.global_batch,
+                "device": str(self.device),
+                "sync_every": self.cfg.parallel.sync.every,
+                "pipeline": self.cfg.train.pipeline,
+                **self.mode.header(self),
+                "environment": self.environment,
+                "construction": self.model.construction.record(),  # sparse2d.construction (issue 32)
+            }
+        )
         trial = log_trial(self.model, self.log, self.is_main)  # measured auto: table and record
         self._log_balance()
         return trial
@@ -157,9 +169,13 @@ class Loop:
         steps = t.steps
         trial = self._start()
         bar = tqdm(
-            total=steps, initial=mode.completed, disable=not self._show_bar(),
-            dynamic_ncols=True, mininterval=2.0, desc="train",
-        )  # fmt: skip
+            total=steps,
+            initial=mode.completed,
+            disable=not self._show_bar(),
+            dynamic_ncols=True,
+            mininterval=2.0,
+            desc="train",
+        )
         window, clock = TrainWindow(), _Clock()
         last_train: dict[str, float] = {}
         profiler = StepProfiler(self.profile and self.is_main, cfg.run_dir, steps - mode.completed)
@@ -177,8 +193,13 @@ class Loop:
                 return {}
             clock.seconds += time.perf_counter() - start - attempt.startup_s
             if not attempt.committed:
-                self.log({"kind": "failed_commit", "step": self.step + 1,
-                          "participants": attempt.participants})  # fmt: skip
+                self.log(
+                    {
+                        "kind": "failed_commit",
+                        "step": self.step + 1,
+                        "participants": attempt.participants,
+                    }
+                )
                 continue
             if profiler.enabled:
                 # Land the hidden sync first: an async gloo work recorded by the profiler that

@@ -93,16 +93,19 @@ def main(argv: list[str] | None = None) -> int:
         "--sharding-strategy", choices=("default", "fully_sharded"), default="default"
     )
     parser.add_argument(
-        "--qcomm", default="fp32", metavar="FWD[,BWD]",
+        "--qcomm",
+        default="fp32",
+        metavar="FWD[,BWD]",
         help="all-to-all wire precision (fp32, fp16, bf16, fp8, int8), forward[,backward]",
-    )  # fmt: skip
+    )
     parser.add_argument("--explain", type=int, metavar="L", help="why this L loses, term by term")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
-        "--measure", action="store_true",
+        "--measure",
+        action="store_true",
         help="on a launched job (torchrun): the measured auto trial, no training "
         "(= python -m sparse2d.train --config C --measure)",
-    )  # fmt: skip
+    )
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
     args = parser.parse_args(argv)
     if args.measure:  # the trainer runs it: a process group, models, batches
@@ -121,9 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         workload = workload_from_config(cfg)
         fwd, _, bwd = args.qcomm.partition(",")
         workload = dataclasses.replace(
-            workload, sharding_strategy=args.sharding_strategy, qcomm_forward=fwd,
+            workload,
+            sharding_strategy=args.sharding_strategy,
+            qcomm_forward=fwd,
             qcomm_backward=bwd or fwd,
-        )  # fmt: skip
+        )
         advice = advise(workload, topology)
         text = to_json(advice) if args.json else format_table(advice)
         if args.explain is not None:

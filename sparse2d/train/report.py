@@ -175,8 +175,15 @@ def plot(runs: list[Run], out: str) -> None:
                 steps, values = run.curve(kind, key)
                 if steps:
                     marker = "o" if len(steps) <= 12 else None
-                    ax.plot(steps, values, style, color=f"C{i}", marker=marker, markersize=3,
-                            label=f"{run.label} {kind}")  # fmt: skip
+                    ax.plot(
+                        steps,
+                        values,
+                        style,
+                        color=f"C{i}",
+                        marker=marker,
+                        markersize=3,
+                        label=f"{run.label} {kind}",
+                    )
         ax.set_title(title + (" (train solid, eval dashed)" if len(lines) > 1 else ""), fontsize=9)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -187,8 +194,11 @@ def plot(runs: list[Run], out: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sparse2d report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="sparse2d report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="trainer run directories")
     parser.add_argument("-o", "--out", help="write the figure here (e.g. report.png)")
     args = parser.parse_args(argv)

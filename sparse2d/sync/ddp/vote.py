@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from sparse2d.patches import torch_ddp_comm_hook
 from sparse2d.sync.ddp.fold import FOLD_DTYPE, Foldable, Folded, FoldSlot, plan_folds, write_slot
 from sparse2d.sync.guard import FiniteGuard, all_finite, raise_non_finite
 
@@ -109,8 +110,9 @@ class DdpVote:
         self._votes: list[CarriedVote | None] = [None] * len(self.policies)
         self.hook_state = _HookState(self)
         ddp.register_comm_hook(self.hook_state, _on_bucket)
-        # a user's later DDP comm hook runs inside ours (DDP allows only one)
-        ddp.register_comm_hook = self.hook_state.register_user_hook  # type: ignore[method-assign]
+        # a user's later DDP comm hook runs inside ours (DDP allows only one): a registered
+        # patch of this one instance (sparse2d.patches.torch_ddp_comm_hook)
+        torch_ddp_comm_hook.apply(ddp, self.hook_state.register_user_hook)
 
     @classmethod
     def attach(
@@ -118,9 +120,13 @@ class DdpVote:
     ) -> DdpVote | None:
         """A carrier for ``module`` (a ``DMPCollection``) if it can carry: some policy's
         guarded syncs can be scanned early, the dense part is one DDP over the whole job,
-        and no comm hook is registered yet."""
+        no comm hook is registered yet, and the comm-hook patch is wanted and needed (opted
+        out, DDP is left as it is: every sync votes in its own collective)."""
         ddp = getattr(module, "_dmp_wrapped_module", None)
         if not isinstance(ddp, DistributedDataParallel) or getattr(ddp, "_comm_hooks", None):
+            return None
+        patch = torch_ddp_comm_hook.PATCHES[0]
+        if not patch.wanted() or not patch.needed():
             return None
         world = dist.get_world_size(ddp.process_group)
         if world != dist.get_world_size():

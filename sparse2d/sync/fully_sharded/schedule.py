@@ -105,7 +105,8 @@ class FullyShardedEmbeddings:
                     lambda _m, _a, out, k=kernel: self._after_lookup(k, out)
                 )
             )
-        if any(k.weights.full.device.type == "cpu" for k in self.kernels):
+        cpu = any(k.weights.full.device.type == "cpu" for k in self.kernels)
+        if cpu and glibc_malloc.PATCHES[0].wanted():
             glibc_malloc.apply()  # the glibc_malloc patch's trigger: freed slices leave RSS
         self._release_all()
 

@@ -102,8 +102,9 @@ def merge(
     uniq, inverse = np.unique(flat_ids, return_inverse=True)
     merged_meta = _combined_metadata(meta, baseline, flat_ids, inverse, uniq.size)
     # Survivors: the best Z - 1 by the policy's score; uniq ascending makes ties go to small ids.
-    scores = score(policy, {k: torch.from_numpy(v) for k, v in merged_meta.items()},
-                   current_iter, decay)  # fmt: skip
+    scores = score(
+        policy, {k: torch.from_numpy(v) for k, v in merged_meta.items()}, current_iter, decay
+    )
     order = torch.argsort(scores, descending=True, stable=True).numpy()
     keep = np.zeros(uniq.size, dtype=bool)
     keep[order[: size - 1]] = True

@@ -64,8 +64,13 @@ class FaultToleranceConfig:
 
 
 _SYNC_FREE = (
-    "every", "engine", "hide", "include_optimizer_state", "momentum_scaling", "compression",
-)  # fmt: skip
+    "every",
+    "engine",
+    "hide",
+    "include_optimizer_state",
+    "momentum_scaling",
+    "compression",
+)
 """parallel.sync keys the fault-tolerant sync honours (every; momentum_scaling: c = the groups
 in the step's quorum; engine=sparse: the touched-row union agreed over the quorum; compression=
 bf16: deltas summed in bf16 over the quorum) or replaces (engine=auto runs dense; hide)."""
