@@ -10,12 +10,14 @@ through a comm hook of sparse2d's (``sparse2d.sync.ddp.vote``), so a user's own
 ``register_comm_hook`` on the model's DDP module, called after the first ``maybe_sync``,
 raises instead of replacing sparse2d's averaging with theirs.
 Probe: ``needed()`` builds a one-rank DDP over a private gloo group (no world needed) and
-checks that a second ``register_comm_hook`` still raises (probed once per process).
+checks that a second ``register_comm_hook`` still raises. It is the registry's check, not run
+when a carrier attaches (~1 s a process on 2 cores): routing one instance is harmless even
+where DDP would take a second hook.
 Fix: on the one DDP instance a carrier attaches to, ``register_comm_hook`` is replaced by one
 that hands the user's hook to the carrier's hook state: from then on it runs in place of the
 carrier, and nothing is carried. Other DDP modules of the process are left as they are.
 Trigger: not ``apply_all``: it patches one DDP instance, not a class, applied by
-``sparse2d/sync/ddp/vote.py`` when a carrier attaches. Opted out (or not needed), no carrier
+``sparse2d/sync/ddp/vote.py`` when a carrier attaches. Opted out, no carrier
 attaches: DDP keeps its own averaging and hook registration, and every sync votes in its own
 collective (one more world collective per guarded sync: 7% of the main job's step on the
 2-core box).
@@ -68,8 +70,6 @@ def apply(
     an instance routed once keeps its first route); True when ``ddp`` routes them."""
     if "register_comm_hook" in vars(ddp):
         return True
-    if not needed():
-        return False
     ddp.register_comm_hook = route  # type: ignore[method-assign]
     return True
 

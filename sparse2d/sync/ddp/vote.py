@@ -120,13 +120,13 @@ class DdpVote:
     ) -> DdpVote | None:
         """A carrier for ``module`` (a ``DMPCollection``) if it can carry: some policy's
         guarded syncs can be scanned early, the dense part is one DDP over the whole job,
-        no comm hook is registered yet, and the comm-hook patch is wanted and needed (opted
-        out, DDP is left as it is: every sync votes in its own collective)."""
+        no comm hook is registered yet, and the comm-hook patch is wanted (opted out, DDP is
+        left as it is: every sync votes in its own collective)."""
         ddp = getattr(module, "_dmp_wrapped_module", None)
         if not isinstance(ddp, DistributedDataParallel) or getattr(ddp, "_comm_hooks", None):
             return None
         patch = torch_ddp_comm_hook.PATCHES[0]
-        if not patch.wanted() or not patch.needed():
+        if not patch.wanted():
             return None
         world = dist.get_world_size(ddp.process_group)
         if world != dist.get_world_size():
