@@ -189,8 +189,15 @@ class QuorumLease:
     steps later.
     """
 
-    def __init__(self, every: int, pg: Callable[[], Any], drop: Callable[[], None]) -> None:
+    def __init__(
+        self, every: int, pg: Callable[[], Any], drop: Callable[[], None], timeout_s: float
+    ) -> None:
         self.every, self._pg, self._drop = every, pg, drop
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        """How long the echo may take (``fault_tolerance.timeout_s``). Waited for explicitly:
+        gloo's own timeout did not end an echo whose peer's link was cut (no reset arrives),
+        which held one rank of a survivor group until the link came back while its other
+        rank waited for it in the next quorum (emulated cluster, a 60 s partition)."""
         self.regroup = True
         """Form a quorum at the next step (first step; a group failed, was lost or is behind)."""
         self.formed = 0
@@ -229,8 +236,8 @@ class QuorumLease:
             return
         (work, flag, committed, participants), self._echo = self._echo, None
         try:
-            work.wait()
-        except Exception:
+            work.wait(self.timeout)
+        except Exception:  # a peer lost after the vote, or its link cut (the wait's bound)
             self._lost(committed)
             return
         self.regroup = not (committed and int(flag.item()) == participants)
