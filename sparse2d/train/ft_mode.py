@@ -69,8 +69,9 @@ class FaultTolerantMode:
         root = cfg.checkpoint.dir or cfg.run_dir  # each group saves alone (collective inside)
         self.checkpoint_dir = os.path.join(root, f"replica_{self.group}", "checkpoints")
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        metrics = os.path.join(self.run_dir, "metrics.jsonl")
-        self.had_progress = os.path.exists(metrics) and '"kind": "train"' in open(metrics).read()
+        self.trained_to = _last_train_step(os.path.join(self.run_dir, "metrics.jsonl"))
+        """The furthest step this group logged before this process (0: none)."""
+        self.had_progress = self.trained_to > 0
         self.samples_per_group = size * cfg.data.batch_size_per_rank
         self.heal_log = HealLog(self.run_dir, fresh_launch=self.restart == 0) if rank == 0 else None
         self._heals_seen = 0
@@ -258,8 +259,7 @@ class FaultTolerantMode:
         done = [self._finished_by_others() if self.rank == 0 else None]
         dist.broadcast_object_list(done, src=0)
         if done[0] is not None:
-            loop.recorder.say("done", f"group {done[0]} finished the job while this group "
-                              "restarted; nothing to rejoin")  # fmt: skip
+            self._ended_by(done[0], loop)
             return True
         raise FaultToleranceError(
             f"group {self.group}: every replica group was lost (restart {self.restart} found "
@@ -267,6 +267,18 @@ class FaultTolerantMode:
             "no checkpoint (checkpoint.every=0, or train.resume=none) there is nothing to resume "
             "from: start the job again"
         )
+
+    def _ended_by(self, finisher: int, loop: Loop) -> None:
+        """This restarted group stops with nothing to rejoin: its ``summary.json`` and its
+        ``final`` line say so, and name the group that finished the job."""
+        why = f"group {finisher} finished the job while this group restarted; nothing to rejoin"
+        loop.recorder.write_summary({
+            "ended": why, "finished_by_group": finisher, "steps": self.cfg.train.steps,
+            "final_step": self.trained_to, "restart_count": self.restart,
+            "heals": self.heal_log.read() if self.heal_log is not None else [],
+        })  # fmt: skip
+        loop.recorder.say("done", f"{why} (this group's last step {self.trained_to}) -> "
+                          f"{self.run_dir}/summary.json")  # fmt: skip
 
     # ---- records -------------------------------------------------------------------------
     def window(self, loop: Loop, steps: int, last: Attempt) -> dict[str, Any]:
@@ -304,3 +316,12 @@ class FaultTolerantMode:
     def close(self) -> None:
         """Stop this group's torchft manager."""
         self.ft.shutdown()
+
+
+def _last_train_step(metrics: str) -> int:
+    """The step of the last ``train`` record in ``metrics`` (0: no file, no such record)."""
+    if not os.path.exists(metrics):
+        return 0
+    with open(metrics) as f:
+        steps = [json.loads(line).get("step", 0) for line in f if '"kind": "train"' in line]
+    return int(steps[-1]) if steps else 0
