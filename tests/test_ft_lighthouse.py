@@ -173,3 +173,33 @@ def test_a_malformed_job_name_is_one_line() -> None:
     with pytest.raises(ConfigError, match=r"SPARSE2D_FT_JOB='a b' must be letters"):
         checked_job("a b")
     assert replica_id(3, "ft-1-2") == "sparse2d_job_ft-1-2_group_3"
+
+
+def _ft_local(tmp_path, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("TORCHFT_LIGHTHOUSE", "LIGHTHOUSE_PORT", JOB_ENV)}  # fmt: skip
+    return subprocess.run(
+        ["launch/ft_local.sh", f"run_dir={tmp_path / 'run'}"], cwd=ROOT, timeout=120,
+        env={**clean, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_the_launcher_stops_in_one_line_before_any_group_on_another_jobs_lighthouse(
+    tmp_path,
+) -> None:
+    """launch/ft_local.sh given another job's lighthouse, by its fixed port (taken) or by
+    ``TORCHFT_LIGHTHOUSE``: one line and exit 1, no group started."""
+    proc, address = _serve(tmp_path, "--job-id", "job-a")
+    port = address.rsplit(":", 1)[1]
+    try:
+        for env, said in (
+            ({"LIGHTHOUSE_PORT": port}, f"the lighthouse did not start (LIGHTHOUSE_PORT={port})"),
+            ({"TORCHFT_LIGHTHOUSE": address}, "serves job job-a, and this group belongs to no job"),
+        ):
+            run = _ft_local(tmp_path, **env)
+            assert run.returncode == 1 and said in run.stderr, run.stderr
+            assert len(run.stderr.strip().splitlines()) == 1 and run.stdout == "", run.stderr
+            assert not (tmp_path / "run" / "replica_0").exists()
+    finally:
+        _stop(proc)
