@@ -99,8 +99,8 @@ def test_missing_model_is_reported() -> None:
     assert "missing required key 'model'" in _error([], path=None)
 
 
-def test_world_size_check_names_every_factor() -> None:
-    cfg = load_config(TINY, ["parallel.sharding_group_size=3"])
+def test_world_size_check_names_every_factor(tmp_path) -> None:
+    cfg = load_config(TINY, ["parallel.sharding_group_size=3", f"run_dir={tmp_path}"])
     cfg.check_runtime(world_size=6, local_world_size=3)
     with pytest.raises(ConfigError) as info:
         cfg.check_runtime(world_size=8, local_world_size=4)
@@ -120,6 +120,7 @@ def test_missing_data_path(tmp_path) -> None:
             "model.tables=[{name: cat, count: 26, rows: 100, dim: 16}]",
             f"data.criteo.train_files=[{present}]",
             f"data.criteo.eval_files=[{tmp_path / 'nope.tsv'}]",
+            f"run_dir={tmp_path / 'run'}",
         ],
     )
     with pytest.raises(ConfigError, match=r"data\.criteo\.eval_files\[0\]=.*nope\.tsv.*not found"):

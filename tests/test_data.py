@@ -135,6 +135,7 @@ def _criteo_cfg(tmp_path, path) -> object:
             "model.tables=[{name: cat, count: 26, rows: 97, dim: 16}]",
             f"data.criteo.train_files=[{path}]",
             f"data.criteo.eval_files=[{path}]",
+            f"run_dir={tmp_path / 'run'}",  # not the checkout's runs/ (check_new_run)
         ],
     )
 

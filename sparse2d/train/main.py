@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Deterministic checks on every rank, before any collective: all ranks agree.
         cfg = load_config(args.config, args.overrides)
-        cfg.check_runtime(world, local_world)
+        cfg.check_runtime(world, local_world, new_run=not args.measure)  # measure: no records
         device = resolve_device(cfg)
         if device.type == "cuda":
             torch.cuda.set_device(device)

@@ -18,7 +18,7 @@ from sparse2d.train.config.io import bad
 from sparse2d.train.config.model import ModelConfig
 from sparse2d.train.config.optimizer import OptimizerConfig
 from sparse2d.train.config.parallel import ParallelConfig
-from sparse2d.train.config.paths import check_writable
+from sparse2d.train.config.paths import check_new_run, check_writable
 from sparse2d.train.config.train import MetricsConfig, TrainConfig
 
 
@@ -102,9 +102,14 @@ class Config:
         return dataclasses.asdict(self)
 
     def check_runtime(
-        self, world_size: int, local_world_size: int | None = None, check_paths: bool = True
+        self,
+        world_size: int,
+        local_world_size: int | None = None,
+        check_paths: bool = True,
+        new_run: bool = True,
     ) -> None:
-        """Checks that need the world size or the file system; pure, so every rank agrees."""
+        """Checks that need the world size or the file system; pure, so every rank agrees.
+        ``new_run``: this is a run that will write ``run_dir`` (not a dry run)."""
         local = local_world_size or world_size
         nodes = max(1, world_size // local)
         factors = f"world_size={world_size} ({nodes} node(s) x {local} process(es) per node)"
@@ -135,6 +140,8 @@ class Config:
                     problem = unreadable(path)
                     if problem:
                         raise ConfigError(f"data.criteo.{key}[{i}]={path!r}: {problem}.")
+        if check_paths and new_run:
+            check_new_run(self)
 
     def _check_group(self, size: int | None, world_size: int, factors: str) -> None:
         if size is not None and (size > world_size or world_size % size):
