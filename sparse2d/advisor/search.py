@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sparse2d.advisor.cost_model import AnalyticCostModel, Candidate, CostModel
 from sparse2d.advisor.group_layout import GroupLayoutPlanner, TorchRecGroupPlanner
-from sparse2d.advisor.topology import ClusterTopology, GiB
+from sparse2d.advisor.topology import ClusterTopology, byte_text
 from sparse2d.advisor.workload import Workload
 from sparse2d.errors import NoFitError
 from sparse2d.mesh import divisors
@@ -115,7 +115,7 @@ def _ms(seconds: float) -> str:
 
 
 def _gib(nbytes: float) -> str:
-    return f"{nbytes / GiB:.1f} GiB"
+    return byte_text(nbytes, " ")
 
 
 def no_fit_message(advice: Advice, workload: Workload, topology: ClusterTopology) -> str:
