@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         # Deterministic checks on every rank, before any collective: all ranks agree.
         cfg = load_config(args.config, args.overrides)
         cfg.check_runtime(world, local_world, new_run=not args.measure)  # measure: no records
+        note = cfg.one_replica_note(world)
+        if note and rank == 0:
+            _say(rank, f"note: {note}")
         device = resolve_device(cfg)
         if device.type == "cuda":
             torch.cuda.set_device(device)

@@ -143,6 +143,21 @@ class Config:
         if check_paths and new_run:
             check_new_run(self)
 
+    def one_replica_note(self, world_size: int) -> str | None:
+        """A line for a run whose set ``parallel.sharding_group_size`` equals the world: one
+        replica of every shard, so 1D, not 2D (a config written for more processes, e.g.
+        ``dlrm_criteo_1host_8gpu`` launched with 4); None otherwise."""
+        size = self.parallel.sharding_group_size
+        if size != world_size or world_size < 2 or self.fault_tolerance.enable:
+            return None
+        smaller = [d for d in divisors(world_size) if d < world_size]
+        return (
+            f"parallel.sharding_group_size={size} equals the world size {world_size}: one "
+            "replica of every shard, so this run is 1D (no replica sync); for 2D set "
+            f"parallel.sharding_group_size={smaller[-1]} (a divisor below {world_size}) or "
+            f"launch {2 * size} processes"
+        )
+
     def _check_group(self, size: int | None, world_size: int, factors: str) -> None:
         if size is not None and (size > world_size or world_size % size):
             raise ConfigError(
