@@ -89,8 +89,8 @@ def test_quorum_below_min_replica_size_stops_every_rank_within_the_timeout(tmp_p
 
 def test_a_group_of_another_job_stops_every_rank_before_it_registers(tmp_path) -> None:
     """A lighthouse where job-a's groups heartbeat: a group of job-b (``$SPARSE2D_FT_JOB``)
-    reaches it, and every rank stops in one line naming both jobs before torchft's manager
-    registers with it (the lighthouse never hears of job-b)."""
+    reaches it, and every rank stops in one line naming both jobs before its process group
+    forms (``ft_mode.check_lighthouse``; the lighthouse never hears of job-b)."""
     import datetime
 
     from torchft._torchft import LighthouseClient

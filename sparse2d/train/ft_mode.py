@@ -55,6 +55,21 @@ def config_digest(cfg: Config) -> dict[str, str]:
     return out
 
 
+def check_lighthouse(cfg: Config) -> None:
+    """On every rank before any process group forms: the lighthouse answers and serves this
+    job (``sparse2d.ft.lighthouse.check_job``), so a group of another job stops in one line
+    in seconds, not after its model is built. (The manager checks again when it connects.)"""
+    from sparse2d.ft.lighthouse import check_job, check_reachable
+    from sparse2d.ft.options import FTOptions
+
+    ft = cfg.fault_tolerance
+    options = FTOptions(replica_id=ft.replica_id, num_groups=ft.group_size,
+                        min_replica_size=ft.min_replica_size, lighthouse=ft.lighthouse)  # fmt: skip
+    address = options.lighthouse_address()
+    check_reachable(address, ft.connect_timeout_s)
+    check_job(address, options.job_id(), ft.connect_timeout_s)
+
+
 class FaultTolerantMode:
     """``sparse2d.train.step_mode.Mode`` for one group of a torchft job (module docstring)."""
 

@@ -145,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         note = cfg.one_replica_note(world)
         if note and rank == 0:
             _say(rank, f"note: {note}")
+        if cfg.fault_tolerance.enable and not args.measure:  # another job's lighthouse: now
+            from sparse2d.train.ft_mode import check_lighthouse
+
+            check_lighthouse(cfg)
         device = resolve_device(cfg)
         if device.type == "cuda":
             torch.cuda.set_device(device)
