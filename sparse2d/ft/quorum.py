@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError, FaultToleranceError
-from sparse2d.ft.lighthouse import check_reachable
+from sparse2d.ft.lighthouse import check_job, check_reachable, replica_id
 from sparse2d.ft.options import FTOptions
 
 logger = logging.getLogger(__name__)
@@ -319,9 +319,11 @@ def torchft_manager(
     capture: Callable[[], dict[str, Any]],
 ) -> tuple[Any, Any]:
     """This rank's cross-group process group and torchft ``Manager``, after checking on
-    every rank that the lighthouse answers (one line instead of a hang)."""
-    address = options.lighthouse_address()
+    every rank that the lighthouse answers (one line instead of a hang) and serves this job
+    (``check_job``: a group never joins another job's quorum)."""
+    address, job = options.lighthouse_address(), options.job_id()
     check_reachable(address, options.connect_timeout_s)
+    check_job(address, job, options.connect_timeout_s)
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
 
@@ -339,7 +341,7 @@ def torchft_manager(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         lighthouse_addr=address,
-        replica_id=f"sparse2d_group_{options.replica_id}",
+        replica_id=replica_id(options.replica_id, job),
         init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
     )
     return pg, manager

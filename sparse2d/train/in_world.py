@@ -50,6 +50,9 @@ class InWorld:
                 if loop.is_main:  # bad rows are skipped, counted and named once per file
                     print(f"[data] {line}", flush=True)
         data = DataSource(cfg, loop.rank, loop.world, cache_dir)
+        if loop.is_main:
+            for line in data.wrap_lines(cfg.train.steps, cfg.train.eval_batches):
+                print(f"[data] {line}", flush=True)
         return data, data
 
     def attach(self, loop: Loop) -> None:
