@@ -218,7 +218,7 @@ def emulated_topology(cell: Cell) -> str:
     return (
         f"base: cpu_gloo\nname: emulated_{cell.hosts}x{cell.nproc}_{cell.link}\n"
         f"world_size: {cell.world}\nranks_per_host: {cell.nproc}\n"
-        f"cores_per_host: {float(os.cpu_count() or 1)}\nhost_link_bw: {int(bits // 8)}\n"
+        f"cores_per_host: {2 * (os.cpu_count() or 1) / cell.hosts}\nhost_link_bw: {int(bits // 8)}\n"
     )
 
 

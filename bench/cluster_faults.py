@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.bench_util import RESULTS_DIR, machine_note, publish  # noqa: E402
+from bench.bench_util import RESULTS_DIR, machine_note, publish, stored_stamp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "launch" / "emulated_hosts.sh"
@@ -277,7 +277,9 @@ def analyse(event: dict, reference: dict | None = None) -> dict:
         survivor_normal_gap_s=normal,
         survivor_steps_alone=sum(1 for t, _, p in train0 if t > start and p == 1) * 5,
     )
-    back = [t for t, _, p in train1 if t > start and p == 2]
+    relaunched = [t for t, restart, _ in event["starts1"] if t > start]  # a new launch's start
+    since = relaunched[-1] if relaunched else start
+    back = [t for t, _, p in train1 if t > since and p == 2]
     if back:
         out["group1_back_after_s"] = min(back) - start
     heals = [h for h in g1["heals"] if h["step"] > event["step"]]
@@ -356,11 +358,23 @@ def main() -> None:
     parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
+    parser.add_argument("--render", action="store_true", help="re-render the stored JSON")
     args = parser.parse_args()
+    if args.render:
+        stored = json.loads((args.out / "cluster_faults.json").read_text())
+        events = stored["events"]
+        results = {k: stored[k] for k in ("steps", "at", "seconds", "slow_factor", "link")}
+        for kind, event in events.items():
+            results[kind] = analyse(event, events.get("none"))
+        results["events"] = events
+        text = markdown(results, stored.get("machine", ""))
+        publish(args, results, text, "cluster_faults.json", MARKER, stored_stamp(MARKER, args.out))
+        return
     if os.geteuid() != 0:
         sys.exit("cluster_faults: needs root (network namespaces, tc), as launch/emulated_hosts.sh")
     load = os.getloadavg()[0]
     results: dict = {
+        "machine": machine_note(load),
         "steps": args.steps,
         "at": args.at,
         "seconds": args.seconds,
