@@ -39,7 +39,7 @@ def resolve_group_size(
     from sparse2d.advisor.search import advise, no_fit_message
     from sparse2d.advisor.trial import shortlist
     from sparse2d.errors import NoFitError
-    from sparse2d.train.plan import workload_from_config
+    from sparse2d.train.workload import workload_from_config
 
     options = cfg.parallel.auto
 
