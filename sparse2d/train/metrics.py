@@ -167,3 +167,10 @@ def evaluate_batches(
     finally:
         model.train()
     return eval_metrics(torch.cat(logits), torch.cat(labels), torch.cat(truth) if truth else None)
+
+
+def max_over_ranks(values: list[float]) -> list[float]:
+    """Each value's maximum over this world's ranks (collective)."""
+    t = torch.tensor(values, dtype=torch.float64, device=flag_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()

@@ -98,6 +98,30 @@ class Config:
         """``L`` for ``world_size`` ranks, or ``"auto"`` (resolved by the advisor at start-up)."""
         return self.parallel.sharding_group_size or world_size
 
+    # ---- when the loop logs, evaluates and saves (one place: the loop and the
+    # fault-tolerant mode's late votes, sparse2d.train.ft_mode, both read these) -------
+    def logs_after(self, done: int) -> bool:
+        """The loop logs a ``train`` record after ``done`` steps (``train.log_every``, and the
+        last step)."""
+        return done % self.train.log_every == 0 or done == self.train.steps
+
+    def evaluates_after(self, done: int) -> bool:
+        """The loop evaluates after ``done`` steps (``train.eval_every``; the final evaluation
+        follows the loop)."""
+        every = self.train.eval_every
+        return bool(every) and done % every == 0 and done != self.train.steps
+
+    def saves_after(self, done: int) -> bool:
+        """The loop saves a checkpoint after ``done`` steps: on ``checkpoint.every`` and at the
+        end."""
+        every = self.checkpoint.every
+        return every > 0 and (done % every == 0 or done == self.train.steps)
+
+    def reads_state_after(self, done: int) -> bool:
+        """The loop reads the model's state after ``done`` steps: it evaluates or saves, or
+        the job ends (a mode whose commits land late lands them first)."""
+        return done >= self.train.steps or self.evaluates_after(done) or self.saves_after(done)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
