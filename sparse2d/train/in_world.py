@@ -42,7 +42,7 @@ class InWorld:
         cfg = self.cfg
         cache_dir = cfg.data.criteo.cache_dir or os.path.join(cfg.run_dir, "criteo_cache")
         if cfg.data.source == "criteo":
-            # here, not at the top: only a Criteo run loads the TSV reader (as DataSource)
+            # here, not at the top: only a Criteo run loads the TSV reader (as DataSource does)
             from sparse2d.train.data.criteo import prepare_everywhere
 
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -42,6 +42,7 @@ def exact_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     n_pos = int(positive.sum())
     n_neg = scores.numel() - n_pos
     if n_pos == 0 or n_neg == 0:  # undefined; keep torchmetrics' convention for it
+        # here, not at the top: torchmetrics takes a second to import, for this corner alone
         from torchmetrics.functional.classification import binary_auroc
 
         return float(binary_auroc(scores, labels.long()))

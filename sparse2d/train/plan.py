@@ -15,6 +15,8 @@ import argparse
 import dataclasses
 import sys
 
+from sparse2d.advisor.report import explain, format_table, to_json
+from sparse2d.advisor.search import advise, no_fit_message
 from sparse2d.advisor.topology import ClusterTopology, load_topology
 from sparse2d.errors import ConfigError
 from sparse2d.train.config import Config, load_config
@@ -65,9 +67,6 @@ def main(argv: list[str] | None = None) -> int:
         from sparse2d.train.main import main as train
 
         return int(train(["--config", args.config, "--measure", *args.overrides]))
-    from sparse2d.advisor.report import explain, format_table, to_json
-    from sparse2d.advisor.search import advise, no_fit_message
-
     try:
         if args.world_size < 1:
             raise ConfigError(f"--world-size {args.world_size} must be >= 1.")

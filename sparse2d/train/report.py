@@ -159,7 +159,7 @@ PANELS = (
 
 def plot(runs: list[Run], out: str) -> None:
     """Loss, AUC and samples/s over steps, one colour per run, into ``out`` (PNG, SVG, ...)."""
-    try:
+    try:  # the optional dependency (``sparse2d[train]``), needed only for ``-o``
         import matplotlib
     except ImportError:
         raise ConfigError(

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import divisors
+from sparse2d.sync.mc_rules import refusals as mc_refusals
 from sparse2d.train.config.checkpoint import CheckpointConfig
 from sparse2d.train.config.criteo import check_features, missing_files, unreadable
 from sparse2d.train.config.data import DataConfig
@@ -69,8 +70,6 @@ class Config:
             )
         mc = self.model.managed_collision
         if mc.enabled:
-            from sparse2d.sync.mc_rules import refusals as mc_refusals
-
             refused = mc_refusals(
                 momentum_scaling=self.parallel.sync.momentum_scaling,
                 fully_sharded=self.parallel.sharding_strategy == "fully_sharded",
@@ -178,7 +177,7 @@ class Config:
 
 def tensorboard_installed() -> bool:
     """Whether ``torch.utils.tensorboard`` can write (the trainer's optional dependency)."""
-    try:
+    try:  # a probe of the optional dependency: imported only to see that it is there
         import tensorboard  # noqa: F401
     except ImportError:
         return False
