@@ -92,8 +92,10 @@ test-quick: lint bytecode
 
 test-all: test
 
+# ARGS: dotted overrides, e.g. make train ARGS="run_dir=runs/again" (a run_dir that holds a
+# run is refused unless the run resumes from its checkpoints: train.resume=auto).
 train: $(STAMP)
-	NPROC=$(NPROC) CONFIG=$(CONFIG) PYTHON=$(PY) launch/local.sh
+	NPROC=$(NPROC) CONFIG=$(CONFIG) PYTHON=$(PY) launch/local.sh $(ARGS)
 
 # The cluster main job on an emulated cluster (root: network namespaces and tc): 2 hosts x 4
 # ranks whose links run at 200 Mbit/s (launch/emulated_hosts.sh, configs/cluster_cpu.yaml).

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -144,7 +145,8 @@ def run_once(cell: Cell, args: argparse.Namespace, run_dir: Path) -> dict[str, A
         "train.eval_every=0",
         *args.set,
     ]
-    start = time.perf_counter()
+    shutil.rmtree(run_dir, ignore_errors=True)  # a new run each time (the trainer refuses
+    start = time.perf_counter()  # to append a second run's records to a run_dir's first)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
     wall = time.perf_counter() - start
     summary_path = run_dir / "summary.json"
@@ -187,6 +189,37 @@ def predicted_step_s(
     workload = dataclasses.replace(workload_from_config(cfg), replica_layout=layout)
     advice = advise(workload, load_topology(str(topology_file), cell.world))
     return advice.candidate(int(summary["sharding_group_size"])).step_s
+
+
+def repredict(result: dict[str, Any]) -> None:
+    """Each stored run's ``predicted_step_s`` again, on the topology file the emulator writes
+    today for its cluster (``launch/emulated_hosts.sh``: cpu_gloo, its hosts and ranks, every
+    core of this machine per host, the link): a change of the model or of that file is
+    checked against the measurements already made, without measuring again."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        for raw in result["cells"]:
+            cell = Cell(raw["hosts"], raw["nproc"], raw["link"], Strategy(**raw["strategy"]))
+            run_dir = Path(folder) / f"{cell.hosts}x{cell.nproc}_{cell.link}"
+            run_dir.mkdir(exist_ok=True)
+            (run_dir / "topology.yaml").write_text(emulated_topology(cell))
+            args = argparse.Namespace(config=result["config"], set=result.get("overrides", []))
+            for run in raw["runs"]:
+                if "sharding_group_size" in run:
+                    run["predicted_step_s"] = predicted_step_s(cell, args, run_dir, run)
+
+
+def emulated_topology(cell: Cell) -> str:
+    """The ``topology.yaml`` launch/emulated_hosts.sh writes for ``cell``'s cluster."""
+    scale = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
+    unit = next(u for u in scale if cell.link.endswith(u))
+    bits = float(cell.link[: -len(unit)]) * scale[unit]
+    return (
+        f"base: cpu_gloo\nname: emulated_{cell.hosts}x{cell.nproc}_{cell.link}\n"
+        f"world_size: {cell.world}\nranks_per_host: {cell.nproc}\n"
+        f"cores_per_host: {float(os.cpu_count() or 1)}\nhost_link_bw: {int(bits // 8)}\n"
+    )
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -428,6 +461,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-results-md", action="store_true")
     parser.add_argument("--render", action="store_true", help="re-render the stored JSON")
     parser.add_argument(
+        "--repredict",
+        action="store_true",
+        help="with --render: the cost model's step again, on the topology the emulator "
+        "writes now (the measurements stay as stored)",
+    )
+    parser.add_argument(
         "--merge",
         action="store_true",
         help="keep the stored JSON's other cells (another shape or link)",
@@ -441,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         result = json.loads((args.out / f"{name}.json").read_text())
         stamp = stored_stamp(marker, args.out)
+        if args.repredict:
+            repredict(result)
     else:
         if os.geteuid() != 0:
             print("cluster_bench: needs root (launch/emulated_hosts.sh makes namespaces)")

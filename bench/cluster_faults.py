@@ -246,6 +246,9 @@ def analyse(event: dict, reference: dict | None = None) -> dict:
     if g0 is None or g1 is None:
         out["missing_summary"] = [g for g in (0, 1) if event[f"g{g}"] is None]
         return out
+    if "ended" in g1:  # cut off until the others finished: it stopped, naming the finisher
+        out.update(group1_ended=g1["ended"], group1_last_step=g1["final_step"])
+        return out
     train0, train1 = event["train0"], event["train1"]
     steps0 = [s for _, s, _ in train0]
     out.update(

@@ -7,8 +7,11 @@
 #   CONFIG   YAML (default configs/ft_tiny_cpu.yaml)  PYTHON  interpreter (default .venv/bin/python)
 #   MAX_RESTARTS  restarts of one group after one of its workers fails (default 3)
 #   MIN_REPLICAS  fewest groups a step commits with (default 1)
-#   LIGHTHOUSE_PORT  (default 29510; 0: a free port the lighthouse binds itself, no race)
-#   A lighthouse already running: export TORCHFT_LIGHTHOUSE.
+#   LIGHTHOUSE_PORT  (default 0: a free port the lighthouse binds itself, so jobs side by side
+#                    never share one; a fixed port already taken stops the launch in one line)
+#   SPARSE2D_FT_JOB  the job's name (default: ft-<time>-<pid>); the lighthouse carries it and
+#                    a group refuses a lighthouse of another job (sparse2d/ft/lighthouse.py).
+#   A lighthouse already running: export TORCHFT_LIGHTHOUSE (and SPARSE2D_FT_JOB if it has one).
 # Worker output: stdout here; torchft's (verbose) stderr in RUN_DIR/replica_<g>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +21,7 @@ CONFIG="${CONFIG:-configs/ft_tiny_cpu.yaml}"
 source launch/python.sh  # PYTHON: the set value, else .venv/bin/python, else python3
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
 MIN_REPLICAS="${MIN_REPLICAS:-1}"
-LIGHTHOUSE_PORT="${LIGHTHOUSE_PORT:-29510}"
+LIGHTHOUSE_PORT="${LIGHTHOUSE_PORT:-0}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0  # a store per restart round (see local.sh)
 for var in NGROUPS NPROC MAX_RESTARTS MIN_REPLICAS LIGHTHOUSE_PORT; do
@@ -37,19 +40,19 @@ cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 if [[ -z "${TORCHFT_LIGHTHOUSE:-}" ]]; then
+  export SPARSE2D_FT_JOB="${SPARSE2D_FT_JOB:-ft-$(date +%s)-$$}"
   rm -f "$RUN_DIR/lighthouse.port"
   "$PYTHON" -m sparse2d.ft.lighthouse --port "$LIGHTHOUSE_PORT" --min-replicas "$MIN_REPLICAS" \
-    --port-file "$RUN_DIR/lighthouse.port" >"$RUN_DIR/lighthouse.log" 2>&1 &
+    --job-id "$SPARSE2D_FT_JOB" --port-file "$RUN_DIR/lighthouse.port" >"$RUN_DIR/lighthouse.log" 2>&1 &
   PIDS+=($!)
-  if [[ "$LIGHTHOUSE_PORT" == 0 ]]; then  # the port it bound, once it listens
-    for ((i = 0; i < 600; i++)); do  # up to 60 s
-      [[ -s "$RUN_DIR/lighthouse.port" ]] || ! kill -0 "${PIDS[-1]}" 2>/dev/null && break
-      sleep 0.1
-    done
-    [[ -s "$RUN_DIR/lighthouse.port" ]] || { echo "sparse2d: ft launch: the lighthouse did not start (LIGHTHOUSE_PORT=0); its log: $(tail -3 "$RUN_DIR/lighthouse.log")" >&2; exit 1; }
-    LIGHTHOUSE_PORT=$(<"$RUN_DIR/lighthouse.port")
-  fi
-  export TORCHFT_LIGHTHOUSE="http://localhost:$LIGHTHOUSE_PORT"
+  for ((i = 0; i < 600; i++)); do  # the port it serves, once it listens (up to 60 s)
+    [[ -s "$RUN_DIR/lighthouse.port" ]] || ! kill -0 "${PIDS[-1]}" 2>/dev/null && break
+    sleep 0.1
+  done
+  [[ -s "$RUN_DIR/lighthouse.port" ]] || { echo "sparse2d: ft launch: the lighthouse did not start (LIGHTHOUSE_PORT=$LIGHTHOUSE_PORT): $(tail -1 "$RUN_DIR/lighthouse.log")" >&2; exit 1; }
+  export TORCHFT_LIGHTHOUSE="http://localhost:$(<"$RUN_DIR/lighthouse.port")"
+else  # someone else's lighthouse: it must serve this job (one line here, not one per rank)
+  "$PYTHON" -m sparse2d.ft.lighthouse --check "$TORCHFT_LIGHTHOUSE" || exit 1
 fi
 GROUP_PIDS=()
 for ((g = 0; g < NGROUPS; g++)); do

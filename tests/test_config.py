@@ -99,8 +99,8 @@ def test_missing_model_is_reported() -> None:
     assert "missing required key 'model'" in _error([], path=None)
 
 
-def test_world_size_check_names_every_factor() -> None:
-    cfg = load_config(TINY, ["parallel.sharding_group_size=3"])
+def test_world_size_check_names_every_factor(tmp_path) -> None:
+    cfg = load_config(TINY, ["parallel.sharding_group_size=3", f"run_dir={tmp_path}"])
     cfg.check_runtime(world_size=6, local_world_size=3)
     with pytest.raises(ConfigError) as info:
         cfg.check_runtime(world_size=8, local_world_size=4)
@@ -120,6 +120,7 @@ def test_missing_data_path(tmp_path) -> None:
             "model.tables=[{name: cat, count: 26, rows: 100, dim: 16}]",
             f"data.criteo.train_files=[{present}]",
             f"data.criteo.eval_files=[{tmp_path / 'nope.tsv'}]",
+            f"run_dir={tmp_path / 'run'}",
         ],
     )
     with pytest.raises(ConfigError, match=r"data\.criteo\.eval_files\[0\]=.*nope\.tsv.*not found"):
@@ -198,3 +199,66 @@ def test_managed_collision_refusals_come_at_load_time(override: str, named: str)
     message = str(info.value)
     assert "model.managed_collision.enabled=true" in message and named in message
     load_config("configs/tiny_cpu.yaml", [override])  # alone it is fine
+
+
+def test_a_config_at_its_own_world_size_says_it_runs_1d() -> None:
+    """The shipped Criteo config (groups of 4 for 8 GPUs) launched with 4 processes is one
+    replica, 1D: the trainer says so in one line naming the key and a 2D choice."""
+    cfg = load_config("configs/dlrm_criteo_1host_8gpu.yaml")
+    note = cfg.one_replica_note(4)
+    assert note is not None and note.startswith(
+        "parallel.sharding_group_size=4 equals the world size 4: one replica of every shard, "
+        "so this run is 1D"
+    )
+    assert "parallel.sharding_group_size=2" in note and "launch 8 processes" in note
+    assert cfg.one_replica_note(8) is None  # 2 replicas: 2D as written
+    assert load_config(TINY).one_replica_note(4) is None  # null: not a set size
+
+
+def test_the_trainer_prints_the_1d_note_once(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.reader_env import ROOT, reader_env
+
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "sparse2d.train",
+        "--config",
+        TINY,
+        "parallel.sharding_group_size=2",
+        "train.steps=2",
+        "train.eval_batches=1",
+        "metrics.tensorboard=false",
+        f"run_dir={tmp_path}",
+    ]
+    env = reader_env(OMP_NUM_THREADS="1")
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    notes = [x for x in run.stderr.splitlines() if "so this run is 1D" in x]
+    assert len(notes) == 1 and notes[0].startswith("sparse2d.train: rank 0: note: "), notes
+    assert os.path.exists(tmp_path / "summary.json")
+
+
+def test_the_documented_criteo_cpu_recipe_is_a_valid_2d_config() -> None:
+    """docs/training.md's Criteo-on-CPU command, as written: its overrides load, pass the
+    world checks at NPROC=4 and make a 2D run (2 replicas), not the silent 1D one."""
+    import shlex
+
+    from tests.reader_env import ROOT
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    start = text.index("NPROC=4 CONFIG=configs/dlrm_criteo_1host_8gpu.yaml launch/local.sh")
+    words = shlex.split(text[start : text.index("```", start)].replace("\\\n", " "))
+    assert words[:3] == ["NPROC=4", "CONFIG=configs/dlrm_criteo_1host_8gpu.yaml", "launch/local.sh"]
+    cfg = load_config(str(ROOT / "configs" / "dlrm_criteo_1host_8gpu.yaml"), words[3:])
+    cfg.check_runtime(4, 4, check_paths=False)
+    assert cfg.one_replica_note(4) is None and cfg.group_size(4) == 2
+    assert cfg.device == "cpu" and cfg.model.tables[0].rows == 100000

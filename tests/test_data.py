@@ -126,6 +126,30 @@ def test_criteo_tsv_rows_hashing_and_wrap(tmp_path) -> None:
     torch.testing.assert_close(batch.dense_features[5:], torch.from_numpy(want[:5]))
 
 
+def test_criteo_wrap_around_is_said_up_front(tmp_path) -> None:
+    """Files that run out before train.steps (or the eval before eval_batches) are named at
+    start with the step they wrap at: a run over 50 rows for 100 steps used to re-read them
+    silently and report a train AUC of memorised rows."""
+    path = tmp_path / "day_0.tsv"
+    _write_tsv(path, 50, 0)
+    cfg = _criteo_cfg(tmp_path, path)
+    cache = str(tmp_path / "cache")
+    prepare(cfg.data.criteo, cache)
+    data = DataSource(cfg, 0, 2, cache)  # global batch 2 x 128: one step is past the rows
+    train, evals = data.wrap_lines(steps=100, eval_batches=4)
+    assert train.startswith(
+        f"train files hold 50 rows, {50 / 256:.4g} steps of the global "
+        "batch 256: from step 1 on they wrap around (train.steps=100 "
+        "reads each row 512 times"
+    )
+    assert "eval files hold 50 rows, fewer than train.eval_batches=4 x 256" in evals
+    big = DataSource(_criteo_cfg(tmp_path, path), 0, 1, cache)
+    big.batch_size = big.global_batch = 10  # 5 steps of 10 rows: no wrap at 5, one at 6
+    assert big.wrap_lines(steps=5, eval_batches=5) == []
+    assert "from step 6 on they wrap" in big.wrap_lines(steps=6, eval_batches=1)[0]
+    assert DataSource(load_config(TINY), 0, 1).wrap_lines(10**9, 10**9) == []  # synthetic
+
+
 # ---- bad Criteo input: bad rows are skipped and counted, unusable files are errors -------
 def _criteo_cfg(tmp_path, path) -> object:
     return load_config(
@@ -135,6 +159,7 @@ def _criteo_cfg(tmp_path, path) -> object:
             "model.tables=[{name: cat, count: 26, rows: 97, dim: 16}]",
             f"data.criteo.train_files=[{path}]",
             f"data.criteo.eval_files=[{path}]",
+            f"run_dir={tmp_path / 'run'}",  # not the checkout's runs/ (check_new_run)
         ],
     )
 

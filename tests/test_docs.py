@@ -194,3 +194,46 @@ def test_runnable_snippet_runs(page: Path, index: int, snippet_runner, tmp_path)
     snippet_runner.stdin.flush()
     done = _answer(snippet_runner, timeout=300)
     assert done["returncode"] == 0, f"{page.name} snippet {index}:\n{log.read_text()[-3000:]}"
+
+
+_TORCHRUN = re.compile(r"<!-- torchrun: (\S+) -->\n```python\n(.*?)\n```", re.S)
+
+
+def test_the_torchrun_script_of_for_torchrec_users_runs_as_written(tmp_path) -> None:
+    """docs/for_torchrec_users.md's script, saved under its name, started by the page's own
+    torchrun line (its interpreter this one): each rank prints its line, stderr holds no
+    upstream warning or log line, and the run trains (a learnable label: the loss drops)."""
+    text = (ROOT / "docs" / "for_torchrec_users.md").read_text()
+    ((name, script),) = _TORCHRUN.findall(text)
+    (tmp_path / name).write_text(script + "\n")
+    line = next(
+        x for x in text.splitlines() if x.endswith(f" {name}") and "torch.distributed.run" in x
+    )
+    words = line.split()
+    assert words[0] == "OMP_NUM_THREADS=1" and words[1] == ".venv/bin/python", line
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    for var in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
+        env.pop(var, None)
+    run = subprocess.run(
+        [sys.executable, *words[2:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = sorted(run.stdout.splitlines())
+    assert [x.split(" loss=")[0] for x in lines] == [
+        "rank 0: L=1 replicas=2",
+        "rank 1: L=1 replicas=2",
+    ], run.stdout
+    assert all(float(x.split("loss=")[1]) < 0.6 for x in lines), lines  # from ln 2 = 0.69
+    assert run.stderr.strip() == "", run.stderr[-3000:]

@@ -67,9 +67,14 @@ def test_a_partitioned_host_rejoins_and_never_commits_alone(tmp_path: Path) -> N
     event = run_fault("partition", tmp_path)
     r = analyse(event)
     assert r["rc"] == 0, event["tail"]
-    # group 0 went on alone after at most its timeouts (fault_tolerance.timeout_s=20)
-    assert r["survivor_steps_alone"] > 0 and r["survivor_longest_gap_s"] < 60, r
-    # group 1 never committed a step in a quorum without group 0
-    assert r["min_groups_in_step"] == [1, 2], r
-    assert r["heal_from_group"] == 0 and r["final_steps"] == [1500, 1500], r
-    assert r["identical"], r
+    assert "group1_ended" not in r, r  # 1500 steps: group 0 is still training when it is back
+    # group 0 stalled at most the quorum timeout (its cross-group all-reduce and the commit
+    # echo each wait fault_tolerance.timeout_s=20 for a cut peer)
+    assert r["survivor_longest_gap_s"] < 60, r
+    # group 1 never committed a step in a quorum without group 0 ...
+    assert r["min_groups_in_step"][1] == 2 and r["restarts"] == [0, 0], r
+    # ... and came back: healed from group 0 where it went on alone (the usual case), or
+    # met it at the same step where the cut held group 0 until the link was back
+    if r["survivor_steps_alone"] > 0:
+        assert r["heal_from_group"] == 0 and r["heal_bytes_per_rank"] > 0, r
+    assert r["final_steps"] == [1500, 1500] and r["identical"], r

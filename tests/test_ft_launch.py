@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -94,19 +95,20 @@ def launch(
     min_replicas: int = 1,
     out: IO[str] | None = None,
 ) -> subprocess.Popen:
-    """Start launch/ft_local.sh; its output goes to a pipe, or to ``out`` (a job nobody reads
-    while it runs must not block on a full pipe)."""
+    """Start launch/ft_local.sh, with its default lighthouse port (a free one) and job name;
+    its output goes to a pipe, or to ``out`` (a job nobody reads while it runs must not block
+    on a full pipe)."""
     env = dict(
         os.environ,
         PYTHON=sys.executable,
         NGROUPS=str(groups),
         NPROC=str(nproc),
         MAX_RESTARTS=str(restarts),
-        LIGHTHOUSE_PORT="0",
         MIN_REPLICAS=str(min_replicas),
         PYTHONPATH=ROOT,
     )
-    env.pop("TORCHFT_LIGHTHOUSE", None)
+    for name in ("TORCHFT_LIGHTHOUSE", "LIGHTHOUSE_PORT", "SPARSE2D_FT_JOB"):
+        env.pop(name, None)
     return subprocess.Popen(
         ["launch/ft_local.sh", *TINY, f"run_dir={run_dir}", *extra],
         cwd=ROOT,
@@ -372,3 +374,64 @@ def test_every_group_lost_without_a_checkpoint_stops_the_job_with_one_line(tmp_p
             log = f.read()
         assert f"FaultToleranceError: group {g}: every replica group was lost" in log, log[-3000:]
         assert not os.path.exists(tmp_path / f"replica_{g}" / "summary.json")
+
+
+SIDE_BY_SIDE = ("train.steps=120", "train.eval_batches=8")
+
+
+def test_two_jobs_side_by_side_each_form_their_own_quorums_and_both_leave_summaries(
+    tmp_path,
+) -> None:
+    """Two launches 2 s apart on one host, each with the launcher's defaults: each starts its
+    own lighthouse (a free port, its own job name), no group of one job ever counts a group of
+    the other in its quorum, and both end 0 with every group's summary. In job B, group 1 is
+    frozen near the end until group 0 has finished alone, then SIGKILLed: torchrun restarts it
+    after the job is done, and it leaves a summary that says so and names the finisher."""
+    with open(tmp_path / "a.out", "w") as a_out:
+        a = launch(tmp_path / "a", 2, *SIDE_BY_SIDE, nproc=1, out=a_out)
+        time.sleep(2)
+        # B's group 0 waits this long in its all-reduce with the frozen group
+        b = launch(tmp_path / "b", 2, *SIDE_BY_SIDE, "fault_tolerance.timeout_s=5", nproc=1)
+        lines, frozen = [], None
+        try:
+            for line in b.stdout:  # type: ignore[union-attr]
+                lines.append(line)
+                if frozen is None and line.startswith("[train] replica=1 step="):
+                    if _field(line, "step") >= 60:
+                        frozen = workers(1, tmp_path / "b")[0]
+                        os.kill(frozen, signal.SIGSTOP)
+                if frozen and line.startswith("final replica=0 "):
+                    os.kill(frozen, signal.SIGKILL)
+            b.wait(timeout=120)
+            a.wait(timeout=300)
+        finally:
+            for job in (a, b):
+                if job.poll() is None:
+                    job.kill()
+    out_a = (tmp_path / "a.out").read_text()
+    assert a.returncode == 0, out_a[-3000:]
+    assert b.returncode == 0 and frozen, "".join(lines[-40:])
+    ports = {(tmp_path / j / "lighthouse.port").read_text() for j in ("a", "b")}
+    assert len(ports) == 2, ports
+    # every quorum each lighthouse formed held its own job's groups only
+    jobs = [
+        set(
+            re.findall(
+                r'replica_id: "sparse2d_job_([^"]+)_group_[0-9]+:',
+                (tmp_path / j / "lighthouse.log").read_text(),
+            )
+        )
+        for j in ("a", "b")
+    ]
+    assert len(jobs[0]) == len(jobs[1]) == 1 and jobs[0] != jobs[1], jobs
+    for g in (0, 1):
+        s = summary(tmp_path / "a", g)
+        assert s["final_step"] == 120, s
+        for job in ("a", "b"):
+            assert max(r["participants"] for r in train_records(tmp_path / job, g)) <= 2
+    assert summary(tmp_path / "b", 0)["final_step"] == 120
+    ended = summary(tmp_path / "b", 1)
+    assert ended["finished_by_group"] == 0 and ended["restart_count"] == 1, ended
+    assert 60 <= ended["final_step"] < 120 and "nothing to rejoin" in ended["ended"], ended
+    said = [x for x in lines if x.startswith("[done] replica=1 ")]
+    assert len(said) == 1 and "summary.json" in said[0], "".join(lines[-40:])

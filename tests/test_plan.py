@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparse2d.advisor.search import advise
+from sparse2d.advisor.topology import byte_text
 from sparse2d.cli import main as cli
 from sparse2d.train.config import load_config
 from sparse2d.train.plan import topology_for, workload_from_config
@@ -37,6 +38,22 @@ def test_plan_json_is_one_object(capsys) -> None:
     data = json.loads(capsys.readouterr().out)
     assert data["world_size"] == 4 and data["recommended"] in (1, 2, 4)
     assert [c["sharding_group_size"] for c in data["candidates"]] == [1, 2, 4]
+
+
+def test_plan_memory_column_picks_its_unit(capsys) -> None:
+    """The tiny config's tables are a few MiB per rank: the column says so (it printed
+    ``0.00GiB``), in the column's width, and ``byte_text`` picks the unit by size."""
+    assert cli(["plan", "--config", "configs/tiny_cpu.yaml", "--world-size", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.split()[0] in ("1", "2", "4") and "ms" in line]
+    assert len(rows) == 3 and "0.00GiB" not in "".join(rows), rows
+    assert all(r[13:23].strip().endswith(("KiB", "MiB")) for r in rows), rows  # its column
+    assert [byte_text(n) for n in (640, 1600, 5 * 2**20, 98.15 * 2**30)] == [
+        "640B",
+        "1.56KiB",
+        "5.00MiB",
+        "98.15GiB",
+    ]
 
 
 def test_plan_without_a_fit_exits_1_with_fixes(capsys) -> None:

@@ -8,7 +8,7 @@ import shutil
 import matplotlib.image
 
 from sparse2d.cli import main as cli
-from sparse2d.train.report import load_run, table
+from sparse2d.train.report import figure, load_run, table
 
 
 def test_two_runs_table_and_png(tiny_runs, tmp_path, capsys) -> None:
@@ -27,6 +27,27 @@ def test_two_runs_table_and_png(tiny_runs, tmp_path, capsys) -> None:
     image = matplotlib.image.imread(str(out))
     assert image.shape[0] > 300 and image.shape[1] > 1000
     assert image[..., :3].std() > 0.05  # curves drawn, not a blank canvas
+
+
+def test_throughput_starts_at_zero_and_the_planted_auc_is_drawn(tiny_runs) -> None:
+    """The samples/s axis starts at zero (runs compare by height), and each run's planted
+    AUC (the synthetic data's own model, the best AUC its labels allow) is a dotted line on
+    the AUC panel and a table column."""
+    import matplotlib.pyplot as plt
+
+    runs = [load_run(str(tiny_runs["2d"]))]
+    planted = json.loads((tiny_runs["2d"] / "summary.json").read_text())["planted_auc"]
+    fig = figure(runs)
+    try:
+        loss, auc, throughput = fig.axes
+        assert throughput.get_ylim()[0] == 0
+        lines = [x for x in auc.get_lines() if x.get_label().endswith(" planted")]
+        assert len(lines) == 1 and list(lines[0].get_ydata()) == [planted, planted]
+    finally:
+        plt.close(fig)
+    header, _, row = table(runs).splitlines()
+    column = header.split(" | ").index("planted AUC")
+    assert row.split(" | ")[column] == f"{planted:.4g}", (header, row)
 
 
 def test_curves_come_from_every_logged_step(tiny_runs) -> None:

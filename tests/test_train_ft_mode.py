@@ -11,15 +11,21 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
-from sparse2d.ft.lighthouse import start_lighthouse
+from sparse2d.ft.lighthouse import JOB_ENV, replica_id, start_lighthouse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _group(*overrides: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, float]:
+def _group(
+    *overrides: str, timeout: float = 240, job: str | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     env.pop("TORCHFT_LIGHTHOUSE", None)
+    env.pop(JOB_ENV, None)
+    if job is not None:
+        env[JOB_ENV] = job
     cmd = [
         sys.executable,
         "-m",
@@ -96,6 +102,32 @@ def test_quorum_below_min_replica_size_stops_every_rank_within_the_timeout(tmp_p
     assert ranks == [" rank 0", " rank 1"], (elapsed, _ours(run.stderr)[-12000:])
     for line in lines:
         assert "no quorum of >= 2 group(s) within fault_tolerance.quorum_timeout_s=5" in line, line
+
+
+def test_a_group_of_another_job_stops_every_rank_before_it_registers(tmp_path) -> None:
+    """A lighthouse where job-a's groups heartbeat: a group of job-b (``$SPARSE2D_FT_JOB``)
+    reaches it, and every rank stops in one line naming both jobs before its process group
+    forms (``ft_mode.check_lighthouse``; the lighthouse never hears of job-b)."""
+    import datetime
+
+    from torchft._torchft import LighthouseClient
+
+    lighthouse = start_lighthouse(min_replicas=1)
+    try:
+        address = lighthouse.address()
+        LighthouseClient(address, datetime.timedelta(seconds=5)).heartbeat(replica_id(0, "job-a"))
+        run, _ = _group(f"fault_tolerance.lighthouse={address}", f"run_dir={tmp_path}", job="job-b")
+        with urllib.request.urlopen(address.rstrip("/") + "/status", timeout=5) as page:
+            assert "job-b" not in page.read().decode()
+    finally:
+        lighthouse.shutdown()
+    assert run.returncode != 0
+    lines = _lines(run)
+    assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], _ours(
+        run.stderr
+    )[-3000:]
+    for line in lines:
+        assert "serves job job-a, and this group belongs to job job-b" in line, line
 
 
 def _logged_steps(log_every: int, eval_every: int, save_every: int, steps: int) -> list[int]:

@@ -7,7 +7,7 @@ import json
 
 from sparse2d.advisor.cost_model import Candidate
 from sparse2d.advisor.search import Advice
-from sparse2d.advisor.topology import GiB
+from sparse2d.advisor.topology import byte_text
 from sparse2d.errors import ConfigError
 
 _HEADER = (
@@ -46,7 +46,7 @@ def format_table(advice: Advice) -> str:
         mark = "  <- recommended" if c.sharding_group_size == advice.recommended else ""
         lines.append(
             f"{c.sharding_group_size:>6} {c.num_replicas:>5} "
-            f"{c.memory_per_rank_bytes / GiB:>7.2f}GiB {_ms(c.a2a_s):>9} {_ms(c.sync_s):>9} "
+            f"{byte_text(c.memory_per_rank_bytes):>10} {_ms(c.a2a_s):>9} {_ms(c.sync_s):>9} "
             f"{_ms(c.compute_s):>9} {c.imbalance:>6.2f} {_ms(c.step_s):>9}  "
             f"{'yes' if c.fits else 'NO':<4}  {c.sync_kind:<8} {types_text(c)}"
             + (f" [{c.replica_layout}]" if layouts else "")
@@ -75,7 +75,7 @@ def explain(advice: Advice, group_size: int) -> str:
     other = advice.candidate(group_size)
     if advice.recommended is None:
         return (
-            f"L={group_size} needs {other.memory_per_rank_bytes / GiB:.2f} GiB per rank; no L "
+            f"L={group_size} needs {byte_text(other.memory_per_rank_bytes, ' ')} per rank; no L "
             "fits memory (see the numbered fixes)."
         )
     best = advice.candidate(advice.recommended)
@@ -85,7 +85,7 @@ def explain(advice: Advice, group_size: int) -> str:
     ]
     if not other.fits:
         lines.append(
-            f"  L={group_size} does not fit: {other.memory_per_rank_bytes / GiB:.2f} GiB per rank "
+            f"  L={group_size} does not fit: {byte_text(other.memory_per_rank_bytes, ' ')} per rank "
             f"(most loaded rank, imbalance {other.memory_imbalance:.2f})."
         )
     names = list(dict.fromkeys([n for n, _ in other.terms] + [n for n, _ in best.terms]))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sparse2d.advisor.cost_model import AnalyticCostModel, Candidate, CostModel
 from sparse2d.advisor.group_layout import GroupLayoutPlanner, TorchRecGroupPlanner
-from sparse2d.advisor.topology import ClusterTopology, GiB
+from sparse2d.advisor.topology import ClusterTopology, byte_text
 from sparse2d.advisor.workload import Workload
 from sparse2d.errors import NoFitError
 from sparse2d.mesh import divisors
@@ -100,8 +100,8 @@ def _reason(best: Candidate, candidates: tuple[Candidate, ...], topology: Cluste
     if tight:
         c = max(tight, key=lambda c: c.sharding_group_size)
         parts.append(
-            f"L={c.sharding_group_size} needs {_gib(c.memory_per_rank_bytes)} per rank "
-            f"> {_gib(topology.usable_memory_bytes)} usable"
+            f"L={c.sharding_group_size} needs {_size(c.memory_per_rank_bytes)} per rank "
+            f"> {_size(topology.usable_memory_bytes)} usable"
         )
     elif smaller:
         c = max(smaller, key=lambda c: c.sharding_group_size)
@@ -118,8 +118,8 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / GiB:.1f} GiB"
+def _size(nbytes: float) -> str:
+    return byte_text(nbytes, " ")
 
 
 def no_fit_message(advice: Advice, workload: Workload, topology: ClusterTopology) -> str:
@@ -139,10 +139,10 @@ def no_fit_message(advice: Advice, workload: Workload, topology: ClusterTopology
     weights_only = workload.weight_bytes
     fixes = [
         f"use at least {world_needed} ranks (weights + optimizer state are "
-        f"{_gib(state_total)}; {_gib(usable)} usable per rank needs >= {ranks_needed} ranks in "
+        f"{_size(state_total)}; {_size(usable)} usable per rank needs >= {ranks_needed} ranks in "
         f"a group): --world-size {world_needed}",
-        f"use devices with >= {_gib(need_memory)} each (the best candidate, L="
-        f"{least.sharding_group_size}, needs {_gib(least.memory_per_rank_bytes)} per rank): "
+        f"use devices with >= {_size(need_memory)} each (the best candidate, L="
+        f"{least.sharding_group_size}, needs {_size(least.memory_per_rank_bytes)} per rank): "
         f"--topology h200_8x or topology device_memory_bytes={int(math.ceil(need_memory))}",
     ]
     if workload.optimizer != "sgd":
@@ -152,17 +152,17 @@ def no_fit_message(advice: Advice, workload: Workload, topology: ClusterTopology
             for t in workload.tables
         )
         fixes.append(
-            f"use optimizer.sparse.kind=sgd (saves {_gib(saved)} of optimizer state in total, "
-            f"{_gib(saved / max(1, topology.world_size))} per rank at L={topology.world_size})"
+            f"use optimizer.sparse.kind=sgd (saves {_size(saved)} of optimizer state in total, "
+            f"{_size(saved / max(1, topology.world_size))} per rank at L={topology.world_size})"
         )
     fixes.append(
-        f"shrink the tables: their weights alone are {_gib(weights_only)} "
-        f"({_gib(weights_only / topology.world_size)} per rank even at L={topology.world_size})"
+        f"shrink the tables: their weights alone are {_size(weights_only)} "
+        f"({_size(weights_only / topology.world_size)} per rank even at L={topology.world_size})"
     )
     lines = [
-        f"No sharding group size fits {_gib(usable)} usable per rank "
+        f"No sharding group size fits {_size(usable)} usable per rank "
         f"({topology.name}, world {topology.world_size}); the smallest need is "
-        f"{_gib(least.memory_per_rank_bytes)} per rank at L={least.sharding_group_size}. Fixes:"
+        f"{_size(least.memory_per_rank_bytes)} per rank at L={least.sharding_group_size}. Fixes:"
     ]
     lines += [f"  {i}. {fix}" for i, fix in enumerate(fixes, 1)]
     return "\n".join(lines)

@@ -21,6 +21,15 @@ from sparse2d.errors import ConfigError
 GiB = 2**30
 
 
+def byte_text(nbytes: float, sep: str = "") -> str:
+    """``98.15GiB``, ``1.56MiB``, ``640B``: the largest binary unit that keeps the number at
+    least 1, so a small table is not ``0.00GiB``."""
+    for unit, size in (("TiB", 2**40), ("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= size:
+            return f"{nbytes / size:.2f}{sep}{unit}"
+    return f"{nbytes:.0f}{sep}B"
+
+
 @dataclass(kw_only=True, slots=True)
 class ClusterTopology:
     """Hardware of a job: how many ranks, how they sit on hosts, what links join them."""

@@ -33,6 +33,10 @@ class FTOptions:
     """Fewest groups a step may commit with (torchft's ``min_replica_size``)."""
     lighthouse: str | None = None
     """Lighthouse address ``http://host:port``; ``None``: ``$TORCHFT_LIGHTHOUSE``."""
+    job: str | None = None
+    """The job this group belongs to; ``None``: ``$SPARSE2D_FT_JOB`` (set by the launchers). A
+    group refuses a lighthouse marked for, or reached by the groups of, another job
+    (``sparse2d.ft.lighthouse.check_job``)."""
     sync_every: int = 1
     """Average embedding weights and fused optimizer state over the live groups every N steps."""
     timeout_s: float = 30.0
@@ -75,6 +79,13 @@ class FTOptions:
         for name in ("timeout_s", "quorum_timeout_s", "connect_timeout_s", "start_wait_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"fault_tolerance.{name}={getattr(self, name)!r} must be > 0")
+        self.job_id()  # a malformed job name: one line before anything connects
+
+    def job_id(self) -> str | None:
+        """The job (the option, else ``$SPARSE2D_FT_JOB``), checked for form."""
+        from sparse2d.ft.lighthouse import checked_job
+
+        return checked_job(self.job)
 
     def lighthouse_address(self) -> str:
         """The lighthouse address (the option, else ``$TORCHFT_LIGHTHOUSE``), checked for form."""

@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError, FaultToleranceError
-from sparse2d.ft.lighthouse import check_reachable
+from sparse2d.ft.lighthouse import check_job, check_reachable, replica_id
 from sparse2d.ft.options import FTOptions
 
 logger = logging.getLogger(__name__)
@@ -189,8 +189,15 @@ class QuorumLease:
     steps later.
     """
 
-    def __init__(self, every: int, pg: Callable[[], Any], drop: Callable[[], None]) -> None:
+    def __init__(
+        self, every: int, pg: Callable[[], Any], drop: Callable[[], None], timeout_s: float
+    ) -> None:
         self.every, self._pg, self._drop = every, pg, drop
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        """How long the echo may take (``fault_tolerance.timeout_s``). Waited for explicitly:
+        gloo's own timeout did not end an echo whose peer's link was cut (no reset arrives),
+        which held one rank of a survivor group until the link came back while its other
+        rank waited for it in the next quorum (emulated cluster, a 60 s partition)."""
         self.regroup = True
         """Form a quorum at the next step (first step; a group failed, was lost or is behind)."""
         self.formed = 0
@@ -229,8 +236,8 @@ class QuorumLease:
             return
         (work, flag, committed, participants), self._echo = self._echo, None
         try:
-            work.wait()
-        except Exception:
+            work.wait(self.timeout)
+        except Exception:  # a peer lost after the vote, or its link cut (the wait's bound)
             self._lost(committed)
             return
         self.regroup = not (committed and int(flag.item()) == participants)
@@ -312,9 +319,11 @@ def torchft_manager(
     capture: Callable[[], dict[str, Any]],
 ) -> tuple[Any, Any]:
     """This rank's cross-group process group and torchft ``Manager``, after checking on
-    every rank that the lighthouse answers (one line instead of a hang)."""
-    address = options.lighthouse_address()
+    every rank that the lighthouse answers (one line instead of a hang) and serves this job
+    (``check_job``: a group never joins another job's quorum)."""
+    address, job = options.lighthouse_address(), options.job_id()
     check_reachable(address, options.connect_timeout_s)
+    check_job(address, job, options.connect_timeout_s)
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
 
@@ -332,7 +341,7 @@ def torchft_manager(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         lighthouse_addr=address,
-        replica_id=f"sparse2d_group_{options.replica_id}",
+        replica_id=replica_id(options.replica_id, job),
         init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
     )
     return pg, manager

@@ -96,7 +96,7 @@ class FaultTolerance:
         join when it is overlapped), on the commit vote and on its echo, past the first step."""
         self._short = quorum.ShortQuorums(options, lambda: self.participants)
         self._lease = quorum.QuorumLease(
-            options.quorum_every, lambda: self._pg, self._drop_process_group
+            options.quorum_every, lambda: self._pg, self._drop_process_group, options.timeout_s
         )
         self._pg, self.manager = quorum.torchft_manager(options, self._restore, self._capture)
         self.channel = ManagedChannel(self.manager, self._pg, lambda: self.participants)

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     local = args.local_world_size or min(args.world_size, 8)
     if args.world_size < 1:
         raise ConfigError(f"--world-size {args.world_size} must be >= 1.")
-    cfg.check_runtime(args.world_size, local)
+    cfg.check_runtime(args.world_size, local, new_run=False)  # writes no run records
     device = resolve_device(cfg)
     init_fake_world(args.rank, args.world_size, local)
     planned = None

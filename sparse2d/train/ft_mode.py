@@ -57,6 +57,25 @@ def config_digest(cfg: Config) -> dict[str, str]:
     return out
 
 
+def check_lighthouse(cfg: Config) -> None:
+    """On every rank before any process group forms: the lighthouse answers and serves this
+    job (``sparse2d.ft.lighthouse.check_job``), so a group of another job stops in one line
+    in seconds, not after its model is built. (The manager checks again when it connects.)"""
+    from sparse2d.ft.lighthouse import check_job, check_reachable
+    from sparse2d.ft.options import FTOptions
+
+    ft = cfg.fault_tolerance
+    options = FTOptions(
+        replica_id=ft.replica_id,
+        num_groups=ft.group_size,
+        min_replica_size=ft.min_replica_size,
+        lighthouse=ft.lighthouse,
+    )
+    address = options.lighthouse_address()
+    check_reachable(address, ft.connect_timeout_s)
+    check_job(address, options.job_id(), ft.connect_timeout_s)
+
+
 class FaultTolerantMode:
     """``sparse2d.train.step_mode.Mode`` for one group of a torchft job (module docstring)."""
 
@@ -71,8 +90,9 @@ class FaultTolerantMode:
         root = cfg.checkpoint.dir or cfg.run_dir  # each group saves alone (collective inside)
         self.checkpoint_dir = os.path.join(root, f"replica_{self.group}", "checkpoints")
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        metrics = os.path.join(self.run_dir, "metrics.jsonl")
-        self.had_progress = os.path.exists(metrics) and '"kind": "train"' in open(metrics).read()
+        self.trained_to = _last_train_step(os.path.join(self.run_dir, "metrics.jsonl"))
+        """The furthest step this group logged before this process (0: none)."""
+        self.had_progress = self.trained_to > 0
         self.samples_per_group = size * cfg.data.batch_size_per_rank
         self.heal_log = HealLog(self.run_dir, fresh_launch=self.restart == 0) if rank == 0 else None
         self._heals_seen = 0
@@ -271,11 +291,7 @@ class FaultTolerantMode:
         dist.broadcast_object_list(done, src=0)
         if done[0] is None:
             return False
-        run.recorder.say(
-            "done",
-            f"group {done[0]} finished the job while this group was cut "
-            f"off from it (back at step {self.ft.step}); nothing to rejoin",
-        )
+        self._ended_by(done[0], run, "was cut off from it", self.ft.step)
         return True
 
     def _check_not_all_lost(self, run: Run) -> bool:
@@ -291,16 +307,36 @@ class FaultTolerantMode:
         done = [self._finished_by_others() if self.rank == 0 else None]
         dist.broadcast_object_list(done, src=0)
         if done[0] is not None:
-            run.recorder.say(
-                "done",
-                f"group {done[0]} finished the job while this group restarted; nothing to rejoin",
-            )
+            self._ended_by(done[0], run)
             return True
         raise FaultToleranceError(
             f"group {self.group}: every replica group was lost (restart {self.restart} found "
             "no live group ahead of step 0, and this group had trained before); with "
             "no checkpoint (checkpoint.every=0, or train.resume=none) there is nothing to resume "
             "from: start the job again"
+        )
+
+    def _ended_by(
+        self, finisher: int, run: Run, how: str = "restarted", last: int | None = None
+    ) -> None:
+        """This group stops with nothing to rejoin (it ``how``: restarted, or was cut off from
+        the others); its ``summary.json`` and its ``final`` line say so, and name the group
+        that finished the job. ``last``: its last step (default: the last it logged)."""
+        last = self.trained_to if last is None else last
+        why = f"group {finisher} finished the job while this group {how}; nothing to rejoin"
+        run.recorder.write_summary(
+            {
+                "ended": why,
+                "finished_by_group": finisher,
+                "steps": self.cfg.train.steps,
+                "final_step": last,
+                "restart_count": self.restart,
+                "heals": self.heal_log.read() if self.heal_log is not None else [],
+            }
+        )
+        run.recorder.say(
+            "done",
+            f"{why} (this group's last step {last}) -> {self.run_dir}/summary.json",
         )
 
     # ---- records -------------------------------------------------------------------------
@@ -341,3 +377,12 @@ class FaultTolerantMode:
     def close(self) -> None:
         """Stop this group's torchft manager."""
         self.ft.shutdown()
+
+
+def _last_train_step(metrics: str) -> int:
+    """The step of the last ``train`` record in ``metrics`` (0: no file, no such record)."""
+    if not os.path.exists(metrics):
+        return 0
+    with open(metrics) as f:
+        steps = [json.loads(line).get("step", 0) for line in f if '"kind": "train"' in line]
+    return int(steps[-1]) if steps else 0

@@ -50,6 +50,9 @@ class InWorld:
                 if rank == 0:  # bad rows are skipped, counted and named once per file
                     print(f"[data] {line}", flush=True)
         data = DataSource(cfg, rank, world, cache_dir)
+        if rank == 0:
+            for line in data.wrap_lines(cfg.train.steps, cfg.train.eval_batches):
+                print(f"[data] {line}", flush=True)
         return data, data
 
     def attach(self, run: Run) -> None:

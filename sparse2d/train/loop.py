@@ -22,6 +22,7 @@ from sparse2d.comm_device import flag_device
 from sparse2d.environment import environment
 from sparse2d.train.auto_trial import log_trial
 from sparse2d.train.config import Config
+from sparse2d.train.config.paths import launch_job
 from sparse2d.train.failure import gather_peers
 from sparse2d.train.ft_mode import FaultTolerantMode
 from sparse2d.train.in_world import InWorld
@@ -149,6 +150,7 @@ class Loop:
                 "pipeline": self.cfg.train.pipeline,
                 **self.mode.header(self.run_state),
                 "environment": self.environment,
+                "job": launch_job(),  # a relaunch of the same job may write here again
                 "construction": self.model.construction.record(),  # sparse2d.construction (issue 32)
             }
         )

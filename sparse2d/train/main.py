@@ -142,7 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Deterministic checks on every rank, before any collective: all ranks agree.
         cfg = load_config(args.config, args.overrides)
-        cfg.check_runtime(world, local_world)
+        cfg.check_runtime(world, local_world, new_run=not args.measure)  # measure: no records
+        note = cfg.one_replica_note(world)
+        if note and rank == 0:
+            _say(rank, f"note: {note}")
+        if cfg.fault_tolerance.enable and not args.measure:  # another job's lighthouse: now
+            from sparse2d.train.ft_mode import check_lighthouse
+
+            check_lighthouse(cfg)
         device = resolve_device(cfg)
         if device.type == "cuda":
             torch.cuda.set_device(device)

@@ -1,8 +1,9 @@
 """``sparse2d report RUN_DIR [RUN_DIR ...] [-o out.png]``: compare runs without a script.
 
 Reads each run's ``metrics.jsonl`` (and ``summary.json`` when the run finished), draws
-loss, AUC and samples/s over steps for all runs on one figure (train solid, eval dashed)
-and prints one table: the runs' shape (world, L, replicas, sync cadence), final quality,
+loss, AUC and samples/s over steps for all runs on one figure (train solid, eval dashed;
+the AUC the synthetic data's planted model reaches dotted; samples/s from zero, so runs'
+throughputs compare by height) and prints one table: the runs' shape (world, L, replicas, sync cadence), final quality,
 throughput, sync cost and the code that made them (environment stamp). A resumed run
 appends to ``metrics.jsonl``; the latest value logged for a step wins.
 """
@@ -99,6 +100,7 @@ COLUMNS = (
     ("train loss", "train_loss"),
     ("eval loss", "eval_loss"),
     ("eval AUC", "eval_auc"),
+    ("planted AUC", "planted_auc"),
     ("eval NE", "eval_ne"),
     ("samples/s", "samples_per_s"),
     ("sync s/step", "sync_s_per_step"),
@@ -126,6 +128,7 @@ def table(runs: list[Run]) -> str:
             "train_loss": run.last("train", "train_loss"),
             "eval_loss": run.last("eval", "eval_loss"),
             "eval_auc": run.last("eval", "eval_auc"),
+            "planted_auc": run.last("eval", "planted_auc"),
             "eval_ne": run.last("eval", "eval_ne"),
             "samples_per_s": run.last("train", "samples_per_s"),
             "sync_s_per_step": run.last("train", "sync_s_per_step"),
@@ -157,8 +160,8 @@ PANELS = (
 )
 
 
-def plot(runs: list[Run], out: str) -> None:
-    """Loss, AUC and samples/s over steps, one colour per run, into ``out`` (PNG, SVG, ...)."""
+def figure(runs: list[Run]) -> Any:
+    """Loss, AUC and samples/s over steps, one colour per run (a matplotlib figure)."""
     try:  # the optional dependency (``sparse2d[train]``), needed only for ``-o``
         import matplotlib
     except ImportError:
@@ -187,8 +190,24 @@ def plot(runs: list[Run], out: str) -> None:
         ax.set_title(title + (" (train solid, eval dashed)" if len(lines) > 1 else ""), fontsize=9)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    for i, run in enumerate(runs):  # the best AUC the synthetic data allows (its planted model)
+        planted = (run.summary or {}).get("planted_auc") or run.last("eval", "planted_auc")
+        if planted is not None:
+            axes[0][1].axhline(
+                planted, color=f"C{i}", linestyle=":", linewidth=1, label=f"{run.label} planted"
+            )
+    axes[0][1].legend(fontsize=7)
+    axes[0][2].set_ylim(bottom=0)  # throughput compares by height, not by a cropped range
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def plot(runs: list[Run], out: str) -> None:
+    """``figure(runs)`` into ``out`` (PNG, SVG, ...)."""
+    fig = figure(runs)  # first: it names a missing matplotlib in one line
+    import matplotlib.pyplot as plt
+
     fig.savefig(out, dpi=110)
     plt.close(fig)
 

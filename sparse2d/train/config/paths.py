@@ -9,6 +9,7 @@ and removed in its nearest existing ancestor) from the launchers' config check a
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from typing import Any
@@ -45,3 +46,59 @@ def check_writable(cfg: Any) -> None:
                 f"checkpoint.dir={cfg.checkpoint.dir!r}: {problem}: set checkpoint.dir to a "
                 "directory this user can write (or checkpoint.every=0 to save none)."
             )
+
+
+def launch_job() -> str | None:
+    """The launch this process belongs to, the same on every host and relaunch of one job:
+    the fault-tolerant job's name (``$SPARSE2D_FT_JOB``, set by the launchers), else
+    torchrun's rendezvous id (``--rdzv-id``; random per ``--standalone`` launch)."""
+    job = os.environ.get("SPARSE2D_FT_JOB") or os.environ.get("TORCHELASTIC_RUN_ID")
+    return job if job and job != "none" else None
+
+
+def recorded_job(metrics: str) -> str | None:
+    """The ``job`` of the first ``start`` record in ``metrics`` (None: none recorded)."""
+    try:
+        with open(metrics) as f:
+            for line in f:
+                if '"kind": "start"' in line:
+                    return json.loads(line).get("job")
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def check_new_run(cfg: Any) -> None:
+    """A run directory that already holds a run's records (``metrics.jsonl``) is written
+    again only to continue that run: a torchrun restart of it, the same job launched again
+    (``launch_job``: a scheduler restarting a lost host), or ``train.resume=auto`` from
+    checkpoints it kept. Anything else would append a second run's records to the first's
+    (and add a TensorBoard file beside its own) without a word. A fault-tolerant group owns
+    ``RUN_DIR/replica_<g>`` alone, and is checked there."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+        return  # torchrun restarted this run's workers: the same run goes on
+    run_dir, checkpoints = cfg.run_dir, cfg.checkpoint_dir
+    if cfg.fault_tolerance.enable:
+        group = f"replica_{cfg.fault_tolerance.replica_id}"
+        run_dir = os.path.join(cfg.run_dir, group)
+        checkpoints = os.path.join(cfg.checkpoint.dir or cfg.run_dir, group, "checkpoints")
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(metrics):
+        return
+    job = launch_job()
+    if job is not None and job == recorded_job(metrics):
+        return  # the same job launched again here: a scheduler restarting a lost host
+    kept = os.path.isdir(checkpoints) and any(os.scandir(checkpoints))
+    if cfg.train.resume == "auto" and kept:
+        return
+    why = (
+        f"train.resume=auto finds no checkpoint in {checkpoints!r} to continue it from"
+        if cfg.train.resume == "auto"
+        else "a second run would append to its records"
+    )
+    raise ConfigError(
+        f"run_dir={cfg.run_dir!r} already holds a run ({metrics}) and {why}: set run_dir to a "
+        "new directory or delete this one"
+        + ("" if cfg.train.resume == "auto" or not kept else ", or continue it: train.resume=auto")
+        + "."
+    )

@@ -19,7 +19,7 @@ from sparse2d.train.config.io import bad
 from sparse2d.train.config.model import ModelConfig
 from sparse2d.train.config.optimizer import OptimizerConfig
 from sparse2d.train.config.parallel import ParallelConfig
-from sparse2d.train.config.paths import check_writable
+from sparse2d.train.config.paths import check_new_run, check_writable
 from sparse2d.train.config.train import MetricsConfig, TrainConfig
 
 
@@ -125,9 +125,14 @@ class Config:
         return dataclasses.asdict(self)
 
     def check_runtime(
-        self, world_size: int, local_world_size: int | None = None, check_paths: bool = True
+        self,
+        world_size: int,
+        local_world_size: int | None = None,
+        check_paths: bool = True,
+        new_run: bool = True,
     ) -> None:
-        """Checks that need the world size or the file system; pure, so every rank agrees."""
+        """Checks that need the world size or the file system; pure, so every rank agrees.
+        ``new_run``: this is a run that will write ``run_dir`` (not a dry run)."""
         local = local_world_size or world_size
         nodes = max(1, world_size // local)
         factors = f"world_size={world_size} ({nodes} node(s) x {local} process(es) per node)"
@@ -158,6 +163,23 @@ class Config:
                     problem = unreadable(path)
                     if problem:
                         raise ConfigError(f"data.criteo.{key}[{i}]={path!r}: {problem}.")
+        if check_paths and new_run:
+            check_new_run(self)
+
+    def one_replica_note(self, world_size: int) -> str | None:
+        """A line for a run whose set ``parallel.sharding_group_size`` equals the world: one
+        replica of every shard, so 1D, not 2D (a config written for more processes, e.g.
+        ``dlrm_criteo_1host_8gpu`` launched with 4); None otherwise."""
+        size = self.parallel.sharding_group_size
+        if size != world_size or world_size < 2 or self.fault_tolerance.enable:
+            return None
+        smaller = [d for d in divisors(world_size) if d < world_size]
+        return (
+            f"parallel.sharding_group_size={size} equals the world size {world_size}: one "
+            "replica of every shard, so this run is 1D (no replica sync); for 2D set "
+            f"parallel.sharding_group_size={smaller[-1]} (a divisor below {world_size}) or "
+            f"launch {2 * size} processes"
+        )
 
     def _check_group(self, size: int | None, world_size: int, factors: str) -> None:
         if size is not None and (size > world_size or world_size % size):

@@ -41,6 +41,31 @@ class DataSource:
             self._train = CriteoBatches(CriteoFiles(cfg.data.criteo.train_files, cache_dir), tables)
             self._eval = CriteoBatches(CriteoFiles(cfg.data.criteo.eval_files, cache_dir), tables)
 
+    def wrap_lines(self, steps: int, eval_batches: int) -> list[str]:
+        """Lines saying where the files run out and the rows come round again (Criteo: step
+        ``s`` reads rows ``[s*G, (s+1)*G)`` modulo the rows there); none for synthetic data,
+        which is endless. Repeated rows are memorised: on a few rows the train AUC climbs
+        whatever the labels mean."""
+        if self.synthetic is not None:
+            return []
+        lines = []
+        rows, need = self._train.files.rows, steps * self.global_batch
+        if need > rows:
+            lines.append(
+                f"train files hold {rows} rows, {rows / self.global_batch:.4g} steps of the "
+                f"global batch {self.global_batch}: from step {rows // self.global_batch + 1} "
+                f"on they wrap around (train.steps={steps} reads each row {need / rows:.3g} "
+                "times; train metrics then count memorised rows): give more rows "
+                "(data.criteo.train_files) or fewer steps"
+            )
+        rows, need = self._eval.files.rows, eval_batches * self.global_batch
+        if need > rows:
+            lines.append(
+                f"eval files hold {rows} rows, fewer than train.eval_batches={eval_batches} x "
+                f"{self.global_batch}: the eval wraps around and counts rows {need / rows:.3g} times"
+            )
+        return lines
+
     def start(self, step: int) -> int:
         """Index of this rank's first sample at ``step``."""
         return step * self.global_batch + self.rank * self.batch_size
