@@ -28,6 +28,7 @@ from sparse2d.errors import (
     TrialError,
     UnsupportedOptimizerError,
 )
+from sparse2d.known_warnings import ignore_known_warnings
 from sparse2d.mesh import rank_layout, replica_groups
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ __all__ = [
     "TrialOptions",
     "UnsupportedOptimizerError",
     "checkpoint",
+    "ignore_known_warnings",
     "measured_group_size",
     "patches",
     "rank_layout",

@@ -3,6 +3,9 @@
 Every ``import``/``from ... import`` in ``sparse2d/`` counts, at module level or inside a
 function (a lazy import is still a dependency), except those under ``if TYPE_CHECKING:``.
 Importing ``a.b.c`` also runs ``a/__init__`` and ``a/b/__init__``, so those count too.
+``test_no_hidden_import_cycles`` counts the ``TYPE_CHECKING`` imports and
+``importlib.import_module("literal")`` calls as well: a circle they close is hidden from the
+importer, not absent (the trainer's loop and its modes were one, issue 56 item 3).
 """
 
 from __future__ import annotations
@@ -32,14 +35,32 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imported(tree: ast.AST, name: str, is_package: bool) -> set[str]:
+def _imported_by_name(node: ast.AST) -> str | None:
+    """``importlib.import_module("a.b")`` (or ``import_module("a.b")``): ``a.b``."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func, arg = node.func, node.args[0]
+    named = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id == "import_module"
+    )
+    if named and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    return None
+
+
+def _imported(tree: ast.AST, name: str, is_package: bool, hidden: bool = False) -> set[str]:
+    """What ``tree`` imports; ``hidden``: with its ``TYPE_CHECKING`` imports and the
+    modules it imports by a literal name through ``importlib``."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not hidden:
             for child in node.orelse:
                 visit(child)
             return
+        by_name = _imported_by_name(node) if hidden else None
+        if by_name:
+            found.add(by_name)
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -58,14 +79,15 @@ def _imported(tree: ast.AST, name: str, is_package: bool) -> set[str]:
     return found
 
 
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """``module -> {sparse2d modules it imports, with their parent packages}``."""
+def import_graph(root: Path = ROOT, hidden: bool = False) -> dict[str, set[str]]:
+    """``module -> {sparse2d modules it imports, with their parent packages}`` (``hidden``:
+    counting ``TYPE_CHECKING`` imports and ``importlib`` by literal name too)."""
     files = {module_name(p, root): p for p in (root / PACKAGE).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text(), str(path))
         edges: set[str] = set()
-        for target in _imported(tree, name, path.name == "__init__.py"):
+        for target in _imported(tree, name, path.name == "__init__.py", hidden):
             parts = target.split(".")
             for i in range(1, len(parts) + 1):  # the module and every parent package
                 candidate = ".".join(parts[:i])
@@ -125,6 +147,36 @@ def library_to_application(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 def test_no_import_cycles() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_no_hidden_import_cycles() -> None:
+    """No circle closes through an import the interpreter skips (``TYPE_CHECKING``) or one it
+    cannot see (``importlib`` by name): the modes take a plain state, never the loop."""
+    cycle = find_cycle(import_graph(hidden=True))
+    assert cycle is None, "hidden import circle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {
+            "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import sparse2d.b\n",
+            "b.py": "import sparse2d.a\n",
+        },
+        {
+            "a.py": "import importlib\ndef f():\n    importlib.import_module('sparse2d.b')\n",
+            "b.py": "import sparse2d.a\n",
+        },
+    ],
+)
+def test_the_hidden_check_catches_what_it_claims(tmp_path: Path, files: dict[str, str]) -> None:
+    pkg = tmp_path / PACKAGE
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for rel, text in files.items():
+        (pkg / rel).write_text(text)
+    assert find_cycle(import_graph(tmp_path)) is None  # the plain check cannot see these
+    assert find_cycle(import_graph(tmp_path, hidden=True)) is not None
 
 
 def test_library_never_imports_the_application() -> None:

@@ -19,6 +19,7 @@ import logging
 
 import torch
 
+from sparse2d.errors import ConfigError
 from sparse2d.patches import (
     fbgemm_tbe_training,
     glibc_malloc,
@@ -125,7 +126,7 @@ def opt_out(*names: str) -> None:
     known = {p.name: p for p in PATCHES}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"no patch named {unknown}; the patches: {sorted(known)}")
+        raise ConfigError(f"no patch named {unknown}; the patches: {sorted(known)}")
     late = [n for n in names if n in IN_FORCE or _sites_patched(known[n])]
     if late:
         raise RuntimeError(

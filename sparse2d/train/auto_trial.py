@@ -17,8 +17,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparse2d.advisor.trial import TrialReport, measure_group_sizes
+from sparse2d.advisor.auto import share_from_rank0, topology_for_device
+from sparse2d.advisor.search import advise, no_fit_message
+from sparse2d.advisor.trial import TrialReport, measure_group_sizes, shortlist
+from sparse2d.errors import NoFitError
 from sparse2d.train.config import Config
+from sparse2d.train.workload import workload_from_config
 
 Build = Callable[[int, str], tuple[Any, torch.optim.Optimizer]]
 """(``L``, replica layout) -> (a fresh sharded model, its dense optimizer), built as the
@@ -35,12 +39,6 @@ def resolve_group_size(
     size, layout = cfg.group_size(world), cfg.parallel.replica_layout
     if size != "auto" and layout != "auto":
         return int(size), layout, None
-    from sparse2d.advisor.auto import share_from_rank0, topology_for_device
-    from sparse2d.advisor.search import advise, no_fit_message
-    from sparse2d.advisor.trial import shortlist
-    from sparse2d.errors import NoFitError
-    from sparse2d.train.plan import workload_from_config
-
     options = cfg.parallel.auto
 
     def rank_candidates() -> tuple[int, list[tuple[int, float]], dict[int, str]]:
@@ -77,6 +75,9 @@ def _candidate(
     cfg: Config, device: torch.device, build: Build, group_size: int, layout: str, steps: int
 ) -> tuple[Any, Any]:
     """One candidate as the trainer builds it: model, dense optimizer, the job's step."""
+    # here, not at the top: the data and the pipeline load TorchRec, and this module is
+    # imported by sparse2d.train.model, which the trainer's main imports before the config
+    # is checked (see its docstring)
     from sparse2d.train.data import DataSource
     from sparse2d.train.pipeline import make_steps
 

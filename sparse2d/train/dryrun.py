@@ -13,6 +13,10 @@ bytes is described from its plan alone, with no embedding storage allocated. The
 store as a launch of that config (``RUN_DIR/plans``), so a dry run before a launch saves
 the launch its planning. A bad config, group size or plan exits 1 with the one-line error
 a launch would print.
+
+torch, TorchRec and the model are imported inside the functions that build the rank, not
+at the top: ``sparse2d dryrun`` parses its arguments and checks the config before their
+seconds of import.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 from sparse2d.errors import ConfigError
 from sparse2d.known_warnings import ignore_known_warnings
+from sparse2d.train.config import load_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
 def _local_ddp_hooks(model: Any) -> None:
     """DDP's default gradient all-reduce hook fails under the fake backend (its future holds
     no tensor); a hook returning the bucket as is moves no data either, like the fake group."""
-    import torch
+    import torch  # torch, TorchRec: inside (module docstring)
     from torch.nn.parallel import DistributedDataParallel
 
     def keep(_, bucket):  # type: ignore[no-untyped-def]  # DDP checks unannotated or real types
@@ -80,7 +87,7 @@ def _step_here(cfg: Any, model: Any, device: Any, rank: int, world: int) -> dict
     """``--step-child``: one forward and backward of a real batch through the fake collectives
     in this (fresh) interpreter; their outputs are uninitialized memory (the fake backend moves
     no data), so an error is reported, not raised."""
-    from sparse2d.train.data import DataSource
+    from sparse2d.train.data import DataSource  # TorchRec: inside (module docstring)
 
     batch = DataSource(cfg, rank, world).train(0)[0].to(device)
     said = "forward: "
@@ -98,8 +105,6 @@ def _step_here(cfg: Any, model: Any, device: Any, rank: int, world: int) -> dict
 def _exit_with_parent() -> None:
     """The step's child ends when the dry run that started it is gone (killed with SIGKILL,
     say), instead of running on as an orphan."""
-    import time
-
     parent = os.getppid()
 
     def watch() -> None:
@@ -117,8 +122,6 @@ def _try_step(argv: list[str], timeout_s: float) -> dict[str, Any]:
     from uninitialized memory and can crash FBGEMM's kernels, which must not take the report
     down; it is waited for at most ``timeout_s`` and killed with the dry run (Ctrl-C,
     SIGTERM: ``subprocess.run`` kills it on any exception)."""
-    import subprocess
-
     command = [sys.executable, "-m", "sparse2d.train.dryrun", *argv, "--step-child"]
     try:
         child = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
@@ -135,11 +138,10 @@ def _try_step(argv: list[str], timeout_s: float) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     """Build the rank and describe it (raises the launch's errors)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch, TorchRec: inside (module docstring)
 
     from sparse2d.dryrun import init_fake_world, rank_report
     from sparse2d.resources import GroupRecorder
-    from sparse2d.train.config import load_config
     from sparse2d.train.model import build_model, resolve_device, shard
 
     cfg = load_config(args.config, args.overrides)
@@ -194,7 +196,7 @@ def _planned_only(
     (a 1,024-GPU job's rank holds tens of GB): nothing is sharded, no storage allocated.
     None when the rank fits: it is built for real (the plan is stored, so that is a hit);
     with the planning pass's construction record either way."""
-    import torch
+    import torch  # torch, TorchRec: inside (module docstring)
 
     from sparse2d.dryrun import plan_rank, planned_shards
     from sparse2d.resources import GroupRecorder
@@ -246,7 +248,7 @@ def _planned_only(
 
 def _peak_rss() -> dict[str, int]:
     """Peak resident memory of this process and of the step's process (Linux: KiB)."""
-    import resource
+    import resource  # POSIX only: imported where it is used, not at the dry run's start
 
     kib = 1024 if sys.platform.startswith("linux") else 1
     return {

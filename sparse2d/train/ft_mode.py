@@ -21,18 +21,20 @@ import contextlib
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
+from sparse2d import checkpoint
 from sparse2d.errors import FaultToleranceError
 from sparse2d.ft.heal_log import HealLog
+from sparse2d.ft.options import FTOptions
+from sparse2d.ft.state import digest
+from sparse2d.sync.mc import mc_identity_buffers
 from sparse2d.train.config import Config
 from sparse2d.train.data import DataSource
-from sparse2d.train.step_mode import Attempt, evaluates_after, saves_after
-
-if TYPE_CHECKING:
-    from sparse2d.train.loop import Loop
+from sparse2d.train.pipeline import PipelineSteps
+from sparse2d.train.step_mode import Attempt, Run
 
 
 def config_digest(cfg: Config) -> dict[str, str]:
@@ -98,14 +100,16 @@ class FaultTolerantMode:
         self._pipeline: Any = None
         self._participants = 0
 
-    def data(self, loop: Loop) -> tuple[DataSource, DataSource]:
+    def data(self, rank: int, world: int) -> tuple[DataSource, DataSource]:
         train = DataSource(self.cfg, self.group * self.size + self.rank, self.groups * self.size)
         return train, DataSource(self.cfg, self.rank, self.size)  # every group: one eval set
 
-    def attach(self, loop: Loop) -> None:
+    def attach(self, run: Run) -> None:
         """The torchft manager, built last: a group heartbeating before it can train would
         hold back the live groups' quorum (the lighthouse waits for heartbeating groups)."""
-        from sparse2d.ft import FaultTolerance, FTOptions
+        # here, not at the top: torchft loads only in a fault-tolerant run (the loop imports
+        # this module for every run; ``import sparse2d.ft`` itself loads no torchft)
+        from sparse2d.ft import FaultTolerance
 
         ft = self.cfg.fault_tolerance
         options = FTOptions(
@@ -123,7 +127,7 @@ class FaultTolerantMode:
             overlap_quorum=ft.overlap_quorum,
         )
         self.ft = FaultTolerance(
-            loop.model, loop.optimizer, options, config_digest=config_digest(self.cfg)
+            run.model, run.optimizer, options, config_digest=config_digest(self.cfg)
         )
         self.ft.final_step = self.cfg.train.steps  # the last step syncs whatever the cadence
 
@@ -131,14 +135,14 @@ class FaultTolerantMode:
     def completed(self) -> int:
         return self.ft.step
 
-    def shape(self, loop: Loop) -> dict[str, int]:
+    def shape(self, run: Run) -> dict[str, int]:
         return {
             "world_size": self.groups * self.size,
-            "sharding_group_size": loop.model.sharding_group_size,
+            "sharding_group_size": run.model.sharding_group_size,
             "num_replicas": self.groups,
         }
 
-    def header(self, loop: Loop) -> dict[str, Any]:
+    def header(self, run: Run) -> dict[str, Any]:
         return {
             "group_size": self.size,
             "groups": self.groups,
@@ -148,21 +152,21 @@ class FaultTolerantMode:
         }
 
     # ---- a step ------------------------------------------------------------------------
-    def attempt(self, loop: Loop) -> Attempt | None:
+    def attempt(self, run: Run) -> Attempt | None:
         ft = self.ft
         startup_s, first = 0.0, self._first
         if first:
             joined = time.perf_counter()
-            if not self._join(loop):
+            if not self._join(run):
                 return None
             startup_s = time.perf_counter() - joined
         if self._pipeline is None:
             ft.start_step()  # quorum; a group behind heals here (already open at the first)
-            if self._back_after_the_job_ended(loop, ft.participants):
+            if self._back_after_the_job_ended(run, ft.participants):
                 return None
-            batch = loop.data.train(ft.position)[0].to(loop.device)  # joins the quorum first
-            self._record_heals(loop)
-            loss, (_, logits, labels) = loop.model(batch)
+            batch = run.data.train(ft.position)[0].to(run.device)  # joins the quorum first
+            self._record_heals(run)
+            loss, (_, logits, labels) = run.model(batch)
             loss.backward()
             participants = ft.participants
             committed = bool(ft.finish_step())
@@ -173,48 +177,51 @@ class FaultTolerantMode:
             # when it was late (``_may_defer``); this step's own, unless it is late now
             participants, committed = ft.participants, all(ft.verdicts)
             ft.verdicts.clear()
-            self._record_heals(loop)
+            self._record_heals(run)
         self._participants = participants
         samples = participants * self.samples_per_group
         return Attempt(logits, labels, committed, samples, participants, startup_s)
 
-    def _join(self, loop: Loop) -> bool:
+    def _join(self, run: Run) -> bool:
         """The first quorum. A (re)launch first loads its checkpoint (the quorum then starts
         from the furthest group's, the others heal from it); a torchrun restart that finds
         nobody ahead resumes, or finds the job finished (False: stop) or lost (raises)."""
         ft = self.ft
         if self.restart == 0:
-            self._maybe_resume(loop)
+            self._maybe_resume(run)
         ft.start_step()
         # every group was lost: continue from the checkpoint's step; the groups behind it
         # heal at the next quorum (this step's quorum is already formed)
-        if not (self.restart and self._maybe_resume(loop)) and self._check_not_all_lost(loop):
+        if not (self.restart and self._maybe_resume(run)) and self._check_not_all_lost(run):
             return False
         self._first = False
-        self._record_heals(loop)
-        self._pipeline = self._build_pipeline(loop)
+        self._record_heals(run)
+        self._pipeline = self._build_pipeline(run)
         return True
 
-    def _record_heals(self, loop: Loop) -> None:
+    def _log(self, run: Run, record: dict[str, Any]) -> None:
+        """One record at the job's committed step (as the loop logs its own)."""
+        run.recorder.log(record, self.completed)
+
+    def _record_heals(self, run: Run) -> None:
         """Log this process's new heals and append them to the group's heal log."""
         for heal in self.ft.heals[self._heals_seen :]:
-            loop.log({"kind": "heal", **heal})
+            self._log(run, {"kind": "heal", **heal})
             if self.heal_log is not None:
                 self.heal_log.append(heal)
         self._heals_seen = len(self.ft.heals)
 
-    def _build_pipeline(self, loop: Loop) -> Any:
+    def _build_pipeline(self, run: Run) -> Any:
         """TorchRec's train pipeline over the fault-tolerant optimizer wrapper, reading
         batches from the group's data position on (``train.pipeline``), or None."""
         kind = self.cfg.train.pipeline
         if kind == "none":
             return None
-        from sparse2d.ft import FTOptimizer
-        from sparse2d.train.pipeline import PipelineSteps
+        from sparse2d.ft import FTOptimizer  # torchft: as in ``attach``
 
         ft = self.ft
         wrapper = FTOptimizer(ft, expect_position=ft.position, defer=self._may_defer)
-        return PipelineSteps(kind, loop.model, wrapper, loop.data, loop.device, ft.position, None)
+        return PipelineSteps(kind, run.model, wrapper, run.data, run.device, ft.position, None)
 
     def _may_defer(self, step: int) -> bool:
         """Whether the vote of the step at committed step ``step`` may land at the next
@@ -223,41 +230,34 @@ class FaultTolerantMode:
         vote lands, so it moves two steps at once where an immediate vote follows a late one;
         the step before must then land too when the loop logs after it (with ``log_every``
         1, every step), so that each logged step is logged once."""
-        cfg, t = self.cfg, self.cfg.train
-
-        def lands(done: int) -> bool:  # the loop reads a committed state after it
-            return done >= t.steps or evaluates_after(cfg, done) or saves_after(cfg, done)
-
-        done = step + 1
-        logged_before_a_jump = done % t.log_every == 0 and lands(done + 1)
-        return not (lands(done) or logged_before_a_jump or t.log_every == 1)
+        cfg, done = self.cfg, step + 1
+        logged_before_a_jump = cfg.logs_after(done) and cfg.reads_state_after(done + 1)
+        return not (cfg.reads_state_after(done) or logged_before_a_jump or cfg.train.log_every == 1)
 
     def paused(self) -> contextlib.AbstractContextManager[None]:
         return self._pipeline.paused() if self._pipeline is not None else contextlib.nullcontext()
 
     # ---- checkpoints and the all-lost case --------------------------------------------------
-    def checkpoint_extra(self, step: int, loop: Loop) -> dict[str, Any]:
+    def checkpoint_extra(self, step: int, run: Run) -> dict[str, Any]:
         return {
             "step": step,
             "position": self.ft.position,
             "slices_skipped": self.ft.slices_skipped,
         }
 
-    def _maybe_resume(self, loop: Loop) -> bool:
+    def _maybe_resume(self, run: Run) -> bool:
         """Load this group's latest checkpoint (``train.resume=auto``): at a launch, before
         the first quorum; after a torchrun restart, only when no live group was ahead at the
         first quorum (then every group was lost). A group that a live one can heal reads no
         storage."""
         if self.cfg.train.resume != "auto" or self.ft.step != 0 or self._healed_from_live():
             return False
-        from sparse2d import checkpoint
-
         path = checkpoint.latest(self.checkpoint_dir)
         if path is None:
             return False
-        extra = checkpoint.load(path, loop.model, dense_optimizer=loop.optimizer)
+        extra = checkpoint.load(path, run.model, dense_optimizer=run.optimizer)
         self.ft.resume(int(extra["step"]), int(extra["position"]), int(extra["slices_skipped"]))
-        loop.log({"kind": "resume", "step": int(extra["step"]), "path": path})
+        self._log(run, {"kind": "resume", "step": int(extra["step"]), "path": path})
         return True
 
     def _healed_from_live(self) -> bool:
@@ -277,7 +277,7 @@ class FaultTolerantMode:
                         return g
         return None
 
-    def _back_after_the_job_ended(self, loop: Loop, participants: int) -> bool:
+    def _back_after_the_job_ended(self, run: Run, participants: int) -> bool:
         """A group alone in its quorum right after sharing one: the others were lost (train
         on), or they finished the job while this group was cut off from them (its link down
         longer than their remaining steps). Then its state is stale and every step it took
@@ -291,10 +291,10 @@ class FaultTolerantMode:
         dist.broadcast_object_list(done, src=0)
         if done[0] is None:
             return False
-        self._ended_by(done[0], loop, "was cut off from it", self.ft.step)
+        self._ended_by(done[0], run, "was cut off from it", self.ft.step)
         return True
 
-    def _check_not_all_lost(self, loop: Loop) -> bool:
+    def _check_not_all_lost(self, run: Run) -> bool:
         """A restarted group that finds the job at step 0 with nothing to heal from while it
         had trained before: either the job finished without it (return True: stop cleanly)
         or every group was lost (nothing to resume from without checkpoints: raise)."""
@@ -307,7 +307,7 @@ class FaultTolerantMode:
         done = [self._finished_by_others() if self.rank == 0 else None]
         dist.broadcast_object_list(done, src=0)
         if done[0] is not None:
-            self._ended_by(done[0], loop)
+            self._ended_by(done[0], run)
             return True
         raise FaultToleranceError(
             f"group {self.group}: every replica group was lost (restart {self.restart} found "
@@ -317,14 +317,14 @@ class FaultTolerantMode:
         )
 
     def _ended_by(
-        self, finisher: int, loop: Loop, how: str = "restarted", last: int | None = None
+        self, finisher: int, run: Run, how: str = "restarted", last: int | None = None
     ) -> None:
         """This group stops with nothing to rejoin (it ``how``: restarted, or was cut off from
         the others); its ``summary.json`` and its ``final`` line say so, and name the group
         that finished the job. ``last``: its last step (default: the last it logged)."""
         last = self.trained_to if last is None else last
         why = f"group {finisher} finished the job while this group {how}; nothing to rejoin"
-        loop.recorder.write_summary(
+        run.recorder.write_summary(
             {
                 "ended": why,
                 "finished_by_group": finisher,
@@ -334,31 +334,28 @@ class FaultTolerantMode:
                 "heals": self.heal_log.read() if self.heal_log is not None else [],
             }
         )
-        loop.recorder.say(
+        run.recorder.say(
             "done",
             f"{why} (this group's last step {last}) -> {self.run_dir}/summary.json",
         )
 
     # ---- records -------------------------------------------------------------------------
-    def window(self, loop: Loop, steps: int, last: Attempt) -> dict[str, Any]:
+    def window(self, run: Run, steps: int, last: Attempt) -> dict[str, Any]:
         return {
             "participants": last.participants,
             "committed_steps": self.ft.committed,
             "failed_commits": self.ft.failed,
         }
 
-    def summary(self, loop: Loop) -> dict[str, Any]:
+    def summary(self, run: Run) -> dict[str, Any]:
         """The group's counters; ``heals``: every heal of the group in this launch, its
         restarts' included; ``pids`` and ``state_digests`` per rank (collective)."""
-        from sparse2d.ft.state import digest
-        from sparse2d.sync.mc import mc_identity_buffers
-
         ft = self.ft
         pids: list[Any] = [None] * self.size
         dist.all_gather_object(pids, os.getpid())
         digests: list[Any] = [None] * self.size  # per rank: equal across groups = identical
         dist.all_gather_object(
-            digests, digest(loop.model, ft.shards, mc_identity_buffers(ft.policy))
+            digests, digest(run.model, ft.shards, mc_identity_buffers(ft.policy))
         )
         counters = {k: v for k, v in ft.summary().items() if k != "heals"}
         return {

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sparse2d import checkpoint
 from sparse2d.train.config import Config
 from sparse2d.train.data import DataSource
+from sparse2d.train.metrics import max_over_ranks
 from sparse2d.train.pipeline import PipelineSteps, PlainSteps, make_steps
-from sparse2d.train.step_mode import Attempt
-
-if TYPE_CHECKING:
-    from sparse2d.train.loop import Loop
+from sparse2d.train.step_mode import Attempt, Run
 
 
 class InWorld:
@@ -39,54 +38,53 @@ class InWorld:
         self._win_sync_s = self._win_bytes = 0.0
         self._divergence: float | None = None
 
-    def data(self, loop: Loop) -> tuple[DataSource, DataSource]:
+    def data(self, rank: int, world: int) -> tuple[DataSource, DataSource]:
         cfg = self.cfg
         cache_dir = cfg.data.criteo.cache_dir or os.path.join(cfg.run_dir, "criteo_cache")
         if cfg.data.source == "criteo":
+            # here, not at the top: only a Criteo run loads the TSV reader (as DataSource does)
             from sparse2d.train.data.criteo import prepare_everywhere
 
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
             for line in prepare_everywhere(cfg.data.criteo, cache_dir, local_rank):
-                if loop.is_main:  # bad rows are skipped, counted and named once per file
+                if rank == 0:  # bad rows are skipped, counted and named once per file
                     print(f"[data] {line}", flush=True)
-        data = DataSource(cfg, loop.rank, loop.world, cache_dir)
-        if loop.is_main:
+        data = DataSource(cfg, rank, world, cache_dir)
+        if rank == 0:
             for line in data.wrap_lines(cfg.train.steps, cfg.train.eval_batches):
                 print(f"[data] {line}", flush=True)
         return data, data
 
-    def attach(self, loop: Loop) -> None:
-        self._maybe_resume(loop)
+    def attach(self, run: Run) -> None:
+        self._maybe_resume(run)
         self._next = self.start_step
         self.steps = make_steps(
             self.cfg.train.pipeline,
-            loop.model,
-            loop.optimizer,
-            loop.data,
-            loop.device,
+            run.model,
+            run.optimizer,
+            run.data,
+            run.device,
             self.start_step,
             self.cfg.train.steps,
         )
 
-    def _maybe_resume(self, loop: Loop) -> None:
+    def _maybe_resume(self, run: Run) -> None:
         """The newest checkpoint that loads (``train.resume=auto``); a damaged one is named
         and skipped, verified before anything changes."""
         if self.cfg.train.resume != "auto":
             return
-        from sparse2d import checkpoint
-
         where = self.checkpoint_dir
         path = checkpoint.latest(where)
         if path is None:
-            if loop.is_main:
+            if run.is_main:
                 print(f"[resume] no checkpoint in {where}; from step 0")
             return
         older = list(reversed(checkpoint.list_checkpoints(where)))
         for candidate in [path, *(p for p in older if p != path)]:
             try:  # verified before anything changes: a damaged one leaves the model as it was
-                extra = checkpoint.load(candidate, loop.model, dense_optimizer=loop.optimizer)
+                extra = checkpoint.load(candidate, run.model, dense_optimizer=run.optimizer)
             except checkpoint.CorruptCheckpointError as error:
-                if loop.is_main:
+                if run.is_main:
                     print(f"[resume] skipping damaged {candidate}: {error}", flush=True)
                 continue
             path = candidate
@@ -97,30 +95,30 @@ class InWorld:
                 "them or set train.resume=none to start from step 0"
             )
         self.start_step = int(extra["step"])
-        if loop.is_main:
+        if run.is_main:
             print(f"[resume] {path}: step {self.start_step}", flush=True)
 
     @property
     def completed(self) -> int:
         return self._next
 
-    def shape(self, loop: Loop) -> dict[str, int]:
-        model = loop.model
+    def shape(self, run: Run) -> dict[str, int]:
+        model = run.model
         return {
-            "world_size": loop.world,
+            "world_size": run.world,
             "sharding_group_size": model.sharding_group_size,
             "num_replicas": model.num_replicas,
         }
 
-    def header(self, loop: Loop) -> dict[str, Any]:
+    def header(self, run: Run) -> dict[str, Any]:
         return {}
 
-    def attempt(self, loop: Loop) -> Attempt:
+    def attempt(self, run: Run) -> Attempt:
         """One step; the last one ends on averaged replicas whatever the sync cadence."""
-        policy, step = loop.model.sync_policy, self._next
+        policy, step = run.model.sync_policy, self._next
         if self.steps is None:
             raise RuntimeError("InWorld.attempt before attach")
-        logits, labels, report = self.steps.run(step, loop.device, loop.model.maybe_sync)
+        logits, labels, report = self.steps.run(step, run.device, run.model.maybe_sync)
         if step == self.cfg.train.steps - 1 and (step + 1) % self.cfg.parallel.sync.every:
             policy.finish()
             report = policy.sync_now(step)
@@ -130,19 +128,19 @@ class InWorld:
             if report.divergence is not None:
                 self._divergence = report.divergence
         self._next += 1
-        return Attempt(logits, labels, True, loop.data.global_batch)
+        return Attempt(logits, labels, True, run.data.global_batch)
 
     def paused(self) -> contextlib.AbstractContextManager[None]:
         return self.steps.paused() if self.steps is not None else contextlib.nullcontext()
 
-    def window(self, loop: Loop, steps: int, last: Attempt) -> dict[str, Any]:
+    def window(self, run: Run, steps: int, last: Attempt) -> dict[str, Any]:
         """Sync seconds and bytes per step (slowest rank), syncs per mode so far, and the
         replica divergence before the latest measured sync."""
-        sync_s, nbytes = loop.max_over_ranks([self._win_sync_s, self._win_bytes])
+        sync_s, nbytes = max_over_ranks([self._win_sync_s, self._win_bytes])
         self.sync_s += sync_s
         self.sync_bytes += nbytes
         self._win_sync_s = self._win_bytes = 0.0
-        policy = loop.model.sync_policy
+        policy = run.model.sync_policy
         out: dict[str, Any] = {
             "sync_s_per_step": sync_s / steps,
             "sync_bytes_per_step": nbytes / steps,
@@ -154,11 +152,11 @@ class InWorld:
             self._divergence = None
         return out
 
-    def checkpoint_extra(self, step: int, loop: Loop) -> dict[str, Any]:
-        return {"step": step, "global_sample": step * loop.data.global_batch}
+    def checkpoint_extra(self, step: int, run: Run) -> dict[str, Any]:
+        return {"step": step, "global_sample": step * run.data.global_batch}
 
-    def summary(self, loop: Loop) -> dict[str, Any]:
-        policy = loop.model.sync_policy
+    def summary(self, run: Run) -> dict[str, Any]:
+        policy = run.model.sync_policy
         done = max(1, self.cfg.train.steps - self.start_step)
         return {
             "sync_s_per_step": self.sync_s / done,

@@ -16,27 +16,29 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from sparse2d import checkpoint
+from sparse2d.advisor.balance import local_load, max_over_mean
 from sparse2d.comm_device import flag_device
 from sparse2d.environment import environment
 from sparse2d.train.auto_trial import log_trial
 from sparse2d.train.config import Config
 from sparse2d.train.config.paths import launch_job
 from sparse2d.train.failure import gather_peers
+from sparse2d.train.ft_mode import FaultTolerantMode
+from sparse2d.train.in_world import InWorld
 from sparse2d.train.link_bytes import LinkBytes
-from sparse2d.train.metrics import TrainWindow, evaluate_batches
+from sparse2d.train.metrics import TrainWindow, evaluate_batches, max_over_ranks
+from sparse2d.train.model import build_model, dense_optimizer, shard
 from sparse2d.train.profiling import StepProfiler
 from sparse2d.train.recorder import Recorder, short
-from sparse2d.train.step_mode import Attempt, Mode, evaluates_after, saves_after
+from sparse2d.train.step_mode import Attempt, Mode, Run
+from sparse2d.train.workload import workload_from_config
 
 
 def make_mode(cfg: Config, rank: int, world: int) -> Mode:
     """The mode ``cfg`` asks for (``fault_tolerance.enable``: this world is one group)."""
     if cfg.fault_tolerance.enable:
-        from sparse2d.train.ft_mode import FaultTolerantMode
-
         return FaultTolerantMode(cfg, rank, world)
-    from sparse2d.train.in_world import InWorld
-
     return InWorld(cfg)
 
 
@@ -44,8 +46,6 @@ class Loop:
     """One training run on an initialized process group (every rank builds one)."""
 
     def __init__(self, cfg: Config, device: torch.device, profile: bool = False) -> None:
-        from sparse2d.train.model import build_model, dense_optimizer, shard
-
         self.cfg, self.device, self.profile = cfg, device, profile
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.is_main = self.rank == 0
@@ -66,7 +66,7 @@ class Loop:
         self.recorder = Recorder(
             cfg, self.mode.run_dir, self.is_main, self.mode.label, self.mode.wall_time
         )
-        self.data, self.eval_data = self.mode.data(self)
+        self.data, self.eval_data = self.mode.data(self.rank, self.world)
         self.model = shard(cfg, build_model(cfg, device), device, self.world)
         self.optimizer = dense_optimizer(cfg, self.model)
         self.planted: dict[str, float] = {}
@@ -74,7 +74,11 @@ class Loop:
         self.trained_samples = 0
         self.trained_steps = 0
         self.link = LinkBytes.from_env()
-        self.mode.attach(self)
+        self.run_state = Run(
+            self.model, self.optimizer, self.data, device, self.world, self.is_main, self.recorder
+        )
+        """What the mode works on (it never holds the loop)."""
+        self.mode.attach(self.run_state)
 
     # ---- helpers ---------------------------------------------------------------------
     def _show_bar(self) -> bool:
@@ -84,12 +88,6 @@ class Loop:
     def log(self, record: dict[str, Any], bar: tqdm | None = None) -> None:
         """One record of ``metrics.jsonl`` (and TensorBoard, and a printed line), rank 0."""
         self.recorder.log(record, self.mode.completed, bar)
-
-    def max_over_ranks(self, values: list[float]) -> list[float]:
-        """Each value's maximum over this world's ranks (collective)."""
-        t = torch.tensor(values, dtype=torch.float64, device=flag_device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.tolist()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -106,15 +104,13 @@ class Loop:
     def _maybe_save(self, step: int) -> None:
         """A checkpoint after ``step`` steps on the ``checkpoint.every`` cadence and at the
         end (sparse2d.checkpoint: DCP, atomic ``latest``, keep=K)."""
-        if not saves_after(self.cfg, step):
+        if not self.cfg.saves_after(step):
             return
-        from sparse2d import checkpoint
-
         path = checkpoint.save(
             self.mode.checkpoint_dir,
             self.model,
             dense_optimizer=self.optimizer,
-            extra=self.mode.checkpoint_extra(step, self),
+            extra=self.mode.checkpoint_extra(step, self.run_state),
             step=step,
             keep=self.cfg.checkpoint.keep,
         )
@@ -122,9 +118,6 @@ class Loop:
 
     def _log_balance(self) -> None:
         """Per-rank balance of the built plan: max/mean lookup load and shard memory."""
-        from sparse2d.advisor.balance import local_load, max_over_mean
-        from sparse2d.train.plan import workload_from_config
-
         tables = workload_from_config(self.cfg).tables
         mine = local_load(
             self.model.shard_states,
@@ -150,12 +143,12 @@ class Loop:
         self.log(
             {
                 "kind": "start",
-                **self.mode.shape(self),
+                **self.mode.shape(self.run_state),
                 "global_batch_size": self.data.global_batch,
                 "device": str(self.device),
                 "sync_every": self.cfg.parallel.sync.every,
                 "pipeline": self.cfg.train.pipeline,
-                **self.mode.header(self),
+                **self.mode.header(self.run_state),
                 "environment": self.environment,
                 "job": launch_job(),  # a relaunch of the same job may write here again
                 "construction": self.model.construction.record(),  # sparse2d.construction (issue 32)
@@ -167,8 +160,8 @@ class Loop:
 
     # ---- the loop --------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        cfg, mode, t = self.cfg, self.mode, self.cfg.train
-        steps = t.steps
+        cfg, mode = self.cfg, self.mode
+        steps = cfg.train.steps
         trial = self._start()
         bar = tqdm(
             total=steps,
@@ -186,7 +179,7 @@ class Loop:
         while mode.completed < steps:
             self.step = mode.completed
             start = time.perf_counter()
-            attempt = mode.attempt(self)
+            attempt = mode.attempt(self.run_state)
             if attempt is None:  # nothing left for this process (fault tolerance): stop
                 bar.close()
                 profiler.close()
@@ -216,11 +209,11 @@ class Loop:
                 continue
             bar.update(done - last_done)
             last_done = done
-            if done % t.log_every == 0 or done == steps:
+            if cfg.logs_after(done):
                 last_train = self._log_train(window, clock, attempt, bar)
-            if evaluates_after(cfg, done) or saves_after(cfg, done):
+            if cfg.evaluates_after(done) or cfg.saves_after(done):
                 self.link.pause()  # their traffic is not the step's
-                if evaluates_after(cfg, done):
+                if cfg.evaluates_after(done):
                     metrics = self.evaluate()
                     self.log({"kind": "eval", "step": done, **metrics, **self.planted}, bar)
                 self._maybe_save(done)
@@ -237,14 +230,14 @@ class Loop:
         self, window: TrainWindow, clock: _Clock, attempt: Attempt, bar: tqdm
     ) -> dict[str, float]:
         """The ``train`` record of the steps since the last one (collective)."""
-        elapsed = self.max_over_ranks([clock.seconds])[0]
+        elapsed = max_over_ranks([clock.seconds])[0]
         self.train_s += elapsed
         self.trained_samples += clock.samples
         self.trained_steps += clock.steps
         last_train = window.reduce()
         record = {"kind": "train", "step": self.mode.completed, **last_train}
         record["samples_per_s"] = clock.samples / max(elapsed, 1e-9)
-        record.update(self.mode.window(self, clock.steps, attempt))
+        record.update(self.mode.window(self.run_state, clock.steps, attempt))
         self.log(record, bar)
         bar.set_postfix(loss=f"{last_train.get('train_loss', float('nan')):.4f}")
         clock.reset()
@@ -259,7 +252,7 @@ class Loop:
             "steps": cfg.train.steps,
             "global_batch_size": self.data.global_batch,
             "batch_size_per_rank": cfg.data.batch_size_per_rank,
-            **self.mode.shape(self),
+            **self.mode.shape(self.run_state),
             "replica_layout": model.replica_layout,
             "sync_every": cfg.parallel.sync.every,
             "pipeline": cfg.train.pipeline,
@@ -277,7 +270,7 @@ class Loop:
             "environment": self.environment,
             "construction": model.construction.record(),  # sparse2d.construction (issue 32)
             **trial,
-            **self.mode.summary(self),
+            **self.mode.summary(self.run_state),
         }
         self.recorder.write_summary(summary)
         self.recorder.close()

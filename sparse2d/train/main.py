@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
+import json
 import logging
 import os
 import socket
@@ -29,7 +30,7 @@ from sparse2d.errors import CheckpointError, ConfigError, FaultToleranceError, S
 from sparse2d.known_warnings import ignore_known_warnings
 from sparse2d.train.config import load_config
 from sparse2d.train.failure import describe, is_peer_failure
-from sparse2d.train.model import resolve_device
+from sparse2d.train.model import measure_only, resolve_device
 from sparse2d.train.rendezvous import owns_round_store, round_store, shared_store_across_hosts
 
 SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
@@ -77,10 +78,6 @@ def _report(rank: int, error: BaseException, with_traceback: bool) -> None:
 
 
 def _measure(cfg: Any, device: torch.device, world: int, rank: int) -> None:
-    import json
-
-    from sparse2d.train.model import measure_only
-
     report = measure_only(cfg, device, world)
     if rank == 0:
         print(report.table(), flush=True)
@@ -172,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             _measure(cfg, device, world, rank)
             code = 0
             return code
-        from sparse2d.train.loop import Loop  # fault_tolerance.enable: one replica group
+        # here, not at the top: the loop loads TorchRec (and its modes), which a bad config,
+        # checked above on every rank, must not wait for
+        from sparse2d.train.loop import Loop
 
         loop = Loop(cfg, device, profile=args.profile)
         loop.run()

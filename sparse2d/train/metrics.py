@@ -42,6 +42,7 @@ def exact_auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     n_pos = int(positive.sum())
     n_neg = scores.numel() - n_pos
     if n_pos == 0 or n_neg == 0:  # undefined; keep torchmetrics' convention for it
+        # here, not at the top: torchmetrics takes a second to import, for this corner alone
         from torchmetrics.functional.classification import binary_auroc
 
         return float(binary_auroc(scores, labels.long()))
@@ -167,3 +168,10 @@ def evaluate_batches(
     finally:
         model.train()
     return eval_metrics(torch.cat(logits), torch.cat(labels), torch.cat(truth) if truth else None)
+
+
+def max_over_ranks(values: list[float]) -> list[float]:
+    """Each value's maximum over this world's ranks (collective)."""
+    t = torch.tensor(values, dtype=torch.float64, device=flag_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()

@@ -1,17 +1,28 @@
-"""What the trainer trains: TorchRec's DLRM on ``meta``, its optimizers, and its 2D sharding."""
+"""What the trainer trains: TorchRec's DLRM on ``meta``, its optimizers, and its 2D sharding.
+
+TorchRec (and what loads it: ``sparse2d.validation``, ``DMPCollection``, the managed-collision
+wrapper) is imported inside the functions that use it, not at the top: ``sparse2d.train.main``
+imports this module for ``resolve_device``, and a bad config must fail before TorchRec's
+seconds of import.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from sparse2d.errors import ConfigError
+from sparse2d.train.auto_trial import resolve_group_size
 from sparse2d.train.config import Config
 
 
 def resolve_device(cfg: Config) -> torch.device:
     """The config's ``device`` (``auto``: this rank's GPU when CUDA is available, else cpu)."""
-    from sparse2d.validation import resolve_device as resolve
+    from sparse2d.validation import resolve_device as resolve  # TorchRec (module docstring)
 
     return resolve(None if cfg.device == "auto" else cfg.device)
 
@@ -19,7 +30,7 @@ def resolve_device(cfg: Config) -> torch.device:
 def build_model(cfg: Config, device: torch.device) -> torch.nn.Module:
     """TorchRec ``DLRMTrain(DLRM)``: tables on ``meta``, dense layers on ``device``."""
     from torch.distributed.optim import _apply_optimizer_in_backward
-    from torchrec import EmbeddingBagCollection
+    from torchrec import EmbeddingBagCollection  # TorchRec (module docstring)
     from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
     from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
     from torchrec.optim import RowWiseAdagrad
@@ -41,9 +52,7 @@ def build_model(cfg: Config, device: torch.device) -> torch.nn.Module:
     )
     tables: torch.nn.Module = ebc
     if m.managed_collision.enabled:
-        import torch.distributed as dist
-
-        from sparse2d.train.managed_collision import managed
+        from sparse2d.train.managed_collision import managed  # TorchRec (module docstring)
 
         world = dist.get_world_size() if dist.is_initialized() else 1
         mc = managed(ebc, m.managed_collision, buckets=world)
@@ -72,7 +81,7 @@ def build_model(cfg: Config, device: torch.device) -> torch.nn.Module:
 
 
 def dense_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    from torchrec.optim.optimizers import in_backward_optimizer_filter  # (module docstring)
 
     params = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
     d = cfg.optimizer.dense
@@ -86,8 +95,6 @@ def dense_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimize
 def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int) -> Any:
     """``module`` sharded at the config's ``L``; for ``auto`` the measured trial's pick
     (``sparse2d.train.auto_trial``), its report kept as ``model.trial_report``."""
-    from sparse2d.train.auto_trial import resolve_group_size
-
     size, layout, report = resolve_group_size(cfg, device, world, _candidate_builder(cfg, device))
     model = shard_at(cfg, module, device, size, layout)
     model.trial_report = report
@@ -107,11 +114,6 @@ def _candidate_builder(cfg: Config, device: torch.device) -> Any:
 def measure_only(cfg: Config, device: torch.device, world: int) -> Any:
     """``--measure``: the measured ``auto`` trial on this launched job, no training; its
     report (rank 0 prints the table). ``parallel.sharding_group_size`` is taken as ``auto``."""
-    import dataclasses
-
-    from sparse2d.errors import ConfigError
-    from sparse2d.train.auto_trial import resolve_group_size
-
     if cfg.parallel.auto.candidates == 0:
         raise ConfigError("--measure with parallel.auto.candidates=0 measures nothing: set >= 1.")
     parallel = dataclasses.replace(cfg.parallel, sharding_group_size="auto")
@@ -127,7 +129,7 @@ def shard_at(
     ``layout`` (default ``parallel.replica_layout``, which must then not be ``auto``); the plan for
     ``size`` is stored under ``RUN_DIR/plans`` and reused by restarts, relaunches, replica
     groups and dry runs."""
-    from sparse2d import DMPCollection
+    from sparse2d import DMPCollection  # TorchRec (module docstring)
 
     return DMPCollection(module, size, **shard_options(cfg, device, layout))
 
@@ -135,9 +137,7 @@ def shard_at(
 def shard_options(cfg: Config, device: torch.device, layout: str | None = None) -> dict[str, Any]:
     """The ``DMPCollection`` keywords of the config (``shard_at``; a dry run's plan alone),
     replicas in ``layout`` (default ``parallel.replica_layout``)."""
-    import os
-
-    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.planner.types import ParameterConstraints  # (module docstring)
 
     constraints = {
         t.name: ParameterConstraints(sharding_types=[t.sharding])

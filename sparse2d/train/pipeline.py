@@ -19,6 +19,10 @@ from typing import Any
 
 import torch
 from torch.profiler import record_function
+from torchrec.distributed.train_pipeline.train_pipelines import (
+    TrainPipelineSemiSync,
+    TrainPipelineSparseDist,
+)
 
 from sparse2d.train.data import DataSource
 
@@ -66,11 +70,6 @@ class PipelineSteps:
         start: int,
         steps: int | None,
     ) -> None:
-        from torchrec.distributed.train_pipeline.train_pipelines import (
-            TrainPipelineSemiSync,
-            TrainPipelineSparseDist,
-        )
-
         common: dict[str, Any] = {"dmp_collection_sync_interval_batches": None}
         if kind == "semi_sync":
             # start_batch=0: semi-sync from the first batch (TorchRec's default waits 900).

@@ -15,58 +15,12 @@ import argparse
 import dataclasses
 import sys
 
+from sparse2d.advisor.report import explain, format_table, to_json
+from sparse2d.advisor.search import advise, no_fit_message
 from sparse2d.advisor.topology import ClusterTopology, load_topology
-from sparse2d.advisor.workload import TableLoad, Workload
 from sparse2d.errors import ConfigError
 from sparse2d.train.config import Config, load_config
-
-
-def dense_params(cfg: Config) -> int:
-    """Parameters of the DLRM MLPs (and DCN cross layers): the data-parallel part."""
-    m = cfg.model
-    features = len(m.feature_names)
-    dim = m.dense_arch[-1]
-
-    def mlp(inputs: int, sizes: list[int]) -> int:
-        total = 0
-        for size in sizes:
-            total += inputs * size + size
-            inputs = size
-        return total
-
-    if m.arch == "dlrm_dcn":
-        over_in = (features + 1) * dim
-        cross = m.dcn_num_layers * (2 * over_in * m.dcn_low_rank_dim + over_in)
-    else:
-        over_in = dim + features * (features + 1) // 2
-        cross = 0
-    return mlp(m.dense_in_features, list(m.dense_arch)) + cross + mlp(over_in, list(m.over_arch))
-
-
-def workload_from_config(cfg: Config) -> Workload:
-    """The advisor's plain view of a trainer config."""
-    synthetic = cfg.data.source == "synthetic"
-    pooling = (cfg.data.synthetic.ids_per_feature + 1) / 2 if synthetic else 1.0
-    sync = cfg.parallel.sync
-    return Workload(
-        tables=tuple(
-            TableLoad(t.name, t.rows, t.dim, len(t.features), pooling, t.sharding)
-            for t in cfg.model.specs()
-        ),
-        batch_size_per_rank=cfg.data.batch_size_per_rank,
-        optimizer=cfg.optimizer.sparse.kind,
-        sync_every=sync.every,
-        include_optimizer_state=sync.include_optimizer_state,
-        engine=sync.engine if sync.compression == "none" else "dense",
-        zipf_exponent=cfg.data.synthetic.zipf_exponent if synthetic else 1.1,
-        replica_layout=cfg.parallel.replica_layout,
-        sharding_strategy=cfg.parallel.sharding_strategy,
-        dense_params=dense_params(cfg),
-        pipeline=cfg.train.pipeline != "none",
-        ddp=True,  # the trainer trains its dense part with DDP over the world
-        hide=sync.hide,
-        check_finite=sync.check_finite,
-    )
+from sparse2d.train.workload import workload_from_config
 
 
 def default_topology_name(cfg: Config) -> str:
@@ -109,13 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
     args = parser.parse_args(argv)
     if args.measure:  # the trainer runs it: a process group, models, batches
-        import importlib
+        # here, not at the top: the advisor's table loads no torch (the trainer's main does)
+        from sparse2d.train.main import main as train
 
-        trainer = importlib.import_module("sparse2d.train.main")  # by name, as cli.py routes
-        return int(trainer.main(["--config", args.config, "--measure", *args.overrides]))
-    from sparse2d.advisor.report import explain, format_table, to_json
-    from sparse2d.advisor.search import advise, no_fit_message
-
+        return int(train(["--config", args.config, "--measure", *args.overrides]))
     try:
         if args.world_size < 1:
             raise ConfigError(f"--world-size {args.world_size} must be >= 1.")

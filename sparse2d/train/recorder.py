@@ -41,7 +41,7 @@ class Recorder:
         with open(os.path.join(run_dir, "config.yaml"), "w") as f:
             f.write(dump_yaml(cfg))
         self._metrics = open(os.path.join(run_dir, "metrics.jsonl"), "a")  # noqa: SIM115
-        if cfg.metrics.tensorboard:
+        if cfg.metrics.tensorboard:  # the optional dependency loads only when asked for
             from sparse2d.train.tensorboard_log import TensorBoardLog
 
             self._tensorboard = TensorBoardLog(run_dir)  # RUN_DIR[/replica_<g>]/tensorboard

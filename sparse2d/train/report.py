@@ -162,7 +162,7 @@ PANELS = (
 
 def figure(runs: list[Run]) -> Any:
     """Loss, AUC and samples/s over steps, one colour per run (a matplotlib figure)."""
-    try:
+    try:  # the optional dependency (``sparse2d[train]``), needed only for ``-o``
         import matplotlib
     except ImportError:
         raise ConfigError(

@@ -9,35 +9,43 @@ how a step is attempted and what it counts:
 - ``FaultTolerantMode`` (``sparse2d.train.ft_mode``): this world is one replica group of a
   torchft job; a step is an attempt that commits or fails (quorum, heal, vote through
   ``sparse2d.ft``), and the mode counts commits, failed commits, heals and skipped samples.
+
+A mode never sees the loop: it gets the rank and world size for its data, then a ``Run``
+(the model, its optimizer, the data, the device, the recorder) for everything after. When
+the loop logs, evaluates and saves is the config's (``Config.logs_after``,
+``Config.evaluates_after``, ``Config.saves_after``).
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from sparse2d.train.data import DataSource
-
-if TYPE_CHECKING:
-    from sparse2d.train.config import Config
-    from sparse2d.train.loop import Loop
+from sparse2d.train.recorder import Recorder
 
 
-def evaluates_after(cfg: Config, done: int) -> bool:
-    """The loop evaluates after ``done`` steps (``train.eval_every``; the final evaluation
-    follows the loop). A mode whose commits land late lands these at once."""
-    every = cfg.train.eval_every
-    return bool(every) and done % every == 0 and done != cfg.train.steps
+@dataclass
+class Run:
+    """What a mode works on once the model exists (the loop builds it; a mode never holds
+    the loop)."""
 
-
-def saves_after(cfg: Config, done: int) -> bool:
-    """The loop saves a checkpoint after ``done`` steps: on ``checkpoint.every`` and at the
-    end. A mode whose commits land late lands these at once."""
-    every = cfg.checkpoint.every
-    return every > 0 and (done % every == 0 or done == cfg.train.steps)
+    model: Any
+    """The sharded model (``sparse2d.DMPCollection``)."""
+    optimizer: torch.optim.Optimizer
+    """The dense optimizer (the sparse one is fused into the model's backward)."""
+    data: DataSource
+    """This rank's training data."""
+    device: torch.device
+    world: int
+    """Ranks in this torchrun world."""
+    is_main: bool
+    """Rank 0 of this world (it prints)."""
+    recorder: Recorder
+    """The run directory's records (``log`` at the mode's ``completed`` step, ``say``)."""
 
 
 @dataclass
@@ -69,35 +77,35 @@ class Mode(Protocol):
     wall_time: bool
     """Whether records carry the wall ``time``."""
 
-    def data(self, loop: Loop) -> tuple[DataSource, DataSource]:
-        """(train data, eval data) of this rank."""
+    def data(self, rank: int, world: int) -> tuple[DataSource, DataSource]:
+        """(train data, eval data) of rank ``rank`` of this world (before the model exists)."""
 
-    def attach(self, loop: Loop) -> None:
+    def attach(self, run: Run) -> None:
         """Called once the model and optimizer exist: resume, build the step driver."""
 
     @property
     def completed(self) -> int:
         """Steps of the job done so far (committed, under fault tolerance)."""
 
-    def shape(self, loop: Loop) -> dict[str, int]:
+    def shape(self, run: Run) -> dict[str, int]:
         """``world_size``, ``sharding_group_size``, ``num_replicas`` of the job."""
 
-    def header(self, loop: Loop) -> dict[str, Any]:
+    def header(self, run: Run) -> dict[str, Any]:
         """The mode's fields of the ``start`` record."""
 
-    def attempt(self, loop: Loop) -> Attempt | None:
+    def attempt(self, run: Run) -> Attempt | None:
         """Run one step; None: this process has nothing left to do (stop cleanly)."""
 
     def paused(self) -> contextlib.AbstractContextManager[None]:
         """Around evaluation (a pipeline hands the model's forward back)."""
 
-    def window(self, loop: Loop, steps: int, last: Attempt) -> dict[str, Any]:
+    def window(self, run: Run, steps: int, last: Attempt) -> dict[str, Any]:
         """The mode's fields of a ``train`` record over ``steps`` logged steps (collective)."""
 
-    def checkpoint_extra(self, step: int, loop: Loop) -> dict[str, Any]:
+    def checkpoint_extra(self, step: int, run: Run) -> dict[str, Any]:
         """What a checkpoint at ``step`` carries besides the model (resume needs it)."""
 
-    def summary(self, loop: Loop) -> dict[str, Any]:
+    def summary(self, run: Run) -> dict[str, Any]:
         """The mode's fields of ``summary.json`` (collective)."""
 
     def final_text(self, summary: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ KINDS = ("dense", "sparse", "labels")
 
 def check_features(feature_names: list[str], dense_in_features: int) -> None:
     """Criteo models must read Criteo's columns: ``cat_0..cat_25`` and 13 dense features."""
+    # here, not at the top: the config loads no torch unless a Criteo config is checked
     from torchrec.datasets.criteo import CAT_FEATURE_COUNT, DEFAULT_CAT_NAMES, INT_FEATURE_COUNT
 
     unknown = [f for f in feature_names if f not in DEFAULT_CAT_NAMES]

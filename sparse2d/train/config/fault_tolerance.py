@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from sparse2d.ft.refusals import option_refusals
 from sparse2d.train.config.io import bad, positive
 
 
@@ -81,8 +82,6 @@ def refusals(cfg: Any) -> list[str]:
     library's refusals (``sparse2d.ft.refusals.option_refusals``) and the trainer's own."""
     if not cfg.fault_tolerance.enable:
         return []
-    from sparse2d.ft.refusals import option_refusals
-
     p = cfg.parallel
     out = []
     if p.sharding_group_size == "auto":

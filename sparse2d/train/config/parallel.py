@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparse2d.advisor.trial_options import TrialOptions
+from sparse2d.sync import fully_sharded_rules
 from sparse2d.sync.options import SyncOptions
 from sparse2d.train.config.io import bad, positive
 
@@ -55,20 +56,20 @@ class ParallelConfig:
             positive(self, "node_group_size")
         positive(self, "timeout_s")
         if self.sharding_strategy == "fully_sharded":
-            from sparse2d.sync import fully_sharded_rules as checks  # the library's refusal
-
-            changed = checks.fully_sharded_conflicts(self.sync)
+            changed = fully_sharded_rules.fully_sharded_conflicts(self.sync)  # the library's
             if changed:
                 keys = ", ".join(f"sync.{c}" for c in changed)
                 raise bad(
                     "sharding_strategy",
                     self.sharding_strategy,
-                    f"cannot run with {keys}: {checks.WHY}; drop them or use "
+                    f"cannot run with {keys}: {fully_sharded_rules.WHY}; drop them or use "
                     "sharding_strategy=default",
                 )
 
     def strategy(self) -> Any:
         """TorchRec's ``ShardingStrategy`` for ``sharding_strategy``."""
+        # here, not at the top: the config loads no torch (the launchers check configs in
+        # short processes; tests/test_config_fault_tolerance.py)
         from torchrec.distributed.types import ShardingStrategy
 
         return ShardingStrategy[self.sharding_strategy.upper()]

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import divisors
+from sparse2d.sync.mc_rules import refusals as mc_refusals
 from sparse2d.train.config.checkpoint import CheckpointConfig
 from sparse2d.train.config.criteo import check_features, missing_files, unreadable
 from sparse2d.train.config.data import DataConfig
@@ -69,8 +70,6 @@ class Config:
             )
         mc = self.model.managed_collision
         if mc.enabled:
-            from sparse2d.sync.mc_rules import refusals as mc_refusals
-
             refused = mc_refusals(
                 momentum_scaling=self.parallel.sync.momentum_scaling,
                 fully_sharded=self.parallel.sharding_strategy == "fully_sharded",
@@ -97,6 +96,30 @@ class Config:
     def group_size(self, world_size: int) -> int | str:
         """``L`` for ``world_size`` ranks, or ``"auto"`` (resolved by the advisor at start-up)."""
         return self.parallel.sharding_group_size or world_size
+
+    # ---- when the loop logs, evaluates and saves (one place: the loop and the
+    # fault-tolerant mode's late votes, sparse2d.train.ft_mode, both read these) -------
+    def logs_after(self, done: int) -> bool:
+        """The loop logs a ``train`` record after ``done`` steps (``train.log_every``, and the
+        last step)."""
+        return done % self.train.log_every == 0 or done == self.train.steps
+
+    def evaluates_after(self, done: int) -> bool:
+        """The loop evaluates after ``done`` steps (``train.eval_every``; the final evaluation
+        follows the loop)."""
+        every = self.train.eval_every
+        return bool(every) and done % every == 0 and done != self.train.steps
+
+    def saves_after(self, done: int) -> bool:
+        """The loop saves a checkpoint after ``done`` steps: on ``checkpoint.every`` and at the
+        end."""
+        every = self.checkpoint.every
+        return every > 0 and (done % every == 0 or done == self.train.steps)
+
+    def reads_state_after(self, done: int) -> bool:
+        """The loop reads the model's state after ``done`` steps: it evaluates or saves, or
+        the job ends (a mode whose commits land late lands them first)."""
+        return done >= self.train.steps or self.evaluates_after(done) or self.saves_after(done)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -176,7 +199,7 @@ class Config:
 
 def tensorboard_installed() -> bool:
     """Whether ``torch.utils.tensorboard`` can write (the trainer's optional dependency)."""
-    try:
+    try:  # a probe of the optional dependency: imported only to see that it is there
         import tensorboard  # noqa: F401
     except ImportError:
         return False

@@ -35,7 +35,7 @@ class DataSource:
             self.synthetic = SyntheticCTR(
                 tables, cfg.model.dense_in_features, cfg.data.synthetic, cfg.data.seed
             )
-        else:
+        else:  # here, not at the top: only a Criteo run loads the TSV reader
             from sparse2d.train.data.criteo import CriteoBatches, CriteoFiles
 
             self._train = CriteoBatches(CriteoFiles(cfg.data.criteo.train_files, cache_dir), tables)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torchrec.datasets.criteo import (
     DEFAULT_CAT_NAMES,
     BinaryCriteoUtils,
@@ -75,8 +76,6 @@ def prepare(cfg: CriteoConfig, cache_dir: str) -> list[str]:
 def prepare_everywhere(cfg: CriteoConfig, cache_dir: str, local_rank: int) -> list[str]:
     """``prepare`` on local rank 0 of each host; every rank learns any failure (collective),
     so a bad file stops all ranks with the same error instead of leaving them in a barrier."""
-    import torch.distributed as dist
-
     outcome: dict[str, Any] = {"skipped": [], "error": ""}
     if local_rank == 0:
         try:
