@@ -198,6 +198,10 @@ def repredict(result: dict[str, Any]) -> None:
     checked against the measurements already made, without measuring again."""
     import tempfile
 
+    result["predicted"] = (
+        "Predicted: priced again (`--repredict`) on the topology the emulator writes now "
+        "(each host with twice its even share of the cores), the measurements as stored."
+    )
     with tempfile.TemporaryDirectory() as folder:
         for raw in result["cells"]:
             cell = Cell(raw["hosts"], raw["nproc"], raw["link"], Strategy(**raw["strategy"]))
@@ -282,7 +286,7 @@ def render(result: dict[str, Any]) -> str:
         f"{result['machine']}. samples/s: mean over the rounds (each the trainer's own); "
         "x1D: ratio to 1D's mean in the same run; bytes: what crossed host links per step, "
         "summed over hosts, from the interfaces' counters; emb/rank: the share of the tables "
-        "each rank holds (1/L).",
+        "each rank holds (1/L)." + (f" {result['predicted']}" if result.get("predicted") else ""),
         "",
     ]
     for (hosts, nproc, link), cells in groups.items():

@@ -184,11 +184,13 @@ start_host() {  # start_host <h>: the host's launch in its namespace, under its 
   echo "name: emulated_${HOSTS}x${NPROC}_$LINK"
   echo "world_size: $(( HOSTS * NPROC ))"
   echo "ranks_per_host: $NPROC"
-  # every host's ranks run on every core of this machine (no cpuset), and a host whose ranks
-  # wait on its link leaves the cores to the others: priced as all cores per host, the cost
-  # model's step was within 10-14% of the measured one on the main job, against 46-50% with
-  # the cores split evenly between hosts (bench/RESULTS.md, cluster sections)
-  echo "cores_per_host: $("$PYTHON" -c "import os; print(float(os.cpu_count()))")"
+  # Cores: every host's ranks run on all of this machine's cores (no cpuset), and ranks of
+  # different hosts rarely compute at once (one host's ranks wait on its link while another's
+  # compute), so each host is priced with twice its even share. Fitted on the cluster bench:
+  # with the even share the model's step was 46-52% too long on 2 x 4 ranks; with every core
+  # per host 46% too short on 4 x 2 at 1 Gbit/s; with twice the even share 6-14% off on all
+  # six measured cells (bench/RESULTS.md, cluster sections).
+  echo "cores_per_host: $("$PYTHON" -c "import os; print(2 * os.cpu_count() / $HOSTS)")"
   [[ "$LINK" == none ]] || echo "host_link_bw: $(( LINK_BITS / 8 ))"
 } >"$RUN_DIR/topology.yaml"
 export SPARSE2D_TOPOLOGY="$PWD/$RUN_DIR/topology.yaml"

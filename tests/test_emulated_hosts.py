@@ -134,6 +134,11 @@ def test_inter_host_layout_sends_fewer_bytes_across_hosts_than_1d(tmp_path: Path
             )
         ] * 2
         assert [h["link"] for h in cluster["hosts"]] == ["1gbit", "1gbit"]
+        # what the advisor prices here: these hosts, twice each one's even share of the
+        # cores (docs/training.md says why), each host's link in bytes/s
+        topology = (run_dir / "topology.yaml").read_text()
+        assert "ranks_per_host: 2\n" in topology and "host_link_bw: 125000000\n" in topology
+        assert f"cores_per_host: {2 * (os.cpu_count() or 1) / 2}\n" in topology, topology
         assert _left_behind(cluster["id"], run_dir) == []
     one_d = summaries["1d"]["host_link_bytes_per_step"]
     two_d = summaries["2d"]["host_link_bytes_per_step"]
