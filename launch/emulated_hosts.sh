@@ -189,7 +189,7 @@ start_host() {  # start_host <h>: the host's launch in its namespace, under its 
   # compute), so each host is priced with twice its even share. Fitted on the cluster bench:
   # with the even share the model's step was 46-52% too long on 2 x 4 ranks; with every core
   # per host 46% too short on 4 x 2 at 1 Gbit/s; with twice the even share 6-14% off on all
-  # six measured cells (bench/RESULTS.md, cluster sections).
+  # six cells it was fitted on and 20% on a held-out one (bench/RESULTS.md, cluster sections).
   echo "cores_per_host: $("$PYTHON" -c "import os; print(2 * os.cpu_count() / $HOSTS)")"
   [[ "$LINK" == none ]] || echo "host_link_bw: $(( LINK_BITS / 8 ))"
 } >"$RUN_DIR/topology.yaml"
