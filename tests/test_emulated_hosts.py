@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -164,15 +165,25 @@ def test_bad_input_is_one_line_and_exit_2(env: dict, args: tuple, says: str) -> 
 
 
 def test_not_root_or_no_tc_is_one_line(tmp_path: Path) -> None:
-    """Without root, or without tc on PATH: one line naming what is missing, exit 2."""
-    nobody = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", str(LAUNCHER)],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    """Without root, or without tc on PATH: one line naming what is missing, exit 2. The
+    unprivileged user runs a copy of the launcher in a folder it can read: the checkout may
+    sit where only root can (a fresh clone under ``mktemp -d``, mode 700), and the refusal
+    comes before the launcher reads anything else of the project."""
+    shared = Path(tempfile.mkdtemp(prefix="sparse2d-nobody-"))
+    try:
+        shared.chmod(0o755)
+        (shared / "launch").mkdir(mode=0o755)
+        copy = shutil.copy(LAUNCHER, shared / "launch" / LAUNCHER.name)
+        nobody = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", str(copy)],
+            cwd=shared,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        shutil.rmtree(shared)
     assert nobody.returncode == 2 and nobody.stderr.strip().count("\n") == 0, nobody.stderr
     assert "needs root" in nobody.stderr
     tools = tmp_path / "bin"  # every command on PATH but tc
