@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench_util import RESULTS_DIR, machine_note, publish, stored_stamp
+from bench_util import RESULTS_DIR, link_bits, machine_note, publish, stored_stamp
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "launch" / "emulated_hosts.sh"
@@ -216,9 +216,7 @@ def repredict(result: dict[str, Any]) -> None:
 
 def emulated_topology(cell: Cell) -> str:
     """The ``topology.yaml`` launch/emulated_hosts.sh writes for ``cell``'s cluster."""
-    scale = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
-    unit = next(u for u in scale if cell.link.endswith(u))
-    bits = float(cell.link[: -len(unit)]) * scale[unit]
+    bits = link_bits(cell.link)
     return (
         f"base: cpu_gloo\nname: emulated_{cell.hosts}x{cell.nproc}_{cell.link}\n"
         f"world_size: {cell.world}\nranks_per_host: {cell.nproc}\n"

@@ -34,7 +34,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.bench_util import RESULTS_DIR, machine_note, publish, stored_stamp  # noqa: E402
+from bench.bench_util import (  # noqa: E402
+    RESULTS_DIR,
+    link_bits,
+    machine_note,
+    publish,
+    stored_stamp,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "launch" / "emulated_hosts.sh"
@@ -159,20 +165,12 @@ def set_link(host: dict, up: bool) -> None:
 
 def shape(host: dict, rate: str) -> None:
     """Both directions of the host's link to ``rate`` (as the emulator shapes them)."""
-    bits = _bits(rate)
+    bits = link_bits(rate)
     burst = max(bits // 8 // 100, 65536)
     qdisc = ["qdisc", "replace", "dev"]
     tail_ = ["root", "tbf", "rate", rate, "burst", str(burst), "latency", "50ms"]
     subprocess.run(["tc", *qdisc, host["bridge_interface"], *tail_], check=True)
     subprocess.run(["tc", "-n", host["namespace"], *qdisc, host["interface"], *tail_], check=True)
-
-
-def _bits(rate: str) -> int:
-    units = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
-    for unit, scale in units.items():
-        if rate.endswith(unit):
-            return int(float(rate[: -len(unit)]) * scale)
-    raise ValueError(f"rate {rate!r}: use a number with bit, kbit, mbit or gbit")
 
 
 def run_fault(
@@ -206,7 +204,7 @@ def run_fault(
                 time.sleep(seconds)
                 set_link(host, up=True)
             else:
-                shape(host, f"{_bits(LINK) // slow_factor}bit")
+                shape(host, f"{link_bits(LINK) // slow_factor}bit")
                 time.sleep(seconds)
                 shape(host, LINK)
             event["end"] = time.time()

@@ -287,12 +287,19 @@ class FaultTolerantMode:
         self._participants = participants
         if not shrank:
             return False
-        done = [self._finished_by_others() if self.rank == 0 else None]  # as in the restart
-        dist.broadcast_object_list(done, src=0)
-        if done[0] is None:
+        finisher = self._finisher()
+        if finisher is None:
             return False
-        self._ended_by(done[0], run, "was cut off from it", self.ft.step)
+        self._ended_by(finisher, run, "was cut off from it", self.ft.step)
         return True
+
+    def _finisher(self) -> int | None:
+        """``_finished_by_others`` as the whole group sees it (collective inside the group):
+        rank 0 reads the files and its answer holds for the group, because ranks reading a
+        summary being written a moment apart must not take different ways out."""
+        done = [self._finished_by_others() if self.rank == 0 else None]
+        dist.broadcast_object_list(done, src=0)
+        return done[0]
 
     def _check_not_all_lost(self, run: Run) -> bool:
         """A restarted group that finds the job at step 0 with nothing to heal from while it
@@ -302,12 +309,9 @@ class FaultTolerantMode:
             return False
         if self._healed_from_live():
             return False
-        # rank 0 reads the files and its answer holds for the group: ranks reading a summary
-        # being written a moment apart must not take different ways out
-        done = [self._finished_by_others() if self.rank == 0 else None]
-        dist.broadcast_object_list(done, src=0)
-        if done[0] is not None:
-            self._ended_by(done[0], run)
+        finisher = self._finisher()
+        if finisher is not None:
+            self._ended_by(finisher, run)
             return True
         raise FaultToleranceError(
             f"group {self.group}: every replica group was lost (restart {self.restart} found "
