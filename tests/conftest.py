@@ -5,6 +5,7 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,13 +115,27 @@ def _check_released(what: str, before: dict[int, list[int]]) -> None:
         start = before.get(id(world), world.baseline)
         if _grown(world, start) > LEAK_BOUND:
             names = world.thread_names()
+            groups = _live_groups(world)
             pytest.fail(
                 f"{what} left threads behind in the {world.world_size}-rank workers: "
                 f"{start} -> {world.threads} (bound +{LEAK_BOUND}); some check created "
                 "process groups (or threads) that were not released. Threads by name: "
-                + "; ".join(f"rank {rank}: {counts}" for rank, counts in enumerate(names)),
+                + "; ".join(f"rank {rank}: {counts}" for rank, counts in enumerate(names))
+                + ". Live process groups: "
+                + "; ".join(f"rank {rank}: {g}" for rank, g in enumerate(groups)),
                 pytrace=False,
             )
+
+
+def _live_groups(world: DistWorld) -> list[Any]:
+    """Each rank's live process groups and where each was made (``harness.live_groups``),
+    or why they could not be read."""
+    from tests.harness import live_groups
+
+    try:
+        return world.run(live_groups, timeout=30.0)
+    except Exception as error:  # the report must not hide the leak it reports
+        return [f"unreadable: {type(error).__name__}: {error}"] * world.world_size
 
 
 @pytest.fixture(scope="module", autouse=True)

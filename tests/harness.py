@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch.multiprocessing as mp
@@ -91,6 +92,44 @@ def release_models() -> int:
     return len(models)
 
 
+GROUP_SITES: dict[str, str] = {}
+"""In a worker: each process group's name -> where it was made (the innermost project
+frames), so a leak report can name the code that left a group alive."""
+
+
+def _record_group_sites() -> None:
+    """Wrap c10d's one group constructor (``new_group``, ``split_group`` and DeviceMesh all
+    reach it) to note the project frames that made each group."""
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d._new_process_group_helper
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        made = original(*args, **kwargs)
+        group = made[0] if isinstance(made, tuple) else made
+        frames = [
+            f"{Path(f.filename).name}:{f.lineno} {f.name}"
+            for f in traceback.extract_stack()[:-1]
+            if "/sparse2d/" in f.filename or "/tests/" in f.filename
+        ]
+        GROUP_SITES[c10d._world.pg_names.get(group, "?")] = " <- ".join(frames[::-1][:4])
+        return made
+
+    c10d._new_process_group_helper = recorded
+
+
+def live_groups() -> list[str]:
+    """This rank's live process groups (WORLD aside): name, ranks and where each was made."""
+    import torch.distributed.distributed_c10d as c10d
+
+    return [
+        f"{name} ranks={sorted(c10d._world.pg_group_ranks.get(group, {}))} "
+        f"made at {GROUP_SITES.get(name, 'start-up')}"
+        for group, name in list(c10d._world.pg_names.items())
+        if group is not c10d.GroupMember.WORLD
+    ]
+
+
 def _worker(rank: int, world_size: int, ports: Any, tasks: Any, results: Any) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -120,6 +159,7 @@ def _worker(rank: int, world_size: int, ports: Any, tasks: Any, results: Any) ->
     store = own_store(rank, world_size, ports, timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
     dist.barrier()
+    _record_group_sites()
     # Import what every check uses, then move it out of the garbage collector's sight: the
     # full collection after each check (``release_models``) then scans only what checks
     # made (0.7 s per check with ~340k library objects tracked, microseconds without).

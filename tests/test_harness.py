@@ -78,3 +78,32 @@ def test_thread_names_show_what_a_leak_is_made_of(world2: DistWorld) -> None:
         assert after[rank]["gloo_tcp_loop"] >= 1  # the world's own process group
         grown = {k: n - before[rank].get(k, 0) for k, n in after[rank].items()}
         assert any(grown.get(k, 0) >= 1 for k in ("python", "python3", "sparse2d-leak-p")), grown
+
+
+_GROUPS: list = []
+
+
+def check_make_group_and_keep_it() -> list[str]:
+    from tests.harness import live_groups
+
+    _GROUPS.append(dist.new_group([0, 1], backend="gloo"))
+    return live_groups()
+
+
+def check_destroy_kept_groups() -> list[str]:
+    from tests.harness import live_groups
+
+    while _GROUPS:
+        dist.destroy_process_group(_GROUPS.pop())
+    return live_groups()
+
+
+def test_a_leak_report_names_the_code_that_made_each_live_group(world2: DistWorld) -> None:
+    """The leak report's second half: every live group with the project frames that made it,
+    so a group left alive names its maker (here this module's check)."""
+    made = world2.run(check_make_group_and_keep_it)
+    after = world2.run(check_destroy_kept_groups)
+    for rank in range(2):
+        ours = [g for g in made[rank] if "check_make_group_and_keep_it" in g]
+        assert len(ours) == 1 and "ranks=[0, 1]" in ours[0], made[rank]
+        assert not [g for g in after[rank] if "check_make_group_and_keep_it" in g], after[rank]
