@@ -49,6 +49,9 @@ class Strategy:
     engine: str = "dense"
     bf16: bool = False
     auto: str = ""
+    switch: str = ""
+    """A boolean ``parallel.sync`` option turned on for this run (``overlap``, ``hide``): what
+    the ``options`` preset measures each sync option by."""
     """``measured``: ``sharding_group_size`` and ``replica_layout`` both ``auto`` (the advisor
     shortlists, a trial on the job decides); ``model``: the same without the trial (the cost
     model's pick); empty: the fixed layout above."""
@@ -60,7 +63,8 @@ class Strategy:
             return "1D"
         text = "L=1" if self.group_size == 1 else f"L={self.group_size} {self.layout[:5]}"
         text += f" every {self.every} {self.engine}"
-        return text + (" bf16" if self.bf16 else "")
+        text += " bf16" if self.bf16 else ""
+        return text + (f" {self.switch}" if self.switch else "")
 
     def overrides(self) -> list[str]:
         if self.auto:
@@ -78,6 +82,7 @@ class Strategy:
             f"parallel.sync.every={self.every}",
             f"parallel.sync.engine={self.engine}",
             f"parallel.sync.compression={'bf16' if self.bf16 else 'none'}",
+            *([f"parallel.sync.{self.switch}=true"] if self.switch else []),
         ]
 
 
@@ -88,22 +93,27 @@ def strategies(
     bf16: list[bool],
     group_sizes: list[int] | None = None,
     auto: list[str] = (),  # type: ignore[assignment]
+    layouts: list[str] | None = None,
+    switches: list[str] = (),  # type: ignore[assignment]
 ) -> list[Strategy]:
-    """1D, full replication and every 2D layout of ``world`` ranks, crossed with the options.
-    The layouts of L=1 and L=T are one and the same (one replica group, one sharding group)."""
+    """1D, full replication and every 2D layout of ``world`` ranks (or only ``layouts``),
+    crossed with the options; each of ``switches`` once more on top of the first engine
+    without bf16. The layouts of L=1 and L=T are one and the same (one replica group, one
+    sharding group)."""
     sizes = group_sizes or [d for d in range(1, world + 1) if world % d == 0]
     out = [Strategy(world)] if world in sizes else []
     for size in sizes:
         if size == world:
             continue
-        layouts = ["inter_host"] if size == 1 else ["intra_host", "inter_host"]
-        for layout in layouts:
+        kept = ["inter_host"] if size == 1 else ["intra_host", "inter_host"]
+        for layout in [x for x in kept if size == 1 or layouts is None or x in layouts]:
             for n in every:
                 for engine in engines:
                     for half in bf16:
                         if half and engine != "dense":
-                            continue  # bf16 deltas need the dense engine (refused otherwise)
+                            continue  # bf16 deltas need the dense engine (auto turns dense)
                         out.append(Strategy(size, layout, n, engine, half))
+                out += [Strategy(size, layout, n, engines[0], switch=x) for x in switches]
     for kind in auto:  # the advisor's picks at the job's own cadence and engine
         out += [Strategy(0, every=n, engine=engines[0], auto=kind) for n in every]
     return out
@@ -229,7 +239,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for shape in args.shapes:
         hosts, nproc = (int(x) for x in shape.split("x"))
         world = hosts * nproc
-        plan = strategies(world, args.every, args.engines, args.bf16, args.group_sizes, args.auto)
+        plan = strategies(
+            world,
+            args.every,
+            args.engines,
+            args.bf16,
+            args.group_sizes,
+            args.auto,
+            args.layouts,
+            args.switches,
+        )
         for link in args.links:
             cells += [Cell(hosts, nproc, link, s) for s in plan]
     load = os.getloadavg()[0]
@@ -284,7 +303,9 @@ def render(result: dict[str, Any]) -> str:
         f"{result['machine']}. samples/s: mean over the rounds (each the trainer's own); "
         "x1D: ratio to 1D's mean in the same run; bytes: what crossed host links per step, "
         "summed over hosts, from the interfaces' counters; emb/rank: the share of the tables "
-        "each rank holds (1/L)." + (f" {result['predicted']}" if result.get("predicted") else ""),
+        "each rank holds (1/L)."
+        + (f" {result['predicted']}" if result.get("predicted") else "")
+        + (f" Config: {result['relabelled']}." if result.get("relabelled") else ""),
         "",
     ]
     for (hosts, nproc, link), cells in groups.items():
@@ -419,7 +440,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "group_sizes": [1, 4, 8],
         "auto": ["measured", "model"],
         "rounds": 3,
-        "steps": 150,
+        "steps": 100,
     },
 }
 
@@ -427,7 +448,40 @@ PRESETS: dict[str, dict[str, Any]] = {
 PRESETS["main_every10"] = {**PRESETS["main"], "every": [10], "steps": 200}
 """The same cell at the cadence measured first (a sync every 10 steps): kept beside it."""
 
-MARKERS = {None: "cluster", "main": "cluster-main", "main_every10": "cluster-main-every10"}
+PRESETS["options"] = {
+    **PRESETS["main"],
+    "links": ["100mbit", "1gbit"],
+    "engines": ["auto", "dense", "sparse"],
+    "bf16": [False, True],
+    "group_sizes": [4],
+    "layouts": ["inter_host"],
+    "switches": ["overlap", "hide"],
+    "auto": [],
+    "rounds": 2,
+    "steps": 100,
+}
+"""Each sync option alone on the shipped 2D layout, on a slow and a fast link: the
+measurement that keeps or retires it (issue 56)."""
+
+PRESETS["cadence"] = {
+    **PRESETS["main"],
+    "every": [1, 10],
+    "group_sizes": [1, 4, 8],
+    "layouts": ["inter_host"],
+    "auto": [],
+    "rounds": 2,
+    "steps": 40,
+}
+"""The main cell at a sync every step and every 10 (40 steps: full replication syncing
+every step moves all its tables across the hosts each step)."""
+
+MARKERS = {
+    None: "cluster",
+    "main": "cluster-main",
+    "main_every10": "cluster-main-every10",
+    "options": "cluster-options",
+    "cadence": "cluster-cadence",
+}
 """Each run's section of bench/RESULTS.md."""
 
 
@@ -453,6 +507,15 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda s: [x for x in s.split(",") if x],
         default=["measured", "model"],
         help="the advisor's picks to run too: measured,model (empty: none)",
+    )
+    parser.add_argument(
+        "--layouts", type=lambda s: s.split(","), help="2D layouts to run (default: both)"
+    )
+    parser.add_argument(
+        "--switches",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=[],
+        help="sync options to measure one at a time: overlap,hide",
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
