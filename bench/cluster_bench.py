@@ -458,7 +458,7 @@ PRESETS["options"] = {
     "switches": ["overlap", "hide"],
     "auto": [],
     "rounds": 2,
-    "steps": 100,
+    "steps": 60,
 }
 """Each sync option alone on the shipped 2D layout, on a slow and a fast link: the
 measurement that keeps or retires it (issue 56)."""
@@ -470,9 +470,9 @@ PRESETS["cadence"] = {
     "layouts": ["inter_host"],
     "auto": [],
     "rounds": 2,
-    "steps": 40,
+    "steps": 30,
 }
-"""The main cell at a sync every step and every 10 (40 steps: full replication syncing
+"""The main cell at a sync every step and every 10 (30 steps: full replication syncing
 every step moves all its tables across the hosts each step)."""
 
 MARKERS = {
