@@ -13,7 +13,7 @@ Pure: no torch, so the launch scripts' config check stays a short process.
 
 Settings keys: ``sync.<field>`` (every ``SyncOptions`` field), ``sharding_strategy``
 (``default``/``fully_sharded``, any case), ``sharding_group_size`` (int, ``"auto"`` or
-None), ``world_size``, ``replica_layout``, ``fault_tolerance`` (bool),
+None), ``node_group_size``, ``world_size``, ``replica_layout``, ``fault_tolerance`` (bool),
 ``managed_collision`` (falsy: none; the kind ``mch``/``zch``, or the tables' names),
 ``mch.eviction_interval``, ``pipeline`` (trainer value or TorchRec class name),
 ``custom_all_reduce`` (bool), ``checkpoint.every``.
@@ -158,6 +158,13 @@ def check_fault_tolerance(sync_options: Any, fully_sharded: bool, custom_all_red
 
 def _fully_sharded(s: Settings) -> bool:
     return str(s["sharding_strategy"]).lower() == "fully_sharded"
+
+
+def _node_group_splits_no_group(s: Settings) -> bool:
+    """A set ``node_group_size`` (0 and None: unset, as in TorchRec) that does not divide the
+    sharding group (``"auto"``: not chosen yet)."""
+    nodes, group = s["node_group_size"], s["sharding_group_size"] or s["world_size"]
+    return nodes not in (None, 0) and group != "auto" and (nodes < 1 or group % nodes != 0)
 
 
 def _fs(option: str, key: str, refuses: Callable[[Any], bool], reason: str, fix: str) -> Rule:
@@ -337,6 +344,15 @@ RULES: tuple[Rule, ...] = (
         "a checkpoint is saved right after a sync, when the replicas agree",
         "save on sync steps",
         head="{checkpoint.every=} must be a multiple of {sync.every=}",
+    ),
+    Rule(
+        ("node_group_size", "sharding_group_size"),
+        ("node_group_size", "sharding_group_size", "world_size"),
+        _node_group_splits_no_group,
+        "TorchRec's table-row-wise and grid shardings split a sharding group (null: the whole "
+        "world) into hosts of node_group_size ranks",
+        "pass a divisor of the sharding group size, or leave {node_group_size} unset",
+        head="{node_group_size=} must divide {sharding_group_size=} (of {world_size=})",
     ),
     # ---- fault tolerance: one torchrun world is one group; a step's vote covers finished work ----
     _ft(

@@ -74,7 +74,10 @@ TRAINER: dict[tuple[str, ...], list[str]] = {
 }
 """Trainer overrides that break exactly one rule (on ``configs/tiny_cpu.yaml``, world 4)."""
 
-WORLD_SIZE_RULES = {("fault_tolerance", "sharding_group_size")}
+WORLD_SIZE_RULES = {
+    ("fault_tolerance", "sharding_group_size"),
+    ("node_group_size", "sharding_group_size"),
+}
 """Rules that need the world size: the loader applies them in ``check_runtime``."""
 
 LIBRARY_ONLY = {
@@ -95,6 +98,7 @@ def test_every_rule_is_tested_here_and_reads_only_known_keys() -> None:
     known = set(sync_settings(SyncOptions())) | {
         "sharding_strategy",
         "sharding_group_size",
+        "node_group_size",
         "world_size",
         "replica_layout",
         "fault_tolerance",
@@ -159,6 +163,24 @@ def test_fault_tolerance_group_size_rule_needs_the_world_size() -> None:
     load_config("configs/ft_tiny_cpu.yaml", ["parallel.sharding_group_size=2"]).check_runtime(
         2, 2, check_paths=False
     )
+
+
+def test_node_group_size_must_divide_the_sharding_group() -> None:
+    """The loader at the world size (a null group is the whole world) and the library."""
+    from sparse2d.validation import resolve_node_group_size
+
+    with pytest.raises(KeyValueError, match="parallel.node_group_size=3 must divide") as info:
+        load(["parallel.node_group_size=3"]).check_runtime(4, 4, check_paths=False)
+    assert "parallel.sharding_group_size=None (of world_size=4)" in str(info.value)
+    with pytest.raises(KeyValueError, match="node_group_size=4 must divide .*=2 "):
+        load(["parallel.node_group_size=4", "parallel.sharding_group_size=2"]).check_runtime(
+            4, 4, check_paths=False
+        )
+    load(["parallel.node_group_size=2"]).check_runtime(4, 4, check_paths=False)
+    load(["parallel.node_group_size=3", "parallel.sharding_group_size=auto"])  # not chosen yet
+    with pytest.raises(ConfigError, match=r"^node_group_size=4 must divide sharding_group_size=2"):
+        resolve_node_group_size(4, 2, 2, "intra_host")
+    assert resolve_node_group_size(2, 4, 1, "intra_host") == 2
 
 
 @pytest.mark.parametrize(

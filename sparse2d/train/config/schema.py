@@ -25,6 +25,7 @@ TRAINER_KEYS = {
     "sync.": "parallel.sync.",
     "sharding_strategy": "parallel.sharding_strategy",
     "sharding_group_size": "parallel.sharding_group_size",
+    "node_group_size": "parallel.node_group_size",
     "replica_layout": "parallel.replica_layout",
     "fault_tolerance": "fault_tolerance.enable",
     "managed_collision": "model.managed_collision.kind",
@@ -71,6 +72,7 @@ class Config:
         settings = sync_settings(p.sync) | {
             "sharding_strategy": p.sharding_strategy,
             "sharding_group_size": p.sharding_group_size,
+            "node_group_size": p.node_group_size,
             "replica_layout": p.replica_layout,
             "fault_tolerance": self.fault_tolerance.enable,
             "managed_collision": mc.kind if mc.enabled else None,
@@ -132,10 +134,10 @@ class Config:
         local = local_world_size or world_size
         nodes = max(1, world_size // local)
         factors = f"world_size={world_size} ({nodes} node(s) x {local} process(es) per node)"
-        self.check_conflicts(world_size)
         size = self.parallel.sharding_group_size
         if size != "auto":  # "auto" is resolved at start-up and always divides the world
             self._check_group(size, world_size, factors)
+        self.check_conflicts(world_size)
         if self.metrics.tensorboard and not tensorboard_installed():
             raise ConfigError(
                 "metrics.tensorboard=true needs the tensorboard package, which is not installed: "
@@ -178,13 +180,6 @@ class Config:
                 f"parallel.sharding_group_size={size} does not divide {factors}: "
                 f"{world_size} % {size} = {world_size % size}; choose one of "
                 f"{divisors(world_size)}."
-            )
-        group = size or world_size
-        ngs = self.parallel.node_group_size
-        if ngs is not None and group % ngs:
-            raise ConfigError(
-                f"parallel.node_group_size={ngs} does not divide the sharding group size "
-                f"{group} (parallel.sharding_group_size={size}, {factors})."
             )
 
 
