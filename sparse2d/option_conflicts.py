@@ -59,12 +59,8 @@ class Rule:
 
     def message(self, settings: Settings, names: Mapping[str, str]) -> str:
         """One line: the keys and values as the caller names them, the reason, the fix."""
-        head = self.head or (
-            "{"
-            + self.keys[0]
-            + "=} cannot run with "
-            + " and ".join(f"{{{k}=}}" for k in self.keys[1:])
-        )
+        others = " and ".join(f"{{{k}=}}" for k in self.keys[1:])
+        head = self.head or f"{{{self.keys[0]}=}} cannot run with {others}"
         fix = self.fix
         for key in self.keys:
             name = key_name(key, names)
@@ -103,11 +99,11 @@ def conflicts(settings: Settings) -> list[Rule]:
 
 def first_conflict(settings: Settings, names: Mapping[str, str]) -> Conflict | None:
     """The first rule these settings break, as the caller names it; None when none."""
-    for rule in conflicts(settings)[:1]:
-        name = key_name(rule.keys[0], names)
-        text = rule.message(settings, names)
-        return Conflict(rule, name, text[len(name) :] if text.startswith(name) else ": " + text)
-    return None
+    broken = conflicts(settings)
+    if not broken:
+        return None
+    name, text = key_name(broken[0].keys[0], names), broken[0].message(settings, names)
+    return Conflict(broken[0], name, text.removeprefix(name))  # every head starts with it
 
 
 def check(settings: Settings, names: Mapping[str, str]) -> None:

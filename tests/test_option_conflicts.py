@@ -111,6 +111,8 @@ def test_every_rule_is_tested_here_and_reads_only_known_keys() -> None:
     for r in RULES:
         assert set(r.keys) <= known, r.options
         assert len(r.keys) >= 2 and len(r.reason) > 20 and r.fix, r.options
+        # the caller's error names the first key: every message starts with it
+        assert not r.head or r.head.startswith(f"{{{r.keys[0]}=}}"), r.options
 
 
 @pytest.mark.parametrize("options", sorted(TRAINER), ids="-".join)
