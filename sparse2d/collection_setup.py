@@ -29,9 +29,9 @@ from sparse2d.compat import (
 from sparse2d.contexts import ShardingContext, describe_contexts
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import validate_group_size, validate_layout
+from sparse2d.option_conflicts import check_collection
 from sparse2d.planner import default_sharders
 from sparse2d.planner.plan_store import as_plan_store
-from sparse2d.sync.fully_sharded.checks import check_fully_sharded_options
 from sparse2d.sync.mc.tables import check_managed_collision
 from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.transport.collectives import AllReduceHook
@@ -85,14 +85,12 @@ def resolve_setup(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
         plan=call.plan,
     )
     contexts = describe_contexts(module, world_size, default, call.submodule_configs, sharders)
-    for ctx in contexts:
-        check_fully_sharded_options(ctx.strategy, call.sync_options)
-    has_mc = check_managed_collision(
-        module,
-        momentum_scaling=(call.sync_options or SyncOptions()).momentum_scaling,
-        hook=hook,
-        strategies=[c.strategy for c in contexts],
-    )
+    mc_tables = check_managed_collision(module)
+    for ctx in contexts:  # the option-conflict rules, per context's sharding strategy
+        check_collection(
+            call.sync_options or SyncOptions(), ctx.strategy.name, mc_tables, hook is not None
+        )
+    has_mc = bool(mc_tables)
     return Setup(call, device, world_size, rank, pg, hook, sharders, contexts, has_mc)
 
 

@@ -268,7 +268,7 @@ def test_torchrec_positional_call(world4) -> None:
                 "sharding_strategy": ShardingStrategy.FULLY_SHARDED,
                 "sync_options": SyncOptions(every=4),
             },
-            "sync_options every=4 do not apply with sharding_strategy=FULLY_SHARDED",
+            "sharding_strategy='FULLY_SHARDED' cannot run with sync_options.every=4",
         ),
         (
             {

@@ -1,18 +1,15 @@
-"""The ``fault_tolerance`` config section (named like torchtitan's) and what it refuses.
+"""The ``fault_tolerance`` config section (named like torchtitan's).
 
 With ``fault_tolerance.enable`` each torchrun world is ONE sharding group (a torchft replica
 group); ``fault_tolerance.group_size`` groups form the job. Options that need a replica
 dimension inside one world, or that the fault-tolerant sync does not implement, are refused
-here, at load time, before any process group exists.
+at load time, before any process group exists (``sparse2d.option_conflicts``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
-from sparse2d.ft.refusals import option_refusals
 from sparse2d.train.config.io import bad, positive
 
 
@@ -62,44 +59,3 @@ class FaultToleranceConfig:
                 self.min_replica_size,
                 f"exceeds group_size={self.group_size}: no quorum could ever form",
             )
-
-
-_SYNC_FREE = (
-    "every",
-    "engine",
-    "hide",
-    "include_optimizer_state",
-    "momentum_scaling",
-    "compression",
-)
-"""parallel.sync keys the fault-tolerant sync honours (every; momentum_scaling: c = the groups
-in the step's quorum; engine=sparse: the touched-row union agreed over the quorum; compression=
-bf16: deltas summed in bf16 over the quorum) or replaces (engine=auto runs dense; hide)."""
-
-
-def refusals(cfg: Any) -> list[str]:
-    """Every option of ``cfg`` that fault-tolerant mode cannot run, as ``key=value (why)``: the
-    library's refusals (``sparse2d.ft.refusals.option_refusals``) and the trainer's own."""
-    if not cfg.fault_tolerance.enable:
-        return []
-    p = cfg.parallel
-    out = []
-    if p.sharding_group_size == "auto":
-        out.append(
-            "parallel.sharding_group_size='auto' (a group is one torchrun world: leave it null)"
-        )
-    library = option_refusals(p.sync, p.sharding_strategy == "fully_sharded")
-    out += [f"parallel.{key}={value!r} ({why})" for key, value, why in library]
-    decided = {key.removeprefix("sync.") for key, _, _ in library}
-    default = type(p.sync)()
-    for key, value in dataclasses.asdict(p.sync).items():
-        if key not in _SYNC_FREE and key not in decided and value != getattr(default, key):
-            why = "the fault-tolerant sync is the blocking fp32 average"
-            out.append(f"parallel.sync.{key}={value!r} ({why})")
-    if p.replica_layout != "intra_host":
-        out.append(
-            f"parallel.replica_layout={p.replica_layout!r} (a torchrun world is one sharding "
-            "group and torchft joins rank r of every group: where replicas sit is where each "
-            "group's torchrun runs, not this key)"
-        )
-    return out
