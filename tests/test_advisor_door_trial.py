@@ -3,6 +3,8 @@ part, says so, and leaves the model exactly as the chosen ``L`` given explicitly
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -102,12 +104,29 @@ def _door_falls_back() -> list[tuple[int, str, str, int]]:
         {"auto_options": TrialOptions(candidates=0)},
         {"auto_options": QUICK, "custom_all_reduce": lambda tensors, pg: None},
     ]
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    door_log = logging.getLogger("sparse2d.advisor.door_trial")
+    door_log.addHandler(handler)
+    door_log.setLevel(logging.INFO)
+    logging.disable(logging.NOTSET)  # the shared workers mute WARNING (TorchRec's plan chatter)
     out = []
-    for extra in calls:
-        with DMPCollection(build_model(tables), "auto", **kwargs, **extra) as model:
-            report = model.trial_report
-            assert model.sharding_group_size == report.chosen
-            out.append((report.chosen, report.method, report.why_model, expected))
+    try:
+        for extra in calls:
+            with DMPCollection(build_model(tables), "auto", **kwargs, **extra) as model:
+                report = model.trial_report
+                assert model.sharding_group_size == report.chosen
+                out.append((report.chosen, report.method, report.why_model, expected))
+    finally:
+        logging.disable(logging.WARNING)
+        door_log.removeHandler(handler)
+        door_log.setLevel(logging.NOTSET)
+    said = [
+        f"[sparse2d] auto sharding_group_size={L} (model: L={L}; not measured: {why})"
+        for L, _, why, _ in out
+    ]
+    assert lines == (said if dist.get_rank() == 0 else []), lines  # one line, rank 0 only
     return out
 
 
