@@ -47,6 +47,8 @@ from torchrec.distributed.types import (
     ShardingStrategy,
 )
 
+from sparse2d.advisor.trial import TrialReport
+from sparse2d.advisor.trial_options import TrialOptions
 from sparse2d.collection_setup import Setup, resolve_setup
 from sparse2d.construction import ConstructionReport
 from sparse2d.contexts import (
@@ -89,7 +91,8 @@ class DMPCollection(TorchRecDMPCollection):
             modules; may live on ``meta``. Give the embedding optimizer the TorchRec way
             (``apply_optimizer_in_backward``) or through sharder ``fused_params``.
         sharding_group_size: ranks per sharding group ``L``; must divide the world size;
-            ``"auto"`` asks the group-size advisor (``sparse2d plan`` shows its table).
+            ``"auto"`` asks the group-size advisor (``sparse2d plan`` shows its table) and
+            times its shortlist on the module's embedding part (``model.trial_report``).
         device: default ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``.
         plan: a TorchRec ``ShardingPlan`` made for ``L`` ranks (ranks ``0..L-1``).
         world_size: optional; must equal the process group's size.
@@ -116,6 +119,11 @@ class DMPCollection(TorchRecDMPCollection):
             log line saying what changed. A ``.json`` file is one stored plan that must match
             (``StoredPlanError`` otherwise). ``model.construction`` reports the phases' seconds
             and whether the plan was loaded.
+        auto_options: ``TrialOptions`` of the ``"auto"`` trial (``candidates=0``: the
+            model's pick, no trial); see ``sparse2d.advisor.door_trial``.
+
+    ``model.trial_report`` (``TrialReport``): for ``"auto"``, how ``L`` was chosen
+    (``method`` ``"measured"`` or ``"model"``, each candidate's step); ``None`` otherwise.
     """
 
     @overload
@@ -135,6 +143,7 @@ class DMPCollection(TorchRecDMPCollection):
         planner_batch_size: int | None = None,
         sync_options: SyncOptions | None = None,
         plan_store: str | os.PathLike[str] | PlanStore | None = None,
+        auto_options: TrialOptions | None = None,
         init_data_parallel: bool = True,
         submodule_configs: list[DMPCollectionConfig] | None = None,
         sharding_strategy: ShardingStrategy = ShardingStrategy.DEFAULT,
@@ -163,7 +172,8 @@ class DMPCollection(TorchRecDMPCollection):
     ) -> None: ...
 
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
-        setup = resolve_setup(module, args, kwargs)  # 1. validate: pure, before any collective
+        # 1. validate: pure, before any collective (except "auto"'s advice and trial)
+        setup = resolve_setup(module, args, kwargs, DMPCollection)
         self._resources = Resources("DMPCollection")
         groups = self._groups = GroupRecorder(on_destroyed=forget_destroyed_groups)
         # A model dropped without close() still releases its groups when it is collected;
@@ -177,6 +187,7 @@ class DMPCollection(TorchRecDMPCollection):
         except BaseException:
             self._resources.close()  # a failed construction leaves no group behind
             raise
+        self.trial_report: TrialReport | None = setup.trial_report
 
     def _build(self, module: nn.Module, setup: Setup) -> None:
         """Steps 2-6 (collective); every process group they create is released by ``close``."""

@@ -84,6 +84,7 @@ class CollectionArgs:
     planner_batch_size: int | None = None
     sync_options: Any = None
     plan_store: Any = None
+    auto_options: Any = None
 
 
 _NAMES = frozenset(CollectionArgs.__dataclass_fields__)
