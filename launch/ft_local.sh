@@ -56,7 +56,7 @@ else  # someone else's lighthouse: it must serve this job (one line here, not on
 fi
 GROUP_PIDS=()
 for ((g = 0; g < NGROUPS; g++)); do
-  "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
+  "$PYTHON" -m sparse2d.train.torchrun --standalone --nproc-per-node "$NPROC" \
     --max-restarts "$MAX_RESTARTS" \
     -m sparse2d.train --config "$CONFIG" "$@" "${FT[@]}" "fault_tolerance.replica_id=$g" \
     2>"$RUN_DIR/replica_$g.log" &
