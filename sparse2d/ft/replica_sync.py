@@ -41,9 +41,9 @@ def refuse(model: nn.Module) -> None:
         )
     if local.hook is not None:
         raise ConfigError(
-            "fault tolerance with a custom all-reduce hook: the hook takes a torch process "
-            "group, the fault-tolerant average runs over torchft's managed group; drop "
-            "custom_all_reduce"
+            "fault tolerance with a custom all-reduce hook: the hook averages over its own "
+            "torch process group, the fault-tolerant average runs over torchft's managed "
+            "group; drop custom_all_reduce"
         )
     in_world.refuse(model)  # the default module's in-world replicas; per-module sizes
 
@@ -62,9 +62,7 @@ def install(
     # Touched rows: their metadata crosses the quorum too; auto runs dense (its choice is
     # learned from past syncs, which a group that joined by a heal has not seen).
     kind = "sparse" if base.engine == "sparse" else "dense"
-    sync_options = dataclasses.replace(
-        base, every=options.sync_every, engine=kind, hide=False, check_finite=False
-    )
+    sync_options = dataclasses.replace(base, engine=kind, hide=False, check_finite=False)
     # Managed-collision tables: identities merged over the quorum by the in-world rules
     mc = mc_sync_for(model, shards, None, channel) if has_mc else None
     plain = plain_shards(shards, mc)

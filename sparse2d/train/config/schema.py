@@ -14,7 +14,7 @@ from sparse2d.sync.mc_rules import refusals as mc_refusals
 from sparse2d.train.config.checkpoint import CheckpointConfig
 from sparse2d.train.config.criteo import check_features, missing_files, unreadable
 from sparse2d.train.config.data import DataConfig
-from sparse2d.train.config.fault_tolerance import FaultToleranceConfig, refusals
+from sparse2d.train.config.fault_tolerance import FaultToleranceConfig, disabled, refusals
 from sparse2d.train.config.io import bad
 from sparse2d.train.config.model import ModelConfig
 from sparse2d.train.config.optimizer import OptimizerConfig
@@ -41,7 +41,7 @@ class Config:
     """Checkpoints."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Run records (TensorBoard)."""
-    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=disabled)
     """Fault-tolerant 2D on torchft (one torchrun world per sharding group; docs/fault_tolerance.md)."""
     run_dir: str = "runs/default"
     """Output directory: ``summary.json``, ``metrics.jsonl``, ``config.yaml``, checkpoints."""
@@ -141,7 +141,7 @@ class Config:
             raise ConfigError(
                 f"parallel.sharding_group_size={size} with fault_tolerance.enable: each torchrun "
                 f"world ({factors}) is one sharding group; leave it null (or {world_size}) and "
-                "set fault_tolerance.group_size to the number of groups"
+                "set fault_tolerance.num_groups to the number of groups"
             )
         if size != "auto":  # "auto" is resolved at start-up and always divides the world
             self._check_group(size, world_size, factors)
