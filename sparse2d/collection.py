@@ -74,7 +74,6 @@ from sparse2d.sync.fully_sharded.surfaces import (
 from sparse2d.sync.mc.pipelines import install_pipeline_guard
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState
-from sparse2d.sync.transport.collectives import AllReduceHook
 
 logger = logging.getLogger(__name__)
 FS = ShardingStrategy.FULLY_SHARDED
@@ -106,8 +105,8 @@ class DMPCollection(TorchRecDMPCollection):
             buffers, weights and optimizer state averaged every step by reduce-scatter; see
             ``sparse2d.sync.fully_sharded``). Also per ``submodule_configs`` entry.
         node_group_size: ranks of one group sharing a host, for TWRW/grid (divides ``L``).
-        custom_all_reduce: ``hook(tensors, replica_pg)`` or TorchRec's ``hook(tensors)``,
-            replacing the averaging all-reduce (see ``compat.adapt_all_reduce``).
+        custom_all_reduce: TorchRec's ``hook(tensors)``, replacing the averaging all-reduce;
+            the hook owns its process group (see ``compat.adapt_all_reduce``).
         submodule_configs: TorchRec ``DMPCollectionConfig`` per module type with its own
             group size, layout and plan (``plan=None``: planned here).
         init_data_parallel, init_parameters, data_parallel_wrapper: as in TorchRec's DMP.
@@ -139,7 +138,7 @@ class DMPCollection(TorchRecDMPCollection):
         replica_layout: str | None = None,
         global_pg: dist.ProcessGroup | None = None,
         node_group_size: int | None = None,
-        custom_all_reduce: AllReduceHook | None = None,
+        custom_all_reduce: Callable[[list[torch.Tensor]], None] | None = None,
         planner_batch_size: int | None = None,
         sync_options: SyncOptions | None = None,
         plan_store: str | os.PathLike[str] | PlanStore | None = None,
@@ -329,8 +328,8 @@ class DMPCollection(TorchRecDMPCollection):
         repair_from_replicas(self, ranks, include_dense)
 
     def set_all_reduce_hook(self, reduce_hook: Callable[..., None] | None) -> None:  # type: ignore[override]
-        """Replace the averaging all-reduce: ``hook(tensors, replica_pg)``, or TorchRec's
-        ``hook(tensors)`` (1.8) / ``hook(pg, tensors)`` (1.9); ``None`` restores the default."""
+        """Replace the averaging all-reduce with TorchRec's ``hook(tensors)``, which averages
+        in place over its own group (e.g. ``model.replica_pg``); ``None`` restores the default."""
         self._replicas.set_hook(reduce_hook)
 
     def ensure_reduce_scatter_complete(self) -> None:

@@ -38,7 +38,7 @@ BASE_OVERRIDES = ["parallel.sync.divergence_every=0"]
 OPTIONS: dict[str, list[str]] = {
     "fault_tolerance": [
         "fault_tolerance.enable=true",
-        "fault_tolerance.group_size=2",
+        "fault_tolerance.num_groups=2",
         "parallel.sharding_group_size=null",
     ],
     "pipeline_sparse_dist": ["train.pipeline=sparse_dist"],

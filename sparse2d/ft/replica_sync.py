@@ -52,9 +52,7 @@ def install(
     # Touched rows: their metadata crosses the quorum too; auto runs dense (its choice is
     # learned from past syncs, which a group that joined by a heal has not seen).
     kind = "sparse" if base.engine == "sparse" else "dense"
-    sync_options = dataclasses.replace(
-        base, every=options.sync_every, engine=kind, hide=False, check_finite=False
-    )
+    sync_options = dataclasses.replace(base, engine=kind, hide=False, check_finite=False)
     # Managed-collision tables: identities merged over the quorum by the in-world rules
     mc = mc_sync_for(model, shards, None, channel) if has_mc else None
     plain = plain_shards(shards, mc)

@@ -14,7 +14,7 @@ from sparse2d.option_conflicts import first_conflict, sync_settings
 from sparse2d.train.config.checkpoint import CheckpointConfig
 from sparse2d.train.config.criteo import check_features, missing_files, unreadable
 from sparse2d.train.config.data import DataConfig
-from sparse2d.train.config.fault_tolerance import FaultToleranceConfig
+from sparse2d.train.config.fault_tolerance import FaultToleranceConfig, disabled
 from sparse2d.train.config.model import ModelConfig
 from sparse2d.train.config.optimizer import OptimizerConfig
 from sparse2d.train.config.parallel import ParallelConfig
@@ -53,7 +53,7 @@ class Config:
     """Checkpoints."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Run records (TensorBoard)."""
-    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=disabled)
     """Fault-tolerant 2D on torchft (one torchrun world per sharding group; docs/fault_tolerance.md)."""
     run_dir: str = "runs/default"
     """Output directory: ``summary.json``, ``metrics.jsonl``, ``config.yaml``, checkpoints."""
