@@ -26,7 +26,7 @@ from sparse2d.train.config.schema import TRAINER_KEYS
 
 TINY = "configs/tiny_cpu.yaml"
 BASE = ["parallel.sync.divergence_every=0"]
-FT = ["fault_tolerance.enable=true", "fault_tolerance.group_size=2"]
+FT = ["fault_tolerance.enable=true", "fault_tolerance.num_groups=2"]
 MC = ["model.managed_collision.enabled=true"]
 FS = ["parallel.sharding_strategy=fully_sharded"]
 
