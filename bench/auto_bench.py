@@ -12,9 +12,17 @@ default options), then in one fresh gloo world:
    ``--steps`` steps alternating ``L`` (``planner_holdout.py``'s harness and timing: the
    slowest rank's median step) -> the best fixed ``L``.
 
+3. the library door: ``DMPCollection(module, "auto")`` as a user calls it (the series' module,
+   its sharding types as constraints, ``planner_batch_size``; no step given), which times the
+   shortlist on the module's embedding part with generated inputs
+   (``sparse2d.advisor.door_trial``) -> the ``L`` the door builds, and whether it measured.
+
 Reported per series: auto's ``L`` and its reference step over the best (goal <= 1.05), the
-model-only pick's regret beside it. The series: ``bench/``'s fit set and held-out set at
-world 4, plus three NEW workloads (``NEW_SERIES``) measured once for this report and never
+door's and the model-only pick's regret beside it. The door's candidates keep the series'
+sharding types at every ``L`` (a user gives one set of constraints), where the reference
+builds ``L=1`` table-wise. The series: ``bench/``'s fit set and held-out set at world 4,
+three NEW workloads (``NEW_SERIES``, 2026-11-25) and three more (``NEW_SERIES_1128``,
+2026-11-28, never used anywhere before this run), each measured for this report and never
 used to change the model (the model's out-of-sample error on them is reported as it is).
 ``--main-job`` adds one 1000-step trainer run of ``configs/tiny_cpu.yaml`` with
 ``auto``: the trial's seconds over the run's wall time (goal <= 10%).
@@ -38,7 +46,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from bench_util import RESULTS_DIR, publish, spawn, timed  # noqa: E402
-from planner_holdout import FIT_SERIES, SERIES, Series, _batch, _build  # noqa: E402
+from planner_holdout import FIT_SERIES, SERIES, Series, _batch, _build, _model, _sharders  # noqa: E402
 
 NEW_SERIES: tuple[Series, ...] = (
     Series("new_big_tables_small_batch", 4, ((4, 200_000, 32, "table_wise"),), 64),
@@ -46,6 +54,25 @@ NEW_SERIES: tuple[Series, ...] = (
     Series("new_tw_dim64", 4, ((8, 5_000, 64, "table_wise"),), 512),
 )
 """Three workloads in neither the fit nor the held-out set, measured once (2026-11-25)."""
+
+NEW_1128 = "new 2026-11-28"
+"""The set name of ``NEW_SERIES_1128`` in the report."""
+
+NEW_SERIES_1128: tuple[Series, ...] = (
+    Series("new1128_rw12x2k_d16_b1024", 4, ((12, 2_000, 16, "row_wise"),), 1024),
+    Series("new1128_tw6x8k_d64_b1024", 4, ((6, 8_000, 64, "table_wise"),), 1024),
+    Series(
+        "new1128_rw2x30k_tw4x3k_d32_b1024",
+        4,
+        ((2, 30_000, 32, "row_wise"), (4, 3_000, 32, "table_wise")),
+        1024,
+    ),
+)
+"""Three more held-out workloads for the library door's regret, never used anywhere before
+(2026-11-28). Picked (from candidates whose model advice alone was looked at, never a
+measurement) where the model's shortlist holds all three L, so a trial can change the pick:
+many small row-wise tables, wide table-wise rows, and row-wise beside table-wise tables, all
+under a large batch."""
 
 
 def advice_for(series: Series) -> Any:
@@ -73,6 +100,31 @@ def _step(series: Series, model: Any, i: int, rank: int) -> None:
     model.sync()
 
 
+def _door(series: Series) -> dict[str, Any]:
+    """The library door as a user calls it: the series' module, its sharding types as
+    constraints, its batch as ``planner_batch_size``; the report of the ``L`` it built."""
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    from sparse2d import DMPCollection
+    from sparse2d.sync.policy import SyncOptions
+
+    constraints = {
+        n: ParameterConstraints(sharding_types=[s]) for n, _, _, s in series.table_list()
+    }
+    begin = time.perf_counter()
+    with DMPCollection(
+        _model(series),
+        "auto",
+        device="cpu",
+        constraints=constraints,
+        sharders=_sharders(series),
+        planner_batch_size=series.batch,
+        sync_options=SyncOptions(engine="dense"),
+    ) as model:
+        report = model.trial_report.as_json()
+    return {**report, "door_s": time.perf_counter() - begin}
+
+
 def _rank(
     series: Series, shortlist: list, pick: int, rounds: int, steps: int, options: Any
 ) -> dict[str, Any]:
@@ -91,6 +143,7 @@ def _rank(
         options,
         model_pick=pick,
     )
+    door = _door(series)
     models = {L: _build(series, L) for L in divisors(world)}
     times: dict[int, list[float]] = {L: [] for L in models}
     step = 1000  # past the trial's batches
@@ -109,7 +162,11 @@ def _rank(
     mine = {L: statistics.median(t) for L, t in times.items()}
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine)
-    return {"trial": report.as_json(), "reference": {L: max(g[L] for g in gathered) for L in mine}}
+    return {
+        "trial": report.as_json(),
+        "door": door,
+        "reference": {L: max(g[L] for g in gathered) for L in mine},
+    }
 
 
 def measure_series(series: Series, rounds: int, steps: int, options: Any) -> dict[str, Any]:
@@ -132,6 +189,9 @@ def measure_series(series: Series, rounds: int, steps: int, options: Any) -> dic
         "auto_over_best": ref[chosen] / ref[best],
         "model_pick": pick,
         "model_over_best": ref[pick] / ref[best],
+        "door_trial": result["door"],
+        "door": result["door"]["chosen"],
+        "door_over_best": ref[result["door"]["chosen"]] / ref[best],
         "load": (load, os.getloadavg()[0]),
     }
 
@@ -174,6 +234,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "fit": [s for s in FIT_SERIES if s.world == 4],
         "held-out": [s for s in SERIES if s.world == 4],
         "new": list(NEW_SERIES),
+        NEW_1128: list(NEW_SERIES_1128),
     }
     result: dict[str, Any] = {"series": {}, "rounds": args.rounds, "steps": args.steps}
     for kind, series in groups.items():
@@ -195,6 +256,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                         "auto_over_best",
                         "model_pick",
                         "model_over_best",
+                        "door",
+                        "door_over_best",
                     )
                 },
                 flush=True,
@@ -228,6 +291,34 @@ def _trial_shape(result: dict[str, Any]) -> str:
     return text
 
 
+def _door_cells(e: dict[str, Any]) -> str:
+    """The door's columns: its ``L`` (measured or the model's), regret, trial, seconds."""
+    door = e.get("door_trial")
+    if door is None:
+        return "- | - | - | -"
+    how = "measured" if door["method"] == "measured" else f"model: {door['why_model']}"
+    trial = ", ".join(_measured(c) for c in door["candidates"]) or "-"
+    return f"{e['door']} ({how}) | {e['door_over_best']:.3f} | {trial} | {door['door_s']:.1f}"
+
+
+def _door_sentence(ok: list[dict[str, Any]]) -> str:
+    """The door's regret beside the trainer's, over every series and on the new ones."""
+    doors = [e for e in ok if "door_trial" in e]
+    if not doors:
+        return "The library door was not measured in this run."
+    measured = sum(e["door_trial"]["method"] == "measured" for e in doors)
+    new = [e for e in doors if e["set"].startswith("new")]
+    pairs = ", ".join(f"{e['door_over_best']:.3f} ({e['auto_over_best']:.3f})" for e in new)
+    return (
+        f'Library door (`DMPCollection(module, "auto")`, the embedding part timed on '
+        f"generated inputs): measured on {measured} of {len(doors)} series; within 1.05 of the "
+        f"best fixed L on {sum(e['door_over_best'] <= 1.05 for e in doors)} of {len(doors)}, "
+        f"worst {max(e['door_over_best'] for e in doors):.3f}, median door seconds "
+        f"{statistics.median(e['door_trial']['door_s'] for e in doors):.1f}. On the new "
+        f"workloads door/best (trainer's auto/best): {pairs}."
+    )
+
+
 def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> str:
     lines = [
         "## Measured auto vs the best fixed L (bench/auto_bench.py)",
@@ -240,8 +331,9 @@ def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> s
         f"Wall {wall:.0f} s.",
         "",
         "| set | series | predicted ms (L: step) | shortlist | trial measured ms | trial s "
-        "| best fixed L (ref ms) | auto L | auto/best | model L | model/best |",
-        "|---|---|---|---|---|---:|---|---:|---:|---:|---:|",
+        "| best fixed L (ref ms) | auto L | auto/best | model L | model/best "
+        "| door L | door/best | door measured ms | door s |",
+        "|---|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for name, e in result["series"].items():
         if "error" in e:
@@ -254,18 +346,22 @@ def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> s
         lines.append(
             f"| {e['set']} | {name} | {pred} | {e['shortlist']} | {trial} | "
             f"{e['trial']['trial_s']:.1f} | {best} ({1e3 * ref[best]:.1f}) | {e['auto']} | "
-            f"{e['auto_over_best']:.3f} | {e['model_pick']} | {e['model_over_best']:.3f} |"
+            f"{e['auto_over_best']:.3f} | {e['model_pick']} | {e['model_over_best']:.3f} | "
+            + _door_cells(e)
+            + " |"
         )
     ok = [e for e in result["series"].values() if "error" not in e]
     within = sum(e["auto_over_best"] <= 1.05 for e in ok)
-    new = [e for e in ok if e["set"] == "new"]
+    new = [e for e in ok if e["set"].startswith("new")]
     errors = [
         (name, L, e["predicted"][L] / e["reference_step_s"][L])
         for name, e in result["series"].items()
-        if "error" not in e and e["set"] == "new"
+        if "error" not in e and e["set"].startswith("new")
         for L in e["reference_step_s"]
     ]
     lines += [
+        "",
+        _door_sentence(ok),
         "",
         f"auto within 1.05 of the best fixed L on {within} of {len(ok)} series; worst "
         f"{max((e['auto_over_best'] for e in ok), default=float('nan')):.3f}. Model-only pick: "

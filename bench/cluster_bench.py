@@ -305,7 +305,8 @@ def render(result: dict[str, Any]) -> str:
         "summed over hosts, from the interfaces' counters; emb/rank: the share of the tables "
         "each rank holds (1/L)."
         + (f" {result['predicted']}" if result.get("predicted") else "")
-        + (f" Config: {result['relabelled']}." if result.get("relabelled") else ""),
+        + (f" Config: {result['relabelled']}." if result.get("relabelled") else "")
+        + (f"\n\n{result['note']}" if result.get("note") else ""),
         "",
     ]
     for (hosts, nproc, link), cells in groups.items():

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from sparse2d.train.config.fault_tolerance import FaultToleranceConfig
+from sparse2d.train.config.fault_tolerance import disabled
 
-QUORUM_EVERY = FaultToleranceConfig().quorum_every
+QUORUM_EVERY = disabled().quorum_every
 """The trainer's default, which every ``ft`` launch of ``ft_bench`` runs with."""
 
 

@@ -32,14 +32,13 @@ SETTINGS = {
     "2D (L=2, engine dense, hide)": ["parallel.sync.engine=dense"],
     "2D (L=2, engine sparse, hide)": ["parallel.sync.engine=sparse"],
     "2D (L=2, default, NaN/inf guard off)": ["parallel.sync.check_finite=false"],
-    "2D (L=2, default, not folded)": [],
 }
 """The first two are the acceptance pair; the fixed engines check auto against the better
 one on the main job (the touched-rows engine cost twice the dense one there, issue 11); the
-guard-off run prices the NaN/inf guard, the last one folding the sync into DDP's
-all-reduce (``sparse2d.sync.ddp.fold``; off through ``ENV``)."""
-ENV = {"2D (L=2, default, not folded)": {"SPARSE2D_FOLD_MAX_BYTES": "0"}}
-"""Environment variables per setting, on top of the bench's own."""
+guard-off run prices the NaN/inf guard. Folding into DDP's all-reduce has no switch (its cap
+is a constant since 2026-11-28): ``bench/fold_bench.py`` measures it at the transport, and
+the last run of this bench with it off (through the environment variable it had then) is in
+bench/RESULTS.md."""
 
 
 def run_trainer(
@@ -89,7 +88,7 @@ def measure(
             names = list(settings) if r % 2 == 0 else list(reversed(settings))
             for i, name in enumerate(names):
                 run_dir = os.path.join(tmp, f"{r}_{i}")
-                summary = runner(settings[name], steps, run_dir, env=ENV.get(name))
+                summary = runner(settings[name], steps, run_dir)
                 out[name].append(
                     {
                         k: summary[k]
@@ -141,12 +140,6 @@ def _markdown(results: dict[str, list[dict]], args: argparse.Namespace, wall: fl
         lines.append(
             f"2D with the NaN/inf guard off / 1D, best of {args.rounds}: "
             f"**{best[unguarded[0]] / best[names[0]]:.3f}**."
-        )
-    unfolded = [n for n in names if "not folded" in n]
-    if unfolded:
-        lines.append(
-            f"2D not folded into DDP's all-reduce / 1D, best of {args.rounds}: "
-            f"**{best[unfolded[0]] / best[names[0]]:.3f}**."
         )
     engines = [n for n in names if "engine dense" in n or "engine sparse" in n]
     if engines:

@@ -47,7 +47,7 @@ done
 source launch/python.sh  # PYTHON: the set value, else .venv/bin/python, else python3
 
 FT_ARGS=()
-(( FT == 1 )) && FT_ARGS=(fault_tolerance.enable=true "fault_tolerance.group_size=$HOSTS")
+(( FT == 1 )) && FT_ARGS=(fault_tolerance.enable=true "fault_tolerance.num_groups=$HOSTS")
 ENTRY="${ENTRY:-}"
 if [[ -n "$ENTRY" ]]; then
   (( FT == 0 )) || refuse "ENTRY=$ENTRY runs with FT=0 only (the fault-tolerant launch is the trainer's)"

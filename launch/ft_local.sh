@@ -28,7 +28,7 @@ for var in NGROUPS NPROC MAX_RESTARTS MIN_REPLICAS LIGHTHOUSE_PORT; do
   [[ "${!var}" =~ ^[0-9]+$ ]] || { echo "sparse2d: ft launch: $var=${!var} must be a whole number" >&2; exit 1; }
 done
 [[ "$NGROUPS" -ge 1 && "$NPROC" -ge 1 ]] || { echo "sparse2d: ft launch: NGROUPS and NPROC must be >= 1" >&2; exit 1; }
-FT=(fault_tolerance.enable=true "fault_tolerance.group_size=$NGROUPS" "fault_tolerance.min_replica_size=$MIN_REPLICAS")
+FT=(fault_tolerance.enable=true "fault_tolerance.num_groups=$NGROUPS" "fault_tolerance.min_replica_size=$MIN_REPLICAS")
 # Validate once before starting anything (a bad key is one line here, not one per rank).
 "$PYTHON" -m sparse2d.train.config --check "$CONFIG" --world-size "$NPROC" --local-world-size "$NPROC" "$@" "${FT[@]}"
 RUN_DIR=$("$PYTHON" -c 'import sys; from sparse2d.train.config import load_config; print(load_config(sys.argv[1], sys.argv[2:]).run_dir)' "$CONFIG" "$@" "${FT[@]}")
@@ -56,7 +56,7 @@ else  # someone else's lighthouse: it must serve this job (one line here, not on
 fi
 GROUP_PIDS=()
 for ((g = 0; g < NGROUPS; g++)); do
-  "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
+  "$PYTHON" -m sparse2d.train.torchrun --standalone --nproc-per-node "$NPROC" \
     --max-restarts "$MAX_RESTARTS" \
     -m sparse2d.train --config "$CONFIG" "$@" "${FT[@]}" "fault_tolerance.replica_id=$g" \
     2>"$RUN_DIR/replica_$g.log" &

@@ -24,6 +24,7 @@ done
 # Validate the config (and the world size) once, before starting any process: a bad key
 # or value is one line here instead of an error from every rank.
 "$PYTHON" -m sparse2d.train.config --check "$CONFIG" --world-size "$NPROC" --local-world-size "$NPROC" "$@"
-exec "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
+# torchrun, whose workers end the job on a ConfigError instead of being restarted into it
+exec "$PYTHON" -m sparse2d.train.torchrun --standalone --nproc-per-node "$NPROC" \
   --max-restarts "$MAX_RESTARTS" \
   -m sparse2d.train --config "$CONFIG" "$@"

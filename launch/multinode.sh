@@ -49,7 +49,8 @@ if [[ -n "${LOCAL_ADDR:-}" ]]; then
   # hostname and addresses, which fails inside a network namespace or on a second interface.
   LOCAL=(--local-addr "$LOCAL_ADDR" --rdzv-conf "is_host=$([[ "$LOCAL_ADDR" == "$MASTER_ADDR" ]] && echo true || echo false)")
 fi
-exec "$PYTHON" -m torch.distributed.run "${LOCAL[@]}" --nnodes "$NNODES" --node-rank "$NODE_RANK" \
+# torchrun, whose workers end the job on a ConfigError (sparse2d/train/torchrun.py)
+exec "$PYTHON" -m sparse2d.train.torchrun "${LOCAL[@]}" --nnodes "$NNODES" --node-rank "$NODE_RANK" \
   --nproc-per-node "$NPROC" --max-restarts "$MAX_RESTARTS" \
   --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \
   --rdzv-id "${RDZV_ID:-sparse2d}" "${MODULE[@]}" "$@"

@@ -33,7 +33,7 @@ from sparse2d.mesh import rank_layout, replica_groups
 
 if TYPE_CHECKING:
     from sparse2d import checkpoint, patches
-    from sparse2d.advisor.trial import measured_group_size
+    from sparse2d.advisor.measured import measured_group_size
     from sparse2d.advisor.trial_options import TrialOptions
     from sparse2d.collection import DMPCollection
     from sparse2d.ft.optim import FTOptimizer
@@ -50,7 +50,7 @@ _LAZY = {
     "FTOptimizer": "sparse2d.ft.optim",
     "FTOptions": "sparse2d.ft.options",
     "TrialOptions": "sparse2d.advisor.trial_options",
-    "measured_group_size": "sparse2d.advisor.trial",
+    "measured_group_size": "sparse2d.advisor.measured",
 }
 _SUBMODULES = ("checkpoint", "patches")
 """``sparse2d.checkpoint.save`` (save/load/latest/prune/repair); ``sparse2d.patches`` (which

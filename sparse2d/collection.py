@@ -47,6 +47,8 @@ from torchrec.distributed.types import (
     ShardingStrategy,
 )
 
+from sparse2d.advisor.trial import TrialReport
+from sparse2d.advisor.trial_options import TrialOptions
 from sparse2d.collection_setup import Setup, resolve_setup
 from sparse2d.construction import ConstructionReport
 from sparse2d.contexts import (
@@ -72,7 +74,6 @@ from sparse2d.sync.fully_sharded.surfaces import (
 from sparse2d.sync.mc.pipelines import install_pipeline_guard
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState
-from sparse2d.sync.transport.collectives import AllReduceHook
 
 logger = logging.getLogger(__name__)
 FS = ShardingStrategy.FULLY_SHARDED
@@ -89,7 +90,8 @@ class DMPCollection(TorchRecDMPCollection):
             modules; may live on ``meta``. Give the embedding optimizer the TorchRec way
             (``apply_optimizer_in_backward``) or through sharder ``fused_params``.
         sharding_group_size: ranks per sharding group ``L``; must divide the world size;
-            ``"auto"`` asks the group-size advisor (``sparse2d plan`` shows its table).
+            ``"auto"`` asks the group-size advisor (``sparse2d plan`` shows its table) and
+            times its shortlist on the module's embedding part (``model.trial_report``).
         device: default ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``.
         plan: a TorchRec ``ShardingPlan`` made for ``L`` ranks (ranks ``0..L-1``).
         world_size: optional; must equal the process group's size.
@@ -103,8 +105,8 @@ class DMPCollection(TorchRecDMPCollection):
             buffers, weights and optimizer state averaged every step by reduce-scatter; see
             ``sparse2d.sync.fully_sharded``). Also per ``submodule_configs`` entry.
         node_group_size: ranks of one group sharing a host, for TWRW/grid (divides ``L``).
-        custom_all_reduce: ``hook(tensors, replica_pg)`` or TorchRec's ``hook(tensors)``,
-            replacing the averaging all-reduce (see ``compat.adapt_all_reduce``).
+        custom_all_reduce: TorchRec's ``hook(tensors)``, replacing the averaging all-reduce;
+            the hook owns its process group (see ``compat.adapt_all_reduce``).
         submodule_configs: TorchRec ``DMPCollectionConfig`` per module type with its own
             group size, layout and plan (``plan=None``: planned here).
         init_data_parallel, init_parameters, data_parallel_wrapper: as in TorchRec's DMP.
@@ -116,6 +118,11 @@ class DMPCollection(TorchRecDMPCollection):
             log line saying what changed. A ``.json`` file is one stored plan that must match
             (``StoredPlanError`` otherwise). ``model.construction`` reports the phases' seconds
             and whether the plan was loaded.
+        auto_options: ``TrialOptions`` of the ``"auto"`` trial (``candidates=0``: the
+            model's pick, no trial); see ``sparse2d.advisor.door_trial``.
+
+    ``model.trial_report`` (``TrialReport``): for ``"auto"``, how ``L`` was chosen
+    (``method`` ``"measured"`` or ``"model"``, each candidate's step); ``None`` otherwise.
     """
 
     @overload
@@ -131,10 +138,11 @@ class DMPCollection(TorchRecDMPCollection):
         replica_layout: str | None = None,
         global_pg: dist.ProcessGroup | None = None,
         node_group_size: int | None = None,
-        custom_all_reduce: AllReduceHook | None = None,
+        custom_all_reduce: Callable[[list[torch.Tensor]], None] | None = None,
         planner_batch_size: int | None = None,
         sync_options: SyncOptions | None = None,
         plan_store: str | os.PathLike[str] | PlanStore | None = None,
+        auto_options: TrialOptions | None = None,
         init_data_parallel: bool = True,
         submodule_configs: list[DMPCollectionConfig] | None = None,
         sharding_strategy: ShardingStrategy = ShardingStrategy.DEFAULT,
@@ -163,7 +171,8 @@ class DMPCollection(TorchRecDMPCollection):
     ) -> None: ...
 
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
-        setup = resolve_setup(module, args, kwargs)  # 1. validate: pure, before any collective
+        # 1. validate: pure, before any collective (except "auto"'s advice and trial)
+        setup = resolve_setup(module, args, kwargs, DMPCollection)
         self._resources = Resources("DMPCollection")
         groups = self._groups = GroupRecorder(on_destroyed=forget_destroyed_groups)
         # A model dropped without close() still releases its groups when it is collected;
@@ -177,6 +186,7 @@ class DMPCollection(TorchRecDMPCollection):
         except BaseException:
             self._resources.close()  # a failed construction leaves no group behind
             raise
+        self.trial_report: TrialReport | None = setup.trial_report
 
     def _build(self, module: nn.Module, setup: Setup) -> None:
         """Steps 2-6 (collective); every process group they create is released by ``close``."""
@@ -318,8 +328,8 @@ class DMPCollection(TorchRecDMPCollection):
         repair_from_replicas(self, ranks, include_dense)
 
     def set_all_reduce_hook(self, reduce_hook: Callable[..., None] | None) -> None:  # type: ignore[override]
-        """Replace the averaging all-reduce: ``hook(tensors, replica_pg)``, or TorchRec's
-        ``hook(tensors)`` (1.8) / ``hook(pg, tensors)`` (1.9); ``None`` restores the default."""
+        """Replace the averaging all-reduce with TorchRec's ``hook(tensors)``, which averages
+        in place over its own group (e.g. ``model.replica_pg``); ``None`` restores the default."""
         self._replicas.set_hook(reduce_hook)
 
     def ensure_reduce_scatter_complete(self) -> None:

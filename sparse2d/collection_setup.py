@@ -2,11 +2,14 @@
 
 Step 1 of the construction (``sparse2d.collection``): pure and identical on every rank, so
 a bad argument raises the same error everywhere before the first collective (the advisor
-for ``sharding_group_size="auto"`` is the exception: it decides on rank 0 and broadcasts).
+for ``sharding_group_size="auto"`` is the exception: it decides on rank 0 and broadcasts,
+and once every argument is checked at its pick, the door's trial measures the shortlist,
+``sparse2d.advisor.door_trial``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +19,10 @@ import torch.nn as nn
 from torchrec.distributed.types import ModuleSharder
 
 from sparse2d import validation
-from sparse2d.advisor.auto import AUTO, auto_group_size
+from sparse2d.advisor.auto import AUTO, DEFAULT_BATCH_SIZE, auto_candidates
+from sparse2d.advisor.door_trial import DoorJob, door_group_size
+from sparse2d.advisor.trial import TrialReport
+from sparse2d.advisor.trial_options import TrialOptions
 from sparse2d.compat import (
     CollectionArgs,
     adapt_all_reduce,
@@ -29,9 +35,9 @@ from sparse2d.compat import (
 from sparse2d.contexts import ShardingContext, describe_contexts
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import validate_group_size, validate_layout
+from sparse2d.option_conflicts import check_collection
 from sparse2d.planner import default_sharders
 from sparse2d.planner.plan_store import as_plan_store
-from sparse2d.sync.fully_sharded.checks import check_fully_sharded_options
 from sparse2d.sync.mc.tables import check_managed_collision
 from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.transport.collectives import AllReduceHook
@@ -53,17 +59,27 @@ class Setup:
     """The default context, then one per ``submodule_configs`` entry (not built yet)."""
     has_mc: bool
     """The model has managed-collision tables (``sparse2d.sync.mc``)."""
+    trial_report: TrialReport | None = None
+    """For ``sharding_group_size="auto"``: how ``L`` was chosen (measured or the model's)."""
 
 
-def resolve_setup(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Setup:
-    """Parse either call form and check every argument against the model and the world."""
+def resolve_setup(
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    collection: Callable[..., Any] | None = None,
+) -> Setup:
+    """Parse either call form and check every argument against the model and the world;
+    for ``"auto"``, ``collection`` (``DMPCollection``) builds the door's trial candidates
+    (``None``: no trial, the model's pick)."""
     call = parse_call(args, kwargs)
     device = validation.resolve_device(call.device)
     world_size, rank = validation.check_process_group(call.global_pg)
     check_world_size(call.world_size, world_size)
     pg = call.global_pg if call.global_pg is not None else dist.group.WORLD
     layout = resolve_layout(call.replica_layout, call.use_inter_host_allreduce)
-    group_size = _group_size(call, module, world_size, device, pg, layout)
+    options = _auto_options(call.auto_options)
+    group_size, shortlist = _group_size(call, module, world_size, device, pg, layout, options)
     validate_layout(layout)
     strategy = resolve_strategy(call.sharding_strategy)
     hook = adapt_all_reduce(call.custom_all_reduce)
@@ -72,28 +88,49 @@ def resolve_setup(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
     sharders = list(call.sharders) if call.sharders is not None else default_sharders()
     validation.check_shardable(module, sharders)
     validation.check_optimizers(module, sharders, device)
-    node_group_size = validation.resolve_node_group_size(
-        call.node_group_size, group_size, world_size // group_size, layout
-    )
-    default = ShardingContext(
-        module_type=None,
-        paths=[],
-        sharding_group_size=group_size,
-        replica_layout=layout,
-        node_group_size=node_group_size,
-        strategy=strategy,
-        plan=call.plan,
-    )
-    contexts = describe_contexts(module, world_size, default, call.submodule_configs, sharders)
-    for ctx in contexts:
-        check_fully_sharded_options(ctx.strategy, call.sync_options)
-    has_mc = check_managed_collision(
-        module,
-        momentum_scaling=(call.sync_options or SyncOptions()).momentum_scaling,
-        hook=hook,
-        strategies=[c.strategy for c in contexts],
-    )
-    return Setup(call, device, world_size, rank, pg, hook, sharders, contexts, has_mc)
+
+    def contexts_at(size: int) -> list[ShardingContext]:
+        node_group_size = validation.resolve_node_group_size(
+            call.node_group_size, size, world_size // size, layout
+        )
+        default = ShardingContext(
+            module_type=None,
+            paths=[],
+            sharding_group_size=size,
+            replica_layout=layout,
+            node_group_size=node_group_size,
+            strategy=strategy,
+            plan=call.plan,
+        )
+        return describe_contexts(module, world_size, default, call.submodule_configs, sharders)
+
+    contexts = contexts_at(group_size)
+    mc_tables = check_managed_collision(module)
+    for ctx in contexts:  # the option-conflict rules, per context's sharding strategy
+        check_collection(
+            call.sync_options or SyncOptions(), ctx.strategy.name, mc_tables, hook is not None
+        )
+    has_mc = bool(mc_tables)
+    report = None
+    if shortlist is not None:  # "auto": every argument checked at the model's pick
+        batch = call.planner_batch_size or DEFAULT_BATCH_SIZE
+        job = DoorJob(call, device, pg, layout, sharders, batch, has_mc, collection)
+        report = door_group_size(module, job, group_size, shortlist, options)
+        if report.chosen != group_size:
+            contexts = contexts_at(report.chosen)
+    return Setup(call, device, world_size, rank, pg, hook, sharders, contexts, has_mc, report)
+
+
+def _auto_options(value: object) -> TrialOptions:
+    """``auto_options``: how much the door's trial may spend (default ``TrialOptions()``)."""
+    if value is None:
+        return TrialOptions()
+    if not isinstance(value, TrialOptions):
+        raise ConfigError(
+            f"auto_options={value!r} must be a sparse2d.TrialOptions (e.g. "
+            "TrialOptions(candidates=0) to keep the model's pick without a trial)."
+        )
+    return value
 
 
 def _group_size(
@@ -103,17 +140,19 @@ def _group_size(
     device: torch.device,
     pg: dist.ProcessGroup,
     layout: str,
-) -> int:
-    """``sharding_group_size`` checked against the world, or the advisor's choice for
-    ``"auto"`` (rank 0 decides and broadcasts: the same ``L`` everywhere)."""
+    options: TrialOptions,
+) -> tuple[int, list[tuple[int, float]] | None]:
+    """``sharding_group_size`` checked against the world, or for ``"auto"`` the advisor's
+    pick and shortlist (rank 0 decides and broadcasts: the same everywhere)."""
     group_size = call.sharding_group_size
     if group_size is None:
         raise ConfigError(
             "sharding_group_size is required: the ranks per sharding group, a divisor of "
             f"the world size {world_size}."
         )
+    shortlist = None
     if group_size == AUTO:
-        group_size = auto_group_size(
+        group_size, shortlist = auto_candidates(
             module,
             world_size,
             device,
@@ -122,6 +161,7 @@ def _group_size(
             call.sync_options,
             layout,
             call.constraints,
+            options,
         )
     validate_group_size(world_size, group_size)  # type: ignore[arg-type]
-    return group_size  # type: ignore[return-value]
+    return group_size, shortlist  # type: ignore[return-value]

@@ -10,7 +10,7 @@ Two call forms share one constructor, told apart by the second positional argume
 
 Keywords are the union of both; TorchRec's names keep TorchRec's meaning
 (``use_inter_host_allreduce=True`` is ``replica_layout="inter_host"``, a one-argument
-``custom_all_reduce(tensors)`` is adapted to sparse2d's ``hook(tensors, replica_pg)``).
+``custom_all_reduce(tensors)`` is TorchRec's hook, the only order accepted).
 Everything here is pure, so a bad call raises the same ``ConfigError`` on every rank
 before any collective.
 """
@@ -84,6 +84,7 @@ class CollectionArgs:
     planner_batch_size: int | None = None
     sync_options: Any = None
     plan_store: Any = None
+    auto_options: Any = None
 
 
 _NAMES = frozenset(CollectionArgs.__dataclass_fields__)
@@ -164,63 +165,54 @@ def check_world_size(world_size: int | None, actual: int) -> None:
 
 
 def adapt_all_reduce(hook: Callable[..., None] | None) -> AllReduceHook | None:
-    """Accept sparse2d's ``hook(tensors, replica_pg)`` and TorchRec's hooks.
+    """Accept TorchRec's all-reduce hook, ``hook(tensors)``, the one order there is.
 
-    TorchRec 1.8's ``custom_all_reduce``/``set_all_reduce_hook`` take ``hook(tensors)``
-    (the hook owns its group); TorchRec 1.9's ``set_all_reduce_hook`` takes
-    ``hook(pg, tensors)``. Told apart by signature: a callable binding only one positional
-    argument gets the tensors alone; a two-argument one whose first parameter is named
-    ``pg``/``group``/``process_group``/``replica_pg`` or annotated ``ProcessGroup`` gets
-    ``(replica_pg, tensors)``; any other gets sparse2d's ``(tensors, replica_pg)``. Every
-    hook must average the tensors in place.
+    TorchRec's ``DMPCollection`` (1.8.0 and its main branch, whose test utilities the 1.9.2
+    wheel ships unchanged) calls ``custom_all_reduce(tensors)``: the hook owns its process
+    group (sparse2d's is ``model.replica_pg``) and must average the tensors in place. A hook
+    with a second positional parameter (sparse2d's former ``hook(tensors, replica_pg)``, or a
+    ``hook(pg, tensors)``) is refused in one line rather than called with its arguments
+    guessed from their names; one whose signature cannot be read is called as ``hook(tensors)``
+    (a two-argument one then fails at its first call, never runs with its arguments swapped).
     """
     if hook is None:
         return None
     if not callable(hook):
         raise ConfigError(f"custom_all_reduce={hook!r} is not callable.")
     try:
-        signature = inspect.signature(hook)
+        signature: inspect.Signature | None = inspect.signature(hook)
     except (TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        _check_one_argument(signature)
+
+    def one_argument(tensors: list[torch.Tensor], _pg: dist.ProcessGroup) -> None:
+        hook(tensors)
+
+    return one_argument
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _check_one_argument(signature: inspect.Signature) -> None:
+    """Refuse a hook TorchRec could not call as ``hook(tensors)`` or that names a second
+    positional parameter (an old-order hook: its group would be missing or swapped)."""
+    named = [p for p in signature.parameters.values() if p.kind in _POSITIONAL]
+    if len(named) > 1:
         raise ConfigError(
-            f"custom_all_reduce={hook!r}: its signature cannot be inspected; wrap it in a "
-            "def taking (tensors) or (tensors, replica_pg)."
-        ) from None
-    if _binds(signature, 2):
-        if _group_first(signature):
-
-            def group_first(tensors: list[torch.Tensor], pg: dist.ProcessGroup) -> None:
-                hook(pg, tensors)
-
-            return group_first
-        return hook
-    if _binds(signature, 1):
-
-        def one_argument(tensors: list[torch.Tensor], _pg: dist.ProcessGroup) -> None:
-            hook(tensors)
-
-        return one_argument
-    raise ConfigError(
-        f"custom_all_reduce{signature} must take (tensors) like TorchRec's hook or "
-        "(tensors, replica_pg) like sparse2d's."
-    )
-
-
-_GROUP_NAMES = ("pg", "group", "process_group", "replica_pg", "pg_group")
-
-
-def _group_first(signature: inspect.Signature) -> bool:
-    first = next(iter(signature.parameters.values()))
-    annotation = first.annotation
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
-    return first.name in _GROUP_NAMES or "ProcessGroup" in str(text)
-
-
-def _binds(signature: inspect.Signature, count: int) -> bool:
+            f"custom_all_reduce{signature} takes {len(named)} positional parameters, but the "
+            "hook is called as hook(tensors), like TorchRec's DMPCollection (the hook owns its "
+            "process group); close over the group instead, e.g. model.set_all_reduce_hook("
+            "lambda tensors: my_hook(tensors, model.replica_pg))."
+        )
     try:
-        signature.bind(*([None] * count))
+        signature.bind(None)
     except TypeError:
-        return False
-    return True
+        raise ConfigError(
+            f"custom_all_reduce{signature} must take one argument, the list of tensors to "
+            "average in place (TorchRec's hook(tensors))."
+        ) from None
 
 
 def note_ignored(args: CollectionArgs) -> None:

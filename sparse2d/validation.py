@@ -19,6 +19,7 @@ from torchrec.distributed.types import ModuleSharder
 from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 
 from sparse2d.errors import ConfigError, UnsupportedOptimizerError
+from sparse2d.option_conflicts import LIBRARY_NAMES, check
 
 logger = logging.getLogger(__name__)
 
@@ -150,12 +151,13 @@ def resolve_node_group_size(
     ``0`` means "not set", as in TorchRec (its TWRW sharding falls back to the local size
     when ``env.node_group_size`` is falsy).
     """
+    settings = {
+        "node_group_size": node_group_size,
+        "sharding_group_size": sharding_group_size,
+        "world_size": sharding_group_size * num_groups,
+    }
+    check(settings, LIBRARY_NAMES)
     if node_group_size is not None and node_group_size != 0:
-        if node_group_size < 1 or sharding_group_size % node_group_size != 0:
-            raise ConfigError(
-                f"node_group_size={node_group_size} must divide sharding_group_size="
-                f"{sharding_group_size}; pass a divisor such as {sharding_group_size}."
-            )
         return node_group_size
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
     per_host = local // num_groups if replica_layout == "intra_host" else local

@@ -34,12 +34,20 @@ def test_auto_report_renders_every_series_from_the_saved_run(tmp_path) -> None:
     rendered = json.loads((tmp_path / "auto.json").read_text())
     assert rendered["series"].keys() == saved["series"].keys()
     kinds = {e["set"] for e in saved["series"].values()}
-    assert kinds == {"fit", "held-out", "new"}
+    assert kinds == {"fit", "held-out", "new", auto_bench.NEW_1128}
     assert sum(e["set"] == "new" for e in saved["series"].values()) == 3
+    assert sum(e["set"] == auto_bench.NEW_1128 for e in saved["series"].values()) == 3
     for e in saved["series"].values():
         ref = {int(L): v for L, v in e["reference_step_s"].items()}
         assert e["auto_over_best"] == ref[e["auto"]] / min(ref.values())
         assert e["trial"]["chosen"] == e["auto"] and e["shortlist"][0] == e["model_pick"]
+        door = e["door_trial"]  # the library door, as a user calls it
+        assert e["door_over_best"] == ref[e["door"]] / min(ref.values())
+        assert door["chosen"] == e["door"] and door["method"] in ("measured", "model")
+        if door["method"] == "measured":
+            assert e["door"] in [c["sharding_group_size"] for c in door["candidates"]]
+        else:
+            assert door["candidates"] == [] and door["why_model"]
     shipped = auto_bench.trial_options(argparse.Namespace(warmup=None, timed=None))
     for e in saved["series"].values():  # the run used the trial as shipped
         trial = e["trial"]

@@ -1,7 +1,9 @@
 """``docs/compatibility.md`` is the truth about which trainer options compose.
 
-Two checks keep it honest:
+Three checks keep it honest:
 
+- every refusal on the page is a rule of ``sparse2d.option_conflicts`` with the same reason,
+  and every rule is on the page;
 - every pair of the page's options is listed exactly once, and the config loader accepts a
   pair exactly when the page says it works (a refusal the page does not state, or an
   acceptance of a pair it says is refused, fails here); every "works" row names a test that
@@ -36,7 +38,7 @@ BASE_OVERRIDES = ["parallel.sync.divergence_every=0"]
 OPTIONS: dict[str, list[str]] = {
     "fault_tolerance": [
         "fault_tolerance.enable=true",
-        "fault_tolerance.group_size=2",
+        "fault_tolerance.num_groups=2",
         "parallel.sharding_group_size=null",
     ],
     "pipeline_sparse_dist": ["train.pipeline=sparse_dist"],
@@ -122,6 +124,44 @@ def test_config_loader_agrees_with_the_page(pair: tuple[str, str]) -> None:
     else:
         assert error is not None, f"the page says {pair} is refused ({evidence}); it is accepted"
         assert len(evidence) > 20, f"{pair}: a refusal states its fundamental reason"
+
+
+GROUPS = {"managed_collision": ("mch", "mp_zch")}
+"""A rule's option that stands for several of the page's (every kind of MC table)."""
+
+OUTSIDE = re.compile(r"^- `(\w+)` \+ `(\w+)`: (.+)$")
+
+
+def rule_rows() -> tuple[dict[frozenset[str], str], dict[tuple[str, str], str]]:
+    """What the page must say, from ``sparse2d.option_conflicts.RULES``: the reason of every
+    refused pair of the table, and of every rule relating an option outside it."""
+    from sparse2d.option_conflicts import RULES
+
+    table: dict[frozenset[str], str] = {}
+    outside: dict[tuple[str, str], str] = {}
+    for rule in RULES:
+        a, b = rule.options
+        left, right = GROUPS.get(a, (a,)), GROUPS.get(b, (b,))
+        if set(left + right) <= set(OPTIONS):
+            table |= {frozenset((x, y)): rule.reason for x in left for y in right}
+        else:
+            outside[(a, b)] = rule.reason
+    return table, outside
+
+
+def test_every_refusal_on_the_page_is_a_rule_of_the_library_and_every_rule_is_on_it() -> None:
+    """``sparse2d.option_conflicts`` is the one list of refused combinations: the page's
+    refused rows and its "Refused outside the table" lines are exactly its rules, reason for
+    reason (a rule added, dropped or reworded without the page fails here)."""
+    table, outside = rule_rows()
+    refused = {k: why for k, (status, why) in page_rows().items() if status == "refused"}
+    for key in sorted(set(table) | set(refused), key=sorted):
+        expected = f"| `{sorted(key)[0]}` | `{sorted(key)[1]}` | refused | {table.get(key)} |"
+        assert refused.get(key) == table.get(key), f"docs/compatibility.md must read: {expected}"
+    lines = [OUTSIDE.match(line) for line in PAGE.read_text().splitlines()]
+    listed = {(m[1], m[2]): m[3] for m in lines if m is not None}
+    expected_lines = [f"- `{a}` + `{b}`: {why}" for (a, b), why in outside.items()]
+    assert listed == outside, "docs/compatibility.md must list:\n" + "\n".join(expected_lines)
 
 
 def _test_names(path: Path) -> set[str]:

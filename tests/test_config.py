@@ -185,19 +185,19 @@ def test_cli_config_subcommand(capsys) -> None:
 @pytest.mark.parametrize(
     ("override", "named"),
     [
-        ("parallel.sync.momentum_scaling=true", "momentum_scaling=True"),
-        ("parallel.sharding_strategy=fully_sharded", "sharding_strategy=FULLY_SHARDED"),
-        ("train.pipeline=semi_sync", "pipeline=semi_sync"),
+        ("parallel.sync.momentum_scaling=true", "parallel.sync.momentum_scaling=True"),
+        ("parallel.sharding_strategy=fully_sharded", "parallel.sharding_strategy='fully_sharded'"),
+        ("train.pipeline=semi_sync", "train.pipeline='semi_sync'"),
     ],
 )
 def test_managed_collision_refusals_come_at_load_time(override: str, named: str) -> None:
     """What the library refuses for MC tables, the loader refuses before any process starts,
-    with the same reason (``sparse2d.sync.mc_rules``)."""
+    with the same rule (``sparse2d.option_conflicts``)."""
     overrides = ["model.managed_collision.enabled=true", override]
     with pytest.raises(ConfigError) as info:
         load_config("configs/tiny_cpu.yaml", overrides)
     message = str(info.value)
-    assert "model.managed_collision.enabled=true" in message and named in message
+    assert "model.managed_collision.kind='mch'" in message and named in message
     load_config("configs/tiny_cpu.yaml", [override])  # alone it is fine
 
 

@@ -12,12 +12,12 @@ from sparse2d.errors import ConfigError
 from sparse2d.train.config import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FT = ["fault_tolerance.enable=true", "fault_tolerance.group_size=2"]
+FT = ["fault_tolerance.enable=true", "fault_tolerance.num_groups=2"]
 
 
 def test_shipped_ft_config_loads_and_runs_one_group_per_world() -> None:
     cfg = load_config("configs/ft_tiny_cpu.yaml")
-    assert cfg.fault_tolerance.enable and cfg.fault_tolerance.group_size == 2
+    assert cfg.fault_tolerance.enable and cfg.fault_tolerance.num_groups == 2
     cfg.check_runtime(2, 2, check_paths=False)
     with pytest.raises(ConfigError, match="each torchrun world .* is one sharding group"):
         load_config("configs/ft_tiny_cpu.yaml", ["parallel.sharding_group_size=1"]).check_runtime(
@@ -28,21 +28,57 @@ def test_shipped_ft_config_loads_and_runs_one_group_per_world() -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("fault_tolerance.replica_id=2", "replica_id=2 must be < group_size=2"),
-        ("fault_tolerance.min_replica_size=3", "min_replica_size=3 exceeds group_size=2"),
+        ("fault_tolerance.replica_id=2", r"replica_id=2 must be in 0\.\.1"),
+        ("fault_tolerance.min_replica_size=3", "min_replica_size=3 exceeds the 2 groups"),
         ("fault_tolerance.quorum_timeout_s=0", "quorum_timeout_s=0.0 must be > 0"),
+        ("fault_tolerance.quorum_every=0", "quorum_every=0 must be a whole number >= 1"),
     ],
 )
 def test_bad_values(override: str, message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    """The section is ``FTOptions``: its own checks, naming the dotted key."""
+    with pytest.raises(ConfigError, match=f"fault_tolerance.{message}"):
         load_config("configs/ft_tiny_cpu.yaml", [override])
+
+
+def test_section_is_the_library_options_with_their_names() -> None:
+    """Every ``FTOptions`` field is a key of the section under its own name (no mirror to
+    drift), and ``options()`` hands the library exactly those values."""
+    import dataclasses
+
+    from sparse2d.ft import FTOptions
+
+    cfg = load_config("configs/ft_tiny_cpu.yaml", ["fault_tolerance.quorum_every=7"])
+    ft = cfg.fault_tolerance
+    keys = [f.name for f in dataclasses.fields(ft)]
+    assert keys == [f.name for f in dataclasses.fields(FTOptions)] + ["enable"]
+    options = ft.options()
+    assert type(options) is FTOptions and options.num_groups == 2 and options.quorum_every == 7
+    assert "sync_every" not in keys  # the cadence is parallel.sync.every, once
+
+
+@pytest.mark.parametrize("where", ["yaml", "override"])
+def test_old_group_size_key_names_the_new_one(tmp_path, where: str) -> None:
+    """``fault_tolerance.group_size`` (the key before the section became ``FTOptions``) is
+    refused in one line that names ``fault_tolerance.num_groups``."""
+    path, overrides = "configs/ft_tiny_cpu.yaml", ["fault_tolerance.group_size=2"]
+    if where == "yaml":
+        with open(path) as f:
+            text = f.read().replace("num_groups: 2", "group_size: 2")
+        path, overrides = str(tmp_path / "old.yaml"), []
+        with open(path, "w") as f:
+            f.write(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("fault_tolerance.group_size was renamed fault_tolerance.num_groups")
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
         ("parallel.sharding_group_size=auto", "sharding_group_size='auto'"),
-        ("parallel.sharding_strategy=fully_sharded", "nothing to heal a lost group from"),
+        ("parallel.sharding_strategy=fully_sharded", "nothing to heal from"),
         ("parallel.sync.overlap=true", "parallel.sync.overlap=True"),
         ("parallel.sync.delayed_optimizer_state=true", "delayed_optimizer_state=True"),
         ("parallel.sync.divergence_every=5", "divergence_every=5"),
@@ -53,7 +89,7 @@ def test_bad_values(override: str, message: str) -> None:
 def test_unsupported_options_are_refused_before_anything_starts(
     override: str, message: str
 ) -> None:
-    with pytest.raises(ConfigError, match="fault_tolerance.enable=true cannot run with") as info:
+    with pytest.raises(ConfigError, match="fault_tolerance.enable=True cannot run with") as info:
         load_config(
             "configs/tiny_cpu.yaml",
             [

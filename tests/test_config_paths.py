@@ -90,7 +90,7 @@ def test_a_run_dir_holding_a_run_is_continued_only_by_a_resume(tmp_path, monkeyp
 
 def test_a_fault_tolerant_group_checks_its_own_directory(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    ft = [f"run_dir={tmp_path}", "fault_tolerance.enable=true", "fault_tolerance.group_size=2"]
+    ft = [f"run_dir={tmp_path}", "fault_tolerance.enable=true", "fault_tolerance.num_groups=2"]
     config = str(ROOT / "configs" / "ft_tiny_cpu.yaml")
     (tmp_path / "replica_0").mkdir()
     (tmp_path / "replica_0" / "metrics.jsonl").write_text("{}\n")

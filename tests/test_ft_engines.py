@@ -82,7 +82,6 @@ def _ft_variants(group: int, lighthouses: dict[str, str]) -> dict:
             lighthouse=lighthouses[name],
             timeout_s=20,
             quorum_timeout_s=60,
-            sync_every=EVERY,
         )
         ft = FaultTolerance(model, _dense_opt(model), options)
         wrapper, stats = FTOptimizer(ft), []

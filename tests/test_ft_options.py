@@ -15,7 +15,7 @@ from sparse2d.ft import FTOptions
         ({"replica_id": -1, "num_groups": 2}, "replica_id=-1 must be in 0..1"),
         ({"replica_id": 0, "num_groups": 0}, "num_groups=0 must be a whole number >= 1"),
         ({"replica_id": 0, "num_groups": 2, "min_replica_size": 3}, "min_replica_size=3 exceeds"),
-        ({"replica_id": 0, "num_groups": 2, "sync_every": 0}, "sync_every=0"),
+        ({"replica_id": 0, "num_groups": 2, "quorum_every": 0}, "quorum_every=0"),
         ({"replica_id": 0, "num_groups": 2, "timeout_s": 0}, "timeout_s=0 must be > 0"),
         ({"replica_id": 0, "num_groups": 2, "start_wait_s": -1}, "start_wait_s=-1 must be > 0"),
     ],

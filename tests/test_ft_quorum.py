@@ -49,12 +49,18 @@ def _train(
     from sparse2d import DMPCollection
     from sparse2d.ft import FaultTolerance, FTOptimizer, FTOptions
     from sparse2d.ft import vote as ft_vote
+    from sparse2d.sync.options import SyncOptions
     from tests.test_torchrec_compat import DENSE_LR, pipeline_model
 
     tables = MIXED_TABLES
     weights = full_weights(pipeline_model().model)
     model = DMPCollection(
-        pipeline_model(), SIZE, device="cpu", constraints=constraints_for(tables), node_group_size=2
+        pipeline_model(),
+        SIZE,
+        device="cpu",
+        constraints=constraints_for(tables),
+        node_group_size=2,
+        sync_options=SyncOptions(every=EVERY),  # the groups' cadence (FTOptions has none)
     )
     load_full_weights(model, weights)
     dense = torch.optim.SGD(
@@ -65,7 +71,6 @@ def _train(
         num_groups=GROUPS,
         min_replica_size=1,
         lighthouse=lighthouse,
-        sync_every=EVERY,
         timeout_s=20,
         quorum_timeout_s=60,
         quorum_every=quorum_every,

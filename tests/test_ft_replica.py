@@ -248,7 +248,6 @@ def _ft_momentum(group: int, lighthouse: str, steps: int, every: int) -> dict:
         lighthouse=lighthouse,
         timeout_s=20,
         quorum_timeout_s=60,
-        sync_every=every,
     )
     ft = FaultTolerance(model, opt, options)
     wrapper = FTOptimizer(ft)

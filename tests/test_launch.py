@@ -264,3 +264,37 @@ def test_unwritable_checkpoint_dir_fails_before_torchrun(tmp_path, where: str) -
     assert len(run.stderr.strip().splitlines()) == 1 and run.stdout == "", run.stderr
     assert run.stderr.startswith(f"sparse2d: config error: checkpoint.dir={target!r}: ")
     assert "set checkpoint.dir to a directory this user can write" in run.stderr
+
+
+RANK_CONFIG_ERRORS = {  # what each launcher's own check cannot see, so only a rank finds it
+    "local_device": ("local.sh", {}, ["device=cuda"], "device='cuda' but CUDA is not available"),
+    # multinode.sh checks no paths (they may exist only on the compute hosts)
+    "multinode_checkpoint_dir": (
+        "multinode.sh",
+        {"NNODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1"},
+        ["checkpoint.dir=/proc/nope", "checkpoint.every=10"],
+        "checkpoint.dir='/proc/nope': cannot create a directory",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RANK_CONFIG_ERRORS))
+def test_a_config_error_found_on_a_rank_is_not_restarted(tmp_path, case: str) -> None:
+    """A ConfigError that only the ranks find, under the launcher as typed with restarts on
+    (MAX_RESTARTS=3, its default): the rank's one line is the launch's whole output, exit 1,
+    and no restart (each round would print the line again and add ~10 s; torchrun's agent
+    used to run all four rounds and end in a ~70-line ChildFailedError report)."""
+    if case == "local_device" and torch.cuda.is_available():
+        pytest.skip("this host has CUDA: device=cuda is valid here")
+    script, env, overrides, expected = RANK_CONFIG_ERRORS[case]
+    env = reader_env(NPROC="2", MAX_RESTARTS="3", CONFIG="configs/tiny_cpu.yaml", **env)
+    env["MASTER_PORT"] = str(_port_no_one_else_is_given())  # multinode.sh's rendezvous
+    two_d = "parallel.sharding_group_size=1"  # 2 processes in 2D: no 1D note on rank 0
+    command = [f"launch/{script}", f"run_dir={tmp_path}", two_d, *overrides]
+    start = time.monotonic()
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    wall = time.monotonic() - start
+    lines = (run.stdout + run.stderr).strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 1, run.stdout + run.stderr
+    assert lines[0].startswith("sparse2d.train: rank 0: ConfigError: ") and expected in lines[0]
+    assert wall < 60, f"{wall:.0f} s: restarted?"

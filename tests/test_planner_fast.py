@@ -105,3 +105,25 @@ def test_fewer_tables_than_ranks_spread_over_every_rank() -> None:
     assert sorted(r for s in plan.plan[""].values() for r in s.ranks) == list(range(8))
     mine, before = balance(planner, 8), balance(plain, 8)
     assert mine[2] == 1.0 and before[2] == 2.0 and mine[0] <= before[0]
+
+
+def test_proposals_that_cannot_fit_are_not_partitioned() -> None:
+    """32 tables on 8 ranks of one host, a batch of 4,096: each table's fastest option is
+    row-wise, whose output buffers (4 MB per table on every rank) overflow 40 MB ranks, so
+    the greedy walk fails proposal after proposal (the 4,096-rank dry run's 550 failures in
+    small). ``FitCheckedProposer`` answers those without the partitioner; the walk, and the
+    plan it ends with, are TorchRec's own."""
+    from sparse2d.planner.fast_planner import FitCheckedProposer
+    from sparse2d.planner.plan_codec import encode_plan
+
+    topology = Topology(world_size=8, compute_device="cpu", local_world_size=8, ddr_cap=40 << 20)
+    checked = group_planner(topology, 4096, None)
+    plan = checked.plan(tables([2_000] * 32), default_sharders())
+    bare = group_planner(topology, 4096, None)
+    bare._proposers = [p.inner for p in bare._proposers if isinstance(p, FitCheckedProposer)]
+    before = bare.plan(tables([2_000] * 32), default_sharders())
+    assert len(bare._proposers) == 3 and bare._num_proposals > 100, bare._num_proposals
+    assert checked._num_proposals <= 10, checked._num_proposals
+    assert sum(p.skipped for p in checked._proposers) > 100  # type: ignore[attr-defined]
+    assert encode_plan(plan) == encode_plan(before)
+    assert {s.sharding_type for s in plan.plan[""].values()} != {"row_wise"}

@@ -244,15 +244,3 @@ def test_plan_gives_each_replica_group_a_slot(world4) -> None:
         assert result["fits"]
         assert result["too_small"] is None  # one byte short of the region: not folded
         assert result["other_dtype"] == -1
-
-
-@pytest.mark.parametrize(("value", "expected"), [("", 2 << 20), ("0", 0), (" 4096 ", 4096)])
-def test_fold_limit_from_environment(monkeypatch, value: str, expected: int) -> None:
-    monkeypatch.setenv(fold.FOLD_MAX_BYTES_ENV, value)
-    assert fold._max_bytes_from_env() == expected
-
-
-def test_bad_fold_limit_names_the_variable(monkeypatch) -> None:
-    monkeypatch.setenv(fold.FOLD_MAX_BYTES_ENV, "2MB")
-    with pytest.raises(ValueError, match=r"SPARSE2D_FOLD_MAX_BYTES='2MB' must be a whole number"):
-        fold._max_bytes_from_env()

@@ -1,4 +1,5 @@
-"""The pure refusals of FULLY_SHARDED (no process group needed)."""
+"""The pure refusals of FULLY_SHARDED plans (no process group needed); the sync options it
+replaces are ``sparse2d.option_conflicts``' rules (tests/test_option_conflicts.py)."""
 
 from __future__ import annotations
 
@@ -6,36 +7,9 @@ import pytest
 from torchrec.distributed.types import ParameterSharding, ShardingPlan, ShardingStrategy
 
 from sparse2d import ConfigError
-from sparse2d.sync.fully_sharded.checks import (
-    check_fully_sharded_options,
-    check_fully_sharded_plan,
-)
-from sparse2d.sync.options import SyncOptions
+from sparse2d.sync.fully_sharded.checks import check_fully_sharded_plan
 
 FS = ShardingStrategy.FULLY_SHARDED
-
-
-def test_options_that_do_not_apply_are_refused() -> None:
-    with pytest.raises(ConfigError, match="every=4"):
-        check_fully_sharded_options(FS, SyncOptions(every=4))
-    check_fully_sharded_options(ShardingStrategy.PER_MODULE, SyncOptions(every=4))
-    check_fully_sharded_options(FS, SyncOptions())  # the defaults are fine
-    check_fully_sharded_options(ShardingStrategy.DEFAULT, SyncOptions(every=4))
-
-
-def test_skipping_the_finite_vote_is_refused_and_what_does_not_apply_is_accepted() -> None:
-    """FullyShardedEmbeddings always votes on NaN/inf before its reduce-scatter (which
-    overwrites each replica's only copy), so ``check_finite=False`` would be silently
-    ignored: it is refused instead, as the trainer's config used to do on its own."""
-    with pytest.raises(ConfigError, match="check_finite=False"):
-        check_fully_sharded_options(FS, SyncOptions(check_finite=False))
-    with pytest.raises(ConfigError, match="include_optimizer_state=False"):
-        check_fully_sharded_options(FS, SyncOptions(include_optimizer_state=False))
-    with pytest.raises(ConfigError, match="engine='sparse'"):
-        check_fully_sharded_options(FS, SyncOptions(engine="sparse"))
-    # every row is reduce-scattered each step: auto has nothing to choose, hide nothing to hide
-    check_fully_sharded_options(FS, SyncOptions(engine="auto", hide=True, divergence_every=5))
-    check_fully_sharded_options(ShardingStrategy.DEFAULT, SyncOptions(check_finite=False))
 
 
 def _plan(kernel: str) -> ShardingPlan:

@@ -164,7 +164,7 @@ def check_refusals() -> list[str]:
     messages = []
     attempts = [
         {"sync_options": SyncOptions(momentum_scaling=True)},
-        {"custom_all_reduce": lambda tensors, pg: None},
+        {"custom_all_reduce": lambda tensors: None},
         {"sharding_strategy": ShardingStrategy.FULLY_SHARDED},
     ]
     for kwargs in attempts:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchrec.distributed.types import ShardingStrategy
 from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
 from torchrec.modules.mc_modules import (
@@ -14,15 +13,15 @@ from torchrec.modules.mc_modules import (
 )
 
 from sparse2d.errors import ConfigError
+from sparse2d.option_conflicts import check_collection
 from sparse2d.sync.mc.tables import (
     check_managed_collision,
     check_torchrec_mc_2d,
     mc_modules,
     policy_name,
 )
+from sparse2d.sync.options import SyncOptions
 from tests.mc_models import build_mc_model
-
-DEFAULT = [ShardingStrategy.DEFAULT]
 
 
 def test_finds_every_mch_module_and_its_policy() -> None:
@@ -38,9 +37,9 @@ def test_finds_every_mch_module_and_its_policy() -> None:
 def test_plain_model_has_no_mc_tables() -> None:
     from tests.models import MIXED_TABLES, build_model
 
-    assert not check_managed_collision(
-        build_model(MIXED_TABLES), momentum_scaling=True, hook=None, strategies=DEFAULT
-    )
+    assert check_managed_collision(build_model(MIXED_TABLES)) == []
+    # no tables: nothing for the managed-collision rules to refuse
+    check_collection(SyncOptions(momentum_scaling=True), "DEFAULT", [], custom_all_reduce=True)
 
 
 def _zch_collection(**options: object) -> ManagedCollisionCollection:
@@ -58,17 +57,13 @@ def _zch_collection(**options: object) -> ManagedCollisionCollection:
 
 
 def test_mp_zch_is_accepted_and_its_unsynced_options_refused_in_one_line() -> None:
-    assert check_managed_collision(
-        _zch_collection(), momentum_scaling=False, hook=None, strategies=DEFAULT
-    )
+    assert check_managed_collision(_zch_collection()) == ["h"]
     for options, words in (
         ({"opt_in_prob": 50, "percent_reserved_slots": 10}, "opt_in_prob=50"),
         ({"track_id_freq": True}, "runtime metadata"),
     ):
         with pytest.raises(ConfigError, match=f"HashZchManagedCollisionModule.*{words}") as error:
-            check_managed_collision(
-                _zch_collection(**options), momentum_scaling=False, hook=None, strategies=DEFAULT
-            )
+            check_managed_collision(_zch_collection(**options))
         assert "\n" not in str(error.value)
 
 
@@ -95,26 +90,20 @@ def test_unknown_eviction_policy_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs,word",
+    "settings,word",
     [
-        ({"momentum_scaling": True, "hook": None, "strategies": DEFAULT}, "momentum_scaling"),
-        (
-            {"momentum_scaling": False, "hook": lambda t, pg: None, "strategies": DEFAULT},
-            "custom_all_reduce",
-        ),
-        (
-            {
-                "momentum_scaling": False,
-                "hook": None,
-                "strategies": [ShardingStrategy.FULLY_SHARDED],
-            },
-            "FULLY_SHARDED",
-        ),
+        ({"sync_options": SyncOptions(momentum_scaling=True)}, "sync_options.momentum_scaling"),
+        ({"custom_all_reduce": True}, "custom_all_reduce=True"),
+        ({"strategy": "FULLY_SHARDED"}, "sharding_strategy='FULLY_SHARDED'"),
     ],
 )
-def test_combinations_refused(kwargs: dict, word: str) -> None:
-    with pytest.raises(ConfigError, match=word):
-        check_managed_collision(build_mc_model(), **kwargs)
+def test_combinations_refused(settings: dict, word: str) -> None:
+    """What ``DMPCollection`` checks per context with the tables this module finds."""
+    tables = check_managed_collision(build_mc_model())
+    args = {"sync_options": SyncOptions(), "strategy": "DEFAULT", "custom_all_reduce": False}
+    with pytest.raises(ConfigError, match=f"managed-collision tables=.*{word}"):
+        check_collection(**(args | settings), managed_collision=tables)
+    check_collection(**args, managed_collision=tables)  # alone the tables are fine
 
 
 def test_torchrec_without_2d_mc_is_refused_with_the_version_to_install() -> None:

@@ -139,17 +139,18 @@ def check_divergence() -> list[tuple[float, float]]:
     return out
 
 
-def _plus_one_average(tensors: list[torch.Tensor], pg: dist.ProcessGroup) -> None:
-    for t in tensors:
-        dist.all_reduce(t, group=pg)
-        t.div_(dist.get_world_size(pg)).add_(1.0)
-    _plus_one_average.groups.append(dist.get_process_group_ranks(pg))  # type: ignore[attr-defined]
-
-
 def check_hook_lands() -> dict:
-    """A hook that returns mean + 1: it gets the replica group and its result lands."""
-    _plus_one_average.groups = []  # type: ignore[attr-defined]
-    model = make_2d(hook=_plus_one_average, every=2)
+    """A TorchRec ``hook(tensors)`` that returns mean + 1 over the replica group it closes
+    over: it is called and its result lands."""
+    calls = []
+
+    def plus_one_average(tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            dist.all_reduce(t, group=model.replica_pg)
+            t.div_(dist.get_world_size(model.replica_pg)).add_(1.0)
+        calls.append(len(tensors))
+
+    model = make_2d(hook=plus_one_average, every=2)
     train(model, MIXED_TABLES, 1)
     expected = []
     for s in model.shard_states:
@@ -158,12 +159,7 @@ def check_hook_lands() -> dict:
         expected.append(mean + 1.0)
     report = model.maybe_sync(1)
     worst = max(float((s.weight - e).abs().max()) for s, e in zip(model.shard_states, expected))
-    return {
-        "worst": worst,
-        "synced": report is not None,
-        "groups": _plus_one_average.groups,  # type: ignore[attr-defined]
-        "replica_group": model.replica_group,
-    }
+    return {"worst": worst, "synced": report is not None, "calls": calls}
 
 
 def _accumulator_total(model: torch.nn.Module, pg: dist.ProcessGroup | None) -> float:
@@ -255,12 +251,11 @@ def test_divergence_positive_before_and_zero_after(world4) -> None:
             assert after == 0.0
 
 
-def test_custom_all_reduce_gets_replica_group_and_lands(world4) -> None:
+def test_custom_all_reduce_lands(world4) -> None:
     for result in world4.run(check_hook_lands):
         assert result["synced"]
         assert result["worst"] <= 1e-6, result
-        assert result["groups"], "hook never called"
-        assert all(g == result["replica_group"] for g in result["groups"]), result
+        assert result["calls"], "hook never called"
 
 
 def test_momentum_scaling_matches_1d_accumulator_growth(world4) -> None:

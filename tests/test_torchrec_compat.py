@@ -192,8 +192,8 @@ def check_bad_call(kwargs: dict) -> None:
     DMPCollection(build_model(MIXED_TABLES), device="cpu", **kwargs)
 
 
-def check_hook_forms(form: str) -> dict:
-    """TorchRec's one-argument and 1.9 ``(pg, tensors)`` hooks are called and average."""
+def check_hook() -> dict:
+    """TorchRec's ``hook(tensors)``, closing over the replica group, is called and averages."""
     model = DMPCollection(build_model(MIXED_TABLES), 2, device="cpu")
     pg, calls = model.replica_pg, []
 
@@ -203,8 +203,7 @@ def check_hook_forms(form: str) -> dict:
             dist.all_reduce(t, group=pg)
             t.div_(dist.get_world_size(pg))
 
-    hooks = {"one": average, "group_first": lambda pg, tensors: average(tensors)}
-    model.set_all_reduce_hook(hooks[form])
+    model.set_all_reduce_hook(average)
     for shard in model.shard_states:  # make replicas differ, then sync through the hook
         shard.weight.add_(float(dist.get_rank()))
     model.sync()
@@ -268,7 +267,7 @@ def test_torchrec_positional_call(world4) -> None:
                 "sharding_strategy": ShardingStrategy.FULLY_SHARDED,
                 "sync_options": SyncOptions(every=4),
             },
-            "sync_options every=4 do not apply with sharding_strategy=FULLY_SHARDED",
+            "sharding_strategy='FULLY_SHARDED' cannot run with sync_options.every=4",
         ),
         (
             {
@@ -287,9 +286,8 @@ def test_bad_torchrec_call_fails_on_every_rank(world2, kwargs: dict, needle: str
     assert "failed on ranks [0, 1]" in text and needle in text, text
 
 
-@pytest.mark.parametrize("form", ["one", "group_first"])
-def test_torchrec_hook_forms(world4, form: str) -> None:
-    for result in world4.run(check_hook_forms, form):
+def test_torchrec_hook(world4) -> None:
+    for result in world4.run(check_hook):
         assert result["calls"] >= 1 and result["diff"] <= 1e-6, result
 
 
@@ -343,13 +341,25 @@ def test_layout_from_either_name() -> None:
 
 
 def test_hook_signatures() -> None:
+    """One order, TorchRec's ``hook(tensors)``; a hook with a second positional parameter
+    (either old order) is refused in one line naming the fix, never called with guesses."""
     seen: list[tuple] = []
-    two = adapt_all_reduce(lambda tensors, pg: seen.append(("ours", tensors, pg)))
     one = adapt_all_reduce(lambda tensors: seen.append(("one", tensors)))
-    first = adapt_all_reduce(lambda pg, tensors: seen.append(("first", tensors, pg)))
-    for hook in (two, one, first):
+    star = adapt_all_reduce(lambda *args: seen.append(("star", args)))
+    for hook in (one, star):
         hook(["T"], "PG")  # type: ignore[misc, list-item, arg-type]
-    assert seen == [("ours", ["T"], "PG"), ("one", ["T"]), ("first", ["T"], "PG")]
-    with pytest.raises(ConfigError, match="must take"):
+    assert seen == [("one", ["T"]), ("star", (["T"],))]
+    old_orders = [
+        lambda tensors, pg: None,
+        lambda pg, tensors: None,
+        lambda tensors, pg=None: None,  # would average over the default group: refused
+    ]
+    for old in old_orders:
+        with pytest.raises(ConfigError, match=r"is called as hook\(tensors\)") as info:
+            adapt_all_reduce(old)
+        assert "model.replica_pg" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="must take one argument"):
         adapt_all_reduce(lambda: None)
+    with pytest.raises(ConfigError, match="not callable"):
+        adapt_all_reduce(3)  # type: ignore[arg-type]
     assert adapt_all_reduce(None) is None

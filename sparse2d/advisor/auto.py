@@ -4,6 +4,7 @@ The workload is read off the module (every ``EmbeddingBagCollection``/``Embeddin
 table, the fused optimizer set by ``apply_optimizer_in_backward``, the dense parameters) and
 the topology from the device and ``LOCAL_WORLD_SIZE``. Rank 0 decides and broadcasts the
 answer (or the advisor's error) so every rank builds the same mesh, as ``plan_for_group`` does.
+The door then measures the shortlist where it can (``sparse2d.advisor.door_trial``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sparse2d.advisor.topology import ClusterTopology, load_topology
+from sparse2d.advisor.trial_options import TrialOptions
 from sparse2d.advisor.workload import TableLoad, Workload
 
 if TYPE_CHECKING:
@@ -114,7 +116,7 @@ def topology_for_device(device: torch.device, world_size: int) -> ClusterTopolog
     return load_topology("cpu_gloo", world_size, overrides)
 
 
-def auto_group_size(
+def auto_candidates(
     module: nn.Module,
     world_size: int,
     device: torch.device,
@@ -123,24 +125,27 @@ def auto_group_size(
     sync_options: Any = None,
     replica_layout: str = "intra_host",
     constraints: dict[str, Any] | None = None,
-) -> int:
-    """The advisor's ``L`` for this job, decided on rank 0 of ``pg`` and broadcast to all."""
-    from sparse2d.advisor.search import recommend_group_size
+    options: TrialOptions | None = None,
+) -> tuple[int, list[tuple[int, float]]]:
+    """The advisor's ``L`` for this job and its shortlist (``(L, predicted s)``, the pick
+    first, ``options`` as the trainer's), decided on rank 0 of ``pg`` and broadcast to all;
+    ``NoFitError`` on every rank when nothing fits."""
+    from sparse2d.advisor.search import advise, no_fit_message
+    from sparse2d.advisor.trial import shortlist
+    from sparse2d.errors import NoFitError
 
-    def decide() -> int:
+    def decide() -> tuple[int, list[tuple[int, float]]]:
         workload = workload_from_module(
             module, batch_size_per_rank, sync_options, replica_layout, constraints
         )
-        return recommend_group_size(workload, topology_for_device(device, world_size))
+        topology = topology_for_device(device, world_size)
+        advice = advise(workload, topology)
+        if advice.recommended is None:
+            raise NoFitError(no_fit_message(advice, workload, topology))
+        return advice.recommended, shortlist(advice, options or TrialOptions())
 
-    return decide_on_rank0(decide, pg)
-
-
-def decide_on_rank0(decide: Callable[[], int], pg: dist.ProcessGroup) -> int:
-    """Run ``decide`` on rank 0 of ``pg``; every rank returns its answer or raises its error."""
-    group_size = int(share_from_rank0(decide, pg))
-    logger.info("[sparse2d] auto sharding_group_size=%d", group_size)
-    return group_size
+    pick, candidates = share_from_rank0(decide, pg)
+    return int(pick), [(int(L), float(s)) for L, s in candidates]
 
 
 def share_from_rank0(compute: Callable[[], Any], pg: dist.ProcessGroup | None) -> Any:

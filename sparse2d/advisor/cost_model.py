@@ -190,6 +190,7 @@ class _RankLoads:
     own_out: list[float]
     out_total: float = 0.0
     ids_total: float = 0.0
+    fold_total: float = 0.0  # the group's dense sync payload: what a fold all-reduces
     types: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @classmethod
@@ -198,6 +199,15 @@ class _RankLoads:
         links = [ct.LinkBytes() for _ in range(L)]
         scatters = [ct.LinkBytes() for _ in range(L)]
         return cls(*zeros[:6], links, scatters, *zeros[6:])
+
+
+@functools.cache
+def _fold_itemsize() -> int:
+    """Bytes per value of DDP's bucket, the only dtype a fold carries (imported on first use:
+    the advisor's module does not load torch)."""
+    from sparse2d.sync.ddp.fold import FOLD_DTYPE
+
+    return FOLD_DTYPE.itemsize
 
 
 class AnalyticCostModel(CostModel):
@@ -241,7 +251,9 @@ class AnalyticCostModel(CostModel):
         )
         dense_s = _allreduce_s(w.dense_params * 4, list(range(topo.world_size)), topo)
         synced = loads.synced
-        sync_s, sync_kind = self._sync_s(max(synced), sum(synced), max(loads.full), replicas, L)
+        sync_s, sync_kind = self._sync_s(
+            max(synced), loads.fold_total, max(loads.full), replicas, L
+        )
         if w.hide and sync_kind in ("dense", "sparse"):  # beside the next input dist only:
             sync_s = ct.exposed_s(sync_s, ids_a2a, topo.comm_overlap)  # the dense step is tiny
         mem = max(loads.memory)
@@ -290,6 +302,7 @@ class AnalyticCostModel(CostModel):
                 loads.state[rank] += n * (weights + opt)
                 loads.memory[rank] += n * (weights + opt + s.io_bytes)
                 loads.synced[rank] += n * self._synced_bytes(s, replicas)
+                loads.fold_total += n * self._fold_bytes(s)
                 loads.full[rank] += n * s.rows * (s.cols + w.row_state_values(s.cols)) * eb
                 share = s.rows / t.rows  # 0 for a row-wise shard left empty (rows < L)
                 table_ids = L * B * t.features * t.pooling_factor  # the group's ids into t
@@ -373,8 +386,9 @@ class AnalyticCostModel(CostModel):
             ) + topo.sync_overhead_s, "fully_sharded"
         from sparse2d.sync.ddp.fold import FOLD_MAX_BYTES
 
-        if w.ddp and w.engine != "sparse" and region <= FOLD_MAX_BYTES:
-            # the region holds one slot per replica group: all of one group's shard bytes
+        if w.ddp and w.engine != "sparse" and 0 < region <= FOLD_MAX_BYTES:
+            # the region holds one slot per replica group: all of one group's shard bytes,
+            # dense whatever the engine (``_fold_bytes``)
             folded = ct.fold_s(region, topo.world_size, world_remote, topo)
             return folded / w.sync_every, "folded"
         per_sync = ct.allreduce_s(shard_bytes, replicas, remote > 0, topo, local + 1)
@@ -383,6 +397,19 @@ class AnalyticCostModel(CostModel):
         if w.check_finite and not (w.ddp and kind == "dense"):  # else DDP carries the vote
             per_sync += ct.vote_s(topo.world_size, world_remote, topo)
         return per_sync / w.sync_every, kind
+
+    def _fold_bytes(self, s: PlacedShard) -> float:
+        """Bytes of shard ``s`` in a folded sync's region: the dense engine's payload (its
+        live weights, and optimizer state when synced: ``sync.ddp.folding``), whatever the
+        engine, and only in fp32, DDP's bucket dtype (0: cannot fold). Pricing the touched
+        rows here folded ``configs/tiny_cpu.yaml``'s 3.8 MB of tables on paper (0.6 ms a
+        step at L=1) while the trainer's 2 MiB limit sends them through their own
+        all-reduce, so the advisor picked full replication, the slowest layout measured."""
+        w = self.workload
+        if w.element_bytes != _fold_itemsize():
+            return 0.0
+        row = s.cols + (w.row_state_values(s.cols) if w.include_optimizer_state else 0)
+        return float(s.rows * row * w.element_bytes)
 
     def _synced_bytes(self, s: PlacedShard, replicas: int) -> float:
         """Bytes of shard ``s`` one sync all-reduces (dense or expected touched rows)."""

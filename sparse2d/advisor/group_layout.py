@@ -1,26 +1,17 @@
-"""Where every shard lands inside one sharding group of ``L`` ranks, from TorchRec's planner.
+"""Where every shard lands inside one sharding group of ``L`` ranks: the launch's own plan.
 
 A group's layout depends on ``L`` (and on how many of its ranks share a host), never on
-the number of groups, so it is computed once per ``L`` and cached. TorchRec's own parts
-do the work: ``EmbeddingEnumerator`` (with its perf and storage estimators) lists the
-sharding options of every table on a meta-device model and ``GreedyPerfPartitioner``
-places them on a ``Topology`` of ``L`` devices; no process group is involved.
-
-To plan 832 tables for 4096 ranks in seconds, tables that are identical for the planner
-(rows, dim, features, pooling factor, forced type) are enumerated once and their
-options cloned (the options of identical tables are identical); the partitioner then
-places every clone. Proposals kept: each table's fastest option and each table's smallest
-option (as TorchRec's ``GreedyProposer`` would try them), and one per sharding type: every
-table that TorchRec offers that type for takes its fastest option of it, the others their
-fastest option. The cost model then judges all of them under its own terms, so a table's
-sharding type can change with ``L`` (row-wise inside one host, table-row-wise or grid once
-the group spans hosts) where TorchRec's own estimators would not switch.
+the number of groups, so it is computed once per ``L`` and cached. It is made by the
+planning path ``DMPCollection`` itself uses (``sparse2d.planner.group_plan.plan_on_topology``:
+``spread_constraints`` and ``fast_planner.group_planner``) on a meta-device model and a
+``Topology`` of ``L`` devices, with no process group, so the advice prices the plan a launch
+builds, never one it would not. Memory caps are lifted (the cost model judges the fit
+against the real device memory); each shard keeps TorchRec's perf and storage estimates.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
 from abc import ABC, abstractmethod
@@ -31,7 +22,8 @@ from typing import Any
 from sparse2d.advisor.workload import TableLoad, Workload
 from sparse2d.errors import PlanError
 
-PROPOSALS = ("min_perf", "min_storage")
+PROPOSAL = "planner"
+"""The one layout per ``L``: the plan ``DMPCollection`` would build."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,105 +112,74 @@ class TorchRecGroupPlanner(GroupLayoutPlanner):
     ) -> list[GroupLayout]:
         import torch
         from torchrec import EmbeddingBagCollection
-        from torchrec.distributed.planner import Topology
-        from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
         from torchrec.distributed.planner.types import ParameterConstraints
         from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-        from sparse2d.planner.sharders import MODEL_PARALLEL_TYPES, default_sharders
+        from sparse2d.planner.sharders import MODEL_PARALLEL_TYPES
 
-        groups: dict[tuple[object, ...], list[TableLoad]] = {}
-        for table in workload.tables:
-            groups.setdefault(_table_key(table), []).append(table)
-        reps = {f"rep{i}": members for i, members in enumerate(groups.values())}
         configs, constraints = [], {}
-        for name, members in reps.items():
-            t = members[0]
+        for t in workload.tables:
             configs.append(
                 EmbeddingBagConfig(
-                    name=name,
+                    name=t.name,
                     embedding_dim=t.dim,
                     num_embeddings=t.rows,
-                    feature_names=[f"{name}_f{j}" for j in range(t.features)],
+                    feature_names=[f"{t.name}_f{j}" for j in range(t.features)],
                 )
             )
-            constraints[name] = ParameterConstraints(
+            constraints[t.name] = ParameterConstraints(
                 sharding_types=[t.sharding] if t.sharding else list(MODEL_PARALLEL_TYPES),
                 compute_kernels=["fused"],
                 pooling_factors=[t.pooling_factor] * t.features,
             )
         module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-        huge = 2**60  # place everything; the cost model judges the fit against real memory
-        topology = Topology(
-            world_size=group_size,
-            compute_device=compute_device,
-            local_world_size=local,
-            hbm_cap=huge if compute_device == "cuda" else None,
-            ddr_cap=huge,
+        placed = _plan_like_a_launch(
+            module, constraints, workload, group_size, local, compute_device
         )
-        enumerator = EmbeddingEnumerator(
-            topology=topology, batch_size=workload.batch_size_per_rank, constraints=constraints
-        )
-        options = enumerator.enumerate(module, default_sharders())
-        by_rep: dict[str, list[object]] = {}
-        for option in options:
-            by_rep.setdefault(option.name, []).append(option)
-        missing = sorted(set(reps) - set(by_rep))
-        if missing:
+        if not placed:
             raise PlanError(
-                f"TorchRec offers no sharding option for tables {[reps[m][0].name for m in missing]} "
-                f"at {group_size} ranks; check their forced sharding type."
+                f"the planner placed no tables at {group_size} ranks (this TorchRec's planner "
+                "keeps no placed options); the advisor cannot price the plan."
             )
+        counts = {t.name: 1 for t in workload.tables}
+        return [GroupLayout(group_size, PROPOSAL, tuple(_shards(placed, workload, counts)))]
 
-        def storage(o: object) -> int:
-            return sum(s.storage.hbm + s.storage.ddr for s in o.shards)  # type: ignore[attr-defined]
 
-        layouts: list[GroupLayout] = []
-        seen: dict[tuple[int, ...], GroupLayout] = {}
-        for proposal in PROPOSALS + tuple(f"prefer_{t}" for t in MODEL_PARALLEL_TYPES):
-            picks = {}
-            for rep, opts in by_rep.items():
-                typed = [o for o in opts if f"prefer_{o.sharding_type}" == proposal]  # type: ignore[attr-defined]
-                if typed:
-                    picks[rep] = min(typed, key=lambda o: (o.total_perf, storage(o)))  # type: ignore[attr-defined]
-                elif proposal != "min_storage":
-                    picks[rep] = min(opts, key=lambda o: (o.total_perf, storage(o)))  # type: ignore[attr-defined]
-                else:
-                    picks[rep] = min(opts, key=lambda o: (storage(o), o.total_perf))  # type: ignore[attr-defined]
-            ident = tuple(id(picks[rep]) for rep in reps)
-            if ident not in seen:  # proposals often pick the same options
-                seen[ident] = self._partition(picks, reps, topology, workload, proposal)
-                layouts.append(seen[ident])
-        return layouts
+def _plan_like_a_launch(
+    module: Any,
+    constraints: dict[str, Any],
+    workload: Workload,
+    group_size: int,
+    local: int,
+    compute_device: str,
+) -> list[Any]:
+    """The placed options of the plan ``DMPCollection``'s planning path makes for
+    ``group_size`` ranks (``plan_on_topology``: same constraints spreading, enumerator,
+    proposers, partitioner). Memory caps are lifted so every ``L`` gets a plan the cost model
+    can price and judge against the real device memory; where the launch's own caps
+    (TorchRec's defaults) do not bind, the plans are the same. (Planning under the launch's
+    caps first made ``sparse2d plan`` on configs/dlrm_large_1024gpu.yaml take 724 s instead
+    of ~90 s: TorchRec's proposers walk long before they give up on an ``L`` that cannot fit.)"""
+    from torchrec.distributed.planner import Topology
 
-    @staticmethod
-    def _partition(
-        picks: dict[str, Any],
-        reps: dict[str, list[TableLoad]],
-        topology: Any,
-        workload: Workload,
-        proposal: str,
-    ) -> GroupLayout:
-        """Place one clone per table; a uniform (row-wise) option once for all its tables.
+    from sparse2d.planner.group_plan import plan_on_topology
+    from sparse2d.planner.sharders import default_sharders
 
-        A uniform option puts shard ``i`` on rank ``i`` whatever else is placed and adds the
-        same load to every rank, so its identical tables share one placement (``count``).
-        """
-        from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
-
-        chosen, counts = [], {}
-        for rep, members in reps.items():
-            best = picks[rep]
-            uniform = best.partition_by == "uniform"
-            for member in members[:1] if uniform else members:
-                clone = copy.copy(best)
-                clone.name = member.name
-                clone.shards = [copy.copy(s) for s in best.shards]
-                chosen.append(clone)
-                counts[member.name] = len(members) if uniform else 1
-        placed = GreedyPerfPartitioner().partition(chosen, topology)
-        group_size = len(topology.devices)
-        return GroupLayout(group_size, proposal, tuple(_shards(placed, workload, counts)))
+    huge = 2**60
+    topology = Topology(
+        world_size=group_size,
+        compute_device=compute_device,
+        local_world_size=local,
+        hbm_cap=huge if compute_device == "cuda" else None,
+        ddr_cap=huge,
+    )
+    batch = workload.batch_size_per_rank
+    try:
+        return plan_on_topology(module, topology, default_sharders(), constraints, batch)[1]
+    except Exception as error:  # TorchRec's PlannerError, as one line naming the group
+        raise PlanError(
+            f"the planner could not place the tables at {group_size} ranks: {error}"
+        ) from None
 
 
 def _shards(placed: list[Any], workload: Workload, counts: dict[str, int]) -> Iterator[PlacedShard]:

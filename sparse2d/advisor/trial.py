@@ -38,7 +38,7 @@ import torch.distributed as dist
 from sparse2d.advisor.search import Advice
 from sparse2d.advisor.trial_options import TrialOptions
 from sparse2d.comm_device import flag_device
-from sparse2d.errors import NoFitError, TrialError
+from sparse2d.errors import TrialError
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,21 @@ class TrialReport:
     layouts: dict[int, str] = field(default_factory=dict)
     """The replica layout each candidate ``L`` was built in, where the caller chose one per
     ``L`` (``replica_layout: auto``); empty: every candidate in the caller's one layout."""
+    method: str = "measured"
+    """``"measured"``: ``chosen`` won the trial; ``"model"``: no trial ran, ``chosen`` is the
+    cost model's pick (``why_model`` says why)."""
+    why_model: str = ""
+
+    def summary(self) -> str:
+        """One line: what was measured (fastest first) and the model's pick, or why not."""
+        if self.method != "measured":
+            return f"model: L={self.model_pick}; not measured: {self.why_model}"
+        timed = sorted(
+            (r for r in self.results if r.measured_s is not None),
+            key=lambda r: (r.measured_s, r.sharding_group_size),
+        )
+        steps = ", ".join(f"L={r.sharding_group_size} {r.measured_s * 1e3:.1f} ms" for r in timed)
+        return f"measured: {steps} in {self.seconds:.1f} s | model: L={self.model_pick}"
 
     def table(self) -> str:
         lines = [
@@ -114,6 +129,8 @@ class TrialReport:
             "retrial_margin": self.options.retrial_margin,
             "candidates": [r.as_json() for r in self.results],
             "layouts": {str(k): v for k, v in self.layouts.items()},
+            "method": self.method,
+            "why_model": self.why_model,
         }
 
 
@@ -285,66 +302,3 @@ def _agree(measured: float | None, pg: dist.ProcessGroup | None) -> tuple[bool, 
         values = values.to(flag_device(pg))
         dist.all_reduce(values, op=dist.ReduceOp.MAX, group=pg)
     return bool(values[0].item()), float(values[1].item())
-
-
-def measured_group_size(
-    make_module: Callable[[], Any],
-    step: Callable[[Any, int], Any],
-    *,
-    device: torch.device | str = "cpu",
-    batch_size_per_rank: int | None = None,
-    options: TrialOptions | None = None,
-    global_pg: dist.ProcessGroup | None = None,
-    **dmp_kwargs: Any,
-) -> TrialReport:
-    """The library's measured ``auto``: advise on ``make_module()`` (rank 0, broadcast),
-    shortlist, and measure each ``L`` as ``DMPCollection(make_module(), L, device=...,
-    **dmp_kwargs)`` stepped by ``step(model, i)`` on the job's batch ``i``; then build the
-    real model with ``report.chosen``. ``make_module`` must return a fresh module each call
-    (sharding consumes it; seed inside it for the same initial weights). With
-    ``options.candidates == 0`` no trial runs (``report.results`` is empty)."""
-    from sparse2d.advisor.auto import share_from_rank0, topology_for_device, workload_from_module
-    from sparse2d.advisor.search import advise, no_fit_message
-    from sparse2d.collection import DMPCollection
-
-    options = options or TrialOptions()
-    resolved = torch.device(device)
-    pg = global_pg if global_pg is not None else dist.group.WORLD
-    world = dist.get_world_size(pg)
-
-    def rank_candidates() -> tuple[int, list[tuple[int, float]]]:
-        with rng_preserved():
-            workload = workload_from_module(
-                make_module(),
-                batch_size_per_rank,
-                dmp_kwargs.get("sync_options"),
-                dmp_kwargs.get("replica_layout") or "intra_host",
-                dmp_kwargs.get("constraints"),
-            )
-        topology = topology_for_device(resolved, world)
-        advice = advise(workload, topology)
-        if advice.recommended is None:
-            raise NoFitError(no_fit_message(advice, workload, topology))
-        return advice.recommended, shortlist(advice, options)
-
-    pick, candidates = share_from_rank0(rank_candidates, pg)
-    sync_options = dmp_kwargs.get("sync_options")
-    period = sync_options.every if sync_options is not None else 1
-    if options.candidates == 0:
-        return TrialReport(chosen=pick, model_pick=pick, options=options, period=period)
-    return measure_group_sizes(
-        lambda L: DMPCollection(
-            make_module(),
-            L,
-            device=resolved,
-            global_pg=global_pg,
-            planner_batch_size=batch_size_per_rank,
-            **dmp_kwargs,
-        ),
-        step,
-        candidates,
-        options,
-        pg=pg,
-        model_pick=pick,
-        period=period,
-    )

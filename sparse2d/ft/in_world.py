@@ -11,7 +11,7 @@ inside the world, on top of the torchft groups. Its fault-tolerant sync runs in 
 
 After a commit that is the equal-weight average over all ``G x (world / L)`` replicas: the
 in-world replicas hold equal values, so averaging them first changes no weight. Both stages
-run inside the managed policy's sync, so they share its cadence (``sync_every``, forced and
+run inside the managed policy's sync, so they share its cadence (``SyncOptions.every``, forced and
 final syncs, ``model.sync()``) and run on every rank of the world, the in-world one first.
 Every world builds the same plan, so a heal still goes rank to rank.
 

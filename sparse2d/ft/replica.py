@@ -282,7 +282,7 @@ class FaultTolerance:
         self.land()
         m, opts, step, participants = self.manager, self.options, self.step, self.participants
         last = self.final_step is not None and step + 1 >= self.final_step
-        if force_sync or last or (step + 1) % opts.sync_every == 0:
+        if force_sync or last or (step + 1) % self.policy.options.every == 0:
             self.sync_embeddings()
         grads = commit.dense_grads(self.optimizer)
         bad_sync = self._sync_error is not None

@@ -15,10 +15,9 @@ from typing import Any
 import torch.distributed as dist
 import torch.nn as nn
 
-from sparse2d.errors import ConfigError
 from sparse2d.ft import in_world
 from sparse2d.ft.options import FTOptions
-from sparse2d.ft.refusals import option_refusals
+from sparse2d.option_conflicts import check_fault_tolerance
 from sparse2d.sync.engines.dense import DenseEngine
 from sparse2d.sync.engines.sparse import SparseEngine
 from sparse2d.sync.mc import mc_sync_for, plain_shards
@@ -28,23 +27,14 @@ from sparse2d.sync.transport.channel import ManagedChannel
 
 
 def refuse(model: nn.Module) -> None:
-    """Raise ``ConfigError`` for what the fault-tolerant sync cannot run, with the reason."""
-    fully_sharded = getattr(model, "fully_sharded", None) is not None
+    """Raise ``ConfigError`` for what the fault-tolerant sync cannot run, with the reason
+    (``sparse2d.option_conflicts``' rules, as the trainer's config loader applies them)."""
     local = getattr(model, "sync_policy", None)
-    base = getattr(local, "options", None) or SyncOptions()
-    refused = option_refusals(base, fully_sharded)
-    if refused:
-        raise ConfigError(
-            "fault tolerance cannot run with "
-            + "; ".join(f"{key}={value!r} ({why})" for key, value, why in refused)
-            + " (docs/fault_tolerance.md)"
-        )
-    if local.hook is not None:
-        raise ConfigError(
-            "fault tolerance with a custom all-reduce hook: the hook takes a torch process "
-            "group, the fault-tolerant average runs over torchft's managed group; drop "
-            "custom_all_reduce"
-        )
+    check_fault_tolerance(
+        getattr(local, "options", None) or SyncOptions(),
+        fully_sharded=getattr(model, "fully_sharded", None) is not None,
+        custom_all_reduce=getattr(local, "hook", None) is not None,
+    )
     in_world.refuse(model)  # the default module's in-world replicas; per-module sizes
 
 
@@ -62,9 +52,7 @@ def install(
     # Touched rows: their metadata crosses the quorum too; auto runs dense (its choice is
     # learned from past syncs, which a group that joined by a heal has not seen).
     kind = "sparse" if base.engine == "sparse" else "dense"
-    sync_options = dataclasses.replace(
-        base, every=options.sync_every, engine=kind, hide=False, check_finite=False
-    )
+    sync_options = dataclasses.replace(base, engine=kind, hide=False, check_finite=False)
     # Managed-collision tables: identities merged over the quorum by the in-world rules
     mc = mc_sync_for(model, shards, None, channel) if has_mc else None
     plain = plain_shards(shards, mc)

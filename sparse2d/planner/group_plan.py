@@ -23,7 +23,7 @@ import torch.nn as nn
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
 from torch.distributed.remote_device import _remote_device
 from torchrec.distributed.planner import Topology
-from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
 
 from sparse2d.errors import PlanError, StoredPlanError
@@ -166,8 +166,24 @@ def _plan_locally(
         compute_device=device_type,
         local_world_size=node_group_size,
     )
-    spread = spread_constraints(module, sharding_group_size, constraints)
-    return group_planner(topology, batch_size, spread).plan(module, sharders)
+    return plan_on_topology(module, topology, sharders, constraints, batch_size)[0]
+
+
+def plan_on_topology(
+    module: nn.Module,
+    topology: Topology,
+    sharders: list[ModuleSharder[nn.Module]],
+    constraints: dict[str, ParameterConstraints] | None,
+    batch_size: int | None,
+) -> tuple[ShardingPlan, list[ShardingOption]]:
+    """The one planning path of a sharding group: what ``DMPCollection`` builds (no process
+    group, so a meta-device module plans too) and the placed options behind it, each shard's
+    TorchRec perf and storage estimate included, for the advisor to price
+    (``sparse2d.advisor.group_layout``)."""
+    spread = spread_constraints(module, topology.world_size, constraints)
+    planner = group_planner(topology, batch_size, spread)
+    plan = planner.plan(module, sharders)
+    return plan, list(planner._best_plan or [])  # TorchRec's own stats read the same list
 
 
 def validate_plan(plan: ShardingPlan, sharding_group_size: int) -> None:

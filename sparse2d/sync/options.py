@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sparse2d.errors import KeyValueError
+from sparse2d.option_conflicts import first_conflict, sync_settings
 
 ENGINES = ("dense", "sparse", "auto")
 COMPRESSIONS = ("none", "bf16")
@@ -80,21 +81,9 @@ class SyncOptions:
             )
         if self.engine not in ENGINES:
             raise KeyValueError("engine", f"={self.engine!r} is not one of {ENGINES}.")
-        needs_state = [
-            n for n in ("delayed_optimizer_state", "momentum_scaling") if getattr(self, n)
-        ]
-        if needs_state and not self.include_optimizer_state:
-            raise KeyValueError(
-                needs_state[0],
-                "=True acts on optimizer state, but include_optimizer_state=False; enable "
-                "include_optimizer_state or drop it.",
-            )
-        if self.compression == "bf16" and self.engine == "sparse":
-            raise KeyValueError(
-                "compression",
-                "='bf16' keeps fp32 references at fixed positions and is not "
-                "supported with engine='sparse'; use engine='dense' (or 'auto') with bf16.",
-            )
+        conflict = first_conflict(sync_settings(self), {"sync.": ""})  # e.g. bf16 with sparse
+        if conflict is not None:
+            raise KeyValueError(conflict.key, conflict.detail)
 
 
 def _check_int(name: str, value: object, low: int, meaning: str) -> None:

@@ -28,7 +28,6 @@ import torch.distributed as dist
 from sparse2d import checkpoint
 from sparse2d.errors import FaultToleranceError
 from sparse2d.ft.heal_log import HealLog
-from sparse2d.ft.options import FTOptions
 from sparse2d.ft.state import digest
 from sparse2d.sync.mc import mc_identity_buffers
 from sparse2d.train.config import Config
@@ -62,18 +61,11 @@ def check_lighthouse(cfg: Config) -> None:
     job (``sparse2d.ft.lighthouse.check_job``), so a group of another job stops in one line
     in seconds, not after its model is built. (The manager checks again when it connects.)"""
     from sparse2d.ft.lighthouse import check_job, check_reachable
-    from sparse2d.ft.options import FTOptions
 
     ft = cfg.fault_tolerance
-    options = FTOptions(
-        replica_id=ft.replica_id,
-        num_groups=ft.group_size,
-        min_replica_size=ft.min_replica_size,
-        lighthouse=ft.lighthouse,
-    )
-    address = options.lighthouse_address()
+    address = ft.lighthouse_address()
     check_reachable(address, ft.connect_timeout_s)
-    check_job(address, options.job_id(), ft.connect_timeout_s)
+    check_job(address, ft.job_id(), ft.connect_timeout_s)
 
 
 class FaultTolerantMode:
@@ -84,7 +76,7 @@ class FaultTolerantMode:
     def __init__(self, cfg: Config, rank: int, size: int) -> None:
         ft = cfg.fault_tolerance
         self.cfg, self.rank, self.size = cfg, rank, size
-        self.group, self.groups = ft.replica_id, ft.group_size
+        self.group, self.groups = ft.replica_id, ft.num_groups
         self.label = f"replica={self.group}"
         self.run_dir = os.path.join(cfg.run_dir, f"replica_{self.group}")
         root = cfg.checkpoint.dir or cfg.run_dir  # each group saves alone (collective inside)
@@ -111,21 +103,9 @@ class FaultTolerantMode:
         # this module for every run; ``import sparse2d.ft`` itself loads no torchft)
         from sparse2d.ft import FaultTolerance
 
+        # a restarted group rejoins a running job (or finds every group lost): no start wait
         ft = self.cfg.fault_tolerance
-        options = FTOptions(
-            replica_id=self.group,
-            num_groups=self.groups,
-            min_replica_size=ft.min_replica_size,
-            lighthouse=ft.lighthouse,
-            sync_every=self.cfg.parallel.sync.every,
-            timeout_s=ft.timeout_s,
-            quorum_timeout_s=ft.quorum_timeout_s,
-            connect_timeout_s=ft.connect_timeout_s,
-            # a restarted group rejoins a running job (or finds every group lost): no start wait
-            start_wait_s=ft.start_wait_s if self.restart == 0 else 1e-9,
-            quorum_every=ft.quorum_every,
-            overlap_quorum=ft.overlap_quorum,
-        )
+        options = ft.options() if self.restart == 0 else ft.options(start_wait_s=1e-9)
         self.ft = FaultTolerance(
             run.model, run.optimizer, options, config_digest=config_digest(self.cfg)
         )

@@ -32,6 +32,7 @@ from sparse2d.train.config import load_config
 from sparse2d.train.failure import describe, is_peer_failure
 from sparse2d.train.model import measure_only, resolve_device
 from sparse2d.train.rendezvous import owns_round_store, round_store, shared_store_across_hosts
+from sparse2d.train.torchrun import final_failure
 
 SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 
@@ -128,6 +129,19 @@ def _await_reporter() -> None:
     time.sleep(REPORTER_WAIT_S)
 
 
+def _bad_input(rank: int, error: ConfigError | CheckpointError, reports: bool) -> None:
+    """One line from the reporting ranks (the check is the same on every rank: once per
+    host; fault-tolerant: every rank), the others wait for it. A ConfigError is final: a
+    restart would fail the same way, so the launchers' agent ends the job instead
+    (sparse2d/train/torchrun.py). A CheckpointError may pass (a disk freed, a share back)."""
+    if not reports:
+        _await_reporter()
+        return
+    _report(rank, error, with_traceback=False)
+    if isinstance(error, ConfigError):
+        final_failure(f"{type(error).__name__}: {error}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     ignore_known_warnings()  # by message: a new warning still shows
@@ -178,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         code = 0
     except (ConfigError, CheckpointError) as error:  # bad input or checkpoint: no traceback
         ft = cfg is not None and cfg.fault_tolerance.enable  # a group's ranks may differ
-        if local_rank == 0 or ft:  # the same on every rank: once per host (ft: every rank)
-            _report(rank, error, with_traceback=False)
-        else:
-            _await_reporter()
+        _bad_input(rank, error, reports=local_rank == 0 or ft)
     except FaultToleranceError as error:  # every rank of the group says why it stops
         _report(rank, error, with_traceback=False)
         if error.after_report is not None:  # the group's other lines, before torchrun stops it

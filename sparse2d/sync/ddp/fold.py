@@ -19,7 +19,6 @@ so folding pays only while the region is small: ``FOLD_MAX_BYTES``.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -28,26 +27,11 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.comm_device import flag_device
-from sparse2d.errors import ConfigError
 
-FOLD_MAX_BYTES_ENV = "SPARSE2D_FOLD_MAX_BYTES"
-
-
-def _max_bytes_from_env(default: int = 2 << 20) -> int:
-    text = os.environ.get(FOLD_MAX_BYTES_ENV, "").strip()
-    if not text:
-        return default
-    if not text.isdigit():
-        raise ConfigError(
-            f"{FOLD_MAX_BYTES_ENV}={text!r} must be a whole number of bytes >= 0 "
-            f"(0 = never fold; unset = {default})."
-        )
-    return int(text)
-
-
-FOLD_MAX_BYTES = _max_bytes_from_env()
-"""Largest region (all slots of one policy) folded into DDP's all-reduce; set
-``SPARSE2D_FOLD_MAX_BYTES`` (bytes, 0 = never fold) before import to change it. Measured
+FOLD_MAX_BYTES = 2 << 20
+"""Largest region (all slots of one policy) folded into DDP's all-reduce (a constant, not an
+environment variable: a variable that changes the transport would make two launches of one
+config sync differently; ``engine="sparse"`` never folds). Measured
 with ``bench/fold_bench.py`` (2-core gloo box, world 4, L=2, a 16 KB DDP bucket): folded /
 separate = 0.59-0.64 at a 0.25 MB region, 0.62-0.74 at 1 MB, 0.82-0.86 at 4 MB, 1.64-1.71
 at 16 MB (two runs). Half the

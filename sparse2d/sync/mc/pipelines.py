@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparse2d.errors import ConfigError
+from sparse2d.option_conflicts import LIBRARY_NAMES, check
 from sparse2d.patches.torchrec_train_pipelines import add_early_lookup_hook
-from sparse2d.sync import mc_rules as rules
 
 
 def mc_tables_with_replicas(model: Any) -> list[str]:
@@ -35,12 +34,10 @@ def mc_tables_with_replicas(model: Any) -> list[str]:
 
 
 def refuse_early_lookup(model: Any, pipeline: str) -> None:
-    tables = mc_tables_with_replicas(model)
-    if tables:
-        raise ConfigError(
-            f"{pipeline} cannot drive managed-collision tables {tables}: {rules.EARLY_LOOKUP}. "
-            "Use TrainPipelineSparseDist."
-        )
+    """Refuse replicated managed-collision tables under an early-lookup pipeline (the rule
+    is ``sparse2d.option_conflicts``'); ``pipeline``: TorchRec's class name."""
+    settings = {"managed_collision": mc_tables_with_replicas(model), "pipeline": pipeline}
+    check(settings, LIBRARY_NAMES)
 
 
 def before_early_lookup(model: Any, pipeline: str) -> None:

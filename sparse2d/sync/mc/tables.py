@@ -8,11 +8,9 @@ embedding shards whose rows it hands out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch.nn as nn
 from torchrec.distributed.mc_modules import ShardedManagedCollisionCollection
-from torchrec.distributed.types import ShardingStrategy
 from torchrec.modules.hash_mc_modules import HashZchManagedCollisionModule
 from torchrec.modules.mc_modules import (
     DistanceLFU_EvictionPolicy,
@@ -23,7 +21,6 @@ from torchrec.modules.mc_modules import (
 )
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync import mc_rules as rules
 from sparse2d.sync.shards import ShardState
 
 
@@ -114,18 +111,13 @@ def check_torchrec_mc_2d(names: list[str], version: str | None = None) -> None:
         )
 
 
-def check_managed_collision(
-    module: nn.Module,
-    *,
-    momentum_scaling: bool,
-    hook: Any,
-    strategies: list[ShardingStrategy],
-) -> bool:
-    """Raise ``ConfigError`` for a managed-collision combination sparse2d cannot sync
-    correctly; return whether the model has managed-collision tables. Pure (no collective)."""
+def check_managed_collision(module: nn.Module) -> list[str]:
+    """Raise ``ConfigError`` for a managed-collision module sparse2d cannot sync correctly;
+    return the names of the model's managed-collision tables (the options they cannot run
+    with are ``sparse2d.option_conflicts``' rules). Pure (no collective)."""
     found = mc_modules(module)
     if not found:
-        return False
+        return []
     check_torchrec_mc_2d(sorted(found))
     for name, mc in found.items():
         if isinstance(mc, HashZchManagedCollisionModule):
@@ -137,24 +129,7 @@ def check_managed_collision(
                 "MCHManagedCollisionModule and HashZchManagedCollisionModule only."
             )
         policy_name(mc)
-    if momentum_scaling:
-        raise ConfigError(
-            "sync momentum_scaling=True with managed-collision tables "
-            f"({', '.join(sorted(found))}): {rules.MOMENTUM_SCALING}. Set momentum_scaling=False."
-        )
-    if hook is not None:
-        raise ConfigError(
-            "custom_all_reduce with managed-collision tables "
-            f"({', '.join(sorted(found))}): their rows are merged by id (a sum over the replicas "
-            "holding each id), which an averaging hook cannot express. Drop custom_all_reduce."
-        )
-    if ShardingStrategy.FULLY_SHARDED in strategies:
-        raise ConfigError(
-            "sharding_strategy=FULLY_SHARDED with managed-collision tables "
-            f"({', '.join(sorted(found))}): {rules.FULLY_SHARDED}. Use "
-            "sharding_strategy=DEFAULT for them."
-        )
-    return True
+    return sorted(found)
 
 
 def find_mc_tables(model: nn.Module, shards: list[ShardState]) -> list[MCTable]:

@@ -116,21 +116,36 @@ def build(cls: type, data: Any, path: str, base: Any = None) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
-        raise ConfigError(
-            f"unknown key {unknown[0]!r} in section {section!r}; valid keys: {', '.join(fields)}."
-        )
+        raise _unknown_key(cls, unknown[0], path, fields)
     kwargs = {}
     for name, spec in fields.items():
         key = f"{path}.{name}" if path else name
         if name in data:
             kwargs[name] = _coerce(data[name], hints[name], key, _section_default(spec))
-        elif spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+        elif base is None and spec.default is spec.default_factory is dataclasses.MISSING:
             raise ConfigError(f"missing required key {key!r} in section {section!r}.")
     try:
         return cls(**kwargs) if base is None else dataclasses.replace(base, **kwargs)
     except KeyValueError as error:
         key = f"{path}.{error.key}" if path and error.key else (error.key or path)
         raise KeyValueError(key, error.detail) from None
+
+
+def _unknown_key(cls: type, key: Any, path: str, fields: dict[str, Any]) -> ConfigError:
+    """One line for a key ``cls`` lacks: the key it was renamed to (a section's
+    ``renamed_keys``), else every valid key."""
+    section = path or "<top level>"
+    dotted = f"{path}.{key}" if path else str(key)
+    renamed = getattr(cls, "renamed_keys", {}).get(key)
+    if renamed is not None:
+        now = f"{path}.{renamed}" if path else renamed
+        return ConfigError(
+            f"{dotted} was renamed {now}: write {now} (same meaning; valid keys in section "
+            f"{section!r}: {', '.join(fields)})."
+        )
+    return ConfigError(
+        f"unknown key {key!r} in section {section!r}; valid keys: {', '.join(fields)}."
+    )
 
 
 def apply_override(data: dict[str, Any], override: str) -> None:
@@ -168,14 +183,18 @@ def apply_override(data: dict[str, Any], override: str) -> None:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The string literal under each field of ``cls`` (torchtitan style)."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for node, after in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-                docs[node.target.id] = " ".join(str(after.value.value).split())
+    """The string literal under each field of ``cls`` and of the dataclasses it extends
+    (torchtitan style), so a section that embeds a library dataclass shows its docstrings."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        tree = ast.parse(inspect.getsource(klass))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, after in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                    docs[node.target.id] = " ".join(str(after.value.value).split())
     return docs
 
 

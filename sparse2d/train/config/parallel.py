@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sparse2d.advisor.trial_options import TrialOptions
-from sparse2d.sync import fully_sharded_rules
 from sparse2d.sync.options import SyncOptions
-from sparse2d.train.config.io import bad, positive
+from sparse2d.train.config.io import positive
 
 
 def trainer_sync() -> SyncOptions:
@@ -55,16 +54,6 @@ class ParallelConfig:
         if self.node_group_size is not None:
             positive(self, "node_group_size")
         positive(self, "timeout_s")
-        if self.sharding_strategy == "fully_sharded":
-            changed = fully_sharded_rules.fully_sharded_conflicts(self.sync)  # the library's
-            if changed:
-                keys = ", ".join(f"sync.{c}" for c in changed)
-                raise bad(
-                    "sharding_strategy",
-                    self.sharding_strategy,
-                    f"cannot run with {keys}: {fully_sharded_rules.WHY}; drop them or use "
-                    "sharding_strategy=default",
-                )
 
     def strategy(self) -> Any:
         """TorchRec's ``ShardingStrategy`` for ``sharding_strategy``."""

@@ -8,19 +8,31 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sparse2d.errors import ConfigError
+from sparse2d.errors import ConfigError, KeyValueError
 from sparse2d.mesh import divisors
-from sparse2d.sync.mc_rules import refusals as mc_refusals
+from sparse2d.option_conflicts import first_conflict, sync_settings
 from sparse2d.train.config.checkpoint import CheckpointConfig
 from sparse2d.train.config.criteo import check_features, missing_files, unreadable
 from sparse2d.train.config.data import DataConfig
-from sparse2d.train.config.fault_tolerance import FaultToleranceConfig, refusals
-from sparse2d.train.config.io import bad
+from sparse2d.train.config.fault_tolerance import FaultToleranceConfig, disabled
 from sparse2d.train.config.model import ModelConfig
 from sparse2d.train.config.optimizer import OptimizerConfig
 from sparse2d.train.config.parallel import ParallelConfig
 from sparse2d.train.config.paths import check_new_run, check_writable
 from sparse2d.train.config.train import MetricsConfig, TrainConfig
+
+TRAINER_KEYS = {
+    "sync.": "parallel.sync.",
+    "sharding_strategy": "parallel.sharding_strategy",
+    "sharding_group_size": "parallel.sharding_group_size",
+    "node_group_size": "parallel.node_group_size",
+    "replica_layout": "parallel.replica_layout",
+    "fault_tolerance": "fault_tolerance.enable",
+    "managed_collision": "model.managed_collision.kind",
+    "mch.eviction_interval": "model.managed_collision.eviction_interval",
+    "pipeline": "train.pipeline",
+}
+"""The dotted keys of ``sparse2d.option_conflicts``' settings (the rest are spelled alike)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,7 +53,7 @@ class Config:
     """Checkpoints."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Run records (TensorBoard)."""
-    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=disabled)
     """Fault-tolerant 2D on torchft (one torchrun world per sharding group; docs/fault_tolerance.md)."""
     run_dir: str = "runs/default"
     """Output directory: ``summary.json``, ``metrics.jsonl``, ``config.yaml``, checkpoints."""
@@ -49,44 +61,30 @@ class Config:
     """``auto``: CUDA + nccl when a GPU is visible, else CPU + gloo."""
 
     def __post_init__(self) -> None:
-        every, sync = self.checkpoint.every, self.parallel.sync.every
-        if every and every % sync:
-            raise bad(
-                "checkpoint.every",
-                every,
-                f"must be a multiple of parallel.sync.every={sync} (save right after a sync, "
-                "when the replicas agree)",
-            )
         if self.data.source == "criteo":
             check_features(self.model.feature_names, self.model.dense_in_features)
-        mc = self.model.managed_collision
-        if mc.enabled and mc.kind == "mch" and every % mc.eviction_interval:
-            raise bad(
-                "checkpoint.every",
-                every,
-                f"must be a multiple of model.managed_collision.eviction_interval="
-                f"{mc.eviction_interval} (ids seen since the last eviction round are not in "
-                "checkpoints, as in TorchRec's own state dict)",
-            )
-        mc = self.model.managed_collision
-        if mc.enabled:
-            refused = mc_refusals(
-                momentum_scaling=self.parallel.sync.momentum_scaling,
-                fully_sharded=self.parallel.sharding_strategy == "fully_sharded",
-                pipeline=self.train.pipeline,
-            )
-            if refused:
-                raise ConfigError(
-                    f"model.managed_collision.enabled=true (kind={mc.kind}) cannot run with "
-                    + "; ".join(refused)
-                    + ": drop the option or the managed-collision tables"
-                )
-        refused = refusals(self)
-        if refused:
-            raise ConfigError(
-                "fault_tolerance.enable=true cannot run with " + "; ".join(refused) + ": drop "
-                "the option or disable fault tolerance"
-            )
+        self.check_conflicts()
+
+    def check_conflicts(self, world_size: int | None = None) -> None:
+        """Refuse a combination of options (``sparse2d.option_conflicts``' rules, named by
+        their dotted keys); with ``world_size``, the rules that need it too."""
+        p, mc = self.parallel, self.model.managed_collision
+        settings = sync_settings(p.sync) | {
+            "sharding_strategy": p.sharding_strategy,
+            "sharding_group_size": p.sharding_group_size,
+            "node_group_size": p.node_group_size,
+            "replica_layout": p.replica_layout,
+            "fault_tolerance": self.fault_tolerance.enable,
+            "managed_collision": mc.kind if mc.enabled else None,
+            "mch.eviction_interval": mc.eviction_interval,
+            "pipeline": self.train.pipeline,
+            "checkpoint.every": self.checkpoint.every,
+        }
+        if world_size is not None:
+            settings["world_size"] = world_size
+        conflict = first_conflict(settings, TRAINER_KEYS)
+        if conflict is not None:
+            raise KeyValueError(conflict.key, conflict.detail)
 
     # ---- derived ------------------------------------------------------------------
     @property
@@ -137,14 +135,9 @@ class Config:
         nodes = max(1, world_size // local)
         factors = f"world_size={world_size} ({nodes} node(s) x {local} process(es) per node)"
         size = self.parallel.sharding_group_size
-        if self.fault_tolerance.enable and size not in (None, world_size):
-            raise ConfigError(
-                f"parallel.sharding_group_size={size} with fault_tolerance.enable: each torchrun "
-                f"world ({factors}) is one sharding group; leave it null (or {world_size}) and "
-                "set fault_tolerance.group_size to the number of groups"
-            )
         if size != "auto":  # "auto" is resolved at start-up and always divides the world
             self._check_group(size, world_size, factors)
+        self.check_conflicts(world_size)
         if self.metrics.tensorboard and not tensorboard_installed():
             raise ConfigError(
                 "metrics.tensorboard=true needs the tensorboard package, which is not installed: "
@@ -187,13 +180,6 @@ class Config:
                 f"parallel.sharding_group_size={size} does not divide {factors}: "
                 f"{world_size} % {size} = {world_size % size}; choose one of "
                 f"{divisors(world_size)}."
-            )
-        group = size or world_size
-        ngs = self.parallel.node_group_size
-        if ngs is not None and group % ngs:
-            raise ConfigError(
-                f"parallel.node_group_size={ngs} does not divide the sharding group size "
-                f"{group} (parallel.sharding_group_size={size}, {factors})."
             )
 
 
