@@ -118,10 +118,11 @@ def test_a_fold_is_priced_on_the_dense_region_whatever_the_engine() -> None:
 
 
 def test_advisor_switches_sharding_type_with_group_size() -> None:
-    """Tables too large for one rank: the plan DMPCollection's planner makes keeps each on one
-    rank (table-column-wise) while the group sits on one host, which does not fit, and
-    table-row-wise or grid once it spans hosts. (The advisor's own proposals once priced
-    row-wise at L=16, a plan the launch's planner never builds.)"""
+    """Tables too large for one rank: while the group sits on one host no plan DMPCollection's
+    planner makes fits (which failed proposal it reports is not fixed: proposals that cannot
+    fit are turned away before partitioning, so none is ranked), and table-row-wise or grid
+    once it spans hosts. (The advisor's own proposals once priced row-wise at L=16, a plan
+    the launch's planner never builds.)"""
     topo = load_topology("h100_8x", 64, ["ranks_per_host=16", "device_memory_bytes=536870912"])
     w = Workload(
         tables=tuple(TableLoad(f"big{i}", 4_000_000, 64) for i in range(4)),
@@ -130,7 +131,7 @@ def test_advisor_switches_sharding_type_with_group_size() -> None:
     )
     advice = advise(w, topo)
     types = {L: dict(advice.candidate(L).sharding_types) for L in (16, 32, 64)}
-    assert types[16] == {"table_column_wise": 4}
+    assert sum(types[16].values()) == 4  # every table placed, by some type
     assert set(types[32]) <= {"table_row_wise", "grid_shard"}
     assert set(types[64]) <= {"table_row_wise", "grid_shard"}
     assert not any(advice.candidate(L).fits for L in (1, 2, 4, 8, 16))

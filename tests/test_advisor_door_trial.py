@@ -102,7 +102,7 @@ def _door_falls_back() -> list[tuple[int, str, str, int]]:
     )
     calls = [
         {"auto_options": TrialOptions(candidates=0)},
-        {"auto_options": QUICK, "custom_all_reduce": lambda tensors, pg: None},
+        {"auto_options": QUICK, "custom_all_reduce": lambda tensors: None},
     ]
     lines: list[str] = []
     handler = logging.Handler(logging.INFO)

@@ -123,9 +123,10 @@ def test_a_group_of_another_job_stops_every_rank_before_it_registers(tmp_path) -
         lighthouse.shutdown()
     assert run.returncode != 0
     lines = _lines(run)
-    assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], _ours(
-        run.stderr
-    )[-3000:]
+    # Rank 0 always says why. Rank 1 runs the same check and stops the same way, but once
+    # rank 0 has exited torchrun may end rank 1 before it prints (seen in a loaded CI run).
+    ranks = {line.split(":")[1] for line in lines}
+    assert " rank 0" in ranks and ranks <= {" rank 0", " rank 1"}, _ours(run.stderr)[-3000:]
     for line in lines:
         assert "serves job job-a, and this group belongs to job job-b" in line, line
 
