@@ -395,7 +395,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 continue
             values = [r["samples_per_s"] for r in cell["runs"] if "samples_per_s" in r]
             if values:
-                rate = _rate_bits(cell["link"])
+                link = cell["link"]  # "none": unshaped, no rate to plot at
+                rate = float("nan") if link == "none" else float(link_bits(link))
                 lines.setdefault(cell["label"], []).append((rate, statistics.fmean(values)))
         for label, points in sorted(lines.items()):
             points.sort()
@@ -417,16 +418,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _rate_bits(link: str) -> float:
-    import re
-
-    match = re.fullmatch(r"([0-9.]+)([a-z]*)", link)
-    if match is None:
-        return float("nan")
-    units = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    return float(match.group(1)) * units.get(match.group(2), float("nan"))
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -163,37 +163,42 @@ def _node_group_splits_no_group(s: Settings) -> bool:
     return nodes not in (None, 0) and group != "auto" and (nodes < 1 or group % nodes != 0)
 
 
-def _fs(option: str, key: str, refuses: Callable[[Any], bool], reason: str, fix: str) -> Rule:
-    """FULLY_SHARDED with a sync option it replaces."""
-    return Rule(
-        ("fully_sharded", option),
-        ("sharding_strategy", key),
-        lambda s: _fully_sharded(s) and refuses(s[key]),
-        reason,
-        fix + ", or use the default sharding strategy",
-    )
+def _against(
+    feature: str, feature_key: str, active: Callable[[Settings], bool], way_out: str
+) -> Callable[[str, str, Callable[[Any], bool], str, str], Rule]:
+    """Rules of one feature against the options it cannot run: each refuses ``key`` where
+    ``refuses(value)`` while the feature is ``active``, its fix ending in ``way_out``."""
+
+    def rule(option: str, key: str, refuses: Callable[[Any], bool], reason: str, fix: str) -> Rule:
+        return Rule(
+            (feature, option),
+            (feature_key, key),
+            lambda s: active(s) and refuses(s[key]),
+            reason,
+            fix + way_out,
+        )
+
+    return rule
 
 
-def _ft(option: str, key: str, refuses: Callable[[Any], bool], reason: str, fix: str) -> Rule:
-    """Fault tolerance with an option it cannot run."""
-    return Rule(
-        ("fault_tolerance", option),
-        ("fault_tolerance", key),
-        lambda s: bool(s["fault_tolerance"]) and refuses(s[key]),
-        reason,
-        fix + ", or disable fault tolerance",
-    )
-
-
-def _mc(option: str, key: str, refuses: Callable[[Any], bool], reason: str, fix: str) -> Rule:
-    """Managed-collision tables with an option that assumes a row keeps its id."""
-    return Rule(
-        ("managed_collision", option),
-        ("managed_collision", key),
-        lambda s: bool(s["managed_collision"]) and refuses(s[key]),
-        reason,
-        fix + ", or drop the managed-collision tables",
-    )
+_fs = _against(
+    "fully_sharded", "sharding_strategy", _fully_sharded, ", or use the default sharding strategy"
+)
+"""FULLY_SHARDED with a sync option it replaces."""
+_ft = _against(
+    "fault_tolerance",
+    "fault_tolerance",
+    lambda s: bool(s["fault_tolerance"]),
+    ", or disable fault tolerance",
+)
+"""Fault tolerance with an option it cannot run."""
+_mc = _against(
+    "managed_collision",
+    "managed_collision",
+    lambda s: bool(s["managed_collision"]),
+    ", or drop the managed-collision tables",
+)
+"""Managed-collision tables with an option that assumes a row keeps its id."""
 
 
 _NO_SEPARATE_SYNC = (
