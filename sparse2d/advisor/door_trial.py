@@ -227,12 +227,5 @@ def _measure(
         model.maybe_sync(i)
 
     return measure_group_sizes(
-        build, step, candidates, options, pg=job.pg, close=_close, model_pick=pick, period=period
+        build, step, candidates, options, pg=job.pg, model_pick=pick, period=period
     )
-
-
-def _close(model: Any) -> None:
-    try:
-        model.sync_policy.finish()  # land a hidden sync before the groups go
-    finally:
-        model.close()

@@ -165,10 +165,17 @@ def rng_preserved() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def _close(model: Any) -> None:
-    close = getattr(model, "close", None)
-    if callable(close):
-        close()
+def close_candidate(model: Any) -> None:
+    """Land a hidden sync still in flight (every rank closes the same candidate), then free
+    the candidate's groups."""
+    policy = getattr(model, "sync_policy", None)
+    try:
+        if policy is not None:
+            policy.finish()
+    finally:
+        close = getattr(model, "close", None)
+        if callable(close):
+            close()
 
 
 def _one(
@@ -216,7 +223,7 @@ def measure_group_sizes(
     candidates: Sequence[tuple[int, float]],
     options: TrialOptions | None = None,
     pg: dist.ProcessGroup | None = None,
-    close: Callable[[Any], None] = _close,
+    close: Callable[[Any], None] = close_candidate,
     model_pick: int | None = None,
     period: int = 1,
 ) -> TrialReport:

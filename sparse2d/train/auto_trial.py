@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from sparse2d.advisor.auto import share_from_rank0, topology_for_device
 from sparse2d.advisor.search import advise, no_fit_message
-from sparse2d.advisor.trial import TrialReport, measure_group_sizes, shortlist
+from sparse2d.advisor.trial import TrialReport, close_candidate, measure_group_sizes, shortlist
 from sparse2d.errors import NoFitError
 from sparse2d.train.config import Config
 from sparse2d.train.workload import workload_from_config
@@ -93,11 +93,7 @@ def _candidate(
 
 
 def _close(built: tuple[Any, Any]) -> None:
-    model = built[0]
-    try:
-        model.sync_policy.finish()  # land a hidden sync before the groups go
-    finally:
-        model.close()
+    close_candidate(built[0])  # the model; the dense optimizer needs no closing
 
 
 def log_trial(model: Any, log: Any, is_main: bool) -> dict[str, Any]:
