@@ -188,8 +188,8 @@ def predicted_step_s(
 
     from sparse2d.advisor.search import advise
     from sparse2d.advisor.topology import load_topology
+    from sparse2d.train.advisor_command import workload_from_config
     from sparse2d.train.config import load_config
-    from sparse2d.train.plan import workload_from_config
 
     topology_file = run_dir / "topology.yaml"
     if not topology_file.exists():

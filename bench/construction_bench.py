@@ -2,7 +2,7 @@
 
 Rank 0 (cold, then from the stored plan) and the last rank (stored) of each job are built
 each in its own process on torch's fake process group
-(``sparse2d.dryrun.init_fake_world``): an ``EmbeddingBagCollection`` on ``meta``,
+(``sparse2d.fake_world.init_fake_world``): an ``EmbeddingBagCollection`` on ``meta``,
 ``device="cpu"``, ``LOCAL_WORLD_SIZE=8``, ``DMPCollection(..., plan_store=DIR)``. The first
 build plans (cold) and stores; the second loads the stored plan. Also: this rank's embedding
 bytes vs total / L for every job. Writes the ``construction`` section of bench/RESULTS.md.
@@ -39,7 +39,7 @@ def build_one(world: int, store: str, rank: int = 0) -> dict:
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
     from sparse2d import DMPCollection
-    from sparse2d.dryrun import init_fake_world
+    from sparse2d.fake_world import init_fake_world
 
     warnings.filterwarnings("ignore")
     logging.getLogger("torchrec").setLevel(logging.ERROR)

@@ -206,7 +206,7 @@ def render(data: dict[str, Any]) -> str:
             call = f"call {number}"
             if eq := run.get("equivalence"):
                 outcome = f"{eq['summary']}; progress `{eq['progress'] or '-'}`"
-                lines.append(f"| {call} | 2D vs 1D (tests/test_collection.py) | {outcome} |")
+                lines.append(f"| {call} | 2D vs 1D (tests/test_core_collection.py) | {outcome} |")
             for key in sorted(k for k in run if k.startswith("train_")):
                 t = run[key]
                 outcome = f"ran: {t['final']}" if t["final"] else f"failed: `{t['error']}`"

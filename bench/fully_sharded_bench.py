@@ -96,7 +96,7 @@ def _worker(rank: int, world: int, where: str, job: tuple, args: argparse.Namesp
     import torch.distributed as dist
     import torchrec.distributed.planner  # noqa: F401  (imports out of the RSS baseline)
 
-    import sparse2d.collection  # noqa: F401
+    import sparse2d.core.collection  # noqa: F401
 
     torch.set_num_threads(1)
     init_gloo(900)

@@ -37,7 +37,7 @@ def overhead_rank(blocks: int, steps: int) -> dict[str, Any]:
     from sparse2d.planner import default_sharders
     from sparse2d.train.config import load_config
     from sparse2d.train.data import DataSource
-    from sparse2d.train.model import build_model, dense_optimizer, shard
+    from sparse2d.train.model_builder import build_model, dense_optimizer, shard
 
     world, rank = dist.get_world_size(), dist.get_rank()
     device = torch.device("cpu")

@@ -334,8 +334,8 @@ def _main_job(fitted: Any) -> list[str]:
     import planner_fit as pf
     from planner_main_job import SAVED
 
+    from sparse2d.train.advisor_command import workload_from_config
     from sparse2d.train.config import load_config
-    from sparse2d.train.plan import workload_from_config
 
     if not os.path.exists(SAVED):
         return ["- main job: not measured (run `bench/planner_main_job.py`)."]

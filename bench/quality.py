@@ -88,7 +88,7 @@ def _worker(rank: int, world: int, where: str, plan: list, results: Any) -> None
     init_gloo(300)
     from sparse2d.train.config import load_config
     from sparse2d.train.loop import Loop
-    from sparse2d.train.model import resolve_device
+    from sparse2d.train.model_builder import resolve_device
 
     for strategy, n, overrides in plan:
         start = time.perf_counter()

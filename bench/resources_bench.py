@@ -23,7 +23,7 @@ from pathlib import Path
 from bench_util import RESULTS_DIR, publish, timed
 
 from tests.harness import DistWorld, thread_count
-from tests.test_resources import build_variant, open_sockets
+from tests.test_core_resources import build_variant, open_sockets
 
 
 def _cpu_s() -> float:

@@ -24,8 +24,8 @@ PAPER = {1024: 0.96, 2048: 0.95, 4096: 0.90}  # vs 256 GPUs, approximate (DESIGN
 
 def simulate(config: str, topology: str) -> list[dict[str, object]]:
     from sparse2d.advisor.search import advise
+    from sparse2d.train.advisor_command import topology_for, workload_from_config
     from sparse2d.train.config import load_config
-    from sparse2d.train.plan import topology_for, workload_from_config
 
     cfg = load_config(config)
     workload = workload_from_config(cfg)
@@ -92,7 +92,7 @@ def plot(rows: list[dict[str, object]], path: str) -> None:
 
 
 def _types(c: object) -> str:
-    from sparse2d.advisor.report import types_text
+    from sparse2d.advisor.render import types_text
 
     return types_text(c)  # type: ignore[arg-type]
 

@@ -131,7 +131,7 @@ def _run_size(
     from torchrec.optim import RowWiseAdagrad
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    from sparse2d.collection import DMPCollection
+    from sparse2d.core.collection import DMPCollection
     from sparse2d.sync.engines.auto import AutoEngine
     from sparse2d.sync.engines.dense import DenseEngine
     from sparse2d.sync.engines.sparse import SparseEngine

@@ -42,7 +42,7 @@ def breakdown_rank(group_sizes: list[int], steps: int, warmup: int, global_batch
 
     from sparse2d.train.config import load_config
     from sparse2d.train.data import DataSource
-    from sparse2d.train.model import build_model, dense_optimizer, shard
+    from sparse2d.train.model_builder import build_model, dense_optimizer, shard
 
     world, rank = dist.get_world_size(), dist.get_rank()
     device = torch.device("cpu")

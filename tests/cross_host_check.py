@@ -2,7 +2,7 @@
 
 Launched by ``tests/test_emulated_hosts.py`` through ``launch/emulated_hosts.sh`` with
 ``ENTRY=tests.cross_host_check`` (one torchrun per emulated host, gloo over each host's own
-shaped link). Each rank runs ``tests.test_collection.check_2d_equals_1d``, the same check the
+shaped link). Each rank runs ``tests.test_core_collection.check_2d_equals_1d``, the same check the
 single-host suite runs (EXACT_SGD, a sync after every step, 1e-5 against TorchRec's own 1D
 ``DistributedModelParallel``, bit-identical replicas after each sync), for both replica
 layouts; rank 0 writes what it saw to ``argv[1]`` (which host each rank ran on, the checks'
@@ -31,7 +31,7 @@ def main(out: str) -> int:
     dist.all_gather_object(hosts, socket.gethostname())
     report: dict = {"hosts": hosts}
     try:
-        from tests.test_collection import STEPS, check_2d_equals_1d
+        from tests.test_core_collection import STEPS, check_2d_equals_1d
 
         for layout in ("intra_host", "inter_host"):
             result = check_2d_equals_1d(2, "pooled", layout)

@@ -81,7 +81,7 @@ def release_models() -> int:
     polling every few ms, plus two work threads) live until ``close()``. The harness
     releases them after every check, the way a user's script ends with ``model.close()``.
     """
-    collection = sys.modules.get("sparse2d.collection")
+    collection = sys.modules.get("sparse2d.core.collection")
     if collection is None:
         return 0
     gc.collect()
@@ -166,7 +166,7 @@ def _worker(rank: int, world_size: int, ports: Any, tasks: Any, results: Any) ->
     import torchrec  # noqa: F401
     from torchrec.distributed.comm import intra_and_cross_node_pg
 
-    import sparse2d.collection  # noqa: F401
+    import sparse2d.core.collection  # noqa: F401
     import tests.models  # noqa: F401
 
     # TorchRec makes one intra-node and one cross-node group per process the first time a 1D

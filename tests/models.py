@@ -18,7 +18,7 @@ from torchrec.distributed.types import ShardingEnv
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from sparse2d.collection import DMPCollection
+from sparse2d.core.collection import DMPCollection
 from sparse2d.planner.group_plan import remap_plan
 from sparse2d.planner.sharders import default_sharders
 from sparse2d.sync.options import SyncOptions

@@ -40,7 +40,7 @@ def main() -> None:
     import torch  # noqa: F401  (the imports every snippet pays for, paid once)
     import torchrec  # noqa: F401
 
-    import sparse2d.collection  # noqa: F401
+    import sparse2d.core.collection  # noqa: F401
 
     answer = sys.stdout
     for line in sys.stdin:

@@ -10,7 +10,7 @@ import torch
 
 from sparse2d import ConfigError, TrialOptions
 from sparse2d.advisor.trial import TrialReport, TrialResult
-from sparse2d.collection_setup import _auto_options
+from sparse2d.core.collection_setup import _auto_options
 from tests.models import MIXED_TABLES, build_model, constraints_for, train
 from tests.state_views import flat_state
 
@@ -25,7 +25,7 @@ def _door_measures() -> dict[str, object]:
     import torch.distributed as dist
 
     from sparse2d import DMPCollection
-    from sparse2d.advisor.auto import auto_candidates
+    from sparse2d.advisor.auto_pick import auto_candidates
 
     tables = MIXED_TABLES
     kwargs = {"device": "cpu", "constraints": constraints_for(tables), "planner_batch_size": 32}
@@ -89,7 +89,7 @@ def _door_falls_back() -> list[tuple[int, str, str, int]]:
     import torch.distributed as dist
 
     from sparse2d import DMPCollection
-    from sparse2d.advisor.auto import topology_for_device, workload_from_module
+    from sparse2d.advisor.auto_pick import topology_for_device, workload_from_module
     from sparse2d.advisor.search import recommend_group_size
 
     tables = MIXED_TABLES

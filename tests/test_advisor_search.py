@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sparse2d.advisor.report import format_table, to_json
+from sparse2d.advisor.render import format_table, to_json
 from sparse2d.advisor.search import advise, recommend_group_size
 from sparse2d.advisor.topology import ClusterTopology
 from sparse2d.advisor.workload import TableLoad, Workload

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from sparse2d.advisor.auto import topology_for_device, workload_from_module
+from sparse2d.advisor.auto_pick import topology_for_device, workload_from_module
 from sparse2d.advisor.search import advise
 from sparse2d.advisor.trial import (
     TrialOptions,

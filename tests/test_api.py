@@ -22,7 +22,7 @@ from sparse2d import errors
 from tests.conftest import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-APPLICATION = ("sparse2d.train", "sparse2d.cli")
+APPLICATION = ("sparse2d.train", "sparse2d.train.cli")
 _FENCE = re.compile(r"```python\n(.*?)\n```", re.S)
 _FROM = re.compile(r"^\s*from\s+(sparse2d[\w.]*)\s+import\s+\(?([^)#\n]+)", re.M)
 _ATTR = re.compile(r"(?<![\w.])sparse2d\.(\w+)")

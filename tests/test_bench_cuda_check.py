@@ -24,7 +24,7 @@ SMOKE = {
 def test_logs_become_the_section(tmp_path: Path) -> None:
     (tmp_path / "smoke.log").write_text("WARNING: noise\n" + json.dumps(SMOKE) + "\n")
     (tmp_path / "equivalence.log").write_text(
-        "tests/test_collection.py::test_a PASSED\n==== 13 passed, 1 failed in 80.2s ====\n"
+        "tests/test_core_collection.py::test_a PASSED\n==== 13 passed, 1 failed in 80.2s ====\n"
     )
     (tmp_path / "train_cuda.log").write_text(
         "[start] world_size=1 device=cuda:0\n[train] step=50 train_loss=0.4\n"
@@ -53,7 +53,7 @@ def test_quiet_logs_modules_and_the_cpu_benchmark(tmp_path: Path) -> None:
     ft_bench's JSON: each becomes a row or the paragraph on the machine's CPU cores."""
     (tmp_path / "eq.log").write_text("F\nE               \nE   ValueError: x\n1 failed in 66.4s\n")
     (tmp_path / "more.log").write_text(
-        "tests/test_sync_mc.py::test_a FAILED [ 10%]\ntests/test_group_refs.py::test_b PASSED\n"
+        "tests/test_sync_mc.py::test_a FAILED [ 10%]\ntests/test_core_group_refs.py::test_b PASSED\n"
         "FAILED tests/test_sync_mc.py::test_a\n==== 1 failed, 1 passed in 9.0s ====\n"
     )
     (tmp_path / "ft").mkdir()
@@ -72,7 +72,7 @@ def test_quiet_logs_modules_and_the_cpu_benchmark(tmp_path: Path) -> None:
     assert run["equivalence"] == {"summary": "1 failed", "progress": "F", "timeouts": 0}
     assert run["modules"][0]["failed"] == ["tests/test_sync_mc.py::test_a"]
     text = render({"sessions": [{"label": "B", "runs": [run]}], "findings": FINDINGS})
-    assert "test_group_refs.py, test_sync_mc.py | 1 failed, 1 passed" in text
+    assert "test_core_group_refs.py, test_sync_mc.py | 1 failed, 1 passed" in text
     assert "by module: test_sync_mc.py 1" in text
     assert "50000 vs 51200 (0.977); ratio of the means **0.977**" in text
     assert "a step is 10 ms here" in text

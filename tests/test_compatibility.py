@@ -282,7 +282,7 @@ def _covering_run_on_this_rank(config: str, args: list[str]) -> dict[str, Any]:
     import torch.distributed as dist
 
     from sparse2d.train.loop import Loop
-    from sparse2d.train.model import resolve_device
+    from sparse2d.train.model_builder import resolve_device
 
     cfg = load_config(config, args)
     cfg.check_runtime(dist.get_world_size(), dist.get_world_size())

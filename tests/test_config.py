@@ -175,7 +175,7 @@ def test_reference_header_says_where_it_comes_from() -> None:
 
 
 def test_cli_config_subcommand(capsys) -> None:
-    from sparse2d.cli import main
+    from sparse2d.train.cli import main
 
     assert main(["config", "--check", TINY, "--world-size", "4"]) == 0
     assert main(["config", "--check", TINY, "--world-size", "3"]) == 1

@@ -10,7 +10,7 @@ import torch
 
 from sparse2d.errors import ConfigError, SyncError
 from sparse2d.ft.commit import before_forward, dense_grads, refusal
-from sparse2d.ft.options import FTOptions
+from sparse2d.ft.ft_options import FTOptions
 
 
 def test_dense_grads_fill_missing_ones_with_zeros_and_skip_integer_parameters() -> None:

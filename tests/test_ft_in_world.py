@@ -31,7 +31,7 @@ from torch.testing import assert_close
 from sparse2d.ft.lighthouse import start_lighthouse
 from tests.ft_groups import fresh_store, run_groups
 from tests.models import dense_params, full_weights, load_full_weights, make_batch
-from tests.test_contexts import ALL, SEQUENCE, build, per_module, tables_and_coverage, train
+from tests.test_core_contexts import ALL, SEQUENCE, build, per_module, tables_and_coverage, train
 from tests.test_ft_engines import BF16_FT_BOUND
 
 GROUPS, SIZE, STEPS = 2, 2, 4

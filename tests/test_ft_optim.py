@@ -51,7 +51,7 @@ def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str, defer
 
     from sparse2d import DMPCollection
     from sparse2d.ft import FaultTolerance, FTOptimizer, FTOptions
-    from tests.test_torchrec_compat import DENSE_LR, PIPELINES, pipeline_model
+    from tests.test_core_call_forms import DENSE_LR, PIPELINES, pipeline_model
 
     tables = MIXED_TABLES
     weights = full_weights(pipeline_model().model)
@@ -113,7 +113,7 @@ def _ft_pipeline_train(group: int, lighthouse: str, steps: int, kind: str, defer
 
 def _pipeline_reference(steps: int, kind: str) -> dict:
     from sparse2d.patches import apply_all
-    from tests.test_torchrec_compat import batches, make_pipeline, pipeline_model, run_pipeline
+    from tests.test_core_call_forms import batches, make_pipeline, pipeline_model, run_pipeline
 
     apply_all()  # semi-sync on CPU (DMPCollection applies it; this run has none)
     tables = MIXED_TABLES

@@ -50,7 +50,7 @@ def _train(
     from sparse2d.ft import FaultTolerance, FTOptimizer, FTOptions
     from sparse2d.ft import vote as ft_vote
     from sparse2d.sync.options import SyncOptions
-    from tests.test_torchrec_compat import DENSE_LR, pipeline_model
+    from tests.test_core_call_forms import DENSE_LR, pipeline_model
 
     tables = MIXED_TABLES
     weights = full_weights(pipeline_model().model)
@@ -246,7 +246,7 @@ def check_stop_together(delay_s: float, timeout_s: float, late_rank_fails: bool)
     the time at which it would raise, as ``time.time()``."""
     import time
 
-    from sparse2d.ft.options import FTOptions
+    from sparse2d.ft.ft_options import FTOptions
     from sparse2d.ft.quorum import QUORUM_FAILED_KEY, _stop_together
 
     options = FTOptions(replica_id=1, num_groups=8, quorum_timeout_s=timeout_s)
@@ -278,7 +278,7 @@ def check_reported_together(report_delay_s: float) -> tuple[float, int]:
     meeting. Each rank returns when it would exit, and how many ranks met."""
     import time
 
-    from sparse2d.ft.options import FTOptions
+    from sparse2d.ft.ft_options import FTOptions
     from sparse2d.ft.quorum import (
         QUORUM_FAILED_KEY,
         QUORUM_LEFT_KEY,

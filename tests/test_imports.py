@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "sparse2d"
 # The application: the trainer package and the command-line front end that launches it.
-APPLICATION = ("sparse2d.train", "sparse2d.cli")
+APPLICATION = ("sparse2d.train", "sparse2d.train.cli")
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -189,7 +189,7 @@ def test_library_never_imports_the_application() -> None:
 def test_layout_has_the_documented_packages() -> None:
     graph = import_graph()
     for name in (
-        "sparse2d.collection",
+        "sparse2d.core.collection",
         "sparse2d.mesh",
         "sparse2d.planner",
         "sparse2d.sync",

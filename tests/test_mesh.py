@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
+from sparse2d.core.resources import GroupRecorder
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import build_mesh, rank_layout, replica_groups
-from sparse2d.resources import GroupRecorder
 
 
 def test_design_example_intra_host() -> None:

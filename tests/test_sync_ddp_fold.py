@@ -21,7 +21,7 @@ from tests.models import (
     replica_max_diff,
     train,
 )
-from tests.test_collection import ALL_TYPES, check_2d_equals_1d
+from tests.test_core_collection import ALL_TYPES, check_2d_equals_1d
 
 STEPS = 6
 FOLDED = STEPS - 2
@@ -150,7 +150,7 @@ def test_sync_after_folds_covers_rows_updated_meanwhile(world4) -> None:
 def _per_module_run(limit: int) -> tuple[dict[str, torch.Tensor], DMPCollection]:
     """Per-module group sizes (EBC L=2: 2 replicas, EC L=1: 4 replicas): two policies, each
     with its own region in the fold; trained with the cadence sync."""
-    from tests.test_contexts import ALL, per_module, tables_and_coverage
+    from tests.test_core_contexts import ALL, per_module, tables_and_coverage
 
     with fold_limit(limit):
         model = per_module(ebc_group=2, ec_group=1)

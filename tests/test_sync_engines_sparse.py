@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torchrec.optim import RowWiseAdagrad
 
-from sparse2d.collection import DMPCollection
+from sparse2d.core.collection import DMPCollection
 from sparse2d.errors import ConfigError
 from sparse2d.sync.engines.base import SyncEngine
 from sparse2d.sync.engines.dense import DenseEngine

@@ -291,7 +291,7 @@ def check_mixed_contexts() -> dict:
     from torchrec import EmbeddingCollection
     from torchrec.distributed.types import DMPCollectionConfig
 
-    from tests import test_contexts as ctx
+    from tests import test_core_contexts as ctx
 
     unsharded = ctx.build()
     weights = {**full_weights(unsharded.pooled), **full_weights(unsharded.sequence)}

@@ -99,7 +99,7 @@ def test_library_and_trainer_import_without_tensorboard() -> None:
     the trainer import, and asking for event files is a config error before any collective."""
     code = (
         "import sys; sys.modules['tensorboard'] = None; sys.modules['torch.utils.tensorboard'] = None\n"
-        "import sparse2d, sparse2d.collection, sparse2d.train.loop, sparse2d.cli, sparse2d.train.report\n"
+        "import sparse2d, sparse2d.core.collection, sparse2d.train.loop, sparse2d.train.cli, sparse2d.train.report\n"
         "from sparse2d.train.config import load_config\n"
         "load_config('configs/tiny_cpu.yaml', ['metrics.tensorboard=false']).check_runtime(4)\n"
         "try:\n"

@@ -209,10 +209,10 @@ def test_non_finite_sync_stops_the_trainer_in_one_line(tmp_path) -> None:
 def test_auto_group_size_and_balance_at_start_up(tmp_path, world4) -> None:
     import torch
 
-    from sparse2d.advisor.auto import topology_for_device
+    from sparse2d.advisor.auto_pick import topology_for_device
     from sparse2d.advisor.search import recommend_group_size
+    from sparse2d.train.advisor_command import workload_from_config
     from sparse2d.train.config import load_config
-    from sparse2d.train.plan import workload_from_config
 
     trainer_world.train(
         world4,

@@ -36,7 +36,7 @@ def _run(overrides: list[str]) -> tuple[dict[str, Any], str, dict[str, torch.Ten
 
     from sparse2d.train.config import load_config
     from sparse2d.train.loop import Loop
-    from sparse2d.train.model import resolve_device
+    from sparse2d.train.model_builder import resolve_device
 
     cfg = load_config(os.path.join(trainer_world.ROOT, "configs/tiny_cpu.yaml"), overrides)
     cfg.check_runtime(dist.get_world_size(), dist.get_world_size())
@@ -148,7 +148,7 @@ def test_plan_measure_runs_the_trial_on_a_launched_job(tmp_path) -> None:
         "--nproc-per-node",
         "2",
         "-m",
-        "sparse2d.cli",
+        "sparse2d.train.cli",
         "plan",
         "--config",
         "configs/tiny_cpu.yaml",

@@ -26,7 +26,7 @@ def _train_on_this_rank(config: str, overrides: list[str]) -> tuple[dict[str, An
 
     from sparse2d.train.config import load_config
     from sparse2d.train.loop import Loop
-    from sparse2d.train.model import resolve_device
+    from sparse2d.train.model_builder import resolve_device
 
     cfg = load_config(config, overrides)
     cfg.check_runtime(dist.get_world_size(), dist.get_world_size())

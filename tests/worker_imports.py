@@ -15,6 +15,6 @@ import torch.distributed  # noqa: F401
 import torchft  # noqa: F401
 import torchrec  # noqa: F401
 
-import sparse2d.collection  # noqa: F401
+import sparse2d.core.collection  # noqa: F401
 import sparse2d.ft  # noqa: F401
 import tests.models  # noqa: F401

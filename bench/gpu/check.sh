@@ -2,7 +2,7 @@
 # The CUDA check on a lent GPU machine (docs/benchmarks.md, CUDA): install the carried
 # TorchRec/FBGEMM set (bench/gpu/wheels.sh; the first call left fb.part00 in /tmp/gp), then
 #   1. smoke.py: versions, FBGEMM CUDA ops, gloo collectives on CUDA tensors;
-#   2. the 2D-vs-1D equivalence tests (tests/test_collection.py) with every rank on the GPU;
+#   2. the 2D-vs-1D equivalence tests (tests/test_core_collection.py) with every rank on the GPU;
 #   3. the trainer on CUDA + NCCL (one process: one GPU), and the same job on CPU + gloo;
 #   4. with FT_ROUNDS set: bench/ft_bench.py --clean-only on the machine's CPU cores (gloo),
 #      fault tolerance vs the standard launcher where each worker has a core of its own;
@@ -27,7 +27,7 @@ fi
 step equivalence  # a hung check fails after CHECK_S, each hung rank printing its stack here (-s)
 SPARSE2D_TEST_DEVICE=cuda SPARSE2D_TEST_CHECK_S=${CHECK_S:-45} timeout ${EQ_S:-200} \
   python3 -m pytest -v -s -p no:cacheprovider --timeout=${TEST_S:-120} --tb=short -rfE \
-  tests/test_collection.py --durations=5 -W ignore \
+  tests/test_core_collection.py --durations=5 -W ignore \
   2>&1 | tee "$OUT/equivalence.log" | tail -60
 step trainer
 for dev in ${TRAIN_DEVICES:-cuda cpu}; do
@@ -47,6 +47,6 @@ fi
 step more
 SPARSE2D_TEST_DEVICE=cuda SPARSE2D_TEST_CHECK_S=${CHECK_S:-45} timeout ${MORE_S:-120} python3 -m pytest -q -p no:cacheprovider -W ignore \
   tests/test_sync_ddp_fold.py tests/test_sync_ddp_vote.py tests/test_sync_guard.py \
-  tests/test_checkpoint.py tests/test_checkpoint_integrity.py tests/test_group_refs.py \
+  tests/test_checkpoint.py tests/test_checkpoint_integrity.py tests/test_core_group_refs.py \
   2>&1 | tee "$OUT/more.log" | tail -40  # MC modules need TorchRec >= 1.7 (1.6.1 is carried)
 step done

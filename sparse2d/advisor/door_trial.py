@@ -152,7 +152,7 @@ class DoorJob:
     """What a candidate of the door's trial is built from: the resolved call."""
 
     call: Any
-    """The parsed ``DMPCollection`` call (``sparse2d.compat.CollectionArgs``)."""
+    """The parsed ``DMPCollection`` call (``sparse2d.core.call_forms.CollectionArgs``)."""
     device: torch.device
     pg: dist.ProcessGroup
     layout: str
@@ -161,7 +161,7 @@ class DoorJob:
     has_mc: bool
     collection: Callable[..., Any] | None
     """``DMPCollection`` (given by the collection, which imports this module); ``None``
-    where nothing may be built (``sparse2d.dryrun``): the model's pick."""
+    where nothing may be built (``sparse2d.fake_world``): the model's pick."""
 
 
 def door_group_size(

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparse2d.advisor.auto import share_from_rank0, topology_for_device, workload_from_module
+from sparse2d.advisor.auto_pick import share_from_rank0, topology_for_device, workload_from_module
 from sparse2d.advisor.search import advise, no_fit_message
 from sparse2d.advisor.trial import TrialReport, measure_group_sizes, rng_preserved, shortlist
 from sparse2d.advisor.trial_options import TrialOptions
-from sparse2d.collection import DMPCollection
+from sparse2d.core.collection import DMPCollection
 from sparse2d.errors import NoFitError
 
 

@@ -1,7 +1,7 @@
 """What the advisor plans: the embedding tables, the batch and the sync settings (plain data).
 
 The advisor never imports the trainer: applications convert their own configuration
-into a ``Workload`` (see ``sparse2d.train.workload``).
+into a ``Workload`` (see ``sparse2d.train.advisor_workload``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sparse2d.errors import FaultToleranceError
-from sparse2d.ft.options import LIGHTHOUSE_ENV, FTOptions
+from sparse2d.ft.ft_options import LIGHTHOUSE_ENV, FTOptions
 
 if TYPE_CHECKING:
     from sparse2d.ft.optim import FTOptimizer

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from sparse2d.errors import ConfigError, SyncError
 from sparse2d.ft import vote
-from sparse2d.ft.options import FTOptions
+from sparse2d.ft.ft_options import FTOptions
 
 
 @dataclass(slots=True)

@@ -40,8 +40,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError, FaultToleranceError
+from sparse2d.ft.ft_options import FTOptions
 from sparse2d.ft.lighthouse import check_job, check_reachable, replica_id
-from sparse2d.ft.options import FTOptions
 
 logger = logging.getLogger(__name__)
 START_POLL_S = 0.25

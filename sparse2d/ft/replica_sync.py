@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.ft import in_world
-from sparse2d.ft.options import FTOptions
+from sparse2d.ft.ft_options import FTOptions
 from sparse2d.option_conflicts import check_fault_tolerance
 from sparse2d.sync.engines.dense import DenseEngine
 from sparse2d.sync.engines.sparse import SparseEngine

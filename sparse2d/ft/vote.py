@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from sparse2d.comm_device import flag_device
 from sparse2d.errors import FaultToleranceError
-from sparse2d.ft.options import FTOptions
+from sparse2d.ft.ft_options import FTOptions
 from sparse2d.sync.guard import all_finite
 
 FINGERPRINT_BYTES = 6

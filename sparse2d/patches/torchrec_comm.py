@@ -11,9 +11,9 @@ and after ``close()`` a later model gets the destroyed pair ("group is not regis
 Probe: ``needed()`` checks that ``torchrec.distributed.comm`` still has the two module-level
 cache globals (a behavioural run needs a 2D process group: too dear for a probe).
 Fix: one pair per (sharding group, node group size, inter-host flag), created while that model
-is built; ``forget_destroyed_groups()`` (called by ``sparse2d.resources`` when a model's groups
+is built; ``forget_destroyed_groups()`` (called by ``sparse2d.core.resources`` when a model's groups
 are destroyed) drops the pairs of closed models.
-Regression tests: ``tests/test_collection.py`` (two 2D layouts in one process),
+Regression tests: ``tests/test_core_collection.py`` (two 2D layouts in one process),
 ``tests/test_patches_torchrec_comm.py`` (a second L = world TWRW model after ``close()``).
 """
 
@@ -73,7 +73,7 @@ def _registered(group: Any) -> bool:
 
 
 def forget_destroyed_groups() -> None:
-    """Called after a model's groups are destroyed (``sparse2d.resources``)."""
+    """Called after a model's groups are destroyed (``sparse2d.core.resources``)."""
     from torchrec.distributed import comm
 
     forget = getattr(comm.intra_and_cross_node_pg_2D, "forget_destroyed", None)

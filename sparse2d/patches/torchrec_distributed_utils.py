@@ -12,7 +12,7 @@ Probe: ``needed()`` calls the upstream function on a two-shard TWCW table and ch
 still fails or returns no shape.
 Fix: TWCW shards are column blocks of the full table, exactly like column-wise ones: rows of
 the first shard, columns summed; every other sharding type goes to TorchRec.
-Regression test: ``tests/test_collection.py`` (TWCW with ranks that hold no shard).
+Regression test: ``tests/test_core_collection.py`` (TWCW with ranks that hold no shard).
 """
 
 from __future__ import annotations

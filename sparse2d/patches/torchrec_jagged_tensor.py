@@ -10,7 +10,7 @@ Without it: the semi-sync pipeline fails on CPU when it detaches the pooled embe
 Probe: ``needed()`` calls TorchRec's own ``record_stream`` of a one-key ``KeyedTensor`` with
 the CPU stream and checks that it still raises.
 Fix: a CPU stream orders nothing: recording on it is skipped; other streams go to TorchRec.
-Regression test: ``tests/test_torchrec_compat.py`` (``TrainPipelineSemiSync`` on CPU).
+Regression test: ``tests/test_core_call_forms.py`` (``TrainPipelineSemiSync`` on CPU).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Without it: on a CPU-only build the semi-sync ``EmbeddingPipelinedForward`` call
 Probe: ``needed()`` builds TorchRec's own ``BaseForward`` without a stream on this host and
 checks that its device is still CUDA while CUDA is not available (False on a CUDA host).
 Fix: without a stream and without CUDA, the device is the CPU.
-Regression test: ``tests/test_torchrec_compat.py`` (``TrainPipelineSemiSync`` on CPU).
+Regression test: ``tests/test_core_call_forms.py`` (``TrainPipelineSemiSync`` on CPU).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ Probe: ``early_lookup_needed()`` checks that the two classes still start lookups
 (their ``start_embedding_lookup`` calls ``_start_embedding_lookup``) and that their
 ``__init__`` takes no hook.
 Fix: their ``__init__`` first runs each hook added by ``add_early_lookup_hook`` on the model.
-Regression tests: ``tests/test_torchrec_compat.py`` (semi-sync on CPU),
+Regression tests: ``tests/test_core_call_forms.py`` (semi-sync on CPU),
 ``tests/test_sync_mc_pipelines.py`` (refused with replicated MC tables).
 """
 

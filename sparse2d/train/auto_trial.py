@@ -17,12 +17,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparse2d.advisor.auto import share_from_rank0, topology_for_device
+from sparse2d.advisor.auto_pick import share_from_rank0, topology_for_device
 from sparse2d.advisor.search import advise, no_fit_message
 from sparse2d.advisor.trial import TrialReport, close_candidate, measure_group_sizes, shortlist
 from sparse2d.errors import NoFitError
+from sparse2d.train.advisor_workload import workload_from_config
 from sparse2d.train.config import Config
-from sparse2d.train.workload import workload_from_config
 
 Build = Callable[[int, str], tuple[Any, torch.optim.Optimizer]]
 """(``L``, replica layout) -> (a fresh sharded model, its dense optimizer), built as the
@@ -76,7 +76,7 @@ def _candidate(
 ) -> tuple[Any, Any]:
     """One candidate as the trainer builds it: model, dense optimizer, the job's step."""
     # here, not at the top: the data and the pipeline load TorchRec, and this module is
-    # imported by sparse2d.train.model, which the trainer's main imports before the config
+    # imported by sparse2d.train.model_builder, which the trainer's main imports before the config
     # is checked (see its docstring)
     from sparse2d.train.data import DataSource
     from sparse2d.train.pipeline import make_steps

@@ -2,7 +2,7 @@
 
 ``sparse2d dryrun --config C --world-size N [--rank r] [--local-world-size K] [--out FILE]
 [--no-step] [dotted.key=value ...]`` builds the trainer's real model and ``DMPCollection``
-for rank ``r`` of ``N`` on torch's fake process group (``sparse2d.dryrun``) and prints one
+for rank ``r`` of ``N`` on torch's fake process group (``sparse2d.fake_world``) and prints one
 JSON object (also written to ``--out``, default ``RUN_DIR/dryrun/rank<r>_of_<N>.json``):
 the rank's embedding and optimizer-state bytes, its shards, sharding and replica groups,
 the process groups built, seconds per construction phase, the plan's source, and whether
@@ -140,9 +140,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     """Build the rank and describe it (raises the launch's errors)."""
     import torch.distributed as dist  # torch, TorchRec: inside (module docstring)
 
-    from sparse2d.dryrun import init_fake_world, rank_report
-    from sparse2d.resources import GroupRecorder
-    from sparse2d.train.model import build_model, resolve_device, shard
+    from sparse2d.core.resources import GroupRecorder
+    from sparse2d.fake_world import init_fake_world, rank_report
+    from sparse2d.train.model_builder import build_model, resolve_device, shard
 
     cfg = load_config(args.config, args.overrides)
     local = args.local_world_size or min(args.world_size, 8)
@@ -198,9 +198,9 @@ def _planned_only(
     with the planning pass's construction record either way."""
     import torch  # torch, TorchRec: inside (module docstring)
 
-    from sparse2d.dryrun import plan_rank, planned_shards
-    from sparse2d.resources import GroupRecorder
-    from sparse2d.train.model import build_model, shard_options
+    from sparse2d.core.resources import GroupRecorder
+    from sparse2d.fake_world import plan_rank, planned_shards
+    from sparse2d.train.model_builder import build_model, shard_options
 
     recorder = GroupRecorder()
     size = cfg.group_size(args.world_size)

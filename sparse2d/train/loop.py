@@ -1,6 +1,6 @@
 """The training loop behind ``sparse2d.train`` (model build, steps, eval, logs, summary).
 
-One loop for both trainer modes: in-world 2D (``sparse2d.train.in_world``) and fault
+One loop for both trainer modes: in-world 2D (``sparse2d.train.in_world_mode``) and fault
 tolerance (``fault_tolerance.enable``, ``sparse2d.train.ft_mode``), which differ only in
 how a step is attempted and what it counts (``sparse2d.train.step_mode.Mode``). What a run
 leaves in its directory is written by ``sparse2d.train.recorder`` in both.
@@ -20,19 +20,19 @@ from sparse2d import checkpoint
 from sparse2d.advisor.balance import local_load, max_over_mean
 from sparse2d.comm_device import flag_device
 from sparse2d.environment import environment
+from sparse2d.train.advisor_workload import workload_from_config
 from sparse2d.train.auto_trial import log_trial
 from sparse2d.train.config import Config
 from sparse2d.train.config.paths import launch_job
 from sparse2d.train.failure import gather_peers
 from sparse2d.train.ft_mode import FaultTolerantMode
-from sparse2d.train.in_world import InWorld
+from sparse2d.train.in_world_mode import InWorld
 from sparse2d.train.link_bytes import LinkBytes
 from sparse2d.train.metrics import TrainWindow, evaluate_batches, max_over_ranks
-from sparse2d.train.model import build_model, dense_optimizer, shard
+from sparse2d.train.model_builder import build_model, dense_optimizer, shard
 from sparse2d.train.profiling import StepProfiler
 from sparse2d.train.recorder import Recorder, short
 from sparse2d.train.step_mode import Attempt, Mode, Run
-from sparse2d.train.workload import workload_from_config
 
 
 def make_mode(cfg: Config, rank: int, world: int) -> Mode:
@@ -151,7 +151,7 @@ class Loop:
                 **self.mode.header(self.run_state),
                 "environment": self.environment,
                 "job": launch_job(),  # a relaunch of the same job may write here again
-                "construction": self.model.construction.record(),  # sparse2d.construction (issue 32)
+                "construction": self.model.construction.record(),  # sparse2d.core.construction (issue 32)
             }
         )
         trial = log_trial(self.model, self.log, self.is_main)  # measured auto: table and record
@@ -268,7 +268,7 @@ class Loop:
             **self._link_summary(),
             # which code and libraries made these numbers (sparse2d/environment.py)
             "environment": self.environment,
-            "construction": model.construction.record(),  # sparse2d.construction (issue 32)
+            "construction": model.construction.record(),  # sparse2d.core.construction (issue 32)
             **trial,
             **self.mode.summary(self.run_state),
         }

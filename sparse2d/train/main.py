@@ -30,7 +30,7 @@ from sparse2d.errors import CheckpointError, ConfigError, FaultToleranceError, S
 from sparse2d.known_warnings import ignore_known_warnings
 from sparse2d.train.config import load_config
 from sparse2d.train.failure import describe, is_peer_failure
-from sparse2d.train.model import measure_only, resolve_device
+from sparse2d.train.model_builder import measure_only, resolve_device
 from sparse2d.train.rendezvous import owns_round_store, round_store, shared_store_across_hosts
 from sparse2d.train.torchrun import final_failure
 

@@ -4,7 +4,7 @@ The loop owns everything both modes share: model and optimizer start-up, the run
 train windows and their logs, evaluation, checkpoint cadence and the summary. A mode owns
 how a step is attempted and what it counts:
 
-- ``InWorld`` (``sparse2d.train.in_world``): one torchrun world holds every replica; a
+- ``InWorld`` (``sparse2d.train.in_world_mode``): one torchrun world holds every replica; a
   step always completes; the replica sync's reports (seconds, bytes, modes) are counted.
 - ``FaultTolerantMode`` (``sparse2d.train.ft_mode``): this world is one replica group of a
   torchft job; a step is an attempt that commits or fails (quorum, heal, vote through

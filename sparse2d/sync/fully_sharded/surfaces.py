@@ -23,11 +23,11 @@ from torch import nn
 from torchrec.distributed.types import ShardedModule
 from torchrec.optim.keyed import KeyedOptimizer, OptimizerWrapper
 
-from sparse2d.resources import Resources
+from sparse2d.core.resources import Resources
 from sparse2d.sync.fully_sharded.schedule import FullyShardedEmbeddings
 
 if TYPE_CHECKING:
-    from sparse2d.contexts import ShardingContext
+    from sparse2d.core.contexts import ShardingContext
 
 logger = logging.getLogger(__name__)
 

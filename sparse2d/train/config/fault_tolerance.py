@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from sparse2d.ft.options import FTOptions
+from sparse2d.ft.ft_options import FTOptions
 
 
 @dataclass(kw_only=True, slots=True)

@@ -12,7 +12,7 @@ from sparse2d.errors import ConfigError, KeyValueError
 from sparse2d.mesh import divisors
 from sparse2d.option_conflicts import first_conflict, sync_settings
 from sparse2d.train.config.checkpoint import CheckpointConfig
-from sparse2d.train.config.criteo import check_features, missing_files, unreadable
+from sparse2d.train.config.criteo_schema import check_features, missing_files, unreadable
 from sparse2d.train.config.data import DataConfig
 from sparse2d.train.config.fault_tolerance import FaultToleranceConfig, disabled
 from sparse2d.train.config.model import ModelConfig

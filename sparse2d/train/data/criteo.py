@@ -29,7 +29,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from sparse2d.errors import ConfigError
-from sparse2d.train.config.criteo import KINDS, triplet
+from sparse2d.train.config.criteo_schema import KINDS, triplet
 from sparse2d.train.config.data import CriteoConfig
 from sparse2d.train.config.model import TableSpec
 from sparse2d.train.data.criteo_rows import check_rows

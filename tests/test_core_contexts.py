@@ -1,4 +1,4 @@
-"""Per-module group sizes through TorchRec's ``submodule_configs`` (``sparse2d/contexts.py``).
+"""Per-module group sizes through TorchRec's ``submodule_configs`` (``sparse2d/core/contexts.py``).
 
 World 4: the ``EmbeddingBagCollection`` is sharded over groups of 2 (2 replicas) and the
 ``EmbeddingCollection`` over all 4 ranks (1 replica), each with its own mesh, plan and

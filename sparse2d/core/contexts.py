@@ -28,8 +28,8 @@ from torchrec.distributed.types import (
     ShardingStrategy,
 )
 
-from sparse2d.compat import resolve_strategy
-from sparse2d.construction import ConstructionReport
+from sparse2d.core.call_forms import resolve_strategy
+from sparse2d.core.construction import ConstructionReport
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import Mesh2D, build_mesh, validate_group_size, validate_layout
 from sparse2d.planner import plan_for_group, remap_plan, validate_plan

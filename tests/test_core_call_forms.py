@@ -1,7 +1,7 @@
 """TorchRec users' code runs unchanged: pipelines sync our replicas, TorchRec's call works.
 
-Mirrors ``sparse2d/compat.py`` (call parsing) and the TorchRec-facing side of
-``sparse2d/collection.py``. References are TorchRec's own 1D ``DistributedModelParallel``
+Mirrors ``sparse2d/core/call_forms.py`` (call parsing) and the TorchRec-facing side of
+``sparse2d/core/collection.py``. References are TorchRec's own 1D ``DistributedModelParallel``
 driven by the same TorchRec train pipeline.
 """
 
@@ -25,7 +25,12 @@ from torchrec.distributed.types import ShardingStrategy
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d import DMPCollection
-from sparse2d.compat import TORCHREC_POSITIONAL, adapt_all_reduce, parse_call, resolve_layout
+from sparse2d.core.call_forms import (
+    TORCHREC_POSITIONAL,
+    adapt_all_reduce,
+    parse_call,
+    resolve_layout,
+)
 from sparse2d.errors import ConfigError
 from sparse2d.patches import apply_all
 from sparse2d.sync.policy import SyncOptions

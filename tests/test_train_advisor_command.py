@@ -9,9 +9,9 @@ import pytest
 
 from sparse2d.advisor.search import advise
 from sparse2d.advisor.topology import byte_text
-from sparse2d.cli import main as cli
+from sparse2d.train.advisor_command import topology_for, workload_from_config
+from sparse2d.train.cli import main as cli
 from sparse2d.train.config import load_config
-from sparse2d.train.plan import topology_for, workload_from_config
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml"))
 WORLD = {"dlrm_large_1024gpu": 256}  # the large config: fewer divisors keep the test short

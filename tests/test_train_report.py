@@ -7,7 +7,7 @@ import shutil
 
 import matplotlib.image
 
-from sparse2d.cli import main as cli
+from sparse2d.train.cli import main as cli
 from sparse2d.train.report import figure, load_run, table
 
 

@@ -1,6 +1,6 @@
 """What a ``DMPCollection`` call asks for, resolved and validated before any collective.
 
-Step 1 of the construction (``sparse2d.collection``): pure and identical on every rank, so
+Step 1 of the construction (``sparse2d.core.collection``): pure and identical on every rank, so
 a bad argument raises the same error everywhere before the first collective (the advisor
 for ``sharding_group_size="auto"`` is the exception: it decides on rank 0 and broadcasts,
 and once every argument is checked at its pick, the door's trial measures the shortlist,
@@ -19,11 +19,11 @@ import torch.nn as nn
 from torchrec.distributed.types import ModuleSharder
 
 from sparse2d import validation
-from sparse2d.advisor.auto import AUTO, DEFAULT_BATCH_SIZE, auto_candidates
+from sparse2d.advisor.auto_pick import AUTO, DEFAULT_BATCH_SIZE, auto_candidates
 from sparse2d.advisor.door_trial import DoorJob, door_group_size
 from sparse2d.advisor.trial import TrialReport
 from sparse2d.advisor.trial_options import TrialOptions
-from sparse2d.compat import (
+from sparse2d.core.call_forms import (
     CollectionArgs,
     adapt_all_reduce,
     check_world_size,
@@ -32,7 +32,7 @@ from sparse2d.compat import (
     resolve_layout,
     resolve_strategy,
 )
-from sparse2d.contexts import ShardingContext, describe_contexts
+from sparse2d.core.contexts import ShardingContext, describe_contexts
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import validate_group_size, validate_layout
 from sparse2d.option_conflicts import check_collection

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torchrec import EmbeddingCollection
 from torchrec.distributed.types import DMPCollectionConfig, ShardingStrategy
 
-from sparse2d.collection_setup import resolve_setup
+from sparse2d.core.collection_setup import resolve_setup
 from sparse2d.errors import ConfigError
 from tests.models import MIXED_TABLES, build_model
 

@@ -16,7 +16,7 @@ import sys
 COMMANDS = {
     "config": "sparse2d.train.config",
     "dryrun": "sparse2d.train.dryrun",
-    "plan": "sparse2d.train.plan",
+    "plan": "sparse2d.train.advisor_command",
     "report": "sparse2d.train.report",
     "train": "sparse2d.train.main",
 }

@@ -1,4 +1,4 @@
-"""``close()`` releases a model's process groups at once (``sparse2d/group_refs.py``).
+"""``close()`` releases a model's process groups at once (``sparse2d/core/group_refs.py``).
 
 The acceptance case of issue 34: 20 constructions + ``close()`` in a plain loop, world 4,
 with the garbage collector off (no ``gc.collect()``, nothing frozen by the loop): threads
@@ -19,11 +19,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from sparse2d.core.group_refs import ClosedGroup, drop_references
 from sparse2d.errors import ClosedError
-from sparse2d.group_refs import ClosedGroup, drop_references
 from tests.harness import thread_count
 from tests.models import MIXED_TABLES, train
-from tests.test_resources import VARIANTS, build_variant, open_sockets
+from tests.test_core_resources import VARIANTS, build_variant, open_sockets
 
 ROUNDS = 20
 

@@ -15,12 +15,12 @@ import argparse
 import dataclasses
 import sys
 
-from sparse2d.advisor.report import explain, format_table, to_json
+from sparse2d.advisor.render import explain, format_table, to_json
 from sparse2d.advisor.search import advise, no_fit_message
 from sparse2d.advisor.topology import ClusterTopology, load_topology
 from sparse2d.errors import ConfigError
+from sparse2d.train.advisor_workload import workload_from_config
 from sparse2d.train.config import Config, load_config
-from sparse2d.train.workload import workload_from_config
 
 
 def default_topology_name(cfg: Config) -> str:

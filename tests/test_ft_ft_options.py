@@ -1,4 +1,4 @@
-"""``sparse2d.ft.options``: bad values are refused by name before anything connects."""
+"""``sparse2d.ft.ft_options``: bad values are refused by name before anything connects."""
 
 from __future__ import annotations
 

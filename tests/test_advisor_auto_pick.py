@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torchrec.optim import RowWiseAdagrad
 
 from sparse2d import DMPCollection, TrialOptions
-from sparse2d.advisor.auto import topology_for_device, workload_from_module
+from sparse2d.advisor.auto_pick import topology_for_device, workload_from_module
 from sparse2d.advisor.search import recommend_group_size
 from sparse2d.errors import PlanError
 from tests.models import MIXED_TABLES, Table, build_model, constraints_for

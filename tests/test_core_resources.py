@@ -1,4 +1,4 @@
-"""A ``DMPCollection`` releases what it creates (``sparse2d/resources.py``), on real gloo ranks.
+"""A ``DMPCollection`` releases what it creates (``sparse2d/core/resources.py``), on real gloo ranks.
 
 The acceptance case: 20 constructions + ``close()`` in one process, cycling through the
 default strategy with every sharding type (TWRW and grid make TorchRec's extra groups),
@@ -20,8 +20,8 @@ from torchrec.distributed.types import DMPCollectionConfig, ShardingStrategy
 from torchrec.optim import RowWiseAdagrad
 
 from sparse2d import DMPCollection
+from sparse2d.core.resources import GroupRecorder, Resources, registered_groups
 from sparse2d.errors import ClosedError
-from sparse2d.resources import GroupRecorder, Resources, registered_groups
 from sparse2d.sync.options import SyncOptions
 from tests.harness import thread_count
 from tests.models import (
@@ -32,7 +32,7 @@ from tests.models import (
     rank_device,
     train,
 )
-from tests.test_contexts import ALL, build, ec_plan
+from tests.test_core_contexts import ALL, build, ec_plan
 
 
 def open_sockets() -> int:

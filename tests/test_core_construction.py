@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparse2d.construction import PHASES, ConstructionReport
+from sparse2d.core.construction import PHASES, ConstructionReport
 from tests.models import MIXED_TABLES, PooledModel, Table
 
 TABLES = tuple(Table(t.name, t.rows, t.dim, "") for t in MIXED_TABLES)

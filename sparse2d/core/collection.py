@@ -1,11 +1,11 @@
 """``DMPCollection``: TorchRec's ``DistributedModelParallel`` over one sharding group, replicated.
 
-Construction (each step logged): validate (``sparse2d.collection_setup``, pure) -> mesh ->
-plan for ``L`` ranks -> remap to this rank's group (``sparse2d.contexts``) -> shard with
+Construction (each step logged): validate (``sparse2d.core.collection_setup``, pure) -> mesh ->
+plan for ``L`` ranks -> remap to this rank's group (``sparse2d.core.contexts``) -> shard with
 ``ShardingEnv2D`` -> align replicas. Each configured module type of TorchRec's
 ``submodule_configs`` gets its own context (group size, mesh, plan, replica sync). The model
 delegates to collaborators that hold what they need and never the model (no reference
-cycle through them): ``ReplicaSync`` (``sparse2d.replica_sync``), ``SurfaceGuard``
+cycle through them): ``ReplicaSync`` (``sparse2d.core.replica_consistency``), ``SurfaceGuard``
 (``sparse2d.sync.fully_sharded.surfaces``) and its contexts (geometry attributes).
 
 Why a subclass of TorchRec's own ``DMPCollection``: TorchRec's train pipelines
@@ -21,7 +21,7 @@ TorchRec's class reachable after construction is overridden here (``sync``,
 ``set_all_reduce_hook``, ``ensure_reduce_scatter_complete``, ``device_mesh``,
 ``_shard_modules_impl``); TorchRec's private sync helpers (``_sync``,
 ``_allreduce_tensors``, ...) are only called by those and stay unreached.
-``tests/test_torchrec_compat.py`` checks that public surface for the installed TorchRec.
+``tests/test_core_call_forms.py`` checks that public surface for the installed TorchRec.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ from torchrec.distributed.types import (
 
 from sparse2d.advisor.trial import TrialReport
 from sparse2d.advisor.trial_options import TrialOptions
-from sparse2d.collection_setup import Setup, resolve_setup
-from sparse2d.construction import ConstructionReport
-from sparse2d.contexts import (
+from sparse2d.core.collection_setup import Setup, resolve_setup
+from sparse2d.core.construction import ConstructionReport
+from sparse2d.core.contexts import (
     DefaultContextAttr,
     ShardingContext,
     assign_shards,
@@ -59,12 +59,12 @@ from sparse2d.contexts import (
     geometry_repr,
     sharding_env,
 )
-from sparse2d.group_refs import ClosedGroup, drop_references
+from sparse2d.core.group_refs import ClosedGroup, drop_references
+from sparse2d.core.replica_consistency import PolicyOrSet, ReplicaSync
+from sparse2d.core.resources import GroupRecorder, Resources
 from sparse2d.patches import apply_all
 from sparse2d.patches.torchrec_comm import forget_destroyed_groups
 from sparse2d.planner.plan_store import PlanStore
-from sparse2d.replica_sync import PolicyOrSet, ReplicaSync
-from sparse2d.resources import GroupRecorder, Resources
 from sparse2d.sync.fully_sharded import FullyShardedEmbeddings
 from sparse2d.sync.fully_sharded.surfaces import (
     GuardedOptimizer,
@@ -82,7 +82,7 @@ FS = ShardingStrategy.FULLY_SHARDED
 class DMPCollection(TorchRecDMPCollection):
     """Shard embedding tables over groups of ``sharding_group_size`` ranks; replicate the groups.
 
-    Two call forms (``sparse2d.compat``): ``DMPCollection(module, L, *, device=..., ...)``
+    Two call forms (``sparse2d.core.call_forms``): ``DMPCollection(module, L, *, device=..., ...)``
     and TorchRec's unchanged call, positional or keyword (the second overload below).
 
     Args:
@@ -191,7 +191,7 @@ class DMPCollection(TorchRecDMPCollection):
     def _build(self, module: nn.Module, setup: Setup) -> None:
         """Steps 2-6 (collective); every process group they create is released by ``close``."""
         call, contexts = setup.call, setup.contexts
-        # 2-3. Mesh and plan per context (sparse2d.contexts), remapped to this rank's groups.
+        # 2-3. Mesh and plan per context (sparse2d.core.contexts), remapped to this rank's groups.
         report = self.construction = ConstructionReport()
         plan = build_contexts(
             contexts,
@@ -251,7 +251,7 @@ class DMPCollection(TorchRecDMPCollection):
         FULLY_SHARDED hooks, and its process groups (the 2D mesh's, TorchRec's TWRW/grid
         groups; never ``global_pg`` or the default group). Local to the rank, no collective;
         a second call does nothing; forward/sync afterwards raise a clear error. The groups'
-        threads and sockets end here, without a garbage collection (``sparse2d.group_refs``)."""
+        threads and sockets end here, without a garbage collection (``sparse2d.core.group_refs``)."""
         if self._resources.closed:
             return
         groups = list(self._groups.groups)
@@ -291,7 +291,7 @@ class DMPCollection(TorchRecDMPCollection):
         finally:
             self._env = default
 
-    # ---- replica consistency (sparse2d.replica_sync) -----------------------------------
+    # ---- replica consistency (sparse2d.core.replica_consistency) -------------------
     def align_replicas(self, include_optimizer_state: bool = True) -> None:
         """Overwrite every replica's shards with replica-rank 0's copy (every context)."""
         self._replicas.align(include_optimizer_state)
@@ -375,7 +375,7 @@ class DMPCollection(TorchRecDMPCollection):
         self._before_surface("named_buffers()")
         return super().named_buffers(*args, **kwargs)
 
-    # ---- geometry: the default context's (sparse2d.contexts) ---------------------------
+    # ---- geometry: the default context's (sparse2d.core.contexts) -----------
     @property
     def contexts(self) -> list[ShardingContext]:
         """The default context, then one per ``submodule_configs`` entry."""

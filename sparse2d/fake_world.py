@@ -114,9 +114,9 @@ def plan_rank(module: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[Any], A
     build the mesh, plan (or load the stored plan), remapped to this rank's groups. Allocates
     no embedding storage, so a rank whose shards would not fit this machine can be described:
     returns ``(plan, contexts, construction_report)``; ``planned_shards`` reads the plan."""
-    from sparse2d.collection_setup import resolve_setup
-    from sparse2d.construction import ConstructionReport
-    from sparse2d.contexts import build_contexts
+    from sparse2d.core.collection_setup import resolve_setup
+    from sparse2d.core.construction import ConstructionReport
+    from sparse2d.core.contexts import build_contexts
 
     setup = resolve_setup(module, args, kwargs)
     call, report = setup.call, ConstructionReport()
