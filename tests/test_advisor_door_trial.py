@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from sparse2d import ConfigError, TrialOptions
+from sparse2d import ConfigError, DMPCollection, TrialOptions
 from sparse2d.advisor.trial import TrialReport, TrialResult
 from sparse2d.core.collection_setup import _auto_options
 from tests.models import MIXED_TABLES, build_model, constraints_for, train
@@ -24,7 +24,6 @@ def _door_measures() -> dict[str, object]:
     explicitly; both trained 3 steps. Returns the report and how far the two are apart."""
     import torch.distributed as dist
 
-    from sparse2d import DMPCollection
     from sparse2d.advisor.auto_pick import auto_candidates
 
     tables = MIXED_TABLES
@@ -145,6 +144,15 @@ def test_auto_options_must_be_trial_options() -> None:
     assert _auto_options(None) == TrialOptions()
     with pytest.raises(ConfigError, match=r"auto_options=3 must be a sparse2d.TrialOptions"):
         _auto_options(3)
+    with pytest.raises(ConfigError, match=r"sharding_group_size=2; it only tunes the trial"):
+        _auto_options(QUICK, 2)
+
+
+def test_auto_options_beside_a_fixed_group_size_is_refused_before_any_collective() -> None:
+    """Through the door as users open it: refused before the process group is even looked
+    for (none exists in this process)."""
+    with pytest.raises(ConfigError, match=r"auto_options=.* sharding_group_size=2"):
+        DMPCollection(build_model(MIXED_TABLES, device="meta"), 2, auto_options=QUICK)
 
 
 def test_summary_lists_the_measured_fastest_first_and_the_model_pick() -> None:

@@ -73,12 +73,12 @@ def resolve_setup(
     for ``"auto"``, ``collection`` (``DMPCollection``) builds the door's trial candidates
     (``None``: no trial, the model's pick)."""
     call = parse_call(args, kwargs)
+    options = _auto_options(call.auto_options, call.sharding_group_size)
     device = validation.resolve_device(call.device)
     world_size, rank = validation.check_process_group(call.global_pg)
     check_world_size(call.world_size, world_size)
     pg = call.global_pg if call.global_pg is not None else dist.group.WORLD
     layout = resolve_layout(call.replica_layout, call.use_inter_host_allreduce)
-    options = _auto_options(call.auto_options)
     group_size, shortlist = _group_size(call, module, world_size, device, pg, layout, options)
     validate_layout(layout)
     strategy = resolve_strategy(call.sharding_strategy)
@@ -121,10 +121,17 @@ def resolve_setup(
     return Setup(call, device, world_size, rank, pg, hook, sharders, contexts, has_mc, report)
 
 
-def _auto_options(value: object) -> TrialOptions:
-    """``auto_options``: how much the door's trial may spend (default ``TrialOptions()``)."""
+def _auto_options(value: object, group_size: object = "auto") -> TrialOptions:
+    """``auto_options``: how much the door's trial may spend (default ``TrialOptions()``).
+    Given beside a fixed ``L`` it would do nothing, so it is refused rather than ignored."""
     if value is None:
         return TrialOptions()
+    if group_size != "auto":
+        raise ConfigError(
+            f"auto_options={value!r} was given with sharding_group_size={group_size!r}; "
+            "it only tunes the trial of sharding_group_size='auto'. Drop auto_options, or "
+            "pass 'auto' to let the trial choose L."
+        )
     if not isinstance(value, TrialOptions):
         raise ConfigError(
             f"auto_options={value!r} must be a sparse2d.TrialOptions (e.g. "
