@@ -87,7 +87,8 @@ def test_fastest_wins_a_failure_is_skipped_and_the_rng_is_untouched(caplog) -> N
     )
     assert torch.equal(torch.get_rng_state(), before)
     assert report.chosen == 2 and report.model_pick == 8
-    assert all(m.closed for m in built) and len(built) == 3
+    # L=1, the first measured (it paid the first build), is measured again: still slowest
+    assert all(m.closed for m in built) and [m.group_size for m in built] == [1, 4, 2, 2, 1]
     failed = report.results[0]
     assert failed.measured_s is None and failed.error.startswith("MemoryError: CPU out of")
     assert "L=8 skipped (MemoryError" in caplog.text
@@ -144,6 +145,23 @@ def test_a_near_tie_is_measured_again_in_reverse_order_and_keeps_the_lower_time(
         TrialOptions(warmup_steps=0, timed_steps=2, retrial_margin=0.0),
     )
     assert order == [1, 2] and all(len(r.passes_s) == 1 for r in once.results)
+
+
+def test_the_first_candidate_is_measured_again_since_it_paid_the_first_build() -> None:
+    """A cold first pass (5x its own step in auto_bench's new_tw_dim64) must not lose the
+    fastest candidate: it is measured again even when far outside the near-tie margin."""
+    order: list[int] = []
+    cold = {4: 0.08}  # only the process's first build is slow
+
+    def build(group_size: int) -> _Model:
+        order.append(group_size)
+        return _Model(group_size, cold.pop(group_size, {4: 0.002, 2: 0.01}[group_size]))
+
+    options = TrialOptions(warmup_steps=0, timed_steps=3, retrial_margin=0.15)
+    report = measure_group_sizes(build, lambda m, i: m.step(i), [(4, 0.1), (2, 0.2)], options)
+    assert order == [4, 2, 2, 4]  # L=2 was the fastest of the first pass; L=4 far behind it
+    assert report.chosen == 4 and len(report.results[0].passes_s) == 2
+    assert report.results[0].passes_s[0] > 0.08 > report.results[0].measured_s
 
 
 def test_every_candidate_failing_is_one_line_naming_each() -> None:

@@ -48,9 +48,10 @@ class TrialOptions:
     the trial times whole sync periods instead (this many steps rounded up to a multiple of N,
     the median period / N), so the sync's cost is in every candidate's number."""
     retrial_margin: float = 0.15
-    """Candidates measured within ``(1 + retrial_margin)`` x the fastest are measured again,
-    in reverse order, and keep the lower of their two times: a near-tie is not decided by
-    one pass's transient load or by being measured first (0: one pass)."""
+    """Candidates measured within ``(1 + retrial_margin)`` x the fastest, and the first
+    candidate (which paid the process's first build), are measured again in reverse order
+    and keep the lower of their two times: a near-tie is not decided by one pass's transient
+    load, nor a candidate lost by being measured first (0: one pass)."""
 
     def __post_init__(self) -> None:
         for key in RANGES:
