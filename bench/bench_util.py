@@ -87,16 +87,6 @@ def record_environment(
         json.dump(stamps, f, indent=1, sort_keys=True)
 
 
-def link_bits(rate: str) -> int:
-    """Bits per second of a tc rate (``200mbit``, ``1gbit``), as launch/emulated_hosts.sh reads
-    ``LINK``."""
-    units = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
-    for unit, scale in units.items():
-        if rate.endswith(unit):
-            return int(float(rate[: -len(unit)]) * scale)
-    raise ValueError(f"rate {rate!r}: use a number with bit, kbit, mbit or gbit")
-
-
 def machine_note(load_at_start: float) -> str:
     """How busy the machine was: absolute times mean little on a loaded 2-core box."""
     return (

@@ -33,7 +33,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench_util import RESULTS_DIR, link_bits, machine_note, publish, stored_stamp
+from bench_util import RESULTS_DIR, machine_note, publish, stored_stamp
+
+from sparse2d.train.emulated_topology import link_bits, topology_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "launch" / "emulated_hosts.sh"
@@ -217,21 +219,11 @@ def repredict(result: dict[str, Any]) -> None:
             cell = Cell(raw["hosts"], raw["nproc"], raw["link"], Strategy(**raw["strategy"]))
             run_dir = Path(folder) / f"{cell.hosts}x{cell.nproc}_{cell.link}"
             run_dir.mkdir(exist_ok=True)
-            (run_dir / "topology.yaml").write_text(emulated_topology(cell))
+            (run_dir / "topology.yaml").write_text(topology_yaml(cell.hosts, cell.nproc, cell.link))
             args = argparse.Namespace(config=result["config"], set=result.get("overrides", []))
             for run in raw["runs"]:
                 if "sharding_group_size" in run:
                     run["predicted_step_s"] = predicted_step_s(cell, args, run_dir, run)
-
-
-def emulated_topology(cell: Cell) -> str:
-    """The ``topology.yaml`` launch/emulated_hosts.sh writes for ``cell``'s cluster."""
-    bits = link_bits(cell.link)
-    return (
-        f"base: cpu_gloo\nname: emulated_{cell.hosts}x{cell.nproc}_{cell.link}\n"
-        f"world_size: {cell.world}\nranks_per_host: {cell.nproc}\n"
-        f"cores_per_host: {2 * (os.cpu_count() or 1) / cell.hosts}\nhost_link_bw: {int(bits // 8)}\n"
-    )
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -36,11 +36,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_util import (  # noqa: E402
     RESULTS_DIR,
-    link_bits,
     machine_note,
     publish,
     stored_stamp,
 )
+from sparse2d.train.emulated_topology import link_bits  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "launch" / "emulated_hosts.sh"

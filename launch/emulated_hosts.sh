@@ -105,8 +105,7 @@ ip link add "$BRIDGE" type bridge 2>/dev/null \
   || refuse "cannot create a bridge (ip link add type bridge failed: no bridge support in this kernel or container)"
 ip addr add "$BRIDGE_ADDR/24" dev "$BRIDGE"
 ip link set "$BRIDGE" up
-LINK_BITS=0
-[[ "$LINK" == none ]] || LINK_BITS=$("$PYTHON" -c 'import re,sys; n,u=re.fullmatch(r"([0-9.]+)([a-z]*)",sys.argv[1]).groups(); print(int(float(n)*{"bit":1,"kbit":1e3,"mbit":1e6,"gbit":1e9}[u]))' "$LINK")
+LINK_BITS=$("$PYTHON" -m sparse2d.train.emulated_topology bits "$LINK") || exit 2
 shape() {  # shape <netns or ""> <interface>: tbf at LINK on the interface's egress
   [[ "$LINK" == none ]] && return 0
   local burst=$(( LINK_BITS / 8 / 100 ))  # 10 ms at the rate, at least 64 KiB (a GSO segment)
@@ -178,21 +177,9 @@ start_host() {  # start_host <h>: the host's launch in its namespace, under its 
 }
 # What the advisor prices under this launch (sharding_group_size / replica_layout: auto,
 # `sparse2d plan --topology RUN_DIR/topology.yaml`): the CPU preset with this cluster's hosts,
-# its cores shared by every host, and each host's link.
-{ echo "# written by launch/emulated_hosts.sh for run $ID: $HOSTS hosts x $NPROC ranks, links $LINK"
-  echo "base: cpu_gloo"
-  echo "name: emulated_${HOSTS}x${NPROC}_$LINK"
-  echo "world_size: $(( HOSTS * NPROC ))"
-  echo "ranks_per_host: $NPROC"
-  # Cores: every host's ranks run on all of this machine's cores (no cpuset), and ranks of
-  # different hosts rarely compute at once (one host's ranks wait on its link while another's
-  # compute), so each host is priced with twice its even share. Fitted on the cluster bench:
-  # with the even share the model's step was 46-52% too long on 2 x 4 ranks; with every core
-  # per host 46% too short on 4 x 2 at 1 Gbit/s; with twice the even share 6-14% off on all
-  # six cells it was fitted on and 20% on a held-out one (bench/RESULTS.md, cluster sections).
-  echo "cores_per_host: $("$PYTHON" -c "import os; print(2 * os.cpu_count() / $HOSTS)")"
-  [[ "$LINK" == none ]] || echo "host_link_bw: $(( LINK_BITS / 8 ))"
-} >"$RUN_DIR/topology.yaml"
+# cores and links (sparse2d/train/emulated_topology.py says why each host gets twice its
+# even share of the cores; the cluster bench prices stored runs with the same writer).
+"$PYTHON" -m sparse2d.train.emulated_topology yaml "$HOSTS" "$NPROC" "$LINK" "$ID" >"$RUN_DIR/topology.yaml"
 export SPARSE2D_TOPOLOGY="$PWD/$RUN_DIR/topology.yaml"
 [[ "$RUN_DIR" == /* ]] && export SPARSE2D_TOPOLOGY="$RUN_DIR/topology.yaml"
 write_cluster_json() {

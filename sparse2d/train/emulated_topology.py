@@ -1,0 +1,77 @@
+"""What the advisor prices under ``launch/emulated_hosts.sh``: one writer of its ``topology.yaml``.
+
+The launcher runs ``python -m sparse2d.train.emulated_topology`` (``bits LINK`` for tc's rate,
+``yaml HOSTS NPROC LINK ID`` for the file) and the cluster bench imports the same functions to
+price stored runs again, so the two can never describe different clusters.
+
+Cores: every host's ranks run on all of this machine's cores (no cpuset), and ranks of
+different hosts rarely compute at once (one host's ranks wait on its link while another's
+compute), so each host is priced with twice its even share. Fitted on the cluster bench: with
+the even share the model's step was 46-52% too long on 2 x 4 ranks; with every core per host
+46% too short on 4 x 2 at 1 Gbit/s; with twice the even share 6-14% off on all six cells it
+was fitted on and 20% on a held-out one (bench/RESULTS.md, cluster sections).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from sparse2d.errors import ConfigError
+
+UNITS = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
+"""tc's rate units (``tc-tbf(8)``), longest suffix first."""
+
+
+def link_bits(rate: str) -> int:
+    """Bits per second of a tc rate (``200mbit``, ``1gbit``; ``none``: 0, not shaped)."""
+    if rate == "none":
+        return 0
+    for unit, scale in UNITS.items():
+        number = rate.removesuffix(unit)
+        if number != rate:
+            try:
+                return int(float(number) * scale)
+            except ValueError:
+                break
+    raise ConfigError(
+        f"LINK={rate!r} is not a rate; use a number with bit, kbit, mbit or gbit "
+        "(e.g. LINK=200mbit) or LINK=none"
+    )
+
+
+def topology_yaml(hosts: int, nproc: int, link: str, run_id: str = "") -> str:
+    """The ``topology.yaml`` of an emulated cluster of ``hosts`` x ``nproc`` ranks."""
+    bits = link_bits(link)
+    lines = [
+        f"# written by launch/emulated_hosts.sh for run {run_id}: {hosts} hosts x {nproc} "
+        f"ranks, links {link}",
+        "base: cpu_gloo",
+        f"name: emulated_{hosts}x{nproc}_{link}",
+        f"world_size: {hosts * nproc}",
+        f"ranks_per_host: {nproc}",
+        f"cores_per_host: {2 * (os.cpu_count() or 1) / hosts}",
+    ]
+    if bits:
+        lines.append(f"host_link_bw: {bits // 8}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """``bits LINK`` or ``yaml HOSTS NPROC LINK ID``, printed; a bad value is one line, rc 2."""
+    try:
+        if len(argv) == 2 and argv[0] == "bits":
+            print(link_bits(argv[1]))
+        elif len(argv) == 5 and argv[0] == "yaml":
+            print(topology_yaml(int(argv[1]), int(argv[2]), argv[3], argv[4]), end="")
+        else:
+            print("usage: emulated_topology bits LINK | yaml HOSTS NPROC LINK ID", file=sys.stderr)
+            return 2
+    except ConfigError as error:
+        print(f"sparse2d: emulated hosts: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
