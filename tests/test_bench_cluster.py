@@ -8,7 +8,8 @@ from pathlib import Path
 import tests.bench_path  # noqa: F401  (bench/ on sys.path)
 
 # isort: split
-from cluster_bench import Strategy, plot, render, strategies
+from cluster_bench import Strategy, strategies
+from cluster_report import plot, render
 
 
 def test_every_layout_once_and_the_options_crossed() -> None:
