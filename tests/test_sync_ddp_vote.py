@@ -246,3 +246,48 @@ def check_one_replica_has_no_carrier() -> bool:
 
 def test_1d_keeps_ddp_as_is(world4) -> None:
     assert world4.run(check_one_replica_has_no_carrier) == [True] * 4
+
+
+def check_carried_vote_adds_no_collective(hide: bool) -> dict:
+    """``dist.all_reduce`` calls over ``STEPS`` steps (no folds): guard on vs off. On adds
+    exactly its own votes (``Ballot.start``: the syncs DDP could not carry) and DDP's own
+    bucket all-reduces, which the carrier's comm hook makes in Python instead of DDP in C++
+    (one per bucket, the carried ones included); nothing else."""
+    from sparse2d.sync.ballot import Ballot
+    from sparse2d.sync.ddp.vote import DdpVote
+
+    counts = {"all_reduce": 0, "own_votes": 0, "buckets": 0}
+
+    def counted(key: str, fn):  # type: ignore[no-untyped-def]
+        def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+            counts[key] += 1
+            return fn(*args, **kwargs)
+
+        return run
+
+    saved = dist.all_reduce, Ballot.start, DdpVote.bucket
+    runs = {}
+    with fold_limit(0):
+        for guard in (True, False):
+            model = adagrad_2d(engine="dense", hide=hide, check_finite=guard)
+            counts.update(all_reduce=0, own_votes=0, buckets=0)
+            dist.all_reduce = counted("all_reduce", saved[0])
+            Ballot.start = counted("own_votes", saved[1])  # type: ignore[method-assign]
+            DdpVote.bucket = counted("buckets", saved[2])  # type: ignore[method-assign]
+            try:
+                train(model, MIXED_TABLES, STEPS, after_step=model.maybe_sync)
+                model.sync_policy.finish()
+            finally:
+                dist.all_reduce, Ballot.start, DdpVote.bucket = saved  # type: ignore[method-assign]
+            runs[guard] = {**counts, "carried": model.sync_policy.votes_carried}
+    return runs
+
+
+@pytest.mark.parametrize("hide", [False, True])
+def test_carried_vote_adds_no_collective(world4, hide: bool) -> None:
+    for runs in world4.run(check_carried_vote_adds_no_collective, hide):
+        on, off = runs[True], runs[False]
+        assert on["carried"] == STEPS - 2 and off["carried"] == 0
+        assert on["own_votes"] == 2 and off["own_votes"] == 0  # steps 0 and 1: not carried
+        assert off["buckets"] == 0 and on["buckets"] >= STEPS - 1  # the hook from step 1 on
+        assert on["all_reduce"] == off["all_reduce"] + on["own_votes"] + on["buckets"], runs

@@ -286,8 +286,8 @@ class FaultTolerance:
             self.sync_embeddings()
         grads = commit.dense_grads(self.optimizer)
         bad_sync = self._sync_error is not None
-        control = self._controls.build(grads, bad_sync)
-        control[-1], self._poison = control[-1] + self._poison, False  # see ``land``
+        control = self._controls.build(grads, bad_sync or self._poison)  # poison: see ``land``
+        self._poison = False
         # ONE all-reduce per dtype: the sync's queued copies, the dense gradients and the
         # control vector travel together, scanned for NaN/inf as sent (``vote.SentScan``)
         aside = self.policy.uncommitted and self.channel.sent_aside  # e.g. MC rows
@@ -304,11 +304,11 @@ class FaultTolerance:
         pg_failed = m.errored() is not None
         if pg_failed:
             self._drop_process_group()
-        average = control.tolist()  # the quorum's average, read once
+        average = vote.read_control(control, participants)  # the quorum's, read once
         mismatch = not m.errored() and vote.fingerprints_differ(
             average, self.fingerprint, participants
         )
-        bad_anywhere = not m.errored() and average[-1] > 0
+        bad_anywhere = not m.errored() and average[vote.NON_FINITE]
         if mismatch or bad_anywhere:  # never apply an average a bad replica took part in
             m.report_error(RuntimeError("NaN/inf, another plan or a failed step in the quorum"))
         self._position += 1  # the attempt used up its batch, committed or not

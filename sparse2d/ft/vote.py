@@ -4,34 +4,47 @@ Each group adds its plan fingerprint and its NaN/inf flag to the step's cross-gr
 (``FaultTolerance.finish_step``): a group with another plan, or a bad value anywhere, is
 seen by every group from the average alone, with no collective of its own. Then the ranks of
 each group agree whether the step commits (``GroupVote``), and whether some rank of the
-group found a non-finite value (the whole group then stops and restarts as one).
+group found a non-finite value (the whole group then stops and restarts as one). Both are
+ballots (``sparse2d.sync.ballot``): ``CONTROL`` carried by the step's all-reduce, ``GROUP``
+by one all-reduce of its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from sparse2d.comm_device import flag_device
 from sparse2d.errors import FaultToleranceError
 from sparse2d.ft.ft_options import FTOptions
-from sparse2d.sync.guard import all_finite
+from sparse2d.sync.ballot import Ballot, Counting, Flag, Meaning, Tally
+from sparse2d.sync.guard import NON_FINITE, all_finite
 
 FINGERPRINT_BYTES = 6
 """``heal_state.fingerprint`` is a 48-bit hash; it travels as 6 bytes and their squares."""
 
+DIGITS = tuple(Flag(f"byte{i}", Meaning.SUM) for i in range(FINGERPRINT_BYTES))
+SQUARES = tuple(Flag(f"square{i}", Meaning.SUM) for i in range(FINGERPRINT_BYTES))
+CONTROL = Ballot(*DIGITS, *SQUARES, NON_FINITE)
+"""The control vector: the fingerprint's bytes ``b``, their squares ``b*b`` (sums exact
+enough to round back for < 128 groups) and the NaN/inf flag, last: it ends its dtype's send
+buffer, where ``SentScan`` sets it."""
+
+
+def _digits(fingerprint: int) -> list[int]:
+    return [(fingerprint >> (8 * i)) & 0xFF for i in range(FINGERPRINT_BYTES)]
+
 
 def control_vector(fingerprint: int, bad: bool, grads: list[torch.Tensor]) -> torch.Tensor:
-    """The step's vote payload, fp32 (or fp64 beside fp64 gradients) so that it rides the
-    gradients' all-reduce: the fingerprint's bytes ``b``, their squares ``b*b`` (sums and
-    averages exact enough to round back for < 128 groups) and the NaN/inf flag, last."""
-    digits = [float((fingerprint >> (8 * i)) & 0xFF) for i in range(FINGERPRINT_BYTES)]
-    dtype = control_dtype(grads)
+    """The step's ``CONTROL`` ballot, fp32 (or fp64 beside fp64 gradients) so that it rides
+    the gradients' all-reduce."""
+    marks: dict[str, float] = {NON_FINITE.name: bad}
+    for digit, byte, square in zip(_digits(fingerprint), DIGITS, SQUARES, strict=True):
+        marks[byte.name], marks[square.name] = digit, digit * digit
     device = grads[0].device if grads else None  # beside the gradients it is sent with
-    values = [*digits, *(d * d for d in digits), 1.0 if bad else 0.0]
-    return torch.tensor(values, dtype=dtype, device=device)
+    return CONTROL.encode(marks, dtype=control_dtype(grads), device=device)
 
 
 class ControlVectors:
@@ -49,7 +62,7 @@ class ControlVectors:
             template = self._template = control_vector(self.fingerprint, False, grads)
         control = template.clone()
         if bad:
-            control[-1] = 1.0
+            CONTROL.mark(control, NON_FINITE)
         return control
 
 
@@ -58,18 +71,23 @@ def control_dtype(grads: list[torch.Tensor]) -> torch.dtype:
     return torch.float64 if grads and grads[0].dtype == torch.float64 else torch.float32
 
 
-def fingerprints_differ(control: torch.Tensor | list[float], fingerprint: int, groups: int) -> bool:
-    """Whether some group in the quorum has another fingerprint: the sums (average times
-    participants) of the bytes ``b`` and squares ``b*b`` equal ``n*b`` and ``n*b*b`` for
-    every byte exactly when every group sent the same ``b`` (equality in Cauchy-Schwarz).
-    ``control``: the average over the ``groups`` groups in the quorum (or its ``tolist()``,
-    which the step reads once: one device read, no tensor ops on the step's path)."""
+def read_control(control: torch.Tensor | Sequence[float], groups: int) -> Tally:
+    """The quorum's average of the control vector (or its ``tolist()``), read once: one
+    device read, no tensor ops on the step's path; sums are the average times ``groups``."""
+    return CONTROL.read(control, ranks=groups, scale=groups)
+
+
+def fingerprints_differ(
+    control: torch.Tensor | Sequence[float] | Tally, fingerprint: int, groups: int
+) -> bool:
+    """Whether some group in the quorum has another fingerprint: the sums of the bytes ``b``
+    and squares ``b*b`` equal ``n*b`` and ``n*b*b`` for every byte exactly when every group
+    sent the same ``b`` (equality in Cauchy-Schwarz). ``control``: the average over the
+    ``groups`` groups in the quorum, or ``read_control``'s tally of it."""
+    tally = control if isinstance(control, Tally) else read_control(control, groups)
     n = groups
-    values = control.tolist() if isinstance(control, torch.Tensor) else control
-    sums = [round(v * n) for v in values[: 2 * FINGERPRINT_BYTES]]
-    for i in range(FINGERPRINT_BYTES):
-        digit = (fingerprint >> (8 * i)) & 0xFF
-        if sums[i] != n * digit or sums[FINGERPRINT_BYTES + i] != n * digit * digit:
+    for digit, byte, square in zip(_digits(fingerprint), DIGITS, SQUARES, strict=True):
+        if tally[byte] != n * digit or tally[square] != n * digit * digit:
             return True
     return False
 
@@ -93,7 +111,7 @@ class SentScan:
         bad: bool | None = None,
     ) -> None:
         self.control, self.scan_sent = control, scan_sent
-        self.bad = bool(control[-1] > 0) if bad is None else bad
+        self.bad = bool(read_control(control, 1)[NON_FINITE]) if bad is None else bad
         """This rank sends a non-finite value (or its sync's guard found one); ``bad``: the
         flag the control vector was built with, known without reading it back."""
         for tensor in aside if scan_sent else grads:
@@ -105,7 +123,7 @@ class SentScan:
         if self.bad:
             for flat in flats:
                 if flat.dtype == self.control.dtype:
-                    flat[-1] = 1.0
+                    CONTROL.mark(flat[flat.numel() - CONTROL.size :], NON_FINITE)
 
 
 MANAGER_FIELDS = (
@@ -120,11 +138,17 @@ does the same after its all-reduce), and its error, which ``FaultTolerance.land`
 a late failed commit; ``tests/test_ft_vote.py`` fails if a release renames them."""
 
 
+CANNOT_COMMIT = Flag("cannot_commit")
+"""This rank's cross-group process group or manager saw an error, or the quorum is short."""
+GROUP = Ballot(CANNOT_COMMIT, NON_FINITE)
+"""The group's commit vote."""
+
+
 class GroupVote:
     """The commit vote of this group's ranks: torchft's ``Manager.should_commit`` with its
     RPC (every rank to the group's manager server and back) replaced by one SUM all-reduce
-    over this torchrun world, which is the group, of each rank's "cannot commit" and
-    "non-finite here" flags. Started as soon as the step's cross-group all-reduce landed;
+    over this torchrun world, which is the group, of each rank's ``GROUP`` ballot ("cannot
+    commit", "non-finite here"). Started as soon as the step's cross-group all-reduce landed;
     ``land()`` waits for it and does torchft's bookkeeping, at once or at the next forward
     (``FaultTolerance.finish_step(defer=True)``): the wait is the skew between the group's
     ranks (each left its cross-group all-reduce with a different peer), and landing it late
@@ -149,13 +173,11 @@ class GroupVote:
         if (error := pg.errored()) is not None:
             manager.report_error(error)
         here = participants >= options.min_replica_size and manager.errored() is None
-        self._flags = torch.tensor(
-            [0 if here else 1, 1 if bad_here else 0], dtype=torch.int32, device=flag_device()
-        )
+        marks = {CANNOT_COMMIT.name: not here, NON_FINITE.name: bad_here}
         self._manager, self._options, self._participants = manager, options, participants
-        self._work: Any = None
-        try:
-            self._work = dist.all_reduce(self._flags, async_op=True)
+        self._counting: Counting | None = None
+        try:  # over this torchrun world, the group
+            self._counting = GROUP.start(marks, None, device=flag_device())
         except Exception as error:
             self._failed = error
 
@@ -163,17 +185,16 @@ class GroupVote:
         """Wait for the vote; returns ``(committed, some rank of this group holds a
         non-finite value)``."""
         try:
-            if self._work is None:
+            if self._counting is None:
                 raise self._failed
-            self._work.wait()
+            tally = self._counting.wait()  # one read of the result
         except Exception as error:
             raise FaultToleranceError(
                 f"group {self._options.replica_id}: commit vote failed (a rank of this group "
                 f"was lost?): {type(error).__name__}: "
                 f"{str(error).splitlines()[0] if str(error) else ''}"
             ) from None
-        cannot, bad = self._flags.tolist()  # one read of the result
-        committed, group_bad = cannot == 0, bad > 0
+        committed, group_bad = not tally[CANNOT_COMMIT], bool(tally[NON_FINITE])
         manager, participants = self._manager, self._participants
         manager._checkpoint_transport.disallow_checkpoint()
         if committed:

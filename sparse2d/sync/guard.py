@@ -3,9 +3,9 @@
 Averaging spreads a non-finite value to every replica of its group (and, through
 the next checkpoint, to every later run). Before a sync sends anything, each
 rank scans the payload it would send, and the whole job agrees on the result
-with one small all-reduce over the *global* group: a vector with one flag per
-rank (MAX). If any flag is set, every rank of the job (not only the affected
-replica group, whose peers would otherwise wait in their next collective)
+with one small all-reduce over the *global* group: one flag per rank, summed (the
+``GUARD`` ballot, ``sparse2d.sync.ballot``). If any rank is bad, every rank of the job (not
+only the affected replica group, whose peers would otherwise wait in their next collective)
 raises ``SyncError`` naming the tables and global ranks, and no averaged value
 has been written back.
 
@@ -32,7 +32,13 @@ import torch.distributed as dist
 
 from sparse2d.comm_device import flag_device
 from sparse2d.errors import SyncError
+from sparse2d.sync.ballot import Ballot, Counting, Flag, Tally
 from sparse2d.sync.shards import ShardState
+
+NON_FINITE = Flag("non_finite")
+"""This rank found a NaN/inf in what it sends; any rank: nobody writes the average back."""
+GUARD = Ballot(NON_FINITE)
+"""The guard's own vote over the global group."""
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -59,13 +65,12 @@ def bad_tables(shards: Sequence[ShardState], weights: bool, states: bool) -> lis
 
 class FiniteGuard:
     """Checks sync payloads for NaN/inf and makes every rank of ``global_pg`` agree (a sync
-    whose vote rode DDP only uses ``raise_non_finite``)."""
+    whose vote rode DDP reads it with ``Verdict`` alone)."""
 
     def __init__(self, shards: Sequence[ShardState], global_pg: dist.ProcessGroup) -> None:
         self.shards = list(shards)
         self.global_pg = global_pg
         self.world = dist.get_world_size(global_pg)
-        self.rank = dist.get_rank(global_pg)
         self._device = self.shards[0].weight.device if self.shards else torch.device("cpu")
         flags_at = flag_device(global_pg)
         if flags_at.type == "cuda" and self._device.type != "cuda":
@@ -81,10 +86,8 @@ class FiniteGuard:
         ``Verdict.wait`` before writing any averaged value back.
         """
         bad = not all(all_finite(b) for b in buffers)
-        flags = torch.zeros(self.world, dtype=torch.int32, device=self._device)
-        flags[self.rank] = int(bad)
-        work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.global_pg, async_op=True)
-        return Verdict(self, step, flags, work, bad, weights, states)
+        counting = GUARD.start({NON_FINITE.name: bad}, self.global_pg, device=self._device)
+        return Verdict(self, step, counting, bad, weights, states)
 
     def check(
         self, step: int, buffers: Sequence[torch.Tensor], *, weights: bool, states: bool
@@ -94,25 +97,27 @@ class FiniteGuard:
 
 
 class Verdict:
-    """The job-wide outcome of one ``FiniteGuard.start``."""
+    """The job-wide outcome of one NaN/inf vote: ``FiniteGuard.start``'s (in flight), or one
+    carried by another all-reduce and already read (``sync.ddp.vote``)."""
 
     def __init__(
         self,
         guard: FiniteGuard,
         step: int,
-        flags: torch.Tensor,
-        work: dist.Work,
+        vote: Counting | Tally,
         bad: bool,
         weights: bool,
         states: bool,
     ) -> None:
-        self._guard, self._step, self._flags, self._work = guard, step, flags, work
+        self._guard, self._step, self._vote = guard, step, vote
         self._bad, self._weights, self._states = bad, weights, states
 
     def wait(self) -> None:
-        """Raise ``SyncError`` (on every rank alike) if any rank found a non-finite value."""
-        self._work.wait()
-        if bool(self._flags.any()):
+        """Raise ``SyncError`` (on every rank alike) if any rank found a non-finite value
+        (collective over the guard's group only then)."""
+        vote = self._vote
+        tally = vote.wait() if isinstance(vote, Counting) else vote
+        if tally[NON_FINITE]:
             raise_non_finite(
                 self._guard, self._step, self._bad, weights=self._weights, states=self._states
             )

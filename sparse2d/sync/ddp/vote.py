@@ -7,14 +7,14 @@ more point per step where every rank of the job waits for the slowest. Every ste
 has such a point: DDP's gradient all-reduce of the dense parameters, over the same world.
 So on a backward that a sync follows (``armed`` by the cadence), DDP's last bucket waits
 for the backward's final callback, which scans the values the sync will send and appends
-three numbers per sync policy: "I hold a NaN/inf", "I could not scan" (the touched-rows
-engine, bf16 deltas, overlap: those policies vote in their sync as before, on every rank
-alike) and "I folded". A small sync's values ride along too (``sparse2d.sync.ddp.fold``: its
-replica average comes out of the same all-reduce, no collective of its own). Then, still
-in that callback, ``on_voted`` runs the sync (or writes the folded average back), so
-nothing can change a scanned value before it is sent: a value written after the backward
-is written after the sync (a hidden sync's landing overwrites it, else the next sync
-scans it).
+one ``POLICY`` ballot (``sync.ballot``) per sync policy: "I hold a NaN/inf", "I could not
+scan" (the touched-rows engine, bf16 deltas, overlap: those policies vote in their sync as
+before, on every rank alike) and "I folded". A small sync's values ride along too
+(``sparse2d.sync.ddp.fold``: its replica average comes out of the same all-reduce, no
+collective of its own). Then, still in that callback, ``on_voted`` runs the sync (or
+writes the folded average back), so nothing can change a scanned value before it is sent: a
+value written after the backward is written after the sync (a hidden sync's landing
+overwrites it, else the next sync scans it).
 
 Why the order holds: DDP calls the comm hook of its last bucket before it queues its own
 final callback (``Reducer::mark_variable_ready``), so a callback queued from that hook runs
@@ -41,10 +41,18 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from sparse2d.patches import torch_ddp_comm_hook
+from sparse2d.sync.ballot import Ballot, Flag, Meaning, Tally
 from sparse2d.sync.ddp.fold import FOLD_DTYPE, Foldable, Folded, FoldSlot, plan_folds, write_slot
-from sparse2d.sync.guard import FiniteGuard, all_finite, raise_non_finite
+from sparse2d.sync.guard import NON_FINITE, FiniteGuard, Verdict, all_finite
 
 logger = logging.getLogger(__name__)
+
+UNSCANNED = Flag("unscanned")
+"""This rank could not scan early (only the sync knows its payload): the sync votes itself."""
+FOLDED = Flag("folded", Meaning.ALL)
+"""This rank began the sync as a fold; it lands only where every rank did."""
+POLICY = Ballot(NON_FINITE, UNSCANNED, FOLDED)
+"""One policy's flags in the carried bucket (one copy per policy, back to back)."""
 
 
 class Scannable(Foldable, Protocol):
@@ -70,17 +78,17 @@ class Scannable(Foldable, Protocol):
 class CarriedVote:
     """One policy's share of a carried vote."""
 
-    any_bad: bool
-    """Some rank of the job holds a NaN/inf in what it scanned."""
+    tally: Tally
+    """The policy's ``POLICY`` ballot, totalled over the job (``NON_FINITE``: some rank holds
+    a NaN/inf in what it scanned)."""
     local_bad: bool
-    """This rank does."""
+    """This rank holds a NaN/inf in what it scanned."""
     states: bool
     """The scan covered the optimizer state too."""
 
     def settle(self, guard: FiniteGuard, step: int, states: bool) -> None:
         """Raise ``SyncError`` on every rank if any rank was bad (collective only then)."""
-        if self.any_bad:
-            raise_non_finite(guard, step, self.local_bad, weights=True, states=states)
+        Verdict(guard, step, self.tally, self.local_bad, weights=True, states=states).wait()
 
 
 class DdpVote:
@@ -176,14 +184,14 @@ class DdpVote:
         """After the whole backward: fold the due syncs that can, scan, then reduce the
         bucket with the votes (and the folded values) appended."""
         try:
-            k = len(self.policies)
-            flags = torch.zeros(3 * k, dtype=buffer.dtype, device=buffer.device)
-            regions = self._fold_begin(buffer.dtype, flags)
+            k, size = len(self.policies), POLICY.size * len(self.policies)
+            marks: list[dict[str, float]] = [{} for _ in self.policies]
+            regions = self._fold_begin(buffer.dtype, marks)
             n = buffer.numel()
-            size = n + 3 * k + sum(slot.total for _, slot, _ in regions)
-            flat = torch.empty(size, dtype=buffer.dtype, device=buffer.device)
+            total = n + size + sum(slot.total for _, slot, _ in regions)
+            flat = torch.empty(total, dtype=buffer.dtype, device=buffer.device)
             torch.div(buffer.reshape(-1), self.world, out=flat[:n])
-            offset = n + 3 * k
+            offset = n + size
             sent: dict[int, tuple[torch.Tensor, bool]] = {}  # policy -> (its slot, states)
             for i, slot, folded in regions:
                 write_slot(folded, slot, flat[offset : offset + slot.total])
@@ -191,20 +199,20 @@ class DdpVote:
                     mine = offset + slot.offset
                     sent[i] = (flat[mine : mine + slot.numel], folded.states)
                 offset += slot.total
-            scans = self._scan(sent, flags)
-            flat[n : n + 3 * k] = flags
+            scans = self._scan(sent, marks)
+            POLICY.encode(*marks, out=flat[n : n + size])
             dist.all_reduce(flat, group=self.pg)
             buffer.copy_(flat[:n].view_as(buffer))
-            totals = flat[n : n + 3 * k].tolist()
-            offset = n + 3 * k
+            tallies = POLICY.read_each(flat[n : n + size], k, ranks=self.world)
+            offset = n + size
             for i, slot, folded in regions:
-                if folded is not None and totals[3 * i + 2] == self.world:
+                if folded is not None and tallies[i][FOLDED]:
                     mine = offset + slot.offset
                     folded.mean = flat[mine : mine + slot.numel].div_(slot.replicas)
                 offset += slot.total
             for i, scan in enumerate(scans):
-                if scan is not None and totals[3 * i + 1] == 0:
-                    self._votes[i] = CarriedVote(totals[3 * i] > 0, scan[0], scan[1])
+                if scan is not None and not tallies[i][UNSCANNED]:
+                    self._votes[i] = CarriedVote(tallies[i], scan[0], scan[1])
             future.set_result(buffer)
         except BaseException as error:  # DDP waits on the future: never leave it pending
             future.set_exception(error)
@@ -215,11 +223,11 @@ class DdpVote:
             self._votes = [None] * len(self.policies)
 
     def _fold_begin(
-        self, dtype: torch.dtype, flags: torch.Tensor
+        self, dtype: torch.dtype, marks: list[dict[str, float]]
     ) -> list[tuple[int, FoldSlot, Folded | None]]:
         """(policy, slot, its sync begun as a fold) for every policy with a slot whose sync
         is due: the same list on every rank, so every rank reduces the same size (zeros where
-        a rank cannot fold). Flag 2 counts the ranks that folded: all, or nothing lands."""
+        a rank cannot fold). ``FOLDED``: all ranks folded, or nothing lands."""
         regions: list[tuple[int, FoldSlot, Folded | None]] = []
         if dtype != FOLD_DTYPE:  # the bucket's dtype: the same on every rank
             return regions
@@ -228,14 +236,15 @@ class DdpVote:
                 continue
             folded = policy.fold_begin(self.sync_step)
             regions.append((i, slot, folded))
-            flags[3 * i + 2] = float(folded is not None and folded.ok)
+            marks[i][FOLDED.name] = float(folded is not None and folded.ok)
         return regions
 
     def _scan(
-        self, sent: dict[int, tuple[torch.Tensor, bool]], flags: torch.Tensor
+        self, sent: dict[int, tuple[torch.Tensor, bool]], marks: list[dict[str, float]]
     ) -> list[tuple[bool, bool] | None]:
         """Per policy (this rank holds a NaN/inf, the scan covered optimizer state), or
-        None where only the sync can tell (flag 1). A fold scans its slot: what it sends."""
+        None where only the sync can tell (``UNSCANNED``). A fold scans its slot: what it
+        sends."""
         scans: list[tuple[bool, bool] | None] = []
         for i, policy in enumerate(self.policies):
             scan: tuple[list[torch.Tensor], bool] | None
@@ -245,11 +254,11 @@ class DdpVote:
             else:
                 scan = policy.early_scan()
             if scan is None:
-                flags[3 * i + 1] = 1
+                marks[i][UNSCANNED.name] = 1
                 scans.append(None)
                 continue
             bad = not all(all_finite(t) for t in scan[0])
-            flags[3 * i] = float(bad)
+            marks[i][NON_FINITE.name] = float(bad)
             scans.append((bad, scan[1]))
         return scans
 
