@@ -17,8 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "sparse2d"
-# The application: the trainer package and the command-line front end that launches it.
-APPLICATION = ("sparse2d.train", "sparse2d.train.cli")
+# The application: the trainer package (its command-line front end, train/cli.py, included).
+APPLICATION = ("sparse2d.train",)
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -199,6 +199,20 @@ def test_layout_has_the_documented_packages() -> None:
         "sparse2d.train.loop",
     ):
         assert name in graph, f"{name} is missing from the package layout"
+
+
+def test_every_module_name_is_unique_and_the_build_lives_in_core() -> None:
+    """A file name says what it is once (issue 56 item 4: ten names appeared twice, e.g.
+    ``ft/in_world.py`` beside ``train/in_world.py``); ``__init__``/``__main__`` excepted."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    twins = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not twins, f"module names used twice: {twins}"
+    top = {p.name for p in (ROOT / PACKAGE).glob("*.py")}
+    for name in ("collection.py", "collection_setup.py", "contexts.py", "construction.py"):
+        assert name not in top and (ROOT / PACKAGE / "core" / name).exists(), name
 
 
 @pytest.mark.parametrize(

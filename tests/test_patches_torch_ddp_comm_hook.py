@@ -1,7 +1,7 @@
 """``sparse2d.patches.torch_ddp_comm_hook``: DDP's ``register_comm_hook`` routed on one
 instance, on real one-rank DDP modules (a private gloo group each; no world needed).
 
-The carrier end to end (a user's hook after it; opted out) is in ``tests/test_sync_ddp_vote.py``.
+The carrier end to end (a user's hook after it; opted out) is in ``tests/test_sync_ddp_carried_vote.py``.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ fi
 [[ -n ${SKIP_MORE:-} ]] && exit 0
 step more
 SPARSE2D_TEST_DEVICE=cuda SPARSE2D_TEST_CHECK_S=${CHECK_S:-45} timeout ${MORE_S:-120} python3 -m pytest -q -p no:cacheprovider -W ignore \
-  tests/test_sync_ddp_fold.py tests/test_sync_ddp_vote.py tests/test_sync_guard.py \
+  tests/test_sync_ddp_fold.py tests/test_sync_ddp_carried_vote.py tests/test_sync_guard.py \
   tests/test_checkpoint.py tests/test_checkpoint_integrity.py tests/test_core_group_refs.py \
   2>&1 | tee "$OUT/more.log" | tail -40  # MC modules need TorchRec >= 1.7 (1.6.1 is carried)
 step done

@@ -254,7 +254,7 @@ def fold_s(region_bytes: float, world: int, remote: bool, topo: ClusterTopology)
 
 def vote_s(world: int, remote: bool, topo: ClusterTopology) -> float:
     """The NaN/inf vote of a guarded sync: one job-wide all-reduce of a few bytes (latency
-    only). Zero when DDP's all-reduce carries it (``sparse2d.sync.ddp.vote``)."""
+    only). Zero when DDP's all-reduce carries it (``sparse2d.sync.ddp.carried_vote``)."""
     if world <= 1:
         return 0.0
     alpha = topo.inter_host_latency_s if remote else topo.intra_host_latency_s

@@ -6,7 +6,7 @@ hands the hook to the C++ reducer, whose ``Reducer::register_comm_hook`` refuses
 Issue: none found (searched: DDP register_comm_hook more than once, chain comm hooks); DDP's
 documentation states the one-hook rule.
 Without it: the NaN/inf vote and the folded small syncs ride DDP's last gradient bucket
-through a comm hook of sparse2d's (``sparse2d.sync.ddp.vote``), so a user's own
+through a comm hook of sparse2d's (``sparse2d.sync.ddp.carried_vote``), so a user's own
 ``register_comm_hook`` on the model's DDP module, called after the first ``maybe_sync``,
 raises instead of replacing sparse2d's averaging with theirs.
 Probe: ``needed()`` builds a one-rank DDP over a private gloo group (no world needed) and
@@ -17,11 +17,11 @@ Fix: on the one DDP instance a carrier attaches to, ``register_comm_hook`` is re
 that hands the user's hook to the carrier's hook state: from then on it runs in place of the
 carrier, and nothing is carried. Other DDP modules of the process are left as they are.
 Trigger: not ``apply_all``: it patches one DDP instance, not a class, applied by
-``sparse2d/sync/ddp/vote.py`` when a carrier attaches. Opted out, no carrier
+``sparse2d/sync/ddp/carried_vote.py`` when a carrier attaches. Opted out, no carrier
 attaches: DDP keeps its own averaging and hook registration, and every sync votes in its own
 collective (one more world collective per guarded sync: 7% of the main job's step on the
 2-core box).
-Regression tests: ``tests/test_sync_ddp_vote.py`` (a user's hook after the carrier; opted
+Regression tests: ``tests/test_sync_ddp_carried_vote.py`` (a user's hook after the carrier; opted
 out), ``tests/test_patches_torch_ddp_comm_hook.py``.
 """
 
@@ -89,6 +89,6 @@ PATCHES = (
         needed=needed,
         apply=apply,
         sites=("torch.nn.parallel:DistributedDataParallel.register_comm_hook",),
-        trigger="sparse2d/sync/ddp/vote.py: the DDP module a carrier attaches to",
+        trigger="sparse2d/sync/ddp/carried_vote.py: the DDP module a carrier attaches to",
     ),
 )

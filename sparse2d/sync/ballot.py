@@ -2,9 +2,9 @@
 
 Everything in sparse2d that makes ranks agree on a few flags is a ``Ballot``: the NaN/inf
 guard of a sync (``sync.guard``), the same vote and a fold's "I folded" riding DDP's last
-gradient bucket (``sync.ddp.vote``), and a fault-tolerant step's control vector (fingerprint
+gradient bucket (``sync.ddp.carried_vote``), and a fault-tolerant step's control vector (fingerprint
 bytes and the NaN/inf flag in the cross-group average) and its group's commit vote
-(``ft.vote``). A ballot encodes this rank's flags into a slot of any dtype the carrier sends,
+(``ft.step_vote``). A ballot encodes this rank's flags into a slot of any dtype the carrier sends,
 is carried by an all-reduce of its own (``Ballot.start``) or appended to one that is sent
 anyway (``Ballot.encode(out=...)``: no collective of its own), and is read back once (one
 ``tolist``) into a ``Tally``.

@@ -11,7 +11,7 @@ has been written back.
 
 Where the payload is known before the sync (dense payloads), the vote rides DDP's gradient
 all-reduce instead and the sync runs at the end of the backward
-(``sparse2d.sync.ddp.vote``): no collective of its own. Otherwise the vote is hidden: it
+(``sparse2d.sync.ddp.carried_vote``): no collective of its own. Otherwise the vote is hidden: it
 runs in the background while the payload is averaged into its copy buffers (which is
 harmless, nothing live changes), and the policy waits for it before writing back. A separate
 blocking world all-reduce cost 3 ms per sync on the loaded 4-process CPU test box, as much
@@ -98,7 +98,7 @@ class FiniteGuard:
 
 class Verdict:
     """The job-wide outcome of one NaN/inf vote: ``FiniteGuard.start``'s (in flight), or one
-    carried by another all-reduce and already read (``sync.ddp.vote``)."""
+    carried by another all-reduce and already read (``sync.ddp.carried_vote``)."""
 
     def __init__(
         self,

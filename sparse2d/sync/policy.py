@@ -44,7 +44,7 @@ from sparse2d.sync.variants.scaling import AccumulatorScaler
 __all__ = ["SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 
 if TYPE_CHECKING:
-    from sparse2d.sync.ddp.vote import CarriedVote, DdpVote
+    from sparse2d.sync.ddp.carried_vote import CarriedVote, DdpVote
     from sparse2d.sync.mc.sync import ManagedCollisionSync
 
 
@@ -93,7 +93,7 @@ class SyncPolicy:
         self.landing = Landing(self.engine, self.scaler, self.compressor)
         """Started averages that have not landed (``sync.landing``)."""
         self.carrier: tuple[DdpVote, int] | None = None
-        """The DDP carrier of this policy's NaN/inf vote and its slot (``sync.ddp.vote``)."""
+        """The DDP carrier of this policy's NaN/inf vote and its slot (``sync.ddp.carried_vote``)."""
         self.votes_carried = 0
         """Syncs whose NaN/inf vote rode DDP's gradient all-reduce (no vote of their own)."""
         self.folding = Folding(shards, opts, self.engine, self.scaler)
@@ -330,7 +330,7 @@ class SyncPolicy:
         return Opening(step, waited, landed, divergence, began)
 
     def _take_vote(self, states: bool) -> CarriedVote | None:
-        """This sync's NaN/inf vote, if it rode DDP's all-reduce (``sync.ddp.vote``)."""
+        """This sync's NaN/inf vote, if it rode DDP's all-reduce (``sync.ddp.carried_vote``)."""
         return self.carrier[0].take(self.carrier[1], states) if self.carrier else None
 
     def _vote(self, step: int, states: bool, payloads: list[Payload]) -> Verdict | None:

@@ -163,7 +163,7 @@ class InWorld:
             "sync_bytes_per_step": self.sync_bytes / done,
             # engine "auto": syncs per mode (what it chose), e.g. {"dense": 297, "sparse": 3}
             "sync_modes": policy.mode_counts,
-            # syncs whose NaN/inf vote rode DDP's gradient all-reduce (sync.ddp.vote)
+            # syncs whose NaN/inf vote rode DDP's gradient all-reduce (sync.ddp.carried_vote)
             "sync_votes_in_ddp": policy.votes_carried,
             "syncs_folded_into_ddp": policy.folds,
         }

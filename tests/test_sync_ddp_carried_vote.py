@@ -1,5 +1,5 @@
 """The NaN/inf vote carried by DDP's gradient all-reduce, and the sync run at the end of the
-backward (``sparse2d.sync.ddp.vote``), on a real 2x2 gloo mesh (world 4, L=2)."""
+backward (``sparse2d.sync.ddp.carried_vote``), on a real 2x2 gloo mesh (world 4, L=2)."""
 
 from __future__ import annotations
 
@@ -254,7 +254,7 @@ def check_carried_vote_adds_no_collective(hide: bool) -> dict:
     bucket all-reduces, which the carrier's comm hook makes in Python instead of DDP in C++
     (one per bucket, the carried ones included); nothing else."""
     from sparse2d.sync.ballot import Ballot
-    from sparse2d.sync.ddp.vote import DdpVote
+    from sparse2d.sync.ddp.carried_vote import DdpVote
 
     counts = {"all_reduce": 0, "own_votes": 0, "buckets": 0}
 

@@ -135,7 +135,7 @@ MANAGER_FIELDS = (
 )
 """What torchft 0.2's ``Manager.should_commit`` updates after its vote RPC (``GroupVote.land``
 does the same after its all-reduce), and its error, which ``FaultTolerance.land`` clears after
-a late failed commit; ``tests/test_ft_vote.py`` fails if a release renames them."""
+a late failed commit; ``tests/test_ft_step_vote.py`` fails if a release renames them."""
 
 
 CANNOT_COMMIT = Flag("cannot_commit")

@@ -1,4 +1,4 @@
-"""``sparse2d.ft.vote``: the control vector tells every group, from the step's average alone,
+"""``sparse2d.ft.step_vote``: the control vector tells every group, from the step's average alone,
 whether some group runs another plan (fingerprint) or found a non-finite value."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch._utils import _flatten_dense_tensors
 
-from sparse2d.ft.vote import (
+from sparse2d.ft.step_vote import (
     FINGERPRINT_BYTES,
     ControlVectors,
     SentScan,
@@ -73,7 +73,7 @@ def test_torchft_manager_keeps_the_fields_the_group_vote_updates() -> None:
 
     from torchft.manager import Manager
 
-    from sparse2d.ft.vote import MANAGER_FIELDS
+    from sparse2d.ft.step_vote import MANAGER_FIELDS
 
     source = inspect.getsource(Manager.should_commit) + inspect.getsource(Manager.__init__)
     for field in MANAGER_FIELDS:
