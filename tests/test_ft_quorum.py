@@ -48,7 +48,7 @@ def _train(
 
     from sparse2d import DMPCollection
     from sparse2d.ft import FaultTolerance, FTOptimizer, FTOptions
-    from sparse2d.ft import vote as ft_vote
+    from sparse2d.ft import step_vote as ft_vote
     from sparse2d.sync.options import SyncOptions
     from tests.test_core_call_forms import DENSE_LR, pipeline_model
 

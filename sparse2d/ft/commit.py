@@ -1,7 +1,7 @@
 """A fault-tolerant step between its cross-group all-reduce and its commit.
 
 ``FaultTolerance.finish_step`` sends the step's one all-reduce and starts the group's vote
-(``vote.GroupVote``); ``FaultTolerance.land`` waits for the vote and commits or discards the
+(``step_vote.GroupVote``); ``FaultTolerance.land`` waits for the vote and commits or discards the
 step. With ``defer`` the landing waits for the model's next forward, so the vote's wait (the
 skew between the group's ranks) overlaps the pipeline's next input all-to-all and data
 instead of blocking ``step()``. Every rank of a group decides alike when to land: a quorum's
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.errors import ConfigError, SyncError
-from sparse2d.ft import vote
+from sparse2d.ft import step_vote
 from sparse2d.ft.ft_options import FTOptions
 
 
@@ -34,7 +34,7 @@ from sparse2d.ft.ft_options import FTOptions
 class PendingCommit:
     """A step whose vote was started and has not landed."""
 
-    vote: vote.GroupVote
+    vote: step_vote.GroupVote
     pg_failed: bool
     """This rank's cross-group process group failed (it regroups after landing)."""
     participants: int

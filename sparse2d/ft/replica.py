@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 
 from sparse2d.errors import FaultToleranceError, SyncError
-from sparse2d.ft import commit, in_world, quorum, replica_sync, vote
+from sparse2d.ft import commit, in_world, quorum, replica_sync, step_vote
 from sparse2d.ft import state as heal_state
 from sparse2d.ft.ft_options import FTOptions
 from sparse2d.ft.quorum import START_POLL_S, OverlappedQuorum
@@ -107,7 +107,7 @@ class FaultTolerance:
         """The job's last step: its sync is forced, so every group ends averaged."""
         self._open = False  # a quorum was formed for the step in progress
         self._sync_error: SyncError | None = None
-        self._controls = vote.ControlVectors(self.fingerprint)
+        self._controls = step_vote.ControlVectors(self.fingerprint)
         self.last_committed: bool | None = None
         """Whether the latest ``finish_step`` committed (a pipeline's ``step()`` hides it)."""
         self._overlap = OverlappedQuorum(model, lambda: self.wait_quorum(in_forward=True))
@@ -289,9 +289,9 @@ class FaultTolerance:
         control = self._controls.build(grads, bad_sync or self._poison)  # poison: see ``land``
         self._poison = False
         # ONE all-reduce per dtype: the sync's queued copies, the dense gradients and the
-        # control vector travel together, scanned for NaN/inf as sent (``vote.SentScan``)
+        # control vector travel together, scanned for NaN/inf as sent (``step_vote.SentScan``)
         aside = self.policy.uncommitted and self.channel.sent_aside  # e.g. MC rows
-        scan = vote.SentScan(
+        scan = step_vote.SentScan(
             control,
             grads,
             self._check_finite or not self.policy.uncommitted,
@@ -304,17 +304,17 @@ class FaultTolerance:
         pg_failed = m.errored() is not None
         if pg_failed:
             self._drop_process_group()
-        average = vote.read_control(control, participants)  # the quorum's, read once
-        mismatch = not m.errored() and vote.fingerprints_differ(
+        average = step_vote.read_control(control, participants)  # the quorum's, read once
+        mismatch = not m.errored() and step_vote.fingerprints_differ(
             average, self.fingerprint, participants
         )
-        bad_anywhere = not m.errored() and average[vote.NON_FINITE]
+        bad_anywhere = not m.errored() and average[step_vote.NON_FINITE]
         if mismatch or bad_anywhere:  # never apply an average a bad replica took part in
             m.report_error(RuntimeError("NaN/inf, another plan or a failed step in the quorum"))
         self._position += 1  # the attempt used up its batch, committed or not
         self._open = False
         self._pending = commit.PendingCommit(
-            vote.GroupVote(m, self._pg, opts, bad_here, participants),
+            step_vote.GroupVote(m, self._pg, opts, bad_here, participants),
             pg_failed,
             participants,
             mismatch,
