@@ -132,6 +132,33 @@ def test_missing_file_is_named(world2, saved, tmp_path) -> None:
     _rejected(world2, broken, victim)
 
 
+def check_read_fails_on_rank_1(path: str) -> tuple[str, bool]:
+    """DCP's read fails on rank 1 only, after its collectives: every rank raises, none
+    changed a live value (the read vote)."""
+    import sparse2d.checkpoint.dcp as ours
+
+    original = ours.dcp.load
+
+    def failing(*args: object, **kwargs: object) -> None:
+        original(*args, **kwargs)
+        raise OSError("disk went away")
+
+    if dist.get_rank() == 1:
+        ours.dcp.load = failing
+    try:
+        return check_rejects(path, MIXED_TABLES, "adagrad")
+    finally:
+        ours.dcp.load = original
+
+
+def test_read_failing_on_one_rank_raises_on_every_rank(world2, saved) -> None:
+    results = world2.run(check_read_fails_on_rank_1, saved)
+    for rank, (message, unchanged) in enumerate(results):
+        assert "reading failed, the model was not modified" in message, message
+        assert ("disk went away" if rank == 1 else "another rank failed") in message, message
+        assert unchanged
+
+
 # ---- a save that fails -------------------------------------------------------------------
 def test_failed_save_raises_everywhere_and_keeps_the_last_good(world2, tmp_path) -> None:
     root = str(tmp_path / "full")

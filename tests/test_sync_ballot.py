@@ -71,6 +71,36 @@ def test_own_all_reduce_tells_every_rank_of_its_group(world4, flagged: int) -> N
         assert result["pair"] == [flagged // 2 == rank // 2, True, (first + 1) + (first + 2)]
 
 
+def check_copies_in_one_all_reduce(flagged: int) -> dict:
+    """``Ballot.start_each``: one copy per mapping (a vote per buffer), one all-reduce, read
+    in order by ``wait_each``; ``wait`` refuses several copies."""
+    rank = dist.get_rank()
+    with _counted() as calls:
+        counting = BALLOT.start_each([_marks(rank, flagged), _marks(rank, -1)], None)
+        first, second = counting.wait_each()
+    two = BALLOT.start_each([{}, {}], None)
+    try:
+        two.wait()
+        refused = ""
+    except RuntimeError as error:
+        refused = str(error)
+    two.wait_each()  # the all-reduce itself went out on every rank: land it
+    return {
+        "calls": len(calls),
+        "first": [first[BAD], first[ALL_IN], first[COUNT]],
+        "second": [second[BAD], second[ALL_IN], second[COUNT]],
+        "refused": refused,
+    }
+
+
+def test_copies_travel_in_one_all_reduce(world4) -> None:
+    for result in world4.run(check_copies_in_one_all_reduce, 2):
+        assert result["calls"] == 1
+        assert result["first"] == [True, True, 10]
+        assert result["second"] == [False, True, 10]
+        assert "wait_each" in result["refused"]
+
+
 def check_carried(dtype: torch.dtype, average: bool) -> dict:
     """Two copies of the ballot appended to a buffer of data that the one all-reduce sends
     anyway (SUM as DDP's bucket, or AVG as torchft's step: ``scale`` undoes it); the data

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import math
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import torch
@@ -228,6 +233,101 @@ def test_nan_raises_on_every_rank_and_poisons_nothing(world4) -> None:
     # The replica groups that met the NaN skipped their reduce-scatter: no slice took it.
     assert all(r["unchanged"] for r in results)
     assert sum(r["poisoned"] for r in results) > 0
+
+
+_COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_gather_object",
+)
+
+
+@contextmanager
+def _collectives() -> Iterator[Counter]:
+    """The ``torch.distributed`` collectives the FULLY_SHARDED schedule calls while inside,
+    by name, its votes through ``sparse2d.sync.ballot`` included (not TorchRec's output
+    dists, nor the policy's or DDP's)."""
+    counts: Counter = Counter()
+    originals = {name: getattr(dist, name) for name in _COLLECTIVES}
+
+    def counting(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            frame, callers = sys._getframe(1), []
+            while frame is not None and len(callers) < 3:  # the caller, or the ballot's
+                callers.append(frame.f_globals["__name__"])
+                frame = frame.f_back
+            if any(c.startswith("sparse2d.sync.fully_sharded") for c in callers):
+                counts[name] += 1
+            return originals[name](*args, **kwargs)
+
+        return call
+
+    for name in _COLLECTIVES:
+        setattr(dist, name, counting(name))
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+
+
+def check_collectives_per_step() -> dict:
+    """What a step, its sync check, a settle after replicas wrote different values and a
+    NaN step with its check each cost in collectives (the votes are one all-reduce each)."""
+    model = _fs_model(FOUR_TYPES, 2, optimizer=RowWiseAdagrad, lr=0.1, sharding_strategy=FS)
+    fs = model.fully_sharded
+    _train(model, FOUR_TYPES, 1)
+    with _collectives() as step:
+        _train(model, FOUR_TYPES, 1)
+    with _collectives() as sync:
+        fs.report(1)
+    with _collectives() as settle, materialized(model), torch.no_grad():
+        fs.kernels[0].weights._padded_view()[:1] += dist.get_rank() + 1  # replicas differ
+    with _collectives() as nan_step:
+        _train(model, FOUR_TYPES, 1, nan_rank=1)
+    with _collectives() as nan_sync:
+        try:
+            fs.report(3)
+        except SyncError:
+            pass
+    return {
+        "kernels": len(fs.kernels),
+        "buffers": sum(len(k.buffers) for k in fs.kernels),
+        "poisoned": sum(len(k.buffers) for k in fs.kernels if k.poisoned),
+        **{
+            name: dict(counts)
+            for name, counts in [
+                ("step", step),
+                ("sync", sync),
+                ("settle", settle),
+                ("nan_step", nan_step),
+                ("nan_sync", nan_sync),
+            ]
+        },
+    }
+
+
+def test_votes_add_no_collective(world4) -> None:
+    for r in world4.run(check_collectives_per_step):
+        kernels, buffers = r["kernels"], r["buffers"]
+        # _train's named_parameters materializes (every buffer back, one "written" vote per
+        # kernel at the forward's settle); forward gathers the weights, backward weights and
+        # states; one finite vote per kernel; a reduce-scatter per buffer
+        step = {"all_gather_into_tensor": kernels + 2 * buffers, "all_reduce": 2 * kernels}
+        assert r["step"] == {**step, "reduce_scatter_tensor": buffers}, r
+        assert r["sync"] == {"all_reduce": 1}, r  # the job-wide NaN/inf vote
+        # every buffer back; per kernel one "written" vote; the written weights compared
+        # (broadcast + one "same" vote) and averaged
+        assert r["settle"] == {
+            "all_gather_into_tensor": buffers,
+            "all_reduce": kernels + 1,
+            "broadcast": 1,
+            "reduce_scatter_tensor": 1,
+        }, r
+        assert r["nan_step"] == {**step, "reduce_scatter_tensor": buffers - r["poisoned"]}, r
+        assert r["nan_sync"] == {"all_reduce": 1, "all_gather_object": 1}, r
 
 
 def check_repair_refused() -> str:

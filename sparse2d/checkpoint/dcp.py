@@ -58,12 +58,15 @@ from sparse2d.checkpoint.layout import (
     table_specs,
 )
 from sparse2d.checkpoint.mc import check_identities, describe, load_entries, save_entries
-from sparse2d.comm_device import flag_device
 from sparse2d.errors import CheckpointError, CorruptCheckpointError
+from sparse2d.sync.ballot import Ballot, Flag
 from sparse2d.sync.fully_sharded import materialized
 from sparse2d.sync.shards import flush_caches
 
 FORMAT_VERSION = 1
+READ_FAILED = Flag("read_failed")
+"""DCP's read failed on this rank; any rank: every rank raises before a live value changes."""
+READ = Ballot(READ_FAILED)
 
 __all__ = [
     "build_save_state",
@@ -372,9 +375,7 @@ def _read(ckpt: str, state: dict[str, Any]) -> None:
         failure = "; ".join(f"rank {r}: {_one_line(p[0])}" for r, p in error.failures.items())
     except Exception as error:
         failure = _one_line(error)
-    ok = torch.tensor([0 if failure else 1], device=flag_device())
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    if not int(ok):
+    if READ.start({READ_FAILED.name: bool(failure)}, None).wait()[READ_FAILED]:
         raise CheckpointError(
             f"checkpoint {ckpt!r}: reading failed, the model was not modified: "
             f"{failure or 'another rank failed'}"

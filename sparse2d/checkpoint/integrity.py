@@ -14,14 +14,17 @@ import hashlib
 import os
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
-from sparse2d.comm_device import flag_device
+from sparse2d.sync.ballot import Ballot, Flag
 
 _CHUNK = 1 << 22
 MARKER_KEY = "files"
 """Where ``COMPLETE.json`` keeps the checksums."""
+CORRUPT = Flag("corrupt")
+"""A file this rank verified is missing, resized or altered; any rank: every rank raises."""
+FILES = Ballot(CORRUPT)
+"""The load's file check, voted over the world before the names travel."""
 
 
 def file_digest(path: str) -> dict[str, Any]:
@@ -74,9 +77,8 @@ def verify_files(ckpt: str, marker: dict[str, Any], error: type[Exception]) -> N
             problems.append(f"{name} has {size} bytes, {want['size']} were written (truncated?)")
         elif file_digest(path)["sha256"] != want["sha256"]:
             problems.append(f"{name} does not match its sha256 (bytes changed since the save)")
-    flag = torch.tensor([len(problems)], dtype=torch.int64, device=flag_device())
-    dist.all_reduce(flag)  # cheap agreement first; the names only travel on failure
-    if not int(flag):
+    # cheap agreement first; the names only travel on failure
+    if not FILES.start({CORRUPT.name: bool(problems)}, None).wait()[CORRUPT]:
         return
     every: list[list[str] | None] = [None] * world
     dist.all_gather_object(every, problems)

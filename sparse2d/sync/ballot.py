@@ -2,12 +2,15 @@
 
 Everything in sparse2d that makes ranks agree on a few flags is a ``Ballot``: the NaN/inf
 guard of a sync (``sync.guard``), the same vote and a fold's "I folded" riding DDP's last
-gradient bucket (``sync.ddp.carried_vote``), and a fault-tolerant step's control vector (fingerprint
-bytes and the NaN/inf flag in the cross-group average) and its group's commit vote
-(``ft.step_vote``). A ballot encodes this rank's flags into a slot of any dtype the carrier sends,
-is carried by an all-reduce of its own (``Ballot.start``) or appended to one that is sent
-anyway (``Ballot.encode(out=...)``: no collective of its own), and is read back once (one
-``tolist``) into a ``Tally``.
+gradient bucket (``sync.ddp.carried_vote``), a fault-tolerant step's control vector
+(fingerprint bytes and the NaN/inf flag in the cross-group average) and its group's commit
+vote (``ft.step_vote``), FULLY_SHARDED's votes (a kernel's NaN/inf over its replicas, the step's
+job-wide check, "written" per buffer and "same on every replica" at a settle:
+``sync.fully_sharded``), and checkpoint load's (files intact, DCP read on every rank). A
+ballot encodes this rank's flags into a slot of any dtype the carrier sends, is carried by an
+all-reduce of its own (``Ballot.start``, several copies in one: ``start_each``) or appended
+to one that is sent anyway (``Ballot.encode(out=...)``: no collective of its own), and is
+read back once (one ``tolist``) into a ``Tally``.
 
 Why SUM: it is the reduction every carrier runs (DDP sums gradients; torchft averages, a sum
 divided by the participants, which ``scale`` undoes), and a sum answers every meaning: some
@@ -99,9 +102,21 @@ class Ballot:
 
         Collective over ``pg``: every rank calls it at the same point; ``Counting.wait``
         returns the totals."""
-        tensor = self.encode(marks, dtype=dtype, device=device or flag_device(pg))
+        return self.start_each([marks], pg, device=device, dtype=dtype)
+
+    def start_each(
+        self,
+        marks: Sequence[Mapping[str, float]],
+        pg: dist.ProcessGroup | None,
+        *,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.int32,
+    ) -> Counting:
+        """``start`` for one copy of the ballot per mapping, in the one all-reduce (a vote per
+        buffer of a kernel: FULLY_SHARDED's "written"); ``Counting.wait_each`` reads them."""
+        tensor = self.encode(*marks, dtype=dtype, device=device or flag_device(pg))
         work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=pg, async_op=True)
-        return Counting(self, tensor, work, dist.get_world_size(pg))
+        return Counting(self, tensor, work, dist.get_world_size(pg), len(marks))
 
     def read(
         self, totals: torch.Tensor | Sequence[float], *, ranks: int, scale: float = 1.0
@@ -141,12 +156,21 @@ class Tally:
 
 
 class Counting:
-    """A ballot's own all-reduce in flight (``Ballot.start``)."""
+    """A ballot's own all-reduce in flight (``Ballot.start`` / ``Ballot.start_each``)."""
 
-    def __init__(self, ballot: Ballot, tensor: torch.Tensor, work: dist.Work, ranks: int) -> None:
+    def __init__(
+        self, ballot: Ballot, tensor: torch.Tensor, work: dist.Work, ranks: int, copies: int = 1
+    ) -> None:
         self._ballot, self._tensor, self._work, self._ranks = ballot, tensor, work, ranks
+        self._copies = copies
 
     def wait(self) -> Tally:
         """Wait for the all-reduce and read the totals (raises what the collective raised)."""
+        if self._copies != 1:
+            raise RuntimeError(f"{self._copies} ballots in flight: read them with wait_each")
+        return self.wait_each()[0]
+
+    def wait_each(self) -> list[Tally]:
+        """``wait`` for every copy started by ``Ballot.start_each``, in order."""
         self._work.wait()
-        return self._ballot.read(self._tensor, ranks=self._ranks)
+        return self._ballot.read_each(self._tensor, self._copies, ranks=self._ranks)

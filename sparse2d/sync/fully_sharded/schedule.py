@@ -48,14 +48,14 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from sparse2d.comm_device import flag_device
 from sparse2d.patches import glibc_malloc
+from sparse2d.sync.ballot import Ballot, Flag
 from sparse2d.sync.fully_sharded.slices import (
     FlatSlice,
     Kernel,
     slice_kernels,
 )
-from sparse2d.sync.guard import all_finite
+from sparse2d.sync.guard import GUARD, NON_FINITE, all_finite
 from sparse2d.sync.policy import SyncReport
 from sparse2d.sync.shards import ShardState, live_tensors
 from sparse2d.sync.transport.collectives import AllReduceHook, average_
@@ -63,6 +63,11 @@ from sparse2d.sync.transport.collectives import AllReduceHook, average_
 logger = logging.getLogger(__name__)
 _INSTANCES = itertools.count()
 """Models built in this process, in order (the same order on every rank): store keys."""
+WRITTEN = Flag("written")
+"""Something wrote this buffer on this replica since it was gathered; any replica: settle
+compares the replicas' values (and averages them if they differ)."""
+SETTLE = Ballot(WRITTEN)
+"""A kernel's settle vote over its replicas: one copy per buffer (weights, each state)."""
 
 
 class FullyShardedEmbeddings:
@@ -180,31 +185,33 @@ class FullyShardedEmbeddings:
                 if work is not None:
                     work.wait()
 
-    # ---- NaN/inf guard --------------------------------------------------------------
+    # ---- NaN/inf guard (the guard's ballot, sparse2d.sync.ballot) ---------------------
     def _replicas_disagree_finite(self, kernel: Kernel) -> bool:
-        """True if any replica's updated values hold a NaN/inf (agreed over the replicas)."""
+        """True if any replica's updated values hold a NaN/inf (``GUARD`` voted over the
+        kernel's replicas, so they all skip its reduce-scatter alike)."""
         kernel.bad_here = not all(all_finite(b._padded_view()[: b.numel]) for b in kernel.buffers)
-        flag = torch.tensor([int(kernel.bad_here)], device=kernel.weights.full.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=kernel.pg)
-        return bool(flag.item())
+        marks = {NON_FINITE.name: kernel.bad_here}
+        return GUARD.start(marks, kernel.pg, device=kernel.weights.full.device).wait()[NON_FINITE]
 
     def _raise_if_poisoned(self, kernel: Kernel) -> None:
         if kernel.poisoned:
             raise _sync_error(-1, kernel.tables, dist.get_rank())
 
     def sync_check(self, step: int) -> None:
-        """Raise ``SyncError`` on every rank if a step met a NaN/inf (collective, global)."""
+        """Raise ``SyncError`` on every rank if a step met a NaN/inf (collective, global).
+
+        One ``GUARD`` vote over the job (found here, or a kernel here is poisoned because a
+        replica found one); only then the tables travel (one object all-gather), and the
+        ranks that found them are those with tables (every rank reads the same list)."""
         bad = [t for k in self.kernels if k.bad_here for t in k.tables]
         poisoned = any(k.poisoned for k in self.kernels)
-        world = dist.get_world_size(self.global_pg)
-        flags = torch.zeros(world, dtype=torch.int32, device=flag_device(self.global_pg))
-        flags[dist.get_rank(self.global_pg)] = 2 if bad else int(poisoned)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.global_pg)
-        if not bool(flags.any()):
+        marks = {NON_FINITE.name: bool(bad) or poisoned}
+        if not GUARD.start(marks, self.global_pg).wait()[NON_FINITE]:
             return
-        ranks = torch.nonzero(flags.cpu() == 2).flatten().tolist()
+        world = dist.get_world_size(self.global_pg)
         every: list[list[str] | None] = [None] * world
         dist.all_gather_object(every, bad, group=self.global_pg)
+        ranks = [r for r in range(world) if every[r]]
         tables = sorted({t for r in ranks for t in every[r] or []})
         raise _sync_error(step, tables, [dist.get_global_rank(self.global_pg, r) for r in ranks])
 
@@ -276,11 +283,10 @@ class FullyShardedEmbeddings:
         self.materialized_for = None
         for kernel in self.kernels:
             buffers = kernel.buffers
-            device = kernel.weights.full.device
-            flags = torch.tensor([int(b.written()) for b in buffers], device=device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=kernel.pg)
-            for buffer, written in zip(buffers, flags.tolist(), strict=True):
-                if written and not buffer.same_on_every_replica(kernel.pg):
+            marks = [{WRITTEN.name: b.written()} for b in buffers]
+            vote = SETTLE.start_each(marks, kernel.pg, device=kernel.weights.full.device)
+            for buffer, tally in zip(buffers, vote.wait_each(), strict=True):
+                if tally[WRITTEN] and not buffer.same_on_every_replica(kernel.pg):
                     buffer.reduce_scatter(kernel.pg).wait()
                 else:
                     buffer.keep_local_slice()

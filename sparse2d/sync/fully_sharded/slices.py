@@ -12,10 +12,15 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 
 from sparse2d.errors import ConfigError
+from sparse2d.sync.ballot import Ballot, Flag, Meaning
 from sparse2d.sync.shards import ShardState
 
 STATE_PREFIXES = ("momentum1", "momentum2")
 """FBGEMM's flat optimizer-state buffers (each ``{prefix}_{dev,host,uvm}``)."""
+SAME = Flag("same", Meaning.ALL)
+"""This replica's full buffer equals replica 0's; every replica: re-slice without averaging."""
+REPLICAS = Ballot(SAME)
+"""The vote of ``FlatSlice.same_on_every_replica`` over a kernel's replica group."""
 
 
 def _flat_buffer_names(tbe: SplitTableBatchedEmbeddingBagsCodegen, states: int) -> list[str]:
@@ -114,9 +119,8 @@ class FlatSlice:
         local = self._padded_view()[: self.numel]
         first = local.clone()
         dist.broadcast(first, src=dist.get_global_rank(pg, 0), group=pg)
-        same = torch.tensor([int(torch.equal(first, local))], device=local.device)
-        dist.all_reduce(same, op=dist.ReduceOp.MIN, group=pg)
-        return bool(same.item())
+        marks = {SAME.name: torch.equal(first, local)}
+        return REPLICAS.start(marks, pg, device=local.device).wait()[SAME]
 
     def resident_bytes(self) -> int:
         """Bytes this buffer holds now: the TBE storage (0 at rest) plus the slice."""
