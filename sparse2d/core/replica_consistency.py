@@ -22,6 +22,7 @@ from sparse2d.core.contexts import ShardingContext
 from sparse2d.core.resources import Resources
 from sparse2d.sync.ddp.carried_vote import EarlySync
 from sparse2d.sync.fully_sharded import FullyShardedEmbeddings
+from sparse2d.sync.landing import LandingPoint
 from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.sync.multi import PolicySet, merge_reports
 from sparse2d.sync.options import SyncOptions, SyncReport
@@ -119,10 +120,10 @@ class ReplicaSync:
     def set_hook(self, reduce_hook: Callable[..., None] | None) -> None:
         self.policy.hook = adapt_all_reduce(reduce_hook)
 
-    def finish(self) -> None:
-        """Land the syncs in flight (local waits), unless the model is closed."""
+    def finish(self, point: LandingPoint = LandingPoint.CALL) -> None:
+        """Land the syncs in flight at ``point`` (local waits), unless the model is closed."""
         if not self.resources.closed:
-            self.policy.finish()
+            self.policy.finish(point)
 
     def _full_buffers(self) -> contextlib.AbstractContextManager[None]:
         if self.fully_sharded is None:

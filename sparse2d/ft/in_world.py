@@ -34,7 +34,6 @@ replicas equal:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch.nn as nn
@@ -100,17 +99,13 @@ class TwoStagePolicy(SyncPolicy):
 
     def __init__(self, in_world: list[SyncPolicy], *args: Any, **kwargs: Any) -> None:
         self.in_world = in_world
-        self.land_commit: Callable[[], object] | None = None
-        """Lands a step whose commit is pending (``FaultTolerance.land``): ``finish`` runs it
-        first, so the model's surfaces that land syncs (``state_dict``, ``load_state_dict``,
-        the fused optimizer's) show and replace committed values."""
         super().__init__(*args, **kwargs)
         if self.scaler is not None:  # c = the quorum's groups x the module's in-world replicas
             for policy in in_world:
                 self.scaler.average_within(policy.shards, policy.num_replicas)
 
     def _sync(self, step: int, *, states: bool, **kwargs: Any) -> SyncReport:
-        if not self.in_world or self.uncommitted:  # a second sync in one step: stage 1 ran
+        if not self.in_world or self.channel.holding:  # a second sync in a step: stage 1 ran
             return super()._sync(step, states=states, **kwargs)
         reports = [p.sync_now(step, include_optimizer_state=states) for p in self.in_world]
         if isinstance(self.engine, SparseEngine):  # rows the in-world replicas touched
@@ -118,11 +113,6 @@ class TwoStagePolicy(SyncPolicy):
             sent = sum(self.engine.share_touched(p.shards, p.replica_pg) for p in self.in_world)
             reports.append(SyncReport(step, sent, time.perf_counter() - began))
         return merge_reports([*reports, super()._sync(step, states=states, **kwargs)])
-
-    def finish(self) -> float:
-        if self.land_commit is not None:
-            self.land_commit()
-        return super().finish()
 
     def reset(self) -> None:
         for policy in self.in_world:

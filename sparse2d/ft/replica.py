@@ -43,7 +43,6 @@ from sparse2d.ft.ft_options import FTOptions
 from sparse2d.ft.quorum import START_POLL_S, OverlappedQuorum
 from sparse2d.sync.mc.tables import sharded_mc_table_names
 from sparse2d.sync.shards import live_tensors
-from sparse2d.sync.transport.channel import ManagedChannel
 
 
 class FaultTolerance:
@@ -99,7 +98,7 @@ class FaultTolerance:
             options.quorum_every, lambda: self._pg, self._drop_process_group, options.timeout_s
         )
         self._pg, self.manager = quorum.torchft_manager(options, self._restore, self._capture)
-        self.channel = ManagedChannel(self.manager, self._pg, lambda: self.participants)
+        self.channel = commit.CommittingChannel(self.manager, self._pg, lambda: self.participants)
         self.policy, self._check_finite = replica_sync.install(
             model, options, self.channel, self.shards, self._has_mc
         )
@@ -115,7 +114,7 @@ class FaultTolerance:
         self._poison = False
         self.verdicts: list[bool] = []
         """Every landed step's verdict, in order (a loop reads and clears it)."""
-        self._land_hook = commit.land_before_reads(model, self.policy, self.land)
+        self._land_hook = commit.land_before_reads(model, self.channel, self.land)
 
     # ---- heal state (torchft calls these; sparse2d.ft.state) ------------------------------
     def _capture(self) -> dict[str, Any]:
@@ -264,7 +263,7 @@ class FaultTolerance:
         second call in one step does nothing). A non-finite value found by the sync's guard
         is remembered: the step's vote then refuses the average in every group."""
         self._require_joined()
-        if self.policy.uncommitted or self._sync_error is not None:
+        if self.channel.holding or self._sync_error is not None:
             return
         try:
             self.policy.sync_now(self.step)
@@ -290,11 +289,12 @@ class FaultTolerance:
         self._poison = False
         # ONE all-reduce per dtype: the sync's queued copies, the dense gradients and the
         # control vector travel together, scanned for NaN/inf as sent (``step_vote.SentScan``)
-        aside = self.policy.uncommitted and self.channel.sent_aside  # e.g. MC rows
+        holding = self.channel.holding  # the sync ran: its parts wait for the commit
+        aside = holding and self.channel.sent_aside  # e.g. MC rows
         scan = step_vote.SentScan(
             control,
             grads,
-            self._check_finite or not self.policy.uncommitted,
+            self._check_finite or not holding,
             live_tensors(self.shards, True, True) if aside else [],
             bad=bad_sync,
         )
@@ -351,9 +351,9 @@ class FaultTolerance:
         self.last_committed = committed
         self.verdicts.append(committed)
         if committed:
-            self.policy.commit()
+            self.channel.commit()
         else:
-            self.policy.discard()
+            self.channel.discard()
         opts, participants = self.options, pending.participants
         error = commit.refusal(
             opts, group_bad, pending.mismatch, self.fingerprint, self._sync_error

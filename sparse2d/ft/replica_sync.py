@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.ft import in_world
+from sparse2d.ft.commit import CommittingChannel
 from sparse2d.ft.ft_options import FTOptions
 from sparse2d.option_conflicts import check_fault_tolerance
 from sparse2d.sync.engines.dense import DenseEngine
@@ -23,7 +24,6 @@ from sparse2d.sync.engines.sparse import SparseEngine
 from sparse2d.sync.mc import mc_sync_for, plain_shards
 from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.policy import SyncPolicy
-from sparse2d.sync.transport.channel import ManagedChannel
 
 
 def refuse(model: nn.Module) -> None:
@@ -39,7 +39,11 @@ def refuse(model: nn.Module) -> None:
 
 
 def install(
-    model: nn.Module, options: FTOptions, channel: ManagedChannel, shards: list[Any], has_mc: bool
+    model: nn.Module,
+    options: FTOptions,
+    channel: CommittingChannel,
+    shards: list[Any],
+    has_mc: bool,
 ) -> tuple[SyncPolicy, bool]:
     """Build the fault-tolerant policy, make it the model's, and return it with whether each
     rank must scan what it sends for NaN/inf (``check_finite``)."""

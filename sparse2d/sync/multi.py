@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from sparse2d.errors import ConfigError
+from sparse2d.sync.landing import LandingPoint
 from sparse2d.sync.policy import SyncOptions, SyncPolicy, SyncReport
 from sparse2d.sync.transport.collectives import AllReduceHook
 
@@ -76,8 +77,8 @@ class PolicySet:
             ]
         )
 
-    def finish(self) -> float:
-        return sum(p.finish() for p in self.policies)
+    def finish(self, point: LandingPoint = LandingPoint.CALL) -> float:
+        return sum(p.finish(point) for p in self.policies)
 
     def look_ahead(self) -> None:
         for policy in self.policies:

@@ -1,9 +1,9 @@
 """The plan of one replica sync, decided before anything is built or sent.
 
 A sync sends one payload, or two when weights and optimizer state travel differently
-(overlapped or delayed state). Each payload either lands now, in the background
-(overlap: a later sync lands it with delta correction), before the next lookup (hide),
-or at the step's commit (a deferred channel). ``plan_sync`` makes that choice from the
+(overlapped or delayed state). Each payload either goes to the channel (which lands it
+now, or holds it), lands in the background (overlap: a later sync lands it with delta
+correction) or before the next lookup (hide); ``sync.landing`` lists the points. ``plan_sync`` makes that choice from the
 options of the call alone, so every rank makes the same one; ``Opening`` is what the sync
 found when it began, and makes its ``SyncReport``.
 """
@@ -34,9 +34,9 @@ class SyncPlan:
     parts: list[Part]
     in_place: bool
     """Payloads may be live views averaged in place: nothing rewrites them (bf16 deltas), no
-    transfer overlaps training, and the average is not held for a commit."""
+    transfer overlaps training, and the channel holds no average."""
     hide: bool
-    """Land before the next lookup (``SyncPolicy.land``) instead of now; never with a
+    """Land before the next lookup (``LandingPoint.LOOKUP``) instead of now; never with a
     background part."""
 
     @property
@@ -50,7 +50,7 @@ def plan_sync(
     """The payloads of one sync and where each lands.
 
     ``copies``: payloads must stay private copies whatever the timing (bf16 deltas rewrite
-    them, a deferred channel holds the average until the commit).
+    them, a channel that ``holds`` keeps the average until it releases it).
     """
     if states and async_weights == async_states:
         # One payload for both kinds: one collective per dtype, as few copies as possible.
@@ -70,7 +70,7 @@ class Opening:
     waited: float
     """Seconds this sync waited for transfers of earlier syncs still in flight."""
     landed: float
-    """Seconds the last hidden sync waited when it landed (``SyncPolicy.land``): counted
+    """Seconds the last hidden sync waited when it landed (``LandingPoint.LOOKUP``): counted
     with the sync that follows it."""
     divergence: float | None
     """Relative distance to the replica mean, when due (``SyncOptions.divergence_every``)."""

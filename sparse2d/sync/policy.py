@@ -17,7 +17,6 @@ DDP's all-reduce (``sync.ddp.folding``) and the variants (``sync.variants``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,7 +29,7 @@ from sparse2d.sync.engines.auto import make_engine
 from sparse2d.sync.engines.base import Payload, SyncEngine, metadata_bytes
 from sparse2d.sync.engines.dense import DenseEngine
 from sparse2d.sync.guard import FiniteGuard, Verdict
-from sparse2d.sync.landing import Landing
+from sparse2d.sync.landing import Landing, LandingPoint
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.plan import Opening, Part, plan_sync
 from sparse2d.sync.shards import ShardState, live_tensors
@@ -65,9 +64,8 @@ class SyncPolicy:
     ) -> None:
         self.options = options or SyncOptions()
         self.channel: ReplicaChannel = channel or InWorldChannel(replica_pg)
-        """Where the averages travel (``sync.transport.channel``): the in-world replica group, or
-        torchft's managed group, whose averages wait in copies for the step's commit."""
-        self._mc_land: Callable[[], None] | None = None  # a deferred MC merge, for ``commit``
+        """Where the averages travel and how a blocking part lands (``sync.transport.channel``):
+        the in-world replica group, or torchft's managed group."""
         self.shards = shards
         self.mc = mc
         """Managed-collision tables (``sync.mc``): identities merged, rows averaged by id,
@@ -90,8 +88,8 @@ class SyncPolicy:
         self.guard = (
             FiniteGuard(named, global_pg or dist.group.WORLD) if opts.check_finite else None
         )
-        self.landing = Landing(self.engine, self.scaler, self.compressor)
-        """Started averages that have not landed (``sync.landing``)."""
+        self.landing = Landing(self.engine, self.scaler, self.compressor, self.channel)
+        """Started parts and where they land (``sync.landing``)."""
         self.carrier: tuple[DdpVote, int] | None = None
         """The DDP carrier of this policy's NaN/inf vote and its slot (``sync.ddp.carried_vote``)."""
         self.votes_carried = 0
@@ -138,11 +136,9 @@ class SyncPolicy:
         return bool(self.landing.hidden)
 
     def land(self) -> float:
-        """Land hidden syncs: wait for their all-reduce and write the average back (exact).
-
-        Runs before every fused-kernel forward; call it before reading the embeddings.
-        """
-        return self.landing.land()
+        """Land hidden syncs now, as the next lookup would (``LandingPoint.LOOKUP``): wait
+        for their all-reduce and write the average back (exact)."""
+        return self.landing.land(LandingPoint.LOOKUP)
 
     @property
     def may_scan_early(self) -> bool:
@@ -188,31 +184,12 @@ class SyncPolicy:
         if hasattr(self.engine, "lookahead"):
             self.engine.lookahead = True
 
-    @property
-    def uncommitted(self) -> bool:
-        """Averages of a deferred channel wait for the step's commit (``commit``/``discard``)."""
-        return bool(self.landing.uncommitted) or self._mc_land is not None
-
-    def commit(self) -> None:
-        """The step committed: write the averages held in copies back into the shards."""
-        land, self._mc_land = self._mc_land, None
-        if land is not None:  # merged identities and rows averaged by id
-            land()
-        if self.scaler is not None:  # c = the replicas averaged: under FT, the quorum's
-            self.scaler.factor = float(getattr(self.channel, "size", self.num_replicas))
-        self.landing.commit()
-
-    def discard(self) -> None:
-        """The step failed its commit: drop the averages, every shard keeps its own values."""
-        self._mc_land = None
-        self.landing.discard()
-
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
-        self.land()
+        self.landing.land(LandingPoint.LOOKUP)
 
     def close(self) -> None:
         """Land what is in flight and remove this policy's hooks (and the engine's tracking)."""
-        self.finish()
+        self.finish(LandingPoint.CLOSE)
         for handle in self._land_hooks:
             handle.remove()
         self._land_hooks.clear()
@@ -220,9 +197,10 @@ class SyncPolicy:
         if close is not None:
             close()
 
-    def finish(self) -> float:
-        """Land transfers still in flight (hide/overlap/delay); return seconds spent waiting."""
-        return self.landing.finish()
+    def finish(self, point: LandingPoint = LandingPoint.CALL) -> float:
+        """Land everything in flight (hide/overlap/delay; what the channel holds settles
+        first) at ``point``; return seconds spent waiting."""
+        return self.landing.land(point)
 
     def measure_divergence(self) -> float:
         """Relative L2 distance of this replica to the replica mean (a small collective)."""
@@ -232,14 +210,14 @@ class SyncPolicy:
 
     def reset(self) -> None:
         """Forget per-sync references; call after loading weights or state into the shards."""
-        self.finish()
+        self.finish(LandingPoint.CLOSE)
         if self.mc is not None:
             self.mc.reset()
         if self.compressor is not None:
             self.compressor.reset()
         if self.scaler is not None:
             self.scaler.reset()
-        if self.channel.deferred:  # loaded values (a heal) may differ from the others' anywhere
+        if self.channel.members_change:  # loaded values may differ from the others' anywhere
             self.engine.diverged()
 
     # ---- folding into DDP's all-reduce (``sync.ddp.fold``: ``Foldable``) ---------------
@@ -294,6 +272,7 @@ class SyncPolicy:
             return SyncReport(step=step, bytes=0, seconds=0.0)
         self.engine.track_rows(True)  # after folds: every row counts as touched
         opening = self._open(step)
+        self.landing.forget_dropped()
         moved = self._sync_mc(step)
         if self.mc is not None and not self.shards:  # MC tables only: nothing else to send
             return opening.report(moved)
@@ -302,7 +281,7 @@ class SyncPolicy:
             async_weights=async_weights,
             async_states=async_states,
             hide=hide,
-            copies=self.compressor is not None or self.channel.deferred,
+            copies=self.compressor is not None or self.channel.holds,
         )
         built = time.perf_counter()
         with torch.no_grad():  # every payload before any transfer: the guard sees them all
@@ -312,9 +291,13 @@ class SyncPolicy:
             ]
         verdict = self._vote(step, states, payloads)
         started = [self._begin(p, payload) for p, payload in zip(plan.parts, payloads, strict=True)]
-        self.landing.await_vote(verdict, plan, [pending for pending, _ in started])
-        for part, (pending, sent) in zip(plan.parts, started, strict=True):
-            self.landing.place(part, pending, plan, deferred=self.channel.deferred)
+        parts = [
+            self.landing.start(part, pending, plan)
+            for part, (pending, _) in zip(plan.parts, started, strict=True)
+        ]
+        self.landing.await_vote(verdict, plan, parts)
+        for part, one, (_, sent) in zip(plan.parts, parts, started, strict=True):
+            self.landing.place(part, one, plan)
             moved += sent
         self.landing.observe(built)
         return opening.report(moved)
@@ -322,7 +305,7 @@ class SyncPolicy:
     def _open(self, step: int) -> Opening:
         """Begin a sync (or a fold): land what is in flight, measure divergence when due."""
         began = time.perf_counter()
-        waited = self.finish()
+        waited = self.finish(LandingPoint.NEXT_SYNC)
         landed = self.landing.take_hidden_wait()
         self._syncs += 1
         every = self.options.divergence_every
@@ -354,21 +337,21 @@ class SyncPolicy:
     def _sync_mc(self, step: int) -> int:
         """Managed-collision tables first, blocking: a job-wide NaN/inf vote on every table
         (plain ones too, so nothing moves if any is bad), then identities merged and rows
-        averaged by id (``sync.mc``). Returns the bytes sent."""
+        averaged by id (``sync.mc``), landed by the channel like any blocking part. Returns
+        the bytes sent."""
         if self.mc is None:
             return 0
         with torch.no_grad():
             if self.guard is not None:
                 tensors = live_tensors(self.mc.shards + self.shards, True, True)
                 self.guard.check(step, tensors, weights=True, states=True)
-            if not self.channel.deferred:
-                return self.mc.sync()
-            sent, self._mc_land = self.mc.prepare()
+            sent, write = self.mc.prepare()
+            self.landing.hand(write)
             return sent
 
     def _begin(self, part: Part, payload: Payload) -> tuple[Pending, int]:
         """Start averaging one payload into its copy buffers; nothing is written back until
-        ``Pending.complete``. Returns the transfer and the bytes it sends."""
+        it lands (``sync.landing``). Returns the transfer and the bytes it sends."""
         key = part.key
         with torch.no_grad():
             snapshot = [b.clone() for b in payload.buffers] if part.background else None

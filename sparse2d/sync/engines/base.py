@@ -134,7 +134,7 @@ class SyncEngine(ABC):
         """Called after a sync of (weights, states) completed; engines reset tracking here."""
 
     def diverged(self) -> None:  # noqa: B027 (optional hook)
-        """Replica values may now differ anywhere (a discarded fault-tolerant sync, a heal):
+        """Replica values may now differ anywhere (a dropped sync part, a heal):
         touched-row engines sync every row next time."""
 
     def observe(self, seconds: float) -> None:  # noqa: B027 (optional hook)

@@ -38,7 +38,7 @@ so ids are padded to an agreed length) and the bitmap MAX is a SUM then ``> 0``.
 A collective there may fail without raising (torchft records it, the step's vote
 fails): after each agreement the engine checks the channel and, on failure, sends
 nothing (it never indexes with what came back). Rows are in sync only between groups
-that committed the same syncs, so a discarded sync or a heal (``diverged``) makes the
+that landed the same syncs, so a dropped sync part or a heal (``diverged``) makes the
 next agreement dense everywhere: the flag rides with the counts.
 """
 
@@ -132,7 +132,7 @@ class SparseEngine(SyncEngine):
         return self.channel.size if self.channel is not None else self._world_replicas
 
     def diverged(self) -> None:
-        """Replica values may differ outside the touched rows (a discarded sync, a heal):
+        """Replica values may differ outside the touched rows (a dropped sync part, a heal):
         the next agreement syncs every shard densely on every replica."""
         self._diverged = True
 
@@ -306,7 +306,7 @@ class SparseEngine(SyncEngine):
         self, keys: list[tuple[int, int]], stats: SparseStats, meta: int
     ) -> dict[tuple[int, int], torch.Tensor | None]:
         """No rows for any key: the sync of a step whose collectives failed (the step's
-        vote fails; the replicas stay diverged until a sync commits)."""
+        vote fails; the replicas stay diverged until a sync lands)."""
         self._diverged = True
         stats.metadata_bytes = meta
         return {key: torch.empty(0, dtype=torch.int64, device=self._device) for key in keys}

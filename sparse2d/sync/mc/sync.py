@@ -117,7 +117,8 @@ class ManagedCollisionSync:
     def prepare(self) -> tuple[int, Callable[[], None]]:
         """The collectives of ``sync`` with every result held in copies: (bytes sent, the
         call that writes the merged identities and averaged rows into the live tables).
-        A fault-tolerant step calls it at its commit only (``SyncPolicy.commit``)."""
+        The policy hands that call to its channel, which lands it like any blocking part
+        (``sync.landing``)."""
         begin = time.perf_counter()
         mine = [local_identity(t) for t in self.tables]
         mch_packed = torch.cat(
@@ -140,8 +141,7 @@ class ManagedCollisionSync:
             merges.append(
                 merge(replicas, self.baselines[index], table.policy, current, table.decay)
             )
-        # The merged identities are adopted by ``land`` (in-world at once; a fault-tolerant
-        # step at its commit only), with the rows.
+        # The merged identities are adopted by ``land``, with the rows, when the part lands.
         zch_merges, zch_land = merge_zch(self.zch_tables, [g[at:] for g in gathered])
         rows = [
             (t.shards, m.sources[me], m.holders)

@@ -186,7 +186,7 @@ def pack(tables: list[ZchTable]) -> torch.Tensor:
 
 def merge_zch(tables: list[ZchTable], gathered: list[torch.Tensor]) -> tuple[list, Callable]:
     """Merge every replica's packed identities: (row plans, the call that adopts the merged
-    identities; a fault-tolerant step calls it at its commit only)."""
+    identities, run when the sync part lands)."""
     merges, adopted = merge_tables(tables, gathered)
 
     def land() -> None:

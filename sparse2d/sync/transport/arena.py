@@ -10,7 +10,7 @@ payload-sized allocation at the peak. ``SendArena`` removes both: it is the engi
 flat buffer per dtype, with room behind them for the gradients and the control vector.
 The copies are then averaged where they are; only the small tail is copied in and out.
 
-Regions live until the step's commit or discard has written them back (the next step's
+Regions live until the sync parts held in them have landed or been dropped (the next step's
 payload reuses them), which is when ``BufferPool``'s buffers were free as well. Anything the
 arena cannot place exactly (another layout, a region handed out before the buffer grew, a
 payload not built by the engine) is sent through a fresh flat buffer as before.

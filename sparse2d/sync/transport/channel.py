@@ -5,12 +5,12 @@ One sync (``SyncPolicy``: engines, NaN/inf guard, cadence, scaling) serves two t
 - ``InWorldChannel``: the replica process group inside one torchrun world (2D as TorchRec
   builds it). Averages may land in place, and are written back as soon as they arrive.
 - ``ManagedChannel``: torchft's managed process group across torchrun worlds (one world per
-  sharding group, ``sparse2d.ft``). A member may vanish in the middle of an all-reduce, and
-  whether a step counts is only known at the commit vote, so averages land in copies (never
-  in the live shards) and ``SyncPolicy.commit`` writes them back only when the step commits;
-  a failed commit keeps each group's own values (``SyncPolicy.discard``).
+  sharding group); its members change between syncs.
 
-A channel only averages; what is averaged (engines) and when (policy) stay in the policy.
+A channel averages, and lands the blocking parts of a sync it is handed (``hand``,
+``sync.landing``): now, or, a channel that ``holds`` (built outside ``sync``), when it
+releases them; the sync never decides that. What is averaged (engines) and when (policy)
+stay in the policy.
 """
 
 from __future__ import annotations
@@ -22,21 +22,47 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from sparse2d.sync.landing import LandingPoint, Started
 from sparse2d.sync.shards import by_dtype
 from sparse2d.sync.transport.arena import SendArena
 from sparse2d.sync.transport.collectives import AllReduceHook
 from sparse2d.sync.transport.transfer import Reduction, start_average
 
 
-class InWorldChannel:
-    """The replica process group of this world: averages are applied when they arrive, or,
-    ``deferred``, held in copies until the caller's ``SyncPolicy.commit`` (a loop that votes
-    on its steps itself)."""
+class Channel:
+    """How a channel lands the blocking parts it is handed: now. A subclass that ``holds``
+    keeps them (their averages must then be copies, ``sync.plan``) and alone releases or
+    drops them; ``settle`` lets it decide before a point that lands everything."""
 
-    def __init__(self, pg: dist.ProcessGroup | None, deferred: bool = False) -> None:
+    holds = False
+    """Parts handed to it may wait in it."""
+    members_change = False
+    """Members may join between syncs with values of their own (a reset then assumes no row
+    agrees)."""
+
+    @property
+    def size(self) -> int | None:
+        """Replicas averaged, when it differs between syncs; None: the policy's own count."""
+        return None
+
+    @property
+    def holding(self) -> bool:
+        """Parts wait in it now."""
+        return False
+
+    def hand(self, started: Started) -> None:
+        """Land a blocking part of the sync that started it."""
+        started.land(LandingPoint.SYNC)
+
+    def settle(self) -> None:
+        """Decide what it holds before everything lands (a plain channel holds nothing)."""
+
+
+class InWorldChannel(Channel):
+    """The replica process group of this world: averages are applied when they arrive."""
+
+    def __init__(self, pg: dist.ProcessGroup | None) -> None:
         self.pg = pg
-        self.deferred = deferred
-        """Averages wait in copies for ``SyncPolicy.commit`` / ``discard``."""
 
     def start(
         self, buffers: list[torch.Tensor], hook: AllReduceHook | None, async_op: bool
@@ -45,13 +71,12 @@ class InWorldChannel:
         return start_average(buffers, self.pg, hook, async_op)
 
 
-class ManagedChannel:
+class ManagedChannel(Channel):
     """torchft's managed process group: rank ``r`` of every group in the current quorum.
-    Errors do not raise here: they are reported to torchft's manager and the step's commit
-    vote fails, so the copies are dropped (``deferred``)."""
+    Errors do not raise here: they are reported to torchft's manager (whoever built the
+    channel decides what a failed collective means for the parts it holds)."""
 
-    deferred = True
-    """Averages stay in copies until the step commits (``SyncPolicy.commit``)."""
+    members_change = True
 
     def __init__(self, manager: Any, quorum_pg: Any, participants: Callable[[], int]) -> None:
         self.manager = manager
@@ -83,7 +108,7 @@ class ManagedChannel:
         Asynchronous averages are queued, not sent: they travel with the step's dense
         gradients and control vector in ONE all-reduce per dtype (``start_tensors``), so a
         step pays one cross-group latency, not three. Waiting on the returned reduction
-        first sends whatever is queued (a discarded step drains the same way).
+        first sends whatever is queued (a dropped part drains the same way).
 
         A user all-reduce hook is written for a torch process group and cannot ride torchft's
         managed one, so it is refused where the fault-tolerant sync is built."""
@@ -126,8 +151,8 @@ class ManagedChannel:
 
     @property
     def failed(self) -> bool:
-        """A collective of this step failed (torchft recorded it; its results are garbage and
-        the step's commit vote will fail): use nothing that came back from the quorum."""
+        """A collective of this step failed (torchft recorded it; its results are garbage):
+        use nothing that came back from the quorum."""
         return self.manager.errored() is not None
 
     def start_tensors(
@@ -139,8 +164,8 @@ class ManagedChannel:
         one all-reduce per dtype (as DDP buckets gradients); the returned call waits and
         writes the averages into them (and into the queued buffers).
 
-        For values that are not live state (dense gradients: the dense optimizer steps only
-        on commit), the step's control vector and the sync's copies. ``before_send`` gets
+        For values that are not live state (dense gradients, stepped on only once the step
+        is accepted), the step's control vector and the sync's copies. ``before_send`` gets
         the buffers about to be sent, one per dtype (the queued averages, then ``tensors``,
         in order: the last of ``tensors`` of a dtype ends its buffer): one scan of them
         covers all of it, and a flag may still be set in them."""
@@ -265,4 +290,4 @@ class _Flush:
         return True
 
 
-ReplicaChannel = InWorldChannel | ManagedChannel
+ReplicaChannel = Channel

@@ -1,6 +1,6 @@
 """Averaging transfers that may run in the background, with delta correction on landing.
 
-Every sync lands through a ``Pending``; the overlap variant (``SyncOptions.overlap``,
+Every sync part moves through a ``Pending`` (landed by ``sync.landing.Started``); the overlap variant (``SyncOptions.overlap``,
 delayed optimizer state) is a transfer that carries a snapshot.
 
 A transfer averages a payload's buffers over the replica group. Started
@@ -88,3 +88,7 @@ class Pending:
                 ]
             self.payload.scatter(averaged)
         return waited
+
+    def drain(self) -> None:
+        """Wait for the average without writing it back (a dropped part)."""
+        self.reduction.wait()

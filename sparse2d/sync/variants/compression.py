@@ -19,7 +19,7 @@ groups) and divided by the quorum size in fp32. Each replica's own rounding is f
 as above; the rounding of the sum itself (at most 2^-8 relative per addition) is not,
 since no replica sees the others' deltas, but it is the same on every replica, so they
 stay identical. A flag rides at the end of the first buffer: a member without a
-reference (the first sync, after a discarded step or a heal) sends zeros and sets it,
+reference (the first sync, after a dropped sync part or a heal) sends zeros and sets it,
 and then every member averages ``ref + delta`` (its values plus its unsent residual)
 exactly in fp32 and restarts its references from that.
 """
@@ -104,9 +104,9 @@ class Bf16DeltaCompressor:
         self, key: str, buffers: list[torch.Tensor], channel: ManagedChannel
     ) -> Reduction:
         """bf16 deltas SUMmed over torchft's quorum (see the module docstring). Blocking:
-        every collective runs before the step's commit vote; the references advance only
-        when the caller lands the result (at the commit)."""
-        unchanged = Reduction([], lambda: buffers)  # a failed step's: never written back
+        every collective runs before the part is handed to its channel; the references
+        advance only when the part lands (``sync.landing``)."""
+        unchanged = Reduction([], lambda: buffers)  # a failed collective's: never written back
         if not buffers:
             return unchanged
         slots = [self._slots.get((key, i)) for i in range(len(buffers))]

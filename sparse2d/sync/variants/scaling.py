@@ -27,8 +27,9 @@ world, ``sparse2d.ft.in_world``): stage 1 averages the ``n`` in-world replicas e
 unscaled, stage 2 averages the ``G`` worlds, then its scaler divides that module's growth
 by ``c = G x n`` (``within``): ``ref + (mean_G(mean_n(acc)) - ref) / (G n)``, which is
 in-world 2D's ``ref + (mean_Gn(acc) - ref) / (G n)`` since equal-weight means nest. One
-reference (the last commit's) serves both stages: scaling stage 1 by ``n`` too would give
-the same number on a commit, but its reference would advance at a step that then fails.
+reference (the last landed sync's) serves both stages: scaling stage 1 by ``n`` too would
+give the same number once stage 2 lands, but its reference would advance at a sync whose
+stage 2 is then dropped.
 """
 
 from __future__ import annotations
