@@ -11,7 +11,8 @@ dropped (``Started.drop``: drained, never written back; every replica keeps its 
 Where it waits is decided once: a blocking part is handed to its channel (``hand``: a plain
 channel lands it now, a holding one keeps it until it releases or drops it), a background
 part (overlap, delayed state) waits for the next sync, a hidden one for the next lookup.
-``Landing.land(point)`` is the one way in for the parts the policy keeps.
+``Landing.land(point)`` is the one way in for the parts the policy keeps; a fold
+(``sync.ddp.folding``) lands through a ``Started`` of its own at ``SYNC``.
 """
 
 from __future__ import annotations

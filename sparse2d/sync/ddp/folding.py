@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sparse2d.sync.ddp.fold import Folded, write_back
+from sparse2d.sync.landing import LandingPoint, Started, WriteBack
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState, flush_caches, live_tensors
 
@@ -88,11 +89,8 @@ class Folding:
                 "all-reduce (its own error says why); no replica changed."
             )
         begin = time.perf_counter()
-        write_back(folded)
-        self.engine.synced(weights=True, states=folded.states)
-        self.engine.track_rows(False)  # until a sync that is not folded (``SyncPolicy._sync``)
-        if folded.states and self.scaler is not None:
-            self.scaler.apply()
+        part = Started(WriteBack(lambda: write_back(folded)), landed=lambda: self._landed(folded))
+        part.land(LandingPoint.SYNC)  # the same state machine as every other sync part
         self.folds += 1
         return SyncReport(
             step=folded.step,
@@ -101,3 +99,10 @@ class Folding:
             divergence=folded.divergence,
             wait_seconds=folded.waited,
         )
+
+    def _landed(self, folded: Folded) -> None:
+        """What landing a fold does: rows in sync, tracking paused, accumulators scaled."""
+        self.engine.synced(weights=True, states=folded.states)
+        self.engine.track_rows(False)  # until a sync that is not folded (``SyncPolicy._sync``)
+        if folded.states and self.scaler is not None:
+            self.scaler.apply()
