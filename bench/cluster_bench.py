@@ -50,8 +50,8 @@ class Strategy:
     bf16: bool = False
     auto: str = ""
     switch: str = ""
-    """A boolean ``parallel.sync`` option turned on for this run (``overlap``, ``hide``): what
-    the ``options`` preset measures each sync option by."""
+    """A ``parallel.sync`` option changed for this run (``key=value``, e.g. ``hide=false``):
+    what the ``options`` preset measures each sync option by."""
     """``measured``: ``sharding_group_size`` and ``replica_layout`` both ``auto`` (the advisor
     shortlists, a trial on the job decides); ``model``: the same without the trial (the cost
     model's pick); empty: the fixed layout above."""
@@ -82,7 +82,7 @@ class Strategy:
             f"parallel.sync.every={self.every}",
             f"parallel.sync.engine={self.engine}",
             f"parallel.sync.compression={'bf16' if self.bf16 else 'none'}",
-            *([f"parallel.sync.{self.switch}=true"] if self.switch else []),
+            *([f"parallel.sync.{self.switch}"] if self.switch else []),
         ]
 
 
@@ -447,7 +447,7 @@ PRESETS["options"] = {
     "bf16": [False, True],
     "group_sizes": [4],
     "layouts": ["inter_host"],
-    "switches": ["overlap", "hide"],
+    "switches": ["hide=false"],
     "auto": [],
     "rounds": 2,
     "steps": 60,
@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         "--switches",
         type=lambda s: [x for x in s.split(",") if x],
         default=[],
-        help="sync options to measure one at a time: overlap,hide",
+        help="sync options to measure one at a time, key=value each (hide=false)",
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)

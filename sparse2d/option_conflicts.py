@@ -248,13 +248,6 @@ RULES: tuple[Rule, ...] = (
         "use {sync.engine}='dense' or 'auto'",
     ),
     _fs(
-        "overlap",
-        "sync.overlap",
-        bool,
-        _NO_SEPARATE_SYNC + "transfer could overlap the next interval",
-        "drop {sync.overlap}",
-    ),
-    _fs(
         "bf16",
         "sync.compression",
         lambda v: v != "none",
@@ -386,23 +379,13 @@ RULES: tuple[Rule, ...] = (
         head="{sharding_group_size=} with {fault_tolerance=} and {world_size=}",
     ),
     _ft(
-        "overlap",
-        "sync.overlap",
-        bool,
-        "an overlapped average is still in flight at the step boundary, where torchft forms "
-        "the next quorum: it would span two quorums (a group healed into the next step holds "
-        "no part of it, a group lost after the vote breaks an average its step already "
-        "committed), and a step's commit vote can only cover collectives that finished before it",
-        "drop {sync.overlap}",
-    ),
-    _ft(
         "delayed_state",
         "sync.delayed_optimizer_state",
         bool,
         "the states' average would finish one step late, across the boundary where torchft "
-        "forms the next quorum: as with overlap, a step's commit vote can only cover "
-        "collectives that finished before it, and an average spanning two quorums has members "
-        "that joined or left in between",
+        "forms the next quorum: a step's commit vote can only cover collectives that "
+        "finished before it, and an average spanning two quorums has members that joined or "
+        "left in between",
         "drop {sync.delayed_optimizer_state}",
     ),
     _ft(

@@ -79,7 +79,6 @@ def test_old_group_size_key_names_the_new_one(tmp_path, where: str) -> None:
     [
         ("parallel.sharding_group_size=auto", "sharding_group_size='auto'"),
         ("parallel.sharding_strategy=fully_sharded", "nothing to heal from"),
-        ("parallel.sync.overlap=true", "parallel.sync.overlap=True"),
         ("parallel.sync.delayed_optimizer_state=true", "delayed_optimizer_state=True"),
         ("parallel.sync.divergence_every=5", "divergence_every=5"),
         ("parallel.sync.check_finite=false", "check_finite=False"),
@@ -136,14 +135,14 @@ def test_checkpoints_and_resume_are_accepted() -> None:
 
 
 def test_disabled_section_changes_nothing() -> None:
-    cfg = load_config("configs/tiny_cpu.yaml", ["parallel.sync.overlap=true"])
+    cfg = load_config("configs/tiny_cpu.yaml", ["parallel.sync.delayed_optimizer_state=true"])
     assert not cfg.fault_tolerance.enable
 
 
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["parallel.sync.overlap=true"],  # refused: the refusal table is read
+        ["parallel.sync.delayed_optimizer_state=true"],  # refused: the refusal table is read
         [
             "model.managed_collision.enabled=true",
             "train.pipeline=sparse_dist",
@@ -173,5 +172,5 @@ def test_launch_check_imports_no_torch(overrides: list[str]) -> None:
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "[]", (run.stdout, run.stderr[-2000:])
-    refused = overrides == ["parallel.sync.overlap=true"]
+    refused = overrides == ["parallel.sync.delayed_optimizer_state=true"]
     assert ("torchft forms the next quorum" in run.stderr) == refused, run.stderr[-2000:]

@@ -48,7 +48,6 @@ TRAINER: dict[tuple[str, ...], list[str]] = {
     ("sparse_engine", "bf16"): ["parallel.sync.engine=sparse", "parallel.sync.compression=bf16"],
     ("fully_sharded", "sync_every_4"): [*FS, "parallel.sync.every=4"],
     ("fully_sharded", "sparse_engine"): [*FS, "parallel.sync.engine=sparse"],
-    ("fully_sharded", "overlap"): [*FS, "parallel.sync.overlap=true"],
     ("fully_sharded", "bf16"): [*FS, "parallel.sync.compression=bf16"],
     ("fully_sharded", "delayed_state"): [*FS, "parallel.sync.delayed_optimizer_state=true"],
     ("fully_sharded", "momentum_scaling"): [*FS, "parallel.sync.momentum_scaling=true"],
@@ -65,7 +64,6 @@ TRAINER: dict[tuple[str, ...], list[str]] = {
     ("checkpoint_every", "sync_every"): ["checkpoint.every=7", "parallel.sync.every=2"],
     ("fault_tolerance", "fully_sharded"): [*FT, *FS],
     ("fault_tolerance", "auto_group_size"): [*FT, "parallel.sharding_group_size=auto"],
-    ("fault_tolerance", "overlap"): [*FT, "parallel.sync.overlap=true"],
     ("fault_tolerance", "delayed_state"): [*FT, "parallel.sync.delayed_optimizer_state=true"],
     ("fault_tolerance", "no_optimizer_state"): [*FT, "parallel.sync.include_optimizer_state=false"],
     ("fault_tolerance", "no_check_finite"): [*FT, "parallel.sync.check_finite=false"],
@@ -211,7 +209,6 @@ def test_sync_options_refuse_their_own_rules_naming_the_field(
     ("sync", "word"),
     [
         ({"every": 4}, "sync_options.every=4"),
-        ({"overlap": True}, "sync_options.overlap=True"),
         ({"compression": "bf16"}, "sync_options.compression='bf16'"),
         ({"delayed_optimizer_state": True}, "sync_options.delayed_optimizer_state=True"),
         ({"momentum_scaling": True}, "sync_options.momentum_scaling=True"),
@@ -236,7 +233,6 @@ def test_fully_sharded_accepts_what_does_not_apply() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "word"),
     [
-        ({"sync_options": SyncOptions(overlap=True)}, "sync_options.overlap=True"),
         (
             {"sync_options": SyncOptions(delayed_optimizer_state=True)},
             "sync_options.delayed_optimizer_state=True",

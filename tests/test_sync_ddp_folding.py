@@ -17,8 +17,7 @@ SETTINGS = {
     "bf16": {"engine": "dense", "compression": "bf16"},
     "delayed": {"engine": "dense", "delayed_optimizer_state": True},
 }
-"""One model per clause of ``may_fold`` (the dense engine is ``check_refused_land``'s; overlap
-shares delayed state's clause)."""
+"""One model per clause of ``may_fold`` (the dense engine is ``check_refused_land``'s)."""
 MAY_FOLD = {"auto": True, "sparse": False, "bf16": False, "delayed": False}
 
 

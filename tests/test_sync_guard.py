@@ -38,7 +38,7 @@ def check_poisoned_sync(where: str, value: float, options: dict) -> dict:
 
 def _poisoned_sync(model: DMPCollection, where: str, value: float, options: dict) -> dict:
     train(model, MIXED_TABLES, 3, after_step=model.maybe_sync)
-    model.sync_policy.finish()  # land overlapped transfers: the values before the bad sync
+    model.sync_policy.finish()  # land hidden/delayed transfers: the values before the bad sync
     rank, table, poison = dist.get_rank(), None, None
     if rank == BAD_RANK[where]:
         index, shard = next((i, s) for i, s in enumerate(model.shard_states) if s.rows > 1)
@@ -85,7 +85,6 @@ CASES = {
     "sparse": {"engine": "sparse"},
     "auto": {"engine": "auto"},
     "bf16": {"engine": "dense", "compression": "bf16"},
-    "overlap": {"engine": "auto", "overlap": True},
     "delayed_state": {"engine": "sparse", "delayed_optimizer_state": True},
     "every2_scaled": {"every": 2, "momentum_scaling": True},
     "hidden": {"engine": "auto", "hide": True},  # the vote is waited when the sync lands

@@ -27,18 +27,18 @@ def _landing() -> Landing:
 
 def test_now_hidden_and_background_parts_land_when_their_plan_says() -> None:
     landing, live = _landing(), torch.tensor([1.0, 2.0])
-    now = plan_sync(states=True, async_weights=False, async_states=False, hide=False, copies=False)
+    now = plan_sync(states=True, async_states=False, hide=False, copies=False)
     landing.place(now.parts[0], _start(live, [3.0, 4.0], False), now, deferred=False)
     assert live.tolist() == [3.0, 4.0] and not landing.hidden
 
-    hidden = plan_sync(states=True, async_weights=False, async_states=False, hide=True, copies=True)
+    hidden = plan_sync(states=True, async_states=False, hide=True, copies=True)
     landing.place(hidden.parts[0], _start(live, [5.0, 6.0], False), hidden, deferred=False)
     assert live.tolist() == [3.0, 4.0] and len(landing.hidden) == 1  # before the next lookup
     assert landing.land() >= 0.0 and live.tolist() == [5.0, 6.0] and not landing.hidden
     assert landing.take_hidden_wait() >= 0.0 and landing.take_hidden_wait() == 0.0
 
-    overlap = plan_sync(states=True, async_weights=True, async_states=True, hide=True, copies=False)
-    landing.place(overlap.parts[0], _start(live, [7.0, 8.0], True), overlap, deferred=False)
+    delayed = plan_sync(states=True, async_states=True, hide=True, copies=False)
+    landing.place(delayed.parts[1], _start(live, [7.0, 8.0], True), delayed, deferred=False)
     assert not landing.hidden and len(landing.background) == 1
     live.add_(torch.tensor([1.0, 0.0]))  # training goes on while the all-reduce runs
     landing.finish()
@@ -47,7 +47,7 @@ def test_now_hidden_and_background_parts_land_when_their_plan_says() -> None:
 
 def test_deferred_parts_wait_for_the_commit_or_are_dropped() -> None:
     landing, live = _landing(), torch.tensor([1.0, 2.0])
-    plan = plan_sync(states=True, async_weights=False, async_states=False, hide=False, copies=True)
+    plan = plan_sync(states=True, async_states=False, hide=False, copies=True)
     landing.place(plan.parts[0], _start(live, [3.0, 4.0], False), plan, deferred=True)
     assert live.tolist() == [1.0, 2.0] and landing.uncommitted
     landing.commit()

@@ -189,7 +189,7 @@ def save(
     """
     root = os.fspath(path)
     policy = getattr(model, "sync_policy", None)
-    if policy is not None:  # land any overlapped/delayed transfer before reading the shards
+    if policy is not None:  # land any hidden/delayed transfer before reading the shards
         policy.finish()
     root, step = save_target(root, step, extra, keep)
     rank = dist.get_rank()

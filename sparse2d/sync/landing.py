@@ -1,7 +1,7 @@
 """Where a sync's started averages wait, and how they land.
 
-A part of a sync (``sync.plan``) lands now, or waits here: in the background (overlap,
-delayed state: the next sync lands it with delta correction), hidden (landed exactly before
+A part of a sync (``sync.plan``) lands now, or waits here: in the background (delayed
+state: the next sync lands it with delta correction), hidden (landed exactly before
 the next lookup, after its NaN/inf vote), or uncommitted (a deferred channel: written back
 by the step's commit, dropped by a failed one). Landing a part tells the engine the rows are
 in sync again and scales the AdaGrad accumulators when it carried optimizer state.
@@ -36,7 +36,7 @@ class Landing:
         self.scaler = scaler
         self.compressor = compressor
         self.background: list[Pending] = []
-        """Overlapped or delayed parts: the next sync (``finish``) lands them."""
+        """Delayed parts: the next sync (``finish``) lands them."""
         self.hidden: list[Pending] = []
         """Hidden parts: landed as they are before the next lookup (``land``)."""
         self.verdict: Verdict | None = None

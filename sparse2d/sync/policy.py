@@ -3,10 +3,10 @@
 One small object owns the cadence so the trainer and users make a single call
 per step (``policy.step(step)`` or ``model.maybe_sync(step)``). The injected
 engine decides *which values* are averaged; the policy decides *when* (every N
-steps), *how* (blocking, overlapped with the next interval, delayed optimizer
+steps), *how* (blocking, hidden behind the next lookup, delayed optimizer
 state, bf16 deltas) and what to do around it (AdaGrad accumulator scaling,
 replica divergence). ``sync_now`` is always a blocking sync that leaves the
-replicas identical; overlap and delay apply to cadence syncs only.
+replicas identical; hide and delay apply to cadence syncs only.
 
 The policy composes its collaborators, each in the module of its concern: the engine
 (``sync.engines``), the channel (``sync.transport``), the NaN/inf guard (``sync.guard``),
@@ -116,16 +116,13 @@ class SyncPolicy:
         return self._sync(
             step,
             states=opts.include_optimizer_state,
-            async_weights=opts.overlap,
-            async_states=opts.overlap or opts.delayed_optimizer_state,
+            async_states=opts.delayed_optimizer_state,
             hide=opts.hide,
         )
 
     def sync_now(self, step: int = -1, include_optimizer_state: bool = True) -> SyncReport:
         """Average replicas now, regardless of cadence; blocking, replicas identical after."""
-        return self._sync(
-            step, states=include_optimizer_state, async_weights=False, async_states=False
-        )
+        return self._sync(step, states=include_optimizer_state, async_states=False)
 
     @property
     def mode_counts(self) -> dict[str, int]:
@@ -147,14 +144,14 @@ class SyncPolicy:
     @property
     def may_scan_early(self) -> bool:
         """Guarded syncs whose payload can be known before they start: the dense engine, or
-        ``auto`` while dense is its home; not bf16 deltas, overlap or delayed state."""
+        ``auto`` while dense is its home; not bf16 deltas or delayed state."""
         return self.guard is not None and self._plain_cadence
 
     @property
     def _plain_cadence(self) -> bool:
         """Cadence syncs are plain averages of values known before they start: more than one
         replica, no managed-collision tables (merged and voted on by the sync itself), the
-        dense or auto engine, no bf16 deltas, overlap or delayed state, and no early-lookup
+        dense or auto engine, no bf16 deltas or delayed state, and no early-lookup
         pipeline (the embedding update lands after DDP's backward)."""
         opts = self.options
         return (
@@ -162,14 +159,14 @@ class SyncPolicy:
             and self.mc is None
             and opts.engine in ("dense", "auto")
             and self.compressor is None
-            and not (opts.overlap or opts.delayed_optimizer_state)
+            and not opts.delayed_optimizer_state
             and not self.lookahead
         )
 
     def early_scan(self) -> tuple[list[torch.Tensor], bool] | None:
         """(tensors the next cadence sync may send, optimizer state included) for a NaN/inf
-        vote carried by DDP; None when only the sync itself can tell (bf16 deltas, overlap,
-        delayed state, touched rows)."""
+        vote carried by DDP; None when only the sync itself can tell (bf16 deltas, delayed
+        state, touched rows)."""
         if self.guard is None or self.num_replicas == 1:
             return [], True
         if not self.may_scan_early:
@@ -221,7 +218,7 @@ class SyncPolicy:
             close()
 
     def finish(self) -> float:
-        """Land transfers still in flight (hide/overlap/delay); return seconds spent waiting."""
+        """Land transfers still in flight (hide/delay); return seconds spent waiting."""
         return self.landing.finish()
 
     def measure_divergence(self) -> float:
@@ -246,7 +243,7 @@ class SyncPolicy:
     @property
     def may_fold(self) -> bool:
         """Cadence syncs may ride DDP's all-reduce: plain averages (dense or auto engine; no
-        user all-reduce hook, bf16 deltas, overlap or delayed state)."""
+        user all-reduce hook, bf16 deltas or delayed state)."""
         return self.hook is None and self._plain_cadence
 
     @property
@@ -282,7 +279,6 @@ class SyncPolicy:
         step: int,
         *,
         states: bool,
-        async_weights: bool,
         async_states: bool,
         hide: bool = False,
     ) -> SyncReport:
@@ -299,7 +295,6 @@ class SyncPolicy:
             return opening.report(moved)
         plan = plan_sync(
             states=states,
-            async_weights=async_weights,
             async_states=async_states,
             hide=hide,
             copies=self.compressor is not None or self.channel.deferred,

@@ -1,7 +1,7 @@
 """Averaging transfers that may run in the background, with delta correction on landing.
 
-Every sync lands through a ``Pending``; the overlap variant (``SyncOptions.overlap``,
-delayed optimizer state) is a transfer that carries a snapshot.
+Every sync lands through a ``Pending``; delayed optimizer state
+(``SyncOptions.delayed_optimizer_state``) is a transfer that carries a snapshot.
 
 A transfer averages a payload's buffers over the replica group. Started
 asynchronously at sync point k and completed at sync point k+1, the replicas
