@@ -4,12 +4,12 @@ World 4 gloo CPU ranks, groups of L=2 (2 replicas), table-wise tables with row-w
 AdaGrad. Per repetition, interleaved so machine noise hits all alike:
 
 * ``raw``: ``replica_pg.allreduce_coalesced`` (AVG) of the live weight + state views;
-* ``dense fp32``: ``SyncPolicy.sync_now`` (dense engine: gather, all-reduce, scatter);
-* ``bf16``: the same with bf16 deltas (after a first exact sync sets the reference).
+* ``dense fp32``: ``SyncPolicy.sync_now`` (dense engine: gather, all-reduce, scatter).
 
 Medians over repetitions; max over ranks. Writes the section between the sync-bench
 markers of ``bench/RESULTS.md``. (It also measured the retired ``overlap`` option's hidden
-fraction; that table stays in the section until it is re-run: bench/sync_options_bench.py.)
+fraction and ``compression: bf16``'s sync; they stay in the section until it is re-run:
+bench/sync_options_bench.py.)
 Usage: ``.venv/bin/python bench/sync_bench.py [--rows 100000 --dim 64 --tables 4]``.
 """
 
@@ -65,8 +65,6 @@ def _worker(rank: int, world: int, where: str, args: argparse.Namespace, out: An
     shards, pg, g = model.shard_states, model.replica_pg, model.num_replicas
     live = live_tensors(shards, weights=True, states=True)
     dense = SyncPolicy(shards, pg, g, SyncOptions(engine="dense"))
-    bf16 = SyncPolicy(shards, pg, g, SyncOptions(engine="dense", compression="bf16"))
-    bf16.sync_now()  # first bf16 sync is exact and sets the shared reference
 
     def raw() -> float:
         opts = dist.AllreduceCoalescedOptions()
@@ -88,17 +86,16 @@ def _worker(rank: int, world: int, where: str, args: argparse.Namespace, out: An
         report = policy.sync_now()
         return report.seconds, report.bytes
 
-    times: dict[str, list[float]] = {"raw": [], "flat": [], "dense": [], "bf16": []}
+    times: dict[str, list[float]] = {"raw": [], "flat": [], "dense": []}
     moved: dict[str, int] = {}
     for _ in range(args.repeats):
         dist.barrier()
         times["raw"].append(raw())
         moved["raw"] = moved["flat"] = sum(t.numel() * t.element_size() for t in live)
         times["flat"].append(flat())
-        for name, policy in (("dense", dense), ("bf16", bf16)):
-            seconds, nbytes = timed(policy)
-            times[name].append(seconds)
-            moved[name] = nbytes
+        seconds, nbytes = timed(dense)
+        times["dense"].append(seconds)
+        moved["dense"] = nbytes
 
     local = {k: statistics.median(v) for k, v in times.items()}
     gathered: list[Any] = [None] * world
@@ -136,7 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         ("raw", "raw allreduce_coalesced (live views)"),
         ("flat", "raw all_reduce of one flat buffer (no copies timed)"),
         ("dense", "policy dense fp32 (gather + all-reduce + scatter)"),
-        ("bf16", "policy bf16 deltas"),
     ):
         ratio = worst[name] / worst["raw"]
         flat_ratio = worst[name] / worst["flat"]

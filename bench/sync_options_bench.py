@@ -2,7 +2,8 @@
 
 The shipped main job (``configs/tiny_cpu.yaml``: world 4 on one host, L=2, two replicas)
 through the trainer (``torch.distributed.run``, 4 gloo CPU processes), once per setting of
-``parallel.sync`` (``SETTINGS``: the trainer's default and each option changed alone), at a
+``parallel.sync`` (``SETTINGS``: the main job's own settings, ``engine: auto`` and the
+default ``hide: true``, and each option changed alone), at a
 sync every step and every 10 steps. All runs of one cadence alternate their order round by
 round (ABAB... then reversed), in one process, so the box's load hits them alike; reported
 per setting: samples/s (mean over the rounds, the trainer's own) and its ratio to the
@@ -41,7 +42,7 @@ SETTINGS: dict[str, list[str]] = {
     "engine=sparse": ["parallel.sync.engine=sparse"],
     "hide=false": ["parallel.sync.hide=false"],
 }
-"""Each setting: ``parallel.sync`` overrides on top of the default."""
+"""Each setting: ``parallel.sync`` overrides on top of the main job's (``default``)."""
 
 RETIRED_SETTINGS: dict[str, list[str]] = {
     "overlap=true": ["parallel.sync.overlap=true"],
@@ -136,12 +137,16 @@ RETIRED = (
     "100 Mbit/s and 0.85x at 1 Gbit/s and trained to a lower AUC (0.708 vs 0.722), and the "
     "sync-bench section measured it hiding -0.42 of a sync at every step. **`compression: "
     "bf16`** {bf16}; on the cluster it cut host-link bytes by about a fifth and beat the dense "
-    "engine on the slow link (1.11x) but not the default `auto` (0.97x), and lost at 1 Gbit/s "
+    "engine on the slow link (1.11x) but not the shipped `auto` (0.97x), and lost at 1 Gbit/s "
     "(0.87x dense), and its sync alone was 6.6x slower than fp32 on the flat host (section "
-    "sync-bench). **Kept:** `engine` (auto vs dense: 1.15x on the cluster's 100 Mbit/s link; "
-    "sparse: up to 870x fewer bytes on large tables, section sparse-sync) and `hide` "
-    "{hide}. One default everywhere: the library's `SyncOptions()` is now the trainer's, "
-    "`engine: auto, hide: true`."
+    "sync-bench). **Kept:** `engine` (each value wins somewhere: auto 1.15x dense on the "
+    "cluster's 100 Mbit/s link; dense 1.17x auto on its 1 Gbit/s link, and here it {dense}; "
+    "sparse up to 870x fewer bytes on large tables, section sparse-sync) and `hide` "
+    "{hide}. **One default everywhere** (the trainer used to override the library's): "
+    "`SyncOptions()` is the trainer's `parallel.sync`: `engine: dense` (its sync took "
+    "{dense_ms} ms a step here beside auto's {auto_ms} at a sync every step, and on the "
+    "cluster it beat auto at 1 Gbit/s, lost at 100 Mbit/s) and `hide: true` (blocking lost "
+    "here); the shipped configs keep choosing `engine: auto` in their YAML."
 )
 
 
@@ -157,6 +162,12 @@ def _verdict(r: dict[str, dict[str, float]], name: str, auc: dict[str, dict[str,
     return "ran at " + " and ".join(parts) + " on the flat host" if parts else "(not measured)"
 
 
+def _sync_ms(summaries: dict[str, dict[str, Any]], name: str) -> str:
+    """``name``'s sync ms per step at a sync every step, as the table shows it."""
+    s = summaries.get("1", {}).get(name)
+    return "-" if s is None else f"{s['sync_ms']:.1f}"
+
+
 def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> str:
     r = ratios(result)
     summaries = {
@@ -168,8 +179,9 @@ def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> s
         "",
         f"`configs/tiny_cpu.yaml` (world 4 on one host, L=2, two replicas) through the "
         f"trainer, 4 gloo CPU processes, {result['steps']} steps a run and "
-        f"{args.eval_batches} eval batches at its end; each setting is the trainer's default "
-        f"(`engine: auto, hide: true`) with one `parallel.sync` option changed; "
+        f"{args.eval_batches} eval batches at its end; each setting is the main job's own "
+        f"(`engine: auto` from its YAML, `hide: true` by default: `default` below) with one "
+        f"`parallel.sync` option changed; "
         f"{result['rounds']} rounds, the settings of a cadence alternating their order round "
         f"by round; {args.machine}. samples/s: mean over the rounds (each the trainer's own); "
         f"x default: ratio to the default's mean in the same cadence. The box is shared: "
@@ -197,6 +209,9 @@ def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> s
             overlap=_verdict(r, "overlap=true", summaries),
             bf16=_verdict(r, "compression=bf16 (engine=dense)", summaries),
             hide="(`hide=false` " + _verdict(r, "hide=false", summaries) + ")",
+            dense=_verdict(r, "engine=dense", summaries),
+            dense_ms=_sync_ms(summaries, "engine=dense"),
+            auto_ms=_sync_ms(summaries, DEFAULT),
         ),
     ]
     return "\n".join(lines)

@@ -223,15 +223,6 @@ RULES: tuple[Rule, ...] = (
         _NEEDS_STATE,
         "enable {sync.include_optimizer_state} or drop {sync.momentum_scaling}",
     ),
-    Rule(
-        ("sparse_engine", "bf16"),
-        ("sync.compression", "sync.engine"),
-        lambda s: s["sync.compression"] == "bf16" and s["sync.engine"] == "sparse",
-        "bf16 sends the delta of every value since the last sync against an fp32 reference at "
-        "fixed positions; a touched-row payload changes its rows every sync, so the reference "
-        "would have to cover every row (the dense engine's cost)",
-        "use {sync.engine}='dense' (or 'auto') with bf16",
-    ),
     # ---- FULLY_SHARDED replaces the sync ----
     _fs(
         "sync_every_4",
@@ -246,13 +237,6 @@ RULES: tuple[Rule, ...] = (
         lambda v: v == "sparse",
         _NO_SEPARATE_SYNC + "row set (every row is reduce-scattered) could change",
         "use {sync.engine}='dense' or 'auto'",
-    ),
-    _fs(
-        "bf16",
-        "sync.compression",
-        lambda v: v != "none",
-        _NO_SEPARATE_SYNC + "transfer precision could change",
-        "drop {sync.compression}",
     ),
     _fs(
         "delayed_state",

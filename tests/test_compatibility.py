@@ -50,7 +50,6 @@ OPTIONS: dict[str, list[str]] = {
     "auto_group_size": ["parallel.sharding_group_size=auto"],
     "sync_every_4": ["parallel.sync.every=4"],
     "sparse_engine": ["parallel.sync.engine=sparse"],
-    "bf16": ["parallel.sync.compression=bf16"],
     "delayed_state": ["parallel.sync.delayed_optimizer_state=true"],
     "momentum_scaling": ["parallel.sync.momentum_scaling=true"],
     "inter_host": ["parallel.replica_layout=inter_host"],
@@ -180,9 +179,8 @@ def test_every_working_pair_names_a_test_that_exists() -> None:
 
 
 COVERING_RUNS: dict[str, list[str]] = {
-    "semi_sync_bf16_delayed": [
+    "semi_sync_delayed": [
         "auto_group_size",
-        "bf16",
         "checkpoints",
         "delayed_state",
         "inter_host",
@@ -217,8 +215,6 @@ COVERING_RUNS: dict[str, list[str]] = {
         "sparse_engine",
         "sync_every_4",
     ],
-    "mch_bf16_sparse_dist": ["bf16", "mch", "pipeline_sparse_dist"],
-    "zch_bf16": ["bf16", "mp_zch"],
     "fully_sharded_semi_sync": ["fully_sharded", "pipeline_semi_sync"],
     "scaling_sparse_engine_sparse_dist": [
         "momentum_scaling",

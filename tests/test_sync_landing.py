@@ -22,7 +22,7 @@ def _start(live: torch.Tensor, average: list[float], background: bool) -> Pendin
 
 
 def _landing() -> Landing:
-    return Landing(DenseEngine([], None), scaler=None, compressor=None)
+    return Landing(DenseEngine([], None), scaler=None)
 
 
 def test_now_hidden_and_background_parts_land_when_their_plan_says() -> None:

@@ -31,7 +31,7 @@ def test_delayed_state_and_weights_only_split_the_payload() -> None:
 def test_hide_only_without_background_parts_and_copies_forbid_live_views(background) -> None:
     plan = _plan(async_states=background, hide=True)
     assert plan.hide is not background  # a background part lands with the next sync instead
-    assert not _plan(copies=True).in_place  # bf16 deltas or a deferred channel
+    assert not _plan(copies=True).in_place  # a deferred channel
 
 
 def test_opening_reports_the_landed_wait_with_the_next_sync() -> None:

@@ -80,9 +80,7 @@ def workload_from_module(
         from sparse2d.sync.options import SyncOptions
 
         sync_options = SyncOptions()
-    engine = getattr(sync_options, "engine", "auto")
-    if getattr(sync_options, "compression", "none") != "none":
-        engine = "dense"
+    engine = getattr(sync_options, "engine", "dense")
     return Workload(
         tables=tuple(tables),
         batch_size_per_rank=batch_size_per_rank or DEFAULT_BATCH_SIZE,

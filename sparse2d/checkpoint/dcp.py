@@ -329,7 +329,7 @@ def load(
             if kernel is not None:
                 kernel.iter.fill_(iteration)
     policy = getattr(model, "sync_policy", None)
-    if policy is not None:  # bf16/AdaGrad references describe the old values: drop them
+    if policy is not None:  # AdaGrad references describe the old values: drop them
         policy.reset()
     if dense_optimizer is not None:
         dense_optimizer.load_state_dict(_unblob(state["dense_optimizer"]))

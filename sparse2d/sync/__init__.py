@@ -4,7 +4,7 @@ One room per concern: ``policy`` (when and how; it composes the rest: ``plan`` o
 ``landing`` of the averages in flight), ``options`` (``SyncOptions``, ``SyncReport``),
 ``shards`` (the FBGEMM shards a sync reads and writes), ``guard`` (the NaN/inf vote),
 ``engines/`` (which values), ``transport/`` (how they travel), ``ddp/`` (what rides DDP's
-gradient all-reduce), ``variants/`` (bf16 deltas, momentum scaling, divergence),
+gradient all-reduce), ``variants/`` (momentum scaling, divergence),
 ``fully_sharded/`` and ``mc/`` (managed-collision tables).
 
 Nothing is exported here: users configure a sync with ``sparse2d.SyncOptions`` and read

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from sparse2d.sync.guard import Verdict
     from sparse2d.sync.plan import Part, SyncPlan
     from sparse2d.sync.transport.transfer import Pending
-    from sparse2d.sync.variants.compression import Bf16DeltaCompressor
     from sparse2d.sync.variants.scaling import AccumulatorScaler
 
 
@@ -30,11 +29,9 @@ class Landing:
         self,
         engine: SyncEngine,
         scaler: AccumulatorScaler | None,
-        compressor: Bf16DeltaCompressor | None,
     ) -> None:
         self.engine = engine
         self.scaler = scaler
-        self.compressor = compressor
         self.background: list[Pending] = []
         """Delayed parts: the next sync (``finish``) lands them."""
         self.hidden: list[Pending] = []
@@ -139,8 +136,6 @@ class Landing:
         """Drain refused transfers without writing back (the process groups stay usable)."""
         for pending in started:
             pending.reduction.wait()
-        if self.compressor is not None:  # its references took the refused averages
-            self.compressor.reset()
 
     def _scale(self, states: bool) -> None:
         if states and self.scaler is not None:

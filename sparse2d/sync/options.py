@@ -14,15 +14,22 @@ from sparse2d.errors import KeyValueError
 from sparse2d.option_conflicts import first_conflict, sync_settings
 
 ENGINES = ("dense", "sparse", "auto")
-COMPRESSIONS = ("none", "bf16")
 RETIRED: dict[str, str] = {
     "overlap": (
-        "overlap (start the all-reduce at one sync, land it at the next) lost to the default "
-        "on both hosts measured, 0.92x and 0.85x of engine auto on the emulated cluster "
-        "(100 Mbit/s and 1 Gbit/s links, lower eval AUC: 0.708 vs 0.722) and slower on the "
+        "overlap (start the all-reduce at one sync, land it at the next) won on neither host "
+        "measured: 0.92x and 0.85x of the shipped settings on the emulated cluster (100 "
+        "Mbit/s and 1 Gbit/s links, lower eval AUC: 0.708 vs 0.722), 0.95x and 1.00x on the "
         "flat host at a sync every step and every 10 (bench/RESULTS.md, sections "
         "cluster-options and sync-options). Drop it: hide (the default) already hides the "
         "sync's all-reduce behind the next step's work, exactly"
+    ),
+    "compression": (
+        "compression (bf16 deltas since the last sync with error feedback, dense engine only) "
+        "won on neither host measured: on the emulated cluster it cut host-link bytes by "
+        "about a fifth yet ran at 0.97x the shipped settings at 100 Mbit/s and 1.01x at 1 "
+        "Gbit/s (within that run's noise), and on the flat host at 0.71x and 0.89x at a sync "
+        "every step and every 10 (bench/RESULTS.md, sections cluster-options and "
+        "sync-options). Drop it: syncs send fp32 averages"
     ),
 }
 """``SyncOptions`` fields retired by measurement (issue 56 item 1): field -> what it was and
@@ -61,15 +68,14 @@ class SyncOptions:
     optimizer step, the next batch's data and its input all-to-all. Exact: nothing updates the
     embeddings in between, so the landed values equal the blocking sync's bit for bit.
     ``False``: each sync blocks until its average has landed."""
-    compression: Literal["none", "bf16"] = "none"
-    """``"none"`` (fp32 average) or ``"bf16"`` (bf16 deltas since the last sync, fp32 master
-    values and error feedback); bf16 needs the dense engine."""
-    engine: Literal["dense", "sparse", "auto"] = "auto"
+    engine: Literal["dense", "sparse", "auto"] = "dense"
     """Which values a sync covers: ``"dense"`` (every row), ``"sparse"`` (only rows some replica
     looked up since the last sync; never dense) or ``"auto"`` (per sync, whichever of the two
     a cost model measured over the replica group at start-up and refined from timed syncs
-    predicts cheaper; dense with bf16). ``"auto"`` is the default (1.15x dense on the
-    emulated cluster's 100 Mbit/s links, bench/RESULTS.md cluster-options); the sparse engines
+    predicts cheaper). ``"dense"`` is the default: its sync was the cheaper one on the flat
+    host's main job (3.3 vs 6.6 ms a step at a sync every step) and on the emulated cluster's
+    1 Gbit/s links (1.17x auto), ``"auto"`` won on its 100 Mbit/s links (1.15x dense;
+    bench/RESULTS.md, sections sync-options and cluster-options); the sparse engines
     cost 4 bytes of tracking per embedding row. With ``"dense"`` or ``"auto"``, a cadence
     sync whose values are small (all replica groups' shards within
     ``sparse2d.sync.ddp.fold.FOLD_MAX_BYTES``) rides DDP's gradient all-reduce as a plain dense
@@ -97,13 +103,9 @@ class SyncOptions:
         ):
             if not isinstance(getattr(self, name), bool):
                 raise KeyValueError(name, f"={getattr(self, name)!r} must be True or False.")
-        if self.compression not in COMPRESSIONS:
-            raise KeyValueError(
-                "compression", f"={self.compression!r} is not one of {COMPRESSIONS}."
-            )
         if self.engine not in ENGINES:
             raise KeyValueError("engine", f"={self.engine!r} is not one of {ENGINES}.")
-        conflict = first_conflict(sync_settings(self), {"sync.": ""})  # e.g. bf16 with sparse
+        conflict = first_conflict(sync_settings(self), {"sync.": ""})  # e.g. delay, no state
         if conflict is not None:
             raise KeyValueError(conflict.key, conflict.detail)
 

@@ -21,8 +21,7 @@ class Part:
     """One payload of a sync."""
 
     key: str
-    """``"all"`` (weights and state in one payload), ``"weights"`` or ``"states"``; names
-    the bf16 compressor's reference too."""
+    """``"all"`` (weights and state in one payload), ``"weights"`` or ``"states"``."""
     weights: bool
     states: bool
     background: bool
@@ -33,8 +32,8 @@ class Part:
 class SyncPlan:
     parts: list[Part]
     in_place: bool
-    """Payloads may be live views averaged in place: nothing rewrites them (bf16 deltas), no
-    transfer overlaps training, and the average is not held for a commit."""
+    """Payloads may be live views averaged in place: no transfer overlaps training, and the
+    average is not held for a commit."""
     hide: bool
     """Land before the next lookup (``SyncPolicy.land``) instead of now; never with a
     background part."""
@@ -49,8 +48,8 @@ def plan_sync(*, states: bool, async_states: bool, hide: bool, copies: bool) -> 
     (or before the next lookup, hidden); ``async_states``: the optimizer state lands at the
     next sync (delayed state).
 
-    ``copies``: payloads must stay private copies whatever the timing (bf16 deltas rewrite
-    them, a deferred channel holds the average until the commit).
+    ``copies``: payloads must stay private copies whatever the timing (a deferred channel
+    holds the average until the commit).
     """
     if states and not async_states:
         # One payload for both kinds: one collective per dtype, as few copies as possible.

@@ -36,7 +36,7 @@ class ParallelConfig:
     """``default``: each replica holds its group's embedding shards; ``fully_sharded``: between
     steps each replica holds 1/G of them and every step averages weights and optimizer state
     by reduce-scatter (exact; ``parallel.sync`` must stay at every=1 without
-    compression, delay or scaling, with optimizer state and ``check_finite``; ``engine:
+    delay or scaling, with optimizer state and ``check_finite``; ``engine:
     sparse`` is refused, ``hide`` and the divergence metric do not apply)."""
     timeout_s: float = 300.0
     """Process-group timeout: a rank stuck this long in a collective fails instead of hanging."""
