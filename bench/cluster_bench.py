@@ -15,7 +15,7 @@ round (A B C, C B A, ...), so a drift of the shared 2-core box does not favour o
 Strategies: ``1D`` (L = T), ``L=1`` (full replication), and 2D at each other ``L`` dividing T
 with both replica layouts (``intra``: replicas of a shard on one host, the sharding group
 spans hosts; ``inter``: the sharding group inside a host, replicas across hosts); each with a
-sync every ``--every`` steps, the ``--engines`` (dense rows or touched rows) and bf16 on/off.
+sync every ``--every`` steps and the ``--engines`` (dense rows or touched rows).
 Writes ``bench/results/cluster[_<preset>].json``, its plot and its RESULTS.md section.
 """
 
@@ -49,11 +49,10 @@ class Strategy:
     layout: str = "inter_host"
     every: int = 1
     engine: str = "dense"
-    bf16: bool = False
     auto: str = ""
     switch: str = ""
-    """A boolean ``parallel.sync`` option turned on for this run (``overlap``, ``hide``): what
-    the ``options`` preset measures each sync option by."""
+    """A ``parallel.sync`` option changed for this run (``key=value``, e.g. ``hide=false``):
+    what the ``options`` preset measures each sync option by."""
     """``measured``: ``sharding_group_size`` and ``replica_layout`` both ``auto`` (the advisor
     shortlists, a trial on the job decides); ``model``: the same without the trial (the cost
     model's pick); empty: the fixed layout above."""
@@ -65,7 +64,6 @@ class Strategy:
             return "1D"
         text = "L=1" if self.group_size == 1 else f"L={self.group_size} {self.layout[:5]}"
         text += f" every {self.every} {self.engine}"
-        text += " bf16" if self.bf16 else ""
         return text + (f" {self.switch}" if self.switch else "")
 
     def overrides(self) -> list[str]:
@@ -83,8 +81,7 @@ class Strategy:
             f"parallel.replica_layout={self.layout}",
             f"parallel.sync.every={self.every}",
             f"parallel.sync.engine={self.engine}",
-            f"parallel.sync.compression={'bf16' if self.bf16 else 'none'}",
-            *([f"parallel.sync.{self.switch}=true"] if self.switch else []),
+            *([f"parallel.sync.{self.switch}"] if self.switch else []),
         ]
 
 
@@ -92,15 +89,13 @@ def strategies(
     world: int,
     every: list[int],
     engines: list[str],
-    bf16: list[bool],
     group_sizes: list[int] | None = None,
     auto: list[str] = (),  # type: ignore[assignment]
     layouts: list[str] | None = None,
     switches: list[str] = (),  # type: ignore[assignment]
 ) -> list[Strategy]:
     """1D, full replication and every 2D layout of ``world`` ranks (or only ``layouts``),
-    crossed with the options; each of ``switches`` once more on top of the first engine
-    without bf16. The layouts of L=1 and L=T are one and the same (one replica group, one
+    crossed with the options; each of ``switches`` once more on top of the first engine. The layouts of L=1 and L=T are one and the same (one replica group, one
     sharding group)."""
     sizes = group_sizes or [d for d in range(1, world + 1) if world % d == 0]
     out = [Strategy(world)] if world in sizes else []
@@ -111,10 +106,7 @@ def strategies(
         for layout in [x for x in kept if size == 1 or layouts is None or x in layouts]:
             for n in every:
                 for engine in engines:
-                    for half in bf16:
-                        if half and engine != "dense":
-                            continue  # bf16 deltas need the dense engine (auto turns dense)
-                        out.append(Strategy(size, layout, n, engine, half))
+                    out.append(Strategy(size, layout, n, engine))
                 out += [Strategy(size, layout, n, engines[0], switch=x) for x in switches]
     for kind in auto:  # the advisor's picks at the job's own cadence and engine
         out += [Strategy(0, every=n, engine=engines[0], auto=kind) for n in every]
@@ -235,7 +227,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             world,
             args.every,
             args.engines,
-            args.bf16,
             args.group_sizes,
             args.auto,
             args.layouts,
@@ -286,7 +277,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "links": ["200mbit"],
         "every": [20],
         "engines": ["auto"],
-        "bf16": [False],
         "group_sizes": [1, 4, 8],
         "auto": ["measured", "model"],
         "rounds": 3,
@@ -302,10 +292,9 @@ PRESETS["options"] = {
     **PRESETS["main"],
     "links": ["100mbit", "1gbit"],
     "engines": ["auto", "dense", "sparse"],
-    "bf16": [False, True],
     "group_sizes": [4],
     "layouts": ["inter_host"],
-    "switches": ["overlap", "hide"],
+    "switches": ["hide=false"],
     "auto": [],
     "rounds": 2,
     "steps": 60,
@@ -345,12 +334,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--every", type=lambda s: [int(x) for x in s.split(",")], default=[1, 10])
     parser.add_argument("--engines", type=lambda s: s.split(","), default=["dense", "sparse"])
-    parser.add_argument(
-        "--bf16",
-        type=lambda s: [x == "on" for x in s.split(",")],
-        default=[False, True],
-        help="on,off",
-    )
     parser.add_argument("--group-sizes", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument(
         "--auto",
@@ -365,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "--switches",
         type=lambda s: [x for x in s.split(",") if x],
         default=[],
-        help="sync options to measure one at a time: overlap,hide",
+        help="sync options to measure one at a time, key=value each (hide=false)",
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)

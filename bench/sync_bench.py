@@ -4,13 +4,12 @@ World 4 gloo CPU ranks, groups of L=2 (2 replicas), table-wise tables with row-w
 AdaGrad. Per repetition, interleaved so machine noise hits all alike:
 
 * ``raw``: ``replica_pg.allreduce_coalesced`` (AVG) of the live weight + state views;
-* ``dense fp32``: ``SyncPolicy.sync_now`` (dense engine: gather, all-reduce, scatter);
-* ``bf16``: the same with bf16 deltas (after a first exact sync sets the reference).
+* ``dense fp32``: ``SyncPolicy.sync_now`` (dense engine: gather, all-reduce, scatter).
 
-Overlap: train ``N`` real steps between sync points with ``overlap=True`` and report the
-hidden fraction ``1 - wait / blocking`` where ``blocking`` is the fp32 sync time measured
-in the same run. Medians over repetitions; max over ranks. Writes the section between
-the sync-bench markers of ``bench/RESULTS.md``.
+Medians over repetitions; max over ranks. Writes the section between the sync-bench
+markers of ``bench/RESULTS.md``. (It also measured the retired ``overlap`` option's hidden
+fraction and ``compression: bf16``'s sync; they stay in the section until it is re-run:
+bench/sync_options_bench.py.)
 Usage: ``.venv/bin/python bench/sync_bench.py [--rows 100000 --dim 64 --tables 4]``.
 """
 
@@ -65,9 +64,7 @@ def _worker(rank: int, world: int, where: str, args: argparse.Namespace, out: An
     model = DMPCollection(_model(args), 2, device="cpu", constraints=constraints)
     shards, pg, g = model.shard_states, model.replica_pg, model.num_replicas
     live = live_tensors(shards, weights=True, states=True)
-    dense = SyncPolicy(shards, pg, g, SyncOptions())
-    bf16 = SyncPolicy(shards, pg, g, SyncOptions(compression="bf16"))
-    bf16.sync_now()  # first bf16 sync is exact and sets the shared reference
+    dense = SyncPolicy(shards, pg, g, SyncOptions(engine="dense"))
 
     def raw() -> float:
         opts = dist.AllreduceCoalescedOptions()
@@ -89,39 +86,20 @@ def _worker(rank: int, world: int, where: str, args: argparse.Namespace, out: An
         report = policy.sync_now()
         return report.seconds, report.bytes
 
-    times: dict[str, list[float]] = {"raw": [], "flat": [], "dense": [], "bf16": []}
+    times: dict[str, list[float]] = {"raw": [], "flat": [], "dense": []}
     moved: dict[str, int] = {}
     for _ in range(args.repeats):
         dist.barrier()
         times["raw"].append(raw())
         moved["raw"] = moved["flat"] = sum(t.numel() * t.element_size() for t in live)
         times["flat"].append(flat())
-        for name, policy in (("dense", dense), ("bf16", bf16)):
-            seconds, nbytes = timed(policy)
-            times[name].append(seconds)
-            moved[name] = nbytes
-
-    # Overlap: N real training steps between sync points; wait time at each landing.
-    overlap = SyncPolicy(shards, pg, g, SyncOptions(overlap=True))
-    hidden: dict[int, tuple[float, float]] = {}
-    for every in args.overlap_every:
-        waits, computes = [], []
-        step = 0
-        for _ in range(args.repeats + 1):
-            begin = time.perf_counter()
-            for _ in range(every):
-                pooled = model(_batch(args, step, rank)).values()
-                pooled.square().mean().backward()
-                step += 1
-            computes.append(time.perf_counter() - begin)
-            report = overlap.step(every - 1)
-            waits.append(report.wait_seconds)
-        overlap.finish()
-        hidden[every] = (statistics.median(waits[1:]), statistics.median(computes[1:]))
+        seconds, nbytes = timed(dense)
+        times["dense"].append(seconds)
+        moved["dense"] = nbytes
 
     local = {k: statistics.median(v) for k, v in times.items()}
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, {"t": local, "bytes": moved, "hidden": hidden})
+    dist.all_gather_object(gathered, {"t": local, "bytes": moved})
     if rank == 0:
         out.put(gathered)
     dist.destroy_process_group()
@@ -134,7 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", type=int, default=4)
     parser.add_argument("--batch", type=int, default=256, help="ids per feature per rank")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--overlap-every", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     where = rendezvous()
@@ -156,7 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         ("raw", "raw allreduce_coalesced (live views)"),
         ("flat", "raw all_reduce of one flat buffer (no copies timed)"),
         ("dense", "policy dense fp32 (gather + all-reduce + scatter)"),
-        ("bf16", "policy bf16 deltas"),
     ):
         ratio = worst[name] / worst["raw"]
         flat_ratio = worst[name] / worst["flat"]
@@ -164,26 +140,16 @@ def main(argv: list[str] | None = None) -> int:
             f"| {label} | {nbytes[name] / 1e6:.1f} MB | {worst[name]:.4f} | {ratio:.2f} "
             f"| {flat_ratio:.2f} |"
         )
-    lines += [
-        "",
-        "| overlap: steps between syncs | compute s | wait s | hidden fraction |",
-        "|---|---|---|---|",
-    ]
-    for every in args.overlap_every:
-        wait = max(r["hidden"][every][0] for r in ranks)
-        compute = max(r["hidden"][every][1] for r in ranks)
-        lines.append(f"| {every} | {compute:.4f} | {wait:.4f} | {1 - wait / worst['dense']:.2f} |")
     text = "\n".join(lines)
     print(text)
     if args.no_write:
         return 0
     header = (
-        "## Sync cost vs raw all-reduce, overlap hidden fraction (bench/sync_bench.py)\n\n"
+        "## Sync cost vs raw all-reduce (bench/sync_bench.py)\n\n"
         f"World 4 gloo CPU ranks, L=2 (2 replicas), {args.tables} table-wise tables of "
         f"{args.rows} x {args.dim} fp32 with row-wise AdaGrad; median of {args.repeats} "
         "interleaved repetitions, max over ranks, all in one run on the 2-core machine (ratios "
-        "are the meaningful output). Hidden fraction = "
-        "1 - wait at the next sync point / blocking fp32 sync time.\n\n"
+        "are the meaningful output).\n\n"
     )
     write_section(header + text, "sync-bench")
     return 0

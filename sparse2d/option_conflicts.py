@@ -223,15 +223,6 @@ RULES: tuple[Rule, ...] = (
         _NEEDS_STATE,
         "enable {sync.include_optimizer_state} or drop {sync.momentum_scaling}",
     ),
-    Rule(
-        ("sparse_engine", "bf16"),
-        ("sync.compression", "sync.engine"),
-        lambda s: s["sync.compression"] == "bf16" and s["sync.engine"] == "sparse",
-        "bf16 sends the delta of every value since the last sync against an fp32 reference at "
-        "fixed positions; a touched-row payload changes its rows every sync, so the reference "
-        "would have to cover every row (the dense engine's cost)",
-        "use {sync.engine}='dense' (or 'auto') with bf16",
-    ),
     # ---- FULLY_SHARDED replaces the sync ----
     _fs(
         "sync_every_4",
@@ -246,20 +237,6 @@ RULES: tuple[Rule, ...] = (
         lambda v: v == "sparse",
         _NO_SEPARATE_SYNC + "row set (every row is reduce-scattered) could change",
         "use {sync.engine}='dense' or 'auto'",
-    ),
-    _fs(
-        "overlap",
-        "sync.overlap",
-        bool,
-        _NO_SEPARATE_SYNC + "transfer could overlap the next interval",
-        "drop {sync.overlap}",
-    ),
-    _fs(
-        "bf16",
-        "sync.compression",
-        lambda v: v != "none",
-        _NO_SEPARATE_SYNC + "transfer precision could change",
-        "drop {sync.compression}",
     ),
     _fs(
         "delayed_state",
@@ -386,23 +363,13 @@ RULES: tuple[Rule, ...] = (
         head="{sharding_group_size=} with {fault_tolerance=} and {world_size=}",
     ),
     _ft(
-        "overlap",
-        "sync.overlap",
-        bool,
-        "an overlapped average is still in flight at the step boundary, where torchft forms "
-        "the next quorum: it would span two quorums (a group healed into the next step holds "
-        "no part of it, a group lost after the vote breaks an average its step already "
-        "committed), and a step's commit vote can only cover collectives that finished before it",
-        "drop {sync.overlap}",
-    ),
-    _ft(
         "delayed_state",
         "sync.delayed_optimizer_state",
         bool,
         "the states' average would finish one step late, across the boundary where torchft "
-        "forms the next quorum: as with overlap, a step's commit vote can only cover "
-        "collectives that finished before it, and an average spanning two quorums has members "
-        "that joined or left in between",
+        "forms the next quorum: a step's commit vote can only cover collectives that "
+        "finished before it, and an average spanning two quorums has members that joined or "
+        "left in between",
         "drop {sync.delayed_optimizer_state}",
     ),
     _ft(

@@ -293,7 +293,9 @@ SPARSE_SYNC_TABLES = (
 
 def adagrad_2d(group_size: int = 2, **sync_options: object) -> DMPCollection:
     """``MIXED_TABLES`` with row-wise AdaGrad (weights and accumulators to sync), sharded
-    in groups of ``group_size`` with ``SyncOptions(**sync_options)``."""
+    in groups of ``group_size`` with ``SyncOptions(**sync_options)``, blocking syncs unless
+    they say ``hide`` (the callers read replicas right after a sync; a hidden one lands only
+    before the next lookup)."""
     from torchrec.optim import RowWiseAdagrad
 
     return DMPCollection(
@@ -302,5 +304,5 @@ def adagrad_2d(group_size: int = 2, **sync_options: object) -> DMPCollection:
         device=rank_device(),
         constraints=constraints_for(MIXED_TABLES),
         node_group_size=2,
-        sync_options=SyncOptions(**sync_options),  # type: ignore[arg-type]
+        sync_options=SyncOptions(**{"hide": False, **sync_options}),  # type: ignore[arg-type]
     )

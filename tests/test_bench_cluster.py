@@ -13,16 +13,15 @@ from cluster_report import plot, render
 
 
 def test_every_layout_once_and_the_options_crossed() -> None:
-    plan = strategies(8, [1, 10], ["dense", "sparse"], [False, True], auto=["measured"])
+    plan = strategies(8, [1, 10], ["dense", "sparse"], auto=["measured"])
     labels = [s.label(8) for s in plan]
     assert len(labels) == len(set(labels))
     assert labels[0] == "1D" and sum(s.group_size == 8 for s in plan) == 1
-    # L=1 has one layout; L=2, 4 both; bf16 only with the dense engine
+    # L=1 has one layout; L=2, 4 both
     assert {s.layout for s in plan if s.group_size == 1} == {"inter_host"}
     assert {s.layout for s in plan if s.group_size in (2, 4)} == {"intra_host", "inter_host"}
-    assert not any(s.bf16 and s.engine != "dense" for s in plan)
     fixed = [s for s in plan if not s.auto and s.group_size != 8]
-    assert len(fixed) == (1 + 2 + 2) * 2 * 3  # L=1, 2x2, 2x4 layouts; every; engines x bf16
+    assert len(fixed) == (1 + 2 + 2) * 2 * 2  # L=1, 2x2, 2x4 layouts; every; engines
     assert [s.every for s in plan if s.auto] == [1, 10]
     assert "parallel.replica_layout=auto" in Strategy(0, auto="model").overrides()
     assert "parallel.auto.candidates=0" in Strategy(0, auto="model").overrides()

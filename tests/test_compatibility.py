@@ -50,8 +50,6 @@ OPTIONS: dict[str, list[str]] = {
     "auto_group_size": ["parallel.sharding_group_size=auto"],
     "sync_every_4": ["parallel.sync.every=4"],
     "sparse_engine": ["parallel.sync.engine=sparse"],
-    "overlap": ["parallel.sync.overlap=true"],
-    "bf16": ["parallel.sync.compression=bf16"],
     "delayed_state": ["parallel.sync.delayed_optimizer_state=true"],
     "momentum_scaling": ["parallel.sync.momentum_scaling=true"],
     "inter_host": ["parallel.replica_layout=inter_host"],
@@ -181,14 +179,12 @@ def test_every_working_pair_names_a_test_that_exists() -> None:
 
 
 COVERING_RUNS: dict[str, list[str]] = {
-    "semi_sync_bf16_delayed_overlap": [
+    "semi_sync_delayed": [
         "auto_group_size",
-        "bf16",
         "checkpoints",
         "delayed_state",
         "inter_host",
         "momentum_scaling",
-        "overlap",
         "pipeline_semi_sync",
         "sync_every_4",
     ],
@@ -199,30 +195,26 @@ COVERING_RUNS: dict[str, list[str]] = {
         "inter_host",
         "pipeline_sparse_dist",
     ],
-    "mch_sparse_engine_overlap": [
+    "mch_sparse_engine": [
         "auto_group_size",
         "checkpoints",
         "delayed_state",
         "inter_host",
         "mch",
-        "overlap",
         "pipeline_sparse_dist",
         "sparse_engine",
         "sync_every_4",
     ],
-    "zch_sparse_engine_overlap": [
+    "zch_sparse_engine": [
         "auto_group_size",
         "checkpoints",
         "delayed_state",
         "inter_host",
         "mp_zch",
-        "overlap",
         "pipeline_sparse_dist",
         "sparse_engine",
         "sync_every_4",
     ],
-    "mch_bf16_sparse_dist": ["bf16", "mch", "pipeline_sparse_dist"],
-    "zch_bf16": ["bf16", "mp_zch"],
     "fully_sharded_semi_sync": ["fully_sharded", "pipeline_semi_sync"],
     "scaling_sparse_engine_sparse_dist": [
         "momentum_scaling",

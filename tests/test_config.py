@@ -77,7 +77,7 @@ def test_table_count_expands_names_and_features() -> None:
         (["model.over_arch=[4, 2]"], "model.over_arch=[4, 2] must end in 1"),
         (["model.tables.0.rows=[1, 2]"], "model.tables[0].rows=[1, 2] has 2 entries but count=6"),
         (["parallel.sync.every=0"], "parallel.sync.every=0 must be an int >= 1"),
-        (["parallel.sync.compression=fp8"], "parallel.sync.compression='fp8' must be one of"),
+        (["parallel.sync.engine=fp8"], "parallel.sync.engine='fp8' must be one of"),
         (["data.source=criteo"], "data.criteo.train_files=[] is empty"),
         (["model.tables.3.rows=1"], "'model.tables.3' needs an index below 1"),
         (["train.steps"], "override 'train.steps' must look like dotted.key=value"),

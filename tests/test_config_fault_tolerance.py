@@ -79,7 +79,6 @@ def test_old_group_size_key_names_the_new_one(tmp_path, where: str) -> None:
     [
         ("parallel.sharding_group_size=auto", "sharding_group_size='auto'"),
         ("parallel.sharding_strategy=fully_sharded", "nothing to heal from"),
-        ("parallel.sync.overlap=true", "parallel.sync.overlap=True"),
         ("parallel.sync.delayed_optimizer_state=true", "delayed_optimizer_state=True"),
         ("parallel.sync.divergence_every=5", "divergence_every=5"),
         ("parallel.sync.check_finite=false", "check_finite=False"),
@@ -102,11 +101,9 @@ def test_unsupported_options_are_refused_before_anything_starts(
     assert message in str(info.value)
 
 
-@pytest.mark.parametrize(
-    "override", ["parallel.sync.engine=sparse", "parallel.sync.compression=bf16"]
-)
-def test_sparse_engine_and_bf16_are_accepted(override: str) -> None:
-    """Touched rows and bf16 deltas run over torchft's group (tests/test_ft_engines.py)."""
+@pytest.mark.parametrize("override", ["parallel.sync.engine=sparse"])
+def test_sparse_engine_is_accepted(override: str) -> None:
+    """Touched rows run over torchft's group (tests/test_ft_engines.py)."""
     key, value = override.split("=")
     cfg = load_config("configs/ft_tiny_cpu.yaml", [override])
     assert getattr(cfg.parallel.sync, key.rsplit(".", 1)[1]) == value
@@ -136,14 +133,14 @@ def test_checkpoints_and_resume_are_accepted() -> None:
 
 
 def test_disabled_section_changes_nothing() -> None:
-    cfg = load_config("configs/tiny_cpu.yaml", ["parallel.sync.overlap=true"])
+    cfg = load_config("configs/tiny_cpu.yaml", ["parallel.sync.delayed_optimizer_state=true"])
     assert not cfg.fault_tolerance.enable
 
 
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["parallel.sync.overlap=true"],  # refused: the refusal table is read
+        ["parallel.sync.delayed_optimizer_state=true"],  # refused: the refusal table is read
         [
             "model.managed_collision.enabled=true",
             "train.pipeline=sparse_dist",
@@ -173,5 +170,5 @@ def test_launch_check_imports_no_torch(overrides: list[str]) -> None:
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "[]", (run.stdout, run.stderr[-2000:])
-    refused = overrides == ["parallel.sync.overlap=true"]
+    refused = overrides == ["parallel.sync.delayed_optimizer_state=true"]
     assert ("torchft forms the next quorum" in run.stderr) == refused, run.stderr[-2000:]

@@ -20,21 +20,20 @@ def _error(overrides: list[str]) -> str:
     return str(info.value)
 
 
-def test_sync_section_is_sync_options_with_the_trainer_defaults() -> None:
-    cfg = load_config(TINY, ["parallel.sync.every=4", "parallel.sync.overlap=true"])
+def test_sync_section_is_sync_options_with_the_library_defaults() -> None:
+    cfg = load_config(TINY, ["parallel.sync.every=4", "parallel.sync.delayed_optimizer_state=true"])
     sync = cfg.parallel.sync
-    assert type(sync) is SyncOptions and (sync.every, sync.overlap) == (4, True)
-    # keys the YAML leaves out keep the trainer's defaults, not the library's
+    assert type(sync) is SyncOptions and (sync.every, sync.delayed_optimizer_state) == (4, True)
+    # keys the YAML leaves out keep the library's defaults: one default everywhere (the
+    # main job's YAML sets engine auto itself)
     assert (sync.engine, sync.hide) == ("auto", True)
-    assert (SyncOptions().engine, SyncOptions().hide) == ("dense", False)
+    assert (SyncOptions().engine, SyncOptions().hide) == ("dense", True)
     assert load_config(TINY, ["parallel.sync.hide=false"]).parallel.sync.hide is False
 
 
 def test_bad_sync_values_name_the_dotted_key() -> None:
     assert _error(["parallel.sync.every=0"]).startswith("parallel.sync.every=0 must be")
     assert _error(["parallel.sync.divergence_rows=0"]).startswith("parallel.sync.divergence_rows=0")
-    message = _error(["parallel.sync.engine=sparse", "parallel.sync.compression=bf16"])
-    assert message.startswith("parallel.sync.compression='bf16'") and "engine='dense'" in message
     message = _error(
         [
             "parallel.sync.delayed_optimizer_state=true",
@@ -54,8 +53,10 @@ def test_fully_sharded_strategy_and_the_sync_options_it_replaces() -> None:
     assert load_config(TINY).parallel.strategy() == ShardingStrategy.DEFAULT
     message = _error(["parallel.sharding_strategy=fully_sharded", "parallel.sync.every=4"])
     assert "parallel.sharding_strategy" in message and "sync.every=4" in message
-    message = _error(["parallel.sharding_strategy=fully_sharded", "parallel.sync.overlap=true"])
-    assert "sync.overlap=True" in message
+    message = _error(
+        ["parallel.sharding_strategy=fully_sharded", "parallel.sync.delayed_optimizer_state=true"]
+    )
+    assert "sync.delayed_optimizer_state=True" in message
     assert "fully_sharded" in _error(["parallel.sharding_strategy=full"])
     # the library's rule: no skipped NaN/inf vote; hide and engine=auto do not apply
     message = _error(

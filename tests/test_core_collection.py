@@ -60,7 +60,8 @@ def check_2d_equals_1d(
         group,
         replica_layout=layout,
         node_group_size=min(group, 2),
-        sync_options=SyncOptions(**sync_options) if sync_options else None,
+        # blocking syncs: the replicas are read right after each one
+        sync_options=SyncOptions(**{"hide": False, **sync_options}) if sync_options else None,
     )
     load_full_weights(model, weights)
     diffs: list[float] = []

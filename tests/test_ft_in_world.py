@@ -12,10 +12,7 @@ its own lighthouse and group store (``tests.ft_groups.fresh_store``):
 - ``sparse``: touched rows (the in-world replicas' touched rows shared before the quorum);
   the last quorum sync sends fewer rows than all;
 - ``scaling``: row-wise AdaGrad with momentum scaling (``c = G x n`` for the EC's
-  accumulators, ``G`` for the EBC's);
-- ``bf16``: row-wise AdaGrad with bf16 deltas: weights within ``BF16_FT_BOUND`` of in-world
-  bf16 (measured 3.7e-4 on the EBC, the plain fault-tolerant path; 1.8e-4 on the two-stage
-  EC), accumulators within ``BF16_STATES_RTOL``.
+  accumulators, ``G`` for the EBC's).
 
 Every variant: weights and optimizer states equal in-world 2D per shard, every replica of a
 shard (in-world and across groups) bit-identical, every step committed. Without the touched
@@ -32,22 +29,12 @@ from sparse2d.ft.lighthouse import start_lighthouse
 from tests.ft_groups import fresh_store, run_groups
 from tests.models import dense_params, full_weights, load_full_weights, make_batch
 from tests.test_core_contexts import ALL, SEQUENCE, build, per_module, tables_and_coverage, train
-from tests.test_ft_engines import BF16_FT_BOUND
 
 GROUPS, SIZE, STEPS = 2, 2, 4
-BF16_STATES_RTOL = 2**-7
-"""bf16 accumulators vs in-world bf16 2D, relative (``tests/test_ft_engines`` allows 2^-8 at a
-sync every 2 steps). Rounding alone: the quorum's bf16 sum is not fed back, so its rounding
-(<= 2^-9 of each sync's summed delta) accumulates over the 3 bf16 syncs to <= 2^-9 of the
-accumulator's growth, plus each side's unsent residual (<= 2^-9 of the last delta each):
-3 x 2^-9 = 0.0059 (measured 0.0057 on the EBC, which has no in-world replica: the plain
-fault-tolerant bf16 path); 2^-7 leaves room for the weights' bf16 difference feeding back
-into the gradients."""
 VARIANTS = {  # sync options, fused optimizer
-    "dense": ({}, "sgd"),
+    "dense": ({"engine": "dense"}, "sgd"),
     "sparse": ({"engine": "sparse"}, "sgd"),
-    "scaling": ({"momentum_scaling": True}, "rowwise_adagrad"),
-    "bf16": ({"compression": "bf16"}, "rowwise_adagrad"),
+    "scaling": ({"momentum_scaling": True, "engine": "dense"}, "rowwise_adagrad"),
 }
 
 
@@ -149,9 +136,8 @@ def _in_world_2d() -> dict:
 
 
 def _check_close(name: str, got: dict, ref: dict, where: str) -> None:
-    """FT equals in-world 2D: within 1e-5, or for bf16 ``BF16_FT_BOUND`` (weights and dense
-    parameters, as ``tests/test_ft_engines``) and ``BF16_STATES_RTOL`` (accumulators)."""
-    bound = BF16_FT_BOUND if name == "bf16" else 1e-5
+    """FT equals in-world 2D within 1e-5 (weights, dense parameters, optimizer states)."""
+    bound = 1e-5
     for kind in ("tables", "dense"):
         for key, value in ref[kind].items():
             worst = float((got[kind][key] - value).abs().max())
@@ -160,7 +146,7 @@ def _check_close(name: str, got: dict, ref: dict, where: str) -> None:
         values = ref["shards"][key]
         worst = float((weight - values[0]).abs().max())
         assert worst <= bound, f"{name} {where} shard {key}: {worst} > {bound}"
-        rtol = BF16_STATES_RTOL if name == "bf16" else 1e-5
+        rtol = 1e-5
         for a, b in zip(states, values[1:], strict=True):
             excess = ((a - b).abs() - 1e-6) / b.abs().clamp(min=1e-30)
             assert_close(

@@ -45,11 +45,8 @@ TRAINER: dict[tuple[str, ...], list[str]] = {
         "parallel.sync.momentum_scaling=true",
         "parallel.sync.include_optimizer_state=false",
     ],
-    ("sparse_engine", "bf16"): ["parallel.sync.engine=sparse", "parallel.sync.compression=bf16"],
     ("fully_sharded", "sync_every_4"): [*FS, "parallel.sync.every=4"],
     ("fully_sharded", "sparse_engine"): [*FS, "parallel.sync.engine=sparse"],
-    ("fully_sharded", "overlap"): [*FS, "parallel.sync.overlap=true"],
-    ("fully_sharded", "bf16"): [*FS, "parallel.sync.compression=bf16"],
     ("fully_sharded", "delayed_state"): [*FS, "parallel.sync.delayed_optimizer_state=true"],
     ("fully_sharded", "momentum_scaling"): [*FS, "parallel.sync.momentum_scaling=true"],
     ("fully_sharded", "no_optimizer_state"): [*FS, "parallel.sync.include_optimizer_state=false"],
@@ -65,7 +62,6 @@ TRAINER: dict[tuple[str, ...], list[str]] = {
     ("checkpoint_every", "sync_every"): ["checkpoint.every=7", "parallel.sync.every=2"],
     ("fault_tolerance", "fully_sharded"): [*FT, *FS],
     ("fault_tolerance", "auto_group_size"): [*FT, "parallel.sharding_group_size=auto"],
-    ("fault_tolerance", "overlap"): [*FT, "parallel.sync.overlap=true"],
     ("fault_tolerance", "delayed_state"): [*FT, "parallel.sync.delayed_optimizer_state=true"],
     ("fault_tolerance", "no_optimizer_state"): [*FT, "parallel.sync.include_optimizer_state=false"],
     ("fault_tolerance", "no_check_finite"): [*FT, "parallel.sync.check_finite=false"],
@@ -144,13 +140,13 @@ def test_the_config_loader_refuses_each_rule_naming_its_dotted_keys(
         [*FS, "parallel.sync.engine=auto", "parallel.sync.hide=true"],
         [*FS, "parallel.sync.divergence_every=5", "parallel.sync.divergence_rows=8"],
         [*FT, "parallel.sync.engine=sparse", "parallel.sync.momentum_scaling=true"],
-        [*FT, "parallel.sync.compression=bf16", "parallel.sync.every=4", *MC],
+        [*FT, "parallel.sync.hide=false", "parallel.sync.every=4", *MC],
         [*FT, "train.pipeline=semi_sync", "checkpoint.every=20"],
         [*MC, "train.pipeline=sparse_dist", "parallel.sync.engine=sparse"],
         [*MC, "model.managed_collision.kind=zch", "model.managed_collision.eviction_interval=4"]
         + ["checkpoint.every=10"],
         ["checkpoint.every=8", "parallel.sync.every=4", "parallel.sync.momentum_scaling=true"],
-        ["parallel.sync.compression=bf16", "parallel.sync.engine=auto"],
+        ["parallel.sync.hide=false", "parallel.sync.engine=dense"],
     ],
 )
 def test_combinations_no_rule_refuses_load(overrides: list[str]) -> None:
@@ -194,7 +190,6 @@ def test_node_group_size_must_divide_the_sharding_group() -> None:
             True,
         ),
         ({"momentum_scaling": True, "include_optimizer_state": False}, "momentum_scaling", True),
-        ({"compression": "bf16", "engine": "sparse"}, "compression", "bf16"),
     ],
 )
 def test_sync_options_refuse_their_own_rules_naming_the_field(
@@ -211,8 +206,6 @@ def test_sync_options_refuse_their_own_rules_naming_the_field(
     ("sync", "word"),
     [
         ({"every": 4}, "sync_options.every=4"),
-        ({"overlap": True}, "sync_options.overlap=True"),
-        ({"compression": "bf16"}, "sync_options.compression='bf16'"),
         ({"delayed_optimizer_state": True}, "sync_options.delayed_optimizer_state=True"),
         ({"momentum_scaling": True}, "sync_options.momentum_scaling=True"),
         ({"include_optimizer_state": False}, "sync_options.include_optimizer_state=False"),
@@ -236,7 +229,6 @@ def test_fully_sharded_accepts_what_does_not_apply() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "word"),
     [
-        ({"sync_options": SyncOptions(overlap=True)}, "sync_options.overlap=True"),
         (
             {"sync_options": SyncOptions(delayed_optimizer_state=True)},
             "sync_options.delayed_optimizer_state=True",
@@ -263,7 +255,7 @@ def test_fault_tolerance_accepts_what_it_runs() -> None:
     for options in (
         SyncOptions(),
         SyncOptions(engine="sparse", momentum_scaling=True, every=4),
-        SyncOptions(compression="bf16", hide=True, divergence_rows=8),
+        SyncOptions(engine="dense", hide=False, divergence_rows=8),
     ):
         check_fault_tolerance(options, fully_sharded=False, custom_all_reduce=False)
 

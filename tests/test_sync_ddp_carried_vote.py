@@ -61,9 +61,9 @@ def check_carried_matches_own_vote(options: dict) -> dict:
         ({"engine": "dense"}, STEPS - 2),
         ({"engine": "dense", "hide": True}, STEPS - 2),
         ({"engine": "dense", "every": 2}, 2),  # syncs after steps 1, 3, 5: 3 and 5 carried
-        # no carrier (DDP left as is): only the sync knows its touched rows / bf16 deltas
+        # no carrier (DDP left as is): only the sync knows its touched rows / delayed state
         ({"engine": "sparse"}, 0),
-        ({"engine": "dense", "compression": "bf16"}, 0),
+        ({"engine": "dense", "delayed_optimizer_state": True}, 0),
     ],
 )
 def test_vote_rides_ddp_where_it_can(world4, options: dict, votes: int) -> None:

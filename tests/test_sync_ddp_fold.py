@@ -100,8 +100,7 @@ def check_fold_matches_unfolded(options: dict) -> dict:
         ({"engine": "dense", "check_finite": False}, FOLDED),  # no vote: folds all the same
         ({"engine": "dense", "include_optimizer_state": False}, FOLDED),
         ({"engine": "sparse"}, 0),  # touched rows are agreed by the sync itself
-        ({"engine": "dense", "compression": "bf16"}, 0),
-        ({"engine": "dense", "overlap": True}, 0),
+        ({"engine": "dense", "delayed_optimizer_state": True}, 0),
     ],
 )
 def test_fold_matches_unfolded(world4, options: dict, folds: int) -> None:

@@ -14,12 +14,10 @@ from tests.models import adagrad_2d
 SETTINGS = {
     "auto": {"engine": "auto"},
     "sparse": {"engine": "sparse"},
-    "bf16": {"engine": "dense", "compression": "bf16"},
     "delayed": {"engine": "dense", "delayed_optimizer_state": True},
 }
-"""One model per clause of ``may_fold`` (the dense engine is ``check_refused_land``'s; overlap
-shares delayed state's clause)."""
-MAY_FOLD = {"auto": True, "sparse": False, "bf16": False, "delayed": False}
+"""One model per clause of ``may_fold`` (the dense engine is ``check_refused_land``'s)."""
+MAY_FOLD = {"auto": True, "sparse": False, "delayed": False}
 
 
 def check_may_fold() -> dict:

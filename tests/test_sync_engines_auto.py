@@ -99,9 +99,8 @@ def check_probe_and_decisions_agree() -> None:
     dist.all_gather_object(every, costs, group=pg)
     assert all(c == costs for c in every), every
     assert costs.latency_s > 0 and costs.copy_s_per_byte > 0, costs
-    policy = SyncPolicy(
-        model.shard_states, pg, model.num_replicas, SyncOptions(every=1, engine="auto")
-    )
+    options = SyncOptions(every=1, engine="auto", hide=False)  # replicas read right after
+    policy = SyncPolicy(model.shard_states, pg, model.num_replicas, options)
     engine = policy.engine
     assert isinstance(engine, AutoEngine)
     modes: list[tuple[str, str, float | None, float | None]] = []

@@ -51,12 +51,14 @@ def _start(live: torch.Tensor, average: list[float], background: bool) -> Pendin
 
 def _landing(channel: InWorldChannel | None = None) -> Landing:
     channel = channel or InWorldChannel(None)
-    return Landing(DenseEngine([], None), scaler=None, compressor=None, channel=channel)
+    return Landing(DenseEngine([], None), scaler=None, channel=channel)
 
 
-def _place(landing: Landing, live: torch.Tensor, average: list[float], **plan: bool) -> Started:
+def _place(
+    landing: Landing, live: torch.Tensor, average: list[float], index: int = 0, **plan: bool
+) -> Started:
     planned = plan_sync(states=True, **plan)  # type: ignore[arg-type]
-    part = planned.parts[0]
+    part = planned.parts[index]
     started = landing.start(part, _start(live, average, part.background), planned)
     landing.place(part, started, planned)
     return started
@@ -64,7 +66,7 @@ def _place(landing: Landing, live: torch.Tensor, average: list[float], **plan: b
 
 def test_now_hidden_and_background_parts_land_when_their_plan_says() -> None:
     landing, live = _landing(), torch.tensor([1.0, 2.0])
-    flags = {"async_weights": False, "async_states": False, "hide": False, "copies": False}
+    flags = {"async_states": False, "hide": False, "copies": False}
     now = _place(landing, live, [3.0, 4.0], **flags)
     assert live.tolist() == [3.0, 4.0] and not landing.hidden
     assert now.state is PartState.LANDED and now.point is LandingPoint.SYNC
@@ -75,21 +77,21 @@ def test_now_hidden_and_background_parts_land_when_their_plan_says() -> None:
     assert not landing.hidden and hidden.point is LandingPoint.LOOKUP
     assert landing.take_hidden_wait() >= 0.0 and landing.take_hidden_wait() == 0.0
 
-    background = {"async_weights": True, "async_states": True, "hide": True, "copies": False}
-    overlap = _place(landing, live, [7.0, 8.0], **background)
+    background = {"async_states": True, "hide": True, "copies": False}  # delayed state
+    delayed = _place(landing, live, [7.0, 8.0], 1, **background)
     assert not landing.hidden and len(landing.background) == 1
     live.add_(torch.tensor([1.0, 0.0]))  # training goes on while the all-reduce runs
     landing.land(LandingPoint.LOOKUP)  # the next lookup lets it run on
-    assert overlap.state is PartState.STARTED and live.tolist() == [6.0, 6.0]
+    assert delayed.state is PartState.STARTED and live.tolist() == [6.0, 6.0]
     landing.land(LandingPoint.CALL)
     assert live.tolist() == [8.0, 8.0]  # the average plus the update made meanwhile
-    assert overlap.point is LandingPoint.CALL and not landing.background
+    assert delayed.point is LandingPoint.CALL and not landing.background
 
 
 def test_held_parts_wait_for_the_commit_or_are_dropped() -> None:
     channel = HeldInWorld(None)
     landing, live = _landing(channel), torch.tensor([1.0, 2.0])
-    flags = {"async_weights": False, "async_states": False, "hide": False, "copies": True}
+    flags = {"async_states": False, "hide": False, "copies": True}
     first = _place(landing, live, [3.0, 4.0], **flags)
     assert live.tolist() == [1.0, 2.0] and channel.holding and first.state is PartState.HELD
     landing.land(LandingPoint.CALL)  # the policy's points do not land a held part

@@ -1,6 +1,6 @@
 """Every other sync path with managed-collision tables: handled, or refused before any collective.
 
-Handled: the touched-rows and auto engines, bf16 deltas, overlap, hidden sync, delayed
+Handled: the touched-rows and auto engines, hidden sync, delayed
 optimizer state (they apply to the plain tables; MC tables are merged by id, blocking, at
 the same sync), the NaN/inf guard, repair_from_replicas, TorchRec's call form.
 Both MCH and MP-ZCH (HashZch) tables. Refused (``ConfigError`` on every rank, nothing sent):
@@ -23,8 +23,6 @@ from tests.test_sync_mc import _mch_modules
 PATHS = [
     {"engine": "sparse"},
     {"engine": "auto"},
-    {"compression": "bf16"},
-    {"overlap": True},
     {"hide": True},
     {"delayed_optimizer_state": True},
 ]

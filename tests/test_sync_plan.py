@@ -9,23 +9,14 @@ import pytest
 from sparse2d.sync.plan import Opening, Part, plan_sync
 
 
-def _plan(states=True, async_weights=False, async_states=False, hide=False, copies=False):
-    return plan_sync(
-        states=states,
-        async_weights=async_weights,
-        async_states=async_states,
-        hide=hide,
-        copies=copies,
-    )
+def _plan(states=True, async_states=False, hide=False, copies=False):
+    return plan_sync(states=states, async_states=async_states, hide=hide, copies=copies)
 
 
 def test_weights_and_state_with_one_timing_travel_as_one_payload() -> None:
     plan = _plan()
     assert plan.parts == [Part("all", True, True, False)]
     assert plan.in_place and not plan.hide and not plan.background
-    overlapped = _plan(async_weights=True, async_states=True)
-    assert overlapped.parts == [Part("all", True, True, True)]
-    assert not overlapped.in_place  # an overlapped transfer runs while training writes shards
 
 
 def test_delayed_state_and_weights_only_split_the_payload() -> None:
@@ -38,9 +29,9 @@ def test_delayed_state_and_weights_only_split_the_payload() -> None:
 
 @pytest.mark.parametrize("background", [False, True])
 def test_hide_only_without_background_parts_and_copies_forbid_live_views(background) -> None:
-    plan = _plan(async_weights=background, async_states=background, hide=True)
+    plan = _plan(async_states=background, hide=True)
     assert plan.hide is not background  # a background part lands with the next sync instead
-    assert not _plan(copies=True).in_place  # bf16 deltas or a deferred channel
+    assert not _plan(copies=True).in_place  # a deferred channel
 
 
 def test_opening_reports_the_landed_wait_with_the_next_sync() -> None:

@@ -16,14 +16,11 @@ from sparse2d.sync.policy import SyncOptions
         ({"every": True}, "every=True"),
         ({"divergence_every": -1}, "divergence_every=-1"),
         ({"divergence_rows": 0}, "divergence_rows=0"),
-        ({"compression": "fp8"}, "compression='fp8'"),
         ({"engine": "blocked"}, "engine='blocked'"),
-        ({"overlap": "yes"}, "overlap='yes'"),
         ({"hide": 1}, "hide=1"),
         ({"momentum_scaling": 1}, "momentum_scaling=1"),
         ({"delayed_optimizer_state": True, "include_optimizer_state": False}, "delayed_optim"),
         ({"momentum_scaling": True, "include_optimizer_state": False}, "momentum_scaling"),
-        ({"compression": "bf16", "engine": "sparse"}, "engine='sparse'"),
     ],
 )
 def test_bad_options_name_the_field(kwargs: dict, names: str) -> None:
@@ -36,12 +33,32 @@ def test_good_options_combine() -> None:
         every=16,
         delayed_optimizer_state=True,
         momentum_scaling=True,
-        overlap=True,
-        compression="bf16",
-        engine="auto",
+        engine="sparse",
         divergence_every=4,
     )
-    assert options.every == 16 and options.compression == "bf16"
+    assert options.every == 16 and options.engine == "sparse"
+
+
+@pytest.mark.parametrize(("name", "value"), [("overlap", True), ("compression", "bf16")])
+def test_a_retired_option_is_refused_with_why(name: str, value: object) -> None:
+    """``overlap`` and ``compression`` were retired by measurement (issue 56): naming one says
+    so, in one line, from the library and from the trainer's config alike, never ignored."""
+    from sparse2d.train.config import load_config
+
+    with pytest.raises(ConfigError, match=rf"^{name} was retired: .*cluster-options") as info:
+        SyncOptions(**{name: value})
+    assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match=rf"^parallel\.sync\.{name} was retired: "):
+        load_config("configs/tiny_cpu.yaml", [f"parallel.sync.{name}={value}"])
+
+
+def test_one_default_for_the_library_and_the_trainer() -> None:
+    """The trainer's ``parallel.sync`` defaults are ``SyncOptions()``: the dense engine, hidden
+    syncs (a config that leaves the section out gets exactly the library's options)."""
+    from sparse2d.train.config.parallel import ParallelConfig
+
+    assert ParallelConfig().sync == SyncOptions()
+    assert (SyncOptions().engine, SyncOptions().hide) == ("dense", True)
 
 
 def test_options_are_keyword_only_and_slotted() -> None:

@@ -33,10 +33,6 @@ EXACT = [
     {"include_optimizer_state": False},
     {"engine": "sparse"},
 ]
-OVERLAP_BOUND = 1e-3
-"""Overlap at N=1: each step runs on weights one average behind (measured 2.2e-4 here)."""
-BF16_BOUND = 2e-4
-"""bf16 deltas with error feedback: a few bf16 ulps of the per-sync delta (measured 3.2e-5)."""
 
 
 def build(optimizer: str = "sgd") -> torch.nn.Module:
@@ -51,6 +47,12 @@ def make_1d(optimizer: str = "sgd") -> torch.nn.Module:
 
 
 def make_2d(optimizer: str = "sgd", hook=None, **options) -> DMPCollection:
+    """The dense engine and blocking syncs unless ``options`` say otherwise (the library's
+    defaults before issue 56): these tests read the replicas right after a sync (a hidden sync
+    lands only before the next lookup) and give hooks every row (``auto`` may send touched
+    rows only)."""
+    options.setdefault("engine", "dense")
+    options.setdefault("hide", False)
     return DMPCollection(
         build(optimizer),
         2,
@@ -100,29 +102,6 @@ def check_replicas_after_sync(optimizer: str, every: int, options: dict) -> list
 
     train(model, MIXED_TABLES, 2 * every + 1, after_step=after)
     return trace
-
-
-def check_overlap_keeps_every_update() -> dict:
-    """Replicas touch disjoint rows while an overlapped sync is in flight; none is lost."""
-    model = make_2d(overlap=True)
-    policy, me = model.sync_policy, dist.get_rank(model.replica_pg)
-    start = [s.weight.detach().clone() for s in model.shard_states]
-    rows = [torch.arange(s.rows) for s in model.shard_states]
-    with torch.no_grad():
-        for s, r in zip(model.shard_states, rows):  # interval 1: rows = me (mod 4)
-            s.weight[r % 4 == me] += 1.0
-        policy.step(0)  # starts the all-reduce of interval 1, returns at once
-        for s, r in zip(model.shard_states, rows):  # interval 2, while it is in flight
-            s.weight[r % 4 == 2 + me] += 10.0
-        policy.step(1)  # lands interval 1 with delta correction, starts interval 2
-        policy.finish()
-    worst = 0.0
-    for s, r, w0 in zip(model.shard_states, rows, start):
-        expected = w0.clone()
-        expected[r % 4 < 2] += 1.0 / 2  # each replica's +1 averaged over 2 replicas
-        expected[r % 4 >= 2] += 10.0 / 2
-        worst = max(worst, float((s.weight - expected).abs().max()))
-    return {"worst": worst, "replicas": replica_max_diff(model, model.replica_pg)}
 
 
 def check_divergence() -> list[tuple[float, float]]:
@@ -203,22 +182,13 @@ def test_exact_policies_equal_1d_at_n1(world4) -> None:
             assert diff <= 1e-5, f"{options}: max |2D - 1D| = {diff}"
 
 
-def test_overlap_and_bf16_within_stated_bounds_at_n1(world4) -> None:
-    sets = [{"overlap": True}, {"compression": "bf16"}, {"overlap": True, "compression": "bf16"}]
-    overlap, bf16, both = world4.run(check_policies_vs_1d, sets)[0]
-    assert 0 < overlap <= OVERLAP_BOUND, overlap
-    assert bf16 <= BF16_BOUND, bf16
-    assert both <= OVERLAP_BOUND, both
-
-
 @pytest.mark.parametrize(
     ("optimizer", "options"),
     [
         ("rowwise", {}),
         ("adagrad", {}),
         ("rowwise", {"momentum_scaling": True}),
-        ("adagrad", {"compression": "bf16"}),
-        ("rowwise", {"compression": "bf16", "momentum_scaling": True}),
+        ("adagrad", {"momentum_scaling": True}),
         ("rowwise", {"engine": "sparse"}),
     ],
 )
@@ -235,12 +205,6 @@ def test_replicas_identical_after_sync_and_differ_before(world4, optimizer, opti
 def test_delayed_state_sync_keeps_weights_identical(world4) -> None:
     trace = world4.run(check_replicas_after_sync, "sgd", 2, {"delayed_optimizer_state": True})[0]
     assert all(diff == 0.0 for _, synced, diff in trace if synced)
-
-
-def test_overlap_loses_no_update(world4) -> None:
-    for result in world4.run(check_overlap_keeps_every_update):
-        assert result["worst"] <= 1e-6, result
-        assert result["replicas"] == 0.0, result
 
 
 def test_divergence_positive_before_and_zero_after(world4) -> None:

@@ -76,9 +76,11 @@ def workload_from_module(
                 )
             )
     dense = sum(p.numel() for p in module.parameters() if id(p) not in embedding_params)
+    if sync_options is None:  # what the collection syncs with when given none
+        from sparse2d.sync.options import SyncOptions
+
+        sync_options = SyncOptions()
     engine = getattr(sync_options, "engine", "dense")
-    if getattr(sync_options, "compression", "none") != "none":
-        engine = "dense"
     return Workload(
         tables=tuple(tables),
         batch_size_per_rank=batch_size_per_rank or DEFAULT_BATCH_SIZE,

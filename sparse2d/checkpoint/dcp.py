@@ -192,7 +192,7 @@ def save(
     """
     root = os.fspath(path)
     policy = getattr(model, "sync_policy", None)
-    if policy is not None:  # land any overlapped/delayed transfer before reading the shards
+    if policy is not None:  # land any hidden/delayed transfer before reading the shards
         policy.finish()
     root, step = save_target(root, step, extra, keep)
     rank = dist.get_rank()
@@ -332,7 +332,7 @@ def load(
             if kernel is not None:
                 kernel.iter.fill_(iteration)
     policy = getattr(model, "sync_policy", None)
-    if policy is not None:  # bf16/AdaGrad references describe the old values: drop them
+    if policy is not None:  # AdaGrad references describe the old values: drop them
         policy.reset()
     if dense_optimizer is not None:
         dense_optimizer.load_state_dict(_unblob(state["dense_optimizer"]))

@@ -14,7 +14,7 @@ Why a subclass of TorchRec's own ``DMPCollection``: TorchRec's train pipelines
 ``dmp_collection_sync_interval_batches`` batches only if ``isinstance(model,
 torchrec.distributed.model_parallel.DMPCollection)``. Being an instance is the one
 hook-up that needs no change to a user's loop, and it routes the pipeline through
-*our* ``sync()`` (policy, engines, hook, compression). TorchRec's constructor is never
+*our* ``sync()`` (policy, engines, hook). TorchRec's constructor is never
 run: it asserts a CUDA/MTIA device and builds TorchRec's own groups and sync caches.
 ``__init__`` calls ``DistributedModelParallel.__init__`` itself, and every method of
 TorchRec's class reachable after construction is overridden here (``sync``,
@@ -299,8 +299,8 @@ class DMPCollection(TorchRecDMPCollection):
     def sync(self, include_optimizer_state: bool = True) -> SyncReport:
         """Average embedding weights and all fused optimizer state over the replica group.
 
-        Covers every context. Routed through the sync policy so its engine, hook and
-        compression apply; blocking, and it first lands any transfer still in flight from
+        Covers every context. Routed through the sync policy so its engine and hook
+        apply; blocking, and it first lands any transfer still in flight from
         ``maybe_sync``. TorchRec's train pipelines call this every
         ``dmp_collection_sync_interval_batches`` batches. FULLY_SHARDED contexts were averaged
         by every step's reduce-scatter: for them the NaN/inf check runs here, and a custom
@@ -356,7 +356,7 @@ class DMPCollection(TorchRecDMPCollection):
         return super().state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
-        """Load, then forget the sync references (bf16 deltas, momentum scaling, managed
+        """Load, then forget the sync references (momentum scaling, managed
         collision) taken from the old values. Call it on every rank, as every load."""
         self._before_surface("load_state_dict()", land=True)
         result = super().load_state_dict(state_dict, *args, **kwargs)

@@ -23,12 +23,7 @@ replicas equal:
   (``SparseEngine.share_touched``, a MAX all-reduce of a bitmap over the in-world group);
   the quorum's union is then every row any of the ``G x n`` replicas touched;
 - ``momentum_scaling``: stage 1 is unscaled; stage 2 divides the module's averaged growth
-  by ``c = G x n`` (``AccumulatorScaler.average_within``), what in-world 2D divides by;
-- ``compression='bf16'``: stage 1 is exact fp32; the world's ``n`` replicas then hold equal
-  values, references (the last commit's) and residuals, so each sends the same bf16 delta
-  of the world's mean, and the quorum's bf16 sum is that of ``G`` world means: the same
-  mean as in-world bf16 2D up to the bf16 rounding of those deltas (error fed back) and of
-  the sum, and bit-identical on the world's replicas.
+  by ``c = G x n`` (``AccumulatorScaler.average_within``), what in-world 2D divides by.
 """
 
 from __future__ import annotations

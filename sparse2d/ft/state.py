@@ -187,7 +187,7 @@ def restore_group(ft: Any, state: dict[str, Any]) -> int:
     if ft.policy.mc is not None:
         for table, it in zip(ft.policy.mc.tables, extra["mc_iters"], strict=True):
             table.module._current_iter = it
-    ft.policy.reset()  # references (bf16 deltas, scaling) follow the healed values
+    ft.policy.reset()  # references (scaling) follow the healed values
     torch.set_rng_state(extra["rng"])
     if ft._extra:
         ft._extra[1](extra["user"])

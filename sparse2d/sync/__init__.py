@@ -5,7 +5,7 @@ One room per concern: ``policy`` (when and how; it composes the rest: ``plan`` o
 ``shards`` (the FBGEMM shards a sync reads and writes), ``guard`` (the NaN/inf vote),
 ``ballot`` (how every vote encodes, carries and reads its flags),
 ``engines/`` (which values), ``transport/`` (how they travel), ``ddp/`` (what rides DDP's
-gradient all-reduce), ``variants/`` (bf16 deltas, momentum scaling, divergence),
+gradient all-reduce), ``variants/`` (momentum scaling, divergence),
 ``fully_sharded/`` and ``mc/`` (managed-collision tables).
 
 Nothing is exported here: users configure a sync with ``sparse2d.SyncOptions`` and read

@@ -10,7 +10,7 @@ mark the rows synced, scale the AdaGrad accumulators) at exactly one ``LandingPo
 dropped (``Started.drop``: drained, never written back; every replica keeps its own values).
 Where it waits is decided once: a blocking part is handed to its channel (``hand``: a plain
 channel lands it now, a holding one keeps it until it releases or drops it), a background
-part (overlap, delayed state) waits for the next sync, a hidden one for the next lookup.
+part (delayed state) waits for the next sync, a hidden one for the next lookup.
 ``Landing.land(point)`` is the one way in for the parts the policy keeps; a fold
 (``sync.ddp.folding``) lands through a ``Started`` of its own at ``SYNC``.
 """
@@ -84,13 +84,6 @@ class WriteBack:
 
     def drain(self) -> None:
         return None
-
-
-class Resets(Protocol):
-    """A compressor whose references must be forgotten when a part is dropped
-    (``variants.compression.Bf16DeltaCompressor``)."""
-
-    def reset(self) -> None: ...
 
 
 class Carrier(Protocol):
@@ -174,15 +167,13 @@ class Landing:
         self,
         engine: SyncEngine,
         scaler: AccumulatorScaler | None,
-        compressor: Resets | None,
         channel: Carrier,
     ) -> None:
         self.engine = engine
         self.scaler = scaler
-        self.compressor = compressor
         self.channel = channel
         self.background: list[Started] = []
-        """Overlapped or delayed parts: every point but ``LOOKUP`` lands them."""
+        """Delayed parts: every point but ``LOOKUP`` lands them."""
         self.hidden: list[Started] = []
         """Hidden parts: landed as they are by every point (``LOOKUP`` first)."""
         self.verdict: Verdict | None = None
@@ -191,10 +182,6 @@ class Landing:
         """Seconds the last hidden sync waited when it landed; reported by the next sync."""
         self.hidden_exposed = 0.0
         """Build and start time of the hidden sync in flight (the engine's cost models)."""
-        self._forget = False
-        """A part was dropped: the compressor forgets its references before the next sync
-        (``forget_dropped``), once every dropped part drained (a first sync's drain writes
-        them)."""
 
     def start(self, part: Part, transfer: Transfer, plan: SyncPlan) -> Started:
         """The state machine of one started part: landing it marks its rows synced (unless
@@ -295,16 +282,7 @@ class Landing:
         """Drop parts the NaN/inf vote refused (every replica drops them alike)."""
         for part in started:
             part.drop()
-        self.forget_dropped()
-
-    def forget_dropped(self) -> None:
-        """Before a sync builds its payloads: the compressor forgets references that took a
-        dropped average."""
-        if self._forget and self.compressor is not None:
-            self.compressor.reset()
-        self._forget = False
 
     def _dropped(self, held: bool) -> None:
-        self._forget = True
         if held:  # replicas whose holder released it hold other values in its rows
             self.engine.diverged()

@@ -1,7 +1,7 @@
 """One sync policy per sharding context, driven as one.
 
 With per-module group sizes (TorchRec's ``submodule_configs``) a model has several
-replica groups; each context keeps its own ``SyncPolicy`` (engine, hook, compression,
+replica groups; each context keeps its own ``SyncPolicy`` (engine, hook,
 scaling state) and ``PolicySet`` fans every call out to all of them in context order,
 so the trainer, checkpoints and TorchRec's pipelines make the same single call.
 """

@@ -5,20 +5,52 @@ Kept apart from the policy so configs and reports can be read without the machin
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from sparse2d.errors import KeyValueError
 from sparse2d.option_conflicts import first_conflict, sync_settings
 
 ENGINES = ("dense", "sparse", "auto")
-COMPRESSIONS = ("none", "bf16")
+RETIRED: dict[str, str] = {
+    "overlap": (
+        "overlap (start the all-reduce at one sync, land it at the next) won on neither host "
+        "measured: 0.92x and 0.85x of the shipped settings on the emulated cluster (100 "
+        "Mbit/s and 1 Gbit/s links, lower eval AUC: 0.708 vs 0.722), 0.95x and 1.00x on the "
+        "flat host at a sync every step and every 10 (bench/RESULTS.md, sections "
+        "cluster-options and sync-options). Drop it: hide (the default) already hides the "
+        "sync's all-reduce behind the next step's work, exactly"
+    ),
+    "compression": (
+        "compression (bf16 deltas since the last sync with error feedback, dense engine only) "
+        "won on neither host measured: on the emulated cluster it cut host-link bytes by "
+        "about a fifth yet ran at 0.97x the shipped settings at 100 Mbit/s and 1.01x at 1 "
+        "Gbit/s (within that run's noise), and on the flat host at 0.71x and 0.89x at a sync "
+        "every step and every 10 (bench/RESULTS.md, sections cluster-options and "
+        "sync-options). Drop it: syncs send fp32 averages"
+    ),
+}
+"""``SyncOptions`` fields retired by measurement (issue 56 item 1): field -> what it was and
+why it went. Naming one (a config key or a keyword) is refused with that line,
+never ignored."""
+
+
+def retired(name: str) -> str:
+    """The one-line refusal of the retired option ``name``, after the key itself (the config
+    loader writes the same line for ``retired_keys``)."""
+    return f" was retired: {RETIRED[name]}."
 
 
 @dataclass(kw_only=True, slots=True)
 class SyncOptions:
     """How and when replicas are synchronized. Bad values raise ``KeyValueError`` naming the
-    field (the trainer's loader prefixes ``parallel.sync.``)."""
+    field (the trainer's loader prefixes ``parallel.sync.``). The trainer's ``parallel.sync``
+    defaults are these: one default everywhere."""
+
+    retired_keys: ClassVar[dict[str, str]] = RETIRED
+    """Fields removed after measurement; the config loader refuses them with ``retired``."""
 
     every: int = 1
     """Average replicas every N optimizer steps (local SGD in between)."""
@@ -30,22 +62,20 @@ class SyncOptions:
     momentum_scaling: bool = False
     """Divide the averaged AdaGrad accumulator growth by the number of replica groups so it
     grows like 1D training's (see ``sparse2d.sync.variants.scaling``); needs optimizer-state sync."""
-    overlap: bool = False
-    """Start the weight (and state) all-reduce at a sync point, finish it at the next one;
-    updates made meanwhile are kept by delta correction. Not bit-exact versus 1D."""
-    hide: bool = False
+    hide: bool = True
     """Start each cadence sync's all-reduce in the background and land it just before the next
     embedding lookup (a forward pre-hook on the fused kernels), hiding it behind the dense
     optimizer step, the next batch's data and its input all-to-all. Exact: nothing updates the
-    embeddings in between, so the landed values equal the blocking sync's bit for bit."""
-    compression: Literal["none", "bf16"] = "none"
-    """``"none"`` (fp32 average) or ``"bf16"`` (bf16 deltas since the last sync, fp32 master
-    values and error feedback); bf16 needs the dense engine."""
+    embeddings in between, so the landed values equal the blocking sync's bit for bit.
+    ``False``: each sync blocks until its average has landed."""
     engine: Literal["dense", "sparse", "auto"] = "dense"
     """Which values a sync covers: ``"dense"`` (every row), ``"sparse"`` (only rows some replica
     looked up since the last sync; never dense) or ``"auto"`` (per sync, whichever of the two
     a cost model measured over the replica group at start-up and refined from timed syncs
-    predicts cheaper; dense with bf16). The trainer defaults to ``"auto"``; the sparse engines
+    predicts cheaper). ``"dense"`` is the default: its sync was the cheaper one on the flat
+    host's main job (3.3 vs 6.6 ms a step at a sync every step) and on the emulated cluster's
+    1 Gbit/s links (1.17x auto), ``"auto"`` won on its 100 Mbit/s links (1.15x dense;
+    bench/RESULTS.md, sections sync-options and cluster-options); the sparse engines
     cost 4 bytes of tracking per embedding row. With ``"dense"`` or ``"auto"``, a cadence
     sync whose values are small (all replica groups' shards within
     ``sparse2d.sync.ddp.fold.FOLD_MAX_BYTES``) rides DDP's gradient all-reduce as a plain dense
@@ -69,21 +99,32 @@ class SyncOptions:
             "delayed_optimizer_state",
             "momentum_scaling",
             "check_finite",
+            "hide",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise KeyValueError(name, f"={getattr(self, name)!r} must be True or False.")
-        for name in ("overlap", "hide"):
-            if not isinstance(getattr(self, name), bool):
-                raise KeyValueError(name, f"={getattr(self, name)!r} must be True or False.")
-        if self.compression not in COMPRESSIONS:
-            raise KeyValueError(
-                "compression", f"={self.compression!r} is not one of {COMPRESSIONS}."
-            )
         if self.engine not in ENGINES:
             raise KeyValueError("engine", f"={self.engine!r} is not one of {ENGINES}.")
-        conflict = first_conflict(sync_settings(self), {"sync.": ""})  # e.g. bf16 with sparse
+        conflict = first_conflict(sync_settings(self), {"sync.": ""})  # e.g. delay, no state
         if conflict is not None:
             raise KeyValueError(conflict.key, conflict.detail)
+
+
+def _refuse_retired(init: Callable[..., None]) -> Callable[..., None]:
+    """``SyncOptions.__init__`` that names a retired field with ``retired`` (a ``KeyValueError``)
+    instead of Python's bare "unexpected keyword argument"."""
+
+    @functools.wraps(init)
+    def checked(self: SyncOptions, *args: Any, **kwargs: Any) -> None:
+        for name in kwargs:
+            if name in RETIRED:
+                raise KeyValueError(name, retired(name))
+        init(self, *args, **kwargs)
+
+    return checked
+
+
+SyncOptions.__init__ = _refuse_retired(SyncOptions.__init__)  # type: ignore[method-assign]
 
 
 def _check_int(name: str, value: object, low: int, meaning: str) -> None:
@@ -103,4 +144,4 @@ class SyncReport:
     divergence: float | None = None
     """Relative L2 distance to the replica mean just before this sync, when measured."""
     wait_seconds: float = 0.0
-    """Time spent waiting for transfers started at the previous sync (overlap/delay/hide)."""
+    """Time spent waiting for transfers started at the previous sync (delay/hide)."""

@@ -3,10 +3,10 @@
 One small object owns the cadence so the trainer and users make a single call
 per step (``policy.step(step)`` or ``model.maybe_sync(step)``). The injected
 engine decides *which values* are averaged; the policy decides *when* (every N
-steps), *how* (blocking, overlapped with the next interval, delayed optimizer
-state, bf16 deltas) and what to do around it (AdaGrad accumulator scaling,
+steps), *how* (blocking, hidden behind the next lookup, delayed optimizer
+state) and what to do around it (AdaGrad accumulator scaling,
 replica divergence). ``sync_now`` is always a blocking sync that leaves the
-replicas identical; overlap and delay apply to cadence syncs only.
+replicas identical; hide and delay apply to cadence syncs only.
 
 The policy composes its collaborators, each in the module of its concern: the engine
 (``sync.engines``), the channel (``sync.transport``), the NaN/inf guard (``sync.guard``),
@@ -22,21 +22,18 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from sparse2d.errors import ConfigError
 from sparse2d.sync.ddp.fold import Folded
 from sparse2d.sync.ddp.folding import Folding
 from sparse2d.sync.engines.auto import make_engine
 from sparse2d.sync.engines.base import Payload, SyncEngine, metadata_bytes
-from sparse2d.sync.engines.dense import DenseEngine
 from sparse2d.sync.guard import FiniteGuard, Verdict
 from sparse2d.sync.landing import Landing, LandingPoint
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.plan import Opening, Part, plan_sync
 from sparse2d.sync.shards import ShardState, live_tensors
-from sparse2d.sync.transport.channel import InWorldChannel, ManagedChannel, ReplicaChannel
+from sparse2d.sync.transport.channel import InWorldChannel, ReplicaChannel
 from sparse2d.sync.transport.collectives import AllReduceHook
-from sparse2d.sync.transport.transfer import Pending, Reduction
-from sparse2d.sync.variants.compression import Bf16DeltaCompressor
+from sparse2d.sync.transport.transfer import Pending
 from sparse2d.sync.variants.divergence import DivergenceSampler
 from sparse2d.sync.variants.scaling import AccumulatorScaler
 
@@ -74,21 +71,14 @@ class SyncPolicy:
         self.num_replicas = num_replicas
         self.hook = hook
         opts = self.options
-        kind = "dense" if opts.engine == "auto" and opts.compression == "bf16" else opts.engine
-        self.engine = engine or make_engine(kind, shards, replica_pg)
-        if opts.compression == "bf16" and not isinstance(self.engine, DenseEngine):
-            raise ConfigError(
-                f"sync compression='bf16' needs the dense engine; got "
-                f"{type(self.engine).__name__}. Use compression='none' or the dense engine."
-            )
-        self.compressor = Bf16DeltaCompressor() if opts.compression == "bf16" else None
+        self.engine = engine or make_engine(opts.engine, shards, replica_pg)
         self.scaler = AccumulatorScaler(shards, num_replicas) if opts.momentum_scaling else None
         self._sampler: DivergenceSampler | None = None
         named = shards + (mc.shards if mc is not None else [])  # the guard names MC tables too
         self.guard = (
             FiniteGuard(named, global_pg or dist.group.WORLD) if opts.check_finite else None
         )
-        self.landing = Landing(self.engine, self.scaler, self.compressor, self.channel)
+        self.landing = Landing(self.engine, self.scaler, self.channel)
         """Started parts and where they land (``sync.landing``)."""
         self.carrier: tuple[DdpVote, int] | None = None
         """The DDP carrier of this policy's NaN/inf vote and its slot (``sync.ddp.carried_vote``)."""
@@ -114,16 +104,13 @@ class SyncPolicy:
         return self._sync(
             step,
             states=opts.include_optimizer_state,
-            async_weights=opts.overlap,
-            async_states=opts.overlap or opts.delayed_optimizer_state,
+            async_states=opts.delayed_optimizer_state,
             hide=opts.hide,
         )
 
     def sync_now(self, step: int = -1, include_optimizer_state: bool = True) -> SyncReport:
         """Average replicas now, regardless of cadence; blocking, replicas identical after."""
-        return self._sync(
-            step, states=include_optimizer_state, async_weights=False, async_states=False
-        )
+        return self._sync(step, states=include_optimizer_state, async_states=False)
 
     @property
     def mode_counts(self) -> dict[str, int]:
@@ -143,29 +130,28 @@ class SyncPolicy:
     @property
     def may_scan_early(self) -> bool:
         """Guarded syncs whose payload can be known before they start: the dense engine, or
-        ``auto`` while dense is its home; not bf16 deltas, overlap or delayed state."""
+        ``auto`` while dense is its home; not delayed state."""
         return self.guard is not None and self._plain_cadence
 
     @property
     def _plain_cadence(self) -> bool:
         """Cadence syncs are plain averages of values known before they start: more than one
         replica, no managed-collision tables (merged and voted on by the sync itself), the
-        dense or auto engine, no bf16 deltas, overlap or delayed state, and no early-lookup
+        dense or auto engine, no delayed state, and no early-lookup
         pipeline (the embedding update lands after DDP's backward)."""
         opts = self.options
         return (
             self.num_replicas > 1
             and self.mc is None
             and opts.engine in ("dense", "auto")
-            and self.compressor is None
-            and not (opts.overlap or opts.delayed_optimizer_state)
+            and not opts.delayed_optimizer_state
             and not self.lookahead
         )
 
     def early_scan(self) -> tuple[list[torch.Tensor], bool] | None:
         """(tensors the next cadence sync may send, optimizer state included) for a NaN/inf
-        vote carried by DDP; None when only the sync itself can tell (bf16 deltas, overlap,
-        delayed state, touched rows)."""
+        vote carried by DDP; None when only the sync itself can tell (delayed state, touched
+        rows)."""
         if self.guard is None or self.num_replicas == 1:
             return [], True
         if not self.may_scan_early:
@@ -198,7 +184,7 @@ class SyncPolicy:
             close()
 
     def finish(self, point: LandingPoint = LandingPoint.CALL) -> float:
-        """Land everything in flight (hide/overlap/delay; what the channel holds settles
+        """Land everything in flight (hide/delay; what the channel holds settles
         first) at ``point``; return seconds spent waiting."""
         return self.landing.land(point)
 
@@ -213,8 +199,6 @@ class SyncPolicy:
         self.finish(LandingPoint.CLOSE)
         if self.mc is not None:
             self.mc.reset()
-        if self.compressor is not None:
-            self.compressor.reset()
         if self.scaler is not None:
             self.scaler.reset()
         if self.channel.members_change:  # loaded values may differ from the others' anywhere
@@ -224,7 +208,7 @@ class SyncPolicy:
     @property
     def may_fold(self) -> bool:
         """Cadence syncs may ride DDP's all-reduce: plain averages (dense or auto engine; no
-        user all-reduce hook, bf16 deltas, overlap or delayed state)."""
+        user all-reduce hook or delayed state)."""
         return self.hook is None and self._plain_cadence
 
     @property
@@ -260,7 +244,6 @@ class SyncPolicy:
         step: int,
         *,
         states: bool,
-        async_weights: bool,
         async_states: bool,
         hide: bool = False,
     ) -> SyncReport:
@@ -272,16 +255,14 @@ class SyncPolicy:
             return SyncReport(step=step, bytes=0, seconds=0.0)
         self.engine.track_rows(True)  # after folds: every row counts as touched
         opening = self._open(step)
-        self.landing.forget_dropped()
         moved = self._sync_mc(step)
         if self.mc is not None and not self.shards:  # MC tables only: nothing else to send
             return opening.report(moved)
         plan = plan_sync(
             states=states,
-            async_weights=async_weights,
             async_states=async_states,
             hide=hide,
-            copies=self.compressor is not None or self.channel.holds,
+            copies=self.channel.holds,
         )
         built = time.perf_counter()
         with torch.no_grad():  # every payload before any transfer: the guard sees them all
@@ -352,22 +333,9 @@ class SyncPolicy:
     def _begin(self, part: Part, payload: Payload) -> tuple[Pending, int]:
         """Start averaging one payload into its copy buffers; nothing is written back until
         it lands (``sync.landing``). Returns the transfer and the bytes it sends."""
-        key = part.key
         with torch.no_grad():
             snapshot = [b.clone() for b in payload.buffers] if part.background else None
-            sent = (
-                self.compressor.wire_bytes(key, payload.buffers)
-                if self.compressor is not None
-                else payload.bytes
-            ) + metadata_bytes(self.engine)
-            reduction = self._start(key, payload.buffers, async_op=True)
+            sent = payload.bytes + metadata_bytes(self.engine)
+            reduction = self.channel.start(payload.buffers, self.hook, async_op=True)
         kind = "states" if part.states else "weights"
         return Pending(payload, reduction, snapshot, kind), sent
-
-    def _start(self, key: str, buffers: list[torch.Tensor], async_op: bool) -> Reduction:
-        if self.compressor is not None:
-            managed = self.channel if isinstance(self.channel, ManagedChannel) else None
-            return self.compressor.start(
-                key, buffers, self.replica_pg, self.hook, async_op, channel=managed
-            )
-        return self.channel.start(buffers, self.hook, async_op)

@@ -43,7 +43,7 @@ def workload_from_config(cfg: Config) -> Workload:
         optimizer=cfg.optimizer.sparse.kind,
         sync_every=sync.every,
         include_optimizer_state=sync.include_optimizer_state,
-        engine=sync.engine if sync.compression == "none" else "dense",
+        engine=sync.engine,
         zipf_exponent=cfg.data.synthetic.zipf_exponent if synthetic else 1.1,
         replica_layout=cfg.parallel.replica_layout,
         sharding_strategy=cfg.parallel.sharding_strategy,

@@ -4,7 +4,7 @@
 the next batches overlaps this step) or ``TrainPipelineSemiSync`` (the next batch's
 embedding lookup too). The pipelines' own 2D hook (``dmp_collection_sync_interval_batches``)
 is left off: the loop syncs through ``model.maybe_sync(step)`` right after each step, so
-every ``parallel.sync`` option (overlap, delayed state, engines) and the per-sync reports
+every ``parallel.sync`` option (hide, delayed state, engines) and the per-sync reports
 keep working, at the same cadence and phase with or without a pipeline. (A pipeline's
 hook would call the blocking ``model.sync()`` after batches ``0, N, 2N, ...``, one batch
 off the policy's ``N-1, 2N-1, ...`` that checkpoints align to.)

@@ -8,8 +8,8 @@ has such a point: DDP's gradient all-reduce of the dense parameters, over the sa
 So on a backward that a sync follows (``armed`` by the cadence), DDP's last bucket waits
 for the backward's final callback, which scans the values the sync will send and appends
 one ``POLICY`` ballot (``sync.ballot``) per sync policy: "I hold a NaN/inf", "I could not
-scan" (the touched-rows engine, bf16 deltas, overlap: those policies vote in their sync as
-before, on every rank alike) and "I folded". A small sync's values ride along too
+scan" (the touched-rows engine, delayed state: those policies vote in their sync as before,
+on every rank alike) and "I folded". A small sync's values ride along too
 (``sparse2d.sync.ddp.fold``: its replica average comes out of the same all-reduce, no
 collective of its own). Then, still in that callback, ``on_voted`` runs the sync (or
 writes the folded average back), so nothing can change a scanned value before it is sent: a

@@ -3,7 +3,7 @@
 An engine turns the live shards into a ``Payload``: contiguous buffers that are
 safe to all-reduce (also asynchronously, also in reduced precision), plus
 ``scatter`` to write averaged values back and ``gather`` to re-read the live
-values at the same positions (for overlapped sync's delta correction).
+values at the same positions (for delayed state's delta correction).
 ``engines.dense`` covers every row, ``engines.sparse`` touched rows only and
 ``engines.auto`` picks between them per sync.
 """

@@ -1,7 +1,7 @@
 """The dense engine: every row of every shard, one flat buffer per dtype and kind.
 
 The plain replica average (what TorchRec's 2D sync does); the fallback of ``engine="auto"``
-and the only engine bf16 deltas and folding into DDP's all-reduce work with.
+and the only engine folding into DDP's all-reduce works with.
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ Per shard, at each ``payload``:
 (never dense); ``"auto"`` is ``sync.engines.auto.AutoEngine``, which derives the crossover
 from measured costs and also picks a plain dense sync when that is cheaper.
 
-Delayed optimizer state and overlap: each kind keeps its own ``base``
+Delayed optimizer state: each kind keeps its own ``base``
 generation, advanced in ``synced()`` to the generation cut at its ``payload``;
-rows looked up after that cut (e.g. while an overlapped all-reduce runs) stay
+rows looked up after that cut (e.g. while a delayed all-reduce runs) stay
 pending for the next sync.
 
 Exactness: with a power-of-two number of replicas, the average of identical

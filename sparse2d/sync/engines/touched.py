@@ -9,8 +9,8 @@ updated together with its weight.
 
 Stamps instead of bitmaps let several consumers ask "touched since my last
 sync?" independently: the sync engine keeps one ``base`` generation per kind
-(weights, optimizer state), so delayed optimizer-state sync and overlapped sync
-(rows touched while an all-reduce is in flight) need no extra copies. The cost
+(weights, optimizer state), so delayed optimizer-state sync (rows touched while
+its all-reduce is in flight) needs no extra copies. The cost
 is one ``int32`` per row (1/64 of a 64-dim fp32 row) and a few vector ops over
 the looked-up ids per forward, with no host synchronization.
 """

@@ -3,6 +3,6 @@ managed group), the coalesced collectives, and transfers that may land later.
 
 ``channel`` picks the process group, ``collectives`` holds the plain average/broadcast
 used by sync, alignment and repair, and ``transfer`` a started average (``Pending``) that
-lands with delta correction, which is what makes the overlap variant exact. What is sent
+lands with delta correction, which is what makes delayed optimizer state exact. What is sent
 is the engines' business (``sync.engines``), when it is sent the policy's.
 """

@@ -134,13 +134,6 @@ class ManagedChannel(Channel):
         self.sent_aside = True
         self._start(tensor, average=False).wait()
 
-    def start_sum(self, buffers: list[torch.Tensor]) -> Reduction:
-        """Start SUMming ``buffers`` in place over the quorum, in their own dtype (bf16 deltas
-        travel as bf16: torchft's group sums, it cannot gather)."""
-        self.sent_aside = True
-        works = [self._start(b, average=False) for b in buffers]
-        return Reduction(works, lambda: buffers)  # type: ignore[arg-type]
-
     def any(self, flags: torch.Tensor) -> torch.Tensor:
         """Element-wise OR over the quorum of 0/1 ``uint8`` ``flags`` (a MAX all-reduce
         done as a SUM, torchft's reduction, then ``> 0``), blocking; flags are not modified."""

@@ -1,7 +1,8 @@
 """Averaging transfers that may run in the background, with delta correction on landing.
 
-Every sync part moves through a ``Pending`` (landed by ``sync.landing.Started``); the overlap variant (``SyncOptions.overlap``,
-delayed optimizer state) is a transfer that carries a snapshot.
+Every sync part moves through a ``Pending`` (landed by ``sync.landing.Started``); delayed
+optimizer state (``SyncOptions.delayed_optimizer_state``) is a transfer that carries a
+snapshot.
 
 A transfer averages a payload's buffers over the replica group. Started
 asynchronously at sync point k and completed at sync point k+1, the replicas

@@ -1,7 +1,7 @@
-"""Optional variants of a replica sync, each switched on by a ``SyncOptions`` field: bf16
-deltas with error feedback (``compression``), momentum-scaled row-wise AdaGrad
-accumulators (``scaling``) and the replica divergence sample (``divergence``).
+"""Optional variants of a replica sync, each switched on by a ``SyncOptions`` field:
+momentum-scaled row-wise AdaGrad accumulators (``scaling``) and the replica divergence
+sample (``divergence``).
 
-Overlapped and delayed syncs are a transfer that lands later with delta correction
+Delayed optimizer-state syncs are a transfer that lands later with delta correction
 (``sync.transport.transfer``); hidden syncs land before the next lookup (``SyncPolicy``).
 """

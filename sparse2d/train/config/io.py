@@ -94,8 +94,7 @@ def _coerce(value: Any, tp: Any, key: str, base: Any = None) -> Any:
 
 def _section_default(spec: dataclasses.Field) -> Any:  # type: ignore[type-arg]
     """The instance a section field defaults to (keys absent from YAML keep its values), or
-    None when it has the class defaults (e.g. ``parallel.sync`` is ``SyncOptions`` with the
-    trainer's defaults)."""
+    None when it has the class defaults (e.g. ``parallel.sync`` is ``SyncOptions()``)."""
     factory = spec.default_factory
     if factory is dataclasses.MISSING or dataclasses.is_dataclass(factory):
         return None
@@ -132,10 +131,13 @@ def build(cls: type, data: Any, path: str, base: Any = None) -> Any:
 
 
 def _unknown_key(cls: type, key: Any, path: str, fields: dict[str, Any]) -> ConfigError:
-    """One line for a key ``cls`` lacks: the key it was renamed to (a section's
-    ``renamed_keys``), else every valid key."""
+    """One line for a key ``cls`` lacks: why it was retired (a section's ``retired_keys``),
+    the key it was renamed to (``renamed_keys``), else every valid key."""
     section = path or "<top level>"
     dotted = f"{path}.{key}" if path else str(key)
+    why = getattr(cls, "retired_keys", {}).get(key)
+    if why is not None:  # removed after measurement: say why, never ignore it
+        return ConfigError(f"{dotted} was retired: {why}.")
     renamed = getattr(cls, "renamed_keys", {}).get(key)
     if renamed is not None:
         now = f"{path}.{renamed}" if path else renamed

@@ -10,13 +10,6 @@ from sparse2d.sync.options import SyncOptions
 from sparse2d.train.config.io import positive
 
 
-def trainer_sync() -> SyncOptions:
-    """The trainer's ``parallel.sync`` defaults: the library's, but with the sync engine picked
-    per sync by the cost model (``engine: auto``) and the all-reduce hidden behind the next
-    lookup (``hide: true``; exact, so bit-identical to a blocking sync)."""
-    return SyncOptions(engine="auto", hide=True)
-
-
 @dataclass(kw_only=True, slots=True)
 class ParallelConfig:
     """The 2D layout: sharding groups of ``L`` ranks, replicated ``world / L`` times."""
@@ -33,8 +26,8 @@ class ParallelConfig:
     crosses hosts)."""
     node_group_size: int | None = None
     """Ranks of one group sharing a host (table-row-wise/grid); null: from ``LOCAL_WORLD_SIZE``."""
-    sync: SyncOptions = field(default_factory=trainer_sync)
-    """Replica sync cadence and options: ``sparse2d.SyncOptions`` itself, with the trainer's
+    sync: SyncOptions = field(default_factory=SyncOptions)
+    """Replica sync cadence and options: ``sparse2d.SyncOptions`` itself, with the library's
     defaults (``parallel.sync.every`` is the sync interval)."""
     auto: TrialOptions = field(default_factory=TrialOptions)
     """The measured ``auto`` trial (used only with ``sharding_group_size: auto``):
@@ -42,8 +35,8 @@ class ParallelConfig:
     sharding_strategy: Literal["default", "fully_sharded"] = "default"
     """``default``: each replica holds its group's embedding shards; ``fully_sharded``: between
     steps each replica holds 1/G of them and every step averages weights and optimizer state
-    by reduce-scatter (exact; ``parallel.sync`` must stay at every=1 without overlap,
-    compression, delay or scaling, with optimizer state and ``check_finite``; ``engine:
+    by reduce-scatter (exact; ``parallel.sync`` must stay at every=1 without
+    delay or scaling, with optimizer state and ``check_finite``; ``engine:
     sparse`` is refused, ``hide`` and the divergence metric do not apply)."""
     timeout_s: float = 300.0
     """Process-group timeout: a rank stuck this long in a collective fails instead of hanging."""
