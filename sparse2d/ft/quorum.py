@@ -42,6 +42,7 @@ import torch.nn as nn
 from sparse2d.errors import ConfigError, FaultToleranceError
 from sparse2d.ft.ft_options import FTOptions
 from sparse2d.ft.lighthouse import check_job, check_reachable, replica_id
+from sparse2d.sync.ballot import Ballot, Flag, Meaning
 
 logger = logging.getLogger(__name__)
 START_POLL_S = 0.25
@@ -172,6 +173,10 @@ class ShortQuorums:
             raise stop
 
 
+ECHO = Ballot(Flag("committed", Meaning.ALL))
+"""The commit echo's ballot: did every group in the quorum commit the step?"""
+
+
 class QuorumLease:
     """When a step forms a quorum (``FTOptions.quorum_every``): at the first step, every
     ``every`` committed steps, and at the step after one that some group of the quorum did
@@ -221,7 +226,7 @@ class QuorumLease:
         self.regroup = True
         if pg_failed or self.every == 1:
             return
-        flag = torch.tensor([1.0 if committed else 0.0])
+        flag = ECHO.encode({"committed": committed}, dtype=torch.float32)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
         try:
@@ -240,7 +245,7 @@ class QuorumLease:
         except Exception:  # a peer lost after the vote, or its link cut (the wait's bound)
             self._lost(committed)
             return
-        self.regroup = not (committed and int(flag.item()) == participants)
+        self.regroup = not (committed and ECHO.read(flag, ranks=participants)["committed"])
 
     def _lost(self, committed: bool) -> None:
         """This rank's echo failed: a peer was lost after the vote. The other ranks of this
