@@ -116,23 +116,10 @@ def plan_rank(module: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[Any], A
     returns ``(plan, contexts, construction_report)``; ``planned_shards`` reads the plan."""
     from sparse2d.core.collection_setup import resolve_setup
     from sparse2d.core.construction import ConstructionReport
-    from sparse2d.core.contexts import build_contexts
 
     setup = resolve_setup(module, args, kwargs)
-    call, report = setup.call, ConstructionReport()
-    plan = build_contexts(
-        setup.contexts,
-        module,
-        setup.sharders,
-        setup.device,
-        setup.rank,
-        setup.pg,
-        call.constraints,
-        call.planner_batch_size,
-        call.plan_store,
-        report,
-    )
-    return plan, setup.contexts, report
+    report = ConstructionReport()
+    return setup.plan(module, report), setup.contexts, report
 
 
 def planned_shards(

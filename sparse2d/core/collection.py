@@ -55,7 +55,6 @@ from sparse2d.core.contexts import (
     DefaultContextAttr,
     ShardingContext,
     assign_shards,
-    build_contexts,
     geometry_repr,
     sharding_env,
 )
@@ -193,18 +192,7 @@ class DMPCollection(TorchRecDMPCollection):
         call, contexts = setup.call, setup.contexts
         # 2-3. Mesh and plan per context (sparse2d.core.contexts), remapped to this rank's groups.
         report = self.construction = ConstructionReport()
-        plan = build_contexts(
-            contexts,
-            module,
-            setup.sharders,
-            setup.device,
-            setup.rank,
-            setup.pg,
-            call.constraints,
-            call.planner_batch_size,
-            call.plan_store,
-            report,
-        )
+        plan = setup.plan(module, report)
         # 4. Shard: TorchRec's DMP, each module type with its context's ShardingEnv2D.
         apply_all(setup.device)  # workarounds this device still needs (sparse2d.patches)
         install_pipeline_guard()
@@ -251,7 +239,8 @@ class DMPCollection(TorchRecDMPCollection):
         FULLY_SHARDED hooks, and its process groups (the 2D mesh's, TorchRec's TWRW/grid
         groups; never ``global_pg`` or the default group). Local to the rank, no collective;
         a second call does nothing; forward/sync afterwards raise a clear error. The groups'
-        threads and sockets end here, without a garbage collection (``sparse2d.core.group_refs``)."""
+        threads and sockets end here, without a garbage collection
+        (``sparse2d.core.group_refs``)."""
         if self._resources.closed:
             return
         groups = list(self._groups.groups)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torchrec.distributed.types import ModuleSharder
+from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from sparse2d import validation
 from sparse2d.advisor.auto_pick import AUTO, DEFAULT_BATCH_SIZE, auto_candidates
@@ -32,7 +32,8 @@ from sparse2d.core.call_forms import (
     resolve_layout,
     resolve_strategy,
 )
-from sparse2d.core.contexts import ShardingContext, describe_contexts
+from sparse2d.core.construction import ConstructionReport
+from sparse2d.core.contexts import ShardingContext, build_contexts, describe_contexts
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import validate_group_size, validate_layout
 from sparse2d.option_conflicts import check_collection
@@ -61,6 +62,24 @@ class Setup:
     """The model has managed-collision tables (``sparse2d.sync.mc``)."""
     trial_report: TrialReport | None = None
     """For ``sharding_group_size="auto"``: how ``L`` was chosen (measured or the model's)."""
+
+    def plan(self, module: nn.Module, report: ConstructionReport) -> ShardingPlan:
+        """Steps 2-3 of the construction, for the model and for a dry run alike: the mesh and
+        plan of every context, remapped to this rank's groups (collective:
+        ``build_contexts``)."""
+        call = self.call
+        return build_contexts(
+            self.contexts,
+            module,
+            self.sharders,
+            self.device,
+            self.rank,
+            self.pg,
+            call.constraints,
+            call.planner_batch_size,
+            call.plan_store,
+            report,
+        )
 
 
 def resolve_setup(

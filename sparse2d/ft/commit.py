@@ -13,9 +13,9 @@ committed state). A step whose vote fails when it lands late was followed by one
 the last quorum: this group sends that step's all-reduce anyway (its managers' error
 cleared: a peer must not wait for a collective an errored manager skips) with the control
 vector's flag set, so every group refuses that step's average, and the commit echo of the
-failed step makes every group regroup at the step after. A fault thus costs the live groups one failed step instead of
-none (their data slices are skipped, never trained twice); the trainer defers all steps but
-those it evaluates or saves after (``sparse2d.train.ft_mode``).
+failed step makes every group regroup at the step after. A fault thus costs the live groups
+one failed step instead of none (their data slices are skipped, never trained twice); the
+trainer defers all steps but those it evaluates or saves after (``sparse2d.train.ft_mode``).
 """
 
 from __future__ import annotations

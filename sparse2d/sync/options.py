@@ -88,7 +88,8 @@ class SyncOptions:
     """Before averaging, check every value a sync would send for NaN/inf; if any rank finds
     one, every rank raises ``sparse2d.SyncError`` and no replica changes (see
     ``sparse2d.sync.guard``; one sum per payload buffer and a job-wide vote, carried by
-    DDP's gradient all-reduce where the payload is known early: ``sparse2d.sync.ddp.carried_vote``)."""
+    DDP's gradient all-reduce where the payload is known early:
+    ``sparse2d.sync.ddp.carried_vote``)."""
 
     def __post_init__(self) -> None:
         _check_int("every", self.every, 1, "1 = every step")

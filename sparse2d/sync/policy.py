@@ -81,7 +81,8 @@ class SyncPolicy:
         self.landing = Landing(self.engine, self.scaler, self.channel)
         """Started parts and where they land (``sync.landing``)."""
         self.carrier: tuple[DdpVote, int] | None = None
-        """The DDP carrier of this policy's NaN/inf vote and its slot (``sync.ddp.carried_vote``)."""
+        """The DDP carrier of this policy's NaN/inf vote and its slot
+        (``sync.ddp.carried_vote``)."""
         self.votes_carried = 0
         """Syncs whose NaN/inf vote rode DDP's gradient all-reduce (no vote of their own)."""
         self.folding = Folding(shards, opts, self.engine, self.scaler)
