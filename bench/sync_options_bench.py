@@ -186,7 +186,10 @@ def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> s
         f"by round; {args.machine}. samples/s: mean over the rounds (each the trainer's own); "
         f"x default: ratio to the default's mean in the same cadence. The box is shared: "
         f"single rounds move by 10-30%, so only a ratio clearly away from 1.00 counts. "
-        f"Wall {wall:.0f} s.",
+        f"Wall {wall:.0f} s. Reproduce: `PYTHONPATH=. .venv/bin/python "
+        f"bench/sync_options_bench.py --rounds {result['rounds']} --steps {result['steps']}` "
+        "(the retired settings can no longer run; `--render bench/results/sync_options.json` "
+        "re-renders their rows).",
         "",
         "| every | setting | samples/s | rounds | x default | sync ms/step | sync KB/step "
         "| eval AUC | planted AUC |",

@@ -1,0 +1,43 @@
+"""bench/sync_options_bench.py: how its stored run renders, and that the options it retired
+stay unmeasurable (the runs themselves are the trainer's, tested in tests/test_train.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+import tests.bench_path  # noqa: F401  (bench/ on sys.path)
+
+# isort: split
+from sync_options_bench import DEFAULT, RETIRED_SETTINGS, SETTINGS, markdown
+
+from sparse2d import KeyValueError, SyncOptions
+from sparse2d.errors import ConfigError
+from sparse2d.train.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+STORED = ROOT / "bench" / "results" / "sync_options.json"
+
+
+def test_the_stored_run_renders_every_setting_its_ratio_and_the_verdict() -> None:
+    result = json.loads(STORED.read_text())
+    args = argparse.Namespace(machine=result["machine"], eval_batches=result["eval_batches"])
+    text = markdown(result, args, result["wall_s"])
+    for every in ("1", "10"):
+        for name in [*SETTINGS, *RETIRED_SETTINGS]:
+            assert f"| {every} | {name} |" in text, (every, name)
+        assert f"| {every} | {DEFAULT} |" in text and "| 1.00 |" in text
+    assert "Reproduce: `PYTHONPATH=. .venv/bin/python bench/sync_options_bench.py" in text
+    assert "**`overlap`**" in text and "**`compression: bf16`**" in text
+
+
+@pytest.mark.parametrize("overrides", [list(v) for v in RETIRED_SETTINGS.values()])
+def test_a_retired_setting_is_refused_in_one_line(overrides: list[str]) -> None:
+    with pytest.raises(ConfigError, match=r"was retired: .*sync-options") as info:
+        load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), overrides)
+    assert "\n" not in str(info.value)
+    with pytest.raises(KeyValueError, match="overlap was retired"):
+        SyncOptions(overlap=True)  # type: ignore[call-arg]
