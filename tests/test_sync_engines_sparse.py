@@ -14,11 +14,11 @@ from torchrec.optim import RowWiseAdagrad
 
 from sparse2d.core.collection import DMPCollection
 from sparse2d.errors import ConfigError
+from sparse2d.sync.collectives import average_
 from sparse2d.sync.engines.base import SyncEngine
 from sparse2d.sync.engines.dense import DenseEngine
 from sparse2d.sync.engines.sparse import SparseEngine
 from sparse2d.sync.policy import SyncOptions, SyncPolicy
-from sparse2d.sync.transport.collectives import average_
 from tests.models import (
     SPARSE_SYNC_TABLES,
     Table,

@@ -168,10 +168,10 @@ def rng_preserved() -> Iterator[None]:
 def close_candidate(model: Any) -> None:
     """Land a hidden sync still in flight (every rank closes the same candidate), then free
     the candidate's groups."""
-    policy = getattr(model, "sync_policy", None)
+    finish = getattr(model, "finish_sync", None)
     try:
-        if policy is not None:
-            policy.finish()
+        if finish is not None:
+            finish()
     finally:
         close = getattr(model, "close", None)
         if callable(close):

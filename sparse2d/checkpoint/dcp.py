@@ -191,9 +191,9 @@ def save(
     Returns the checkpoint directory.
     """
     root = os.fspath(path)
-    policy = getattr(model, "sync_policy", None)
-    if policy is not None:  # land any hidden/delayed transfer before reading the shards
-        policy.finish()
+    finish = getattr(model, "finish_sync", None)
+    if finish is not None:  # land any hidden/delayed transfer before reading the shards
+        finish()
     root, step = save_target(root, step, extra, keep)
     rank = dist.get_rank()
     token = [uuid.uuid4().hex[:8] if rank == 0 else None]
@@ -331,8 +331,7 @@ def load(
         for kernel in {id(s.kernel): s.kernel for s in model.shard_states}.values():
             if kernel is not None:
                 kernel.iter.fill_(iteration)
-    policy = getattr(model, "sync_policy", None)
-    if policy is not None:  # AdaGrad references describe the old values: drop them
+    for policy in getattr(model, "sync_policies", []):  # AdaGrad references: of old values
         policy.reset()
     if dense_optimizer is not None:
         dense_optimizer.load_state_dict(_unblob(state["dense_optimizer"]))

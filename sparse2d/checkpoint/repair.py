@@ -13,9 +13,9 @@ import torch.nn as nn
 
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import replica_groups
+from sparse2d.sync.collectives import broadcast_
 from sparse2d.sync.mc import mc_identity_buffers
 from sparse2d.sync.shards import flush_caches, live_tensors
-from sparse2d.sync.transport.collectives import broadcast_
 
 
 def plan_repair(
@@ -64,7 +64,7 @@ def repair_from_replicas(model: nn.Module, ranks: list[int], include_dense: bool
     plans = [
         plan_repair(world, c.sharding_group_size, c.replica_layout, list(ranks)) for c in contexts
     ]  # every context checked before anything moves
-    model.sync_policy.finish()  # no transfer may land on top of the repaired values
+    model.finish_sync()  # no transfer may land on top of the repaired values
     with torch.no_grad():
         for ctx, plan in zip(contexts, plans, strict=True):
             shards = ctx.shards if ctx is not model else model.shard_states
@@ -88,4 +88,5 @@ def repair_from_replicas(model: nn.Module, ranks: list[int], include_dense: bool
             ]
             if dense:
                 broadcast_(dense, dist.group.WORLD, src_group_rank=healthy)
-    model.sync_policy.reset()  # references taken before the repair are stale on repaired ranks
+    for policy in model.sync_policies:  # references taken before the repair are stale
+        policy.reset()

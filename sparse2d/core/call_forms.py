@@ -34,7 +34,7 @@ from torchrec.distributed.types import (
 )
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.transport.collectives import AllReduceHook
+from sparse2d.sync.collectives import AllReduceHook
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,9 @@ plan for ``L`` ranks -> remap to this rank's group (``sparse2d.core.contexts``) 
 ``ShardingEnv2D`` -> align replicas. Each configured module type of TorchRec's
 ``submodule_configs`` gets its own context (group size, mesh, plan, replica sync). The model
 delegates to collaborators that hold what they need and never the model (no reference
-cycle through them): ``ReplicaSync`` (``sparse2d.core.replica_consistency``), ``SurfaceGuard``
-(``sparse2d.sync.fully_sharded.surfaces``) and its contexts (geometry attributes).
+cycle through them): one ``SyncPolicy`` per context (``sparse2d.sync.policy``: the sync
+itself), ``SurfaceGuard`` (``sparse2d.sync.fully_sharded.surfaces``) and its contexts
+(geometry attributes).
 
 Why a subclass of TorchRec's own ``DMPCollection``: TorchRec's train pipelines
 (``TrainPipelineSparseDist``, ``TrainPipelineSemiSync``, ...) sync replicas in
@@ -26,6 +27,7 @@ TorchRec's class reachable after construction is overridden here (``sync``,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import weakref
@@ -49,6 +51,7 @@ from torchrec.distributed.types import (
 
 from sparse2d.advisor.trial import TrialReport
 from sparse2d.advisor.trial_options import TrialOptions
+from sparse2d.core.call_forms import adapt_all_reduce
 from sparse2d.core.collection_setup import Setup, resolve_setup
 from sparse2d.core.construction import ConstructionReport
 from sparse2d.core.contexts import (
@@ -59,20 +62,22 @@ from sparse2d.core.contexts import (
     sharding_env,
 )
 from sparse2d.core.group_refs import ClosedGroup, drop_references
-from sparse2d.core.replica_consistency import PolicyOrSet, ReplicaSync
 from sparse2d.core.resources import GroupRecorder, Resources
 from sparse2d.patches import apply_all
 from sparse2d.patches.torchrec_comm import forget_destroyed_groups
 from sparse2d.planner.plan_store import PlanStore
+from sparse2d.sync.collectives import broadcast_
 from sparse2d.sync.fully_sharded import FullyShardedEmbeddings
 from sparse2d.sync.fully_sharded.surfaces import (
     GuardedOptimizer,
     SurfaceGuard,
     slice_fully_sharded,
 )
+from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.sync.mc.pipelines import install_pipeline_guard
-from sparse2d.sync.options import SyncOptions, SyncReport
-from sparse2d.sync.shards import ShardState
+from sparse2d.sync.options import SyncOptions, SyncReport, merge_reports
+from sparse2d.sync.policy import SyncPolicy
+from sparse2d.sync.shards import ShardState, live_tensors
 
 logger = logging.getLogger(__name__)
 FS = ShardingStrategy.FULLY_SHARDED
@@ -105,7 +110,7 @@ class DMPCollection(TorchRecDMPCollection):
             ``sparse2d.sync.fully_sharded``). Also per ``submodule_configs`` entry.
         node_group_size: ranks of one group sharing a host, for TWRW/grid (divides ``L``).
         custom_all_reduce: TorchRec's ``hook(tensors)``, replacing the averaging all-reduce;
-            the hook owns its process group (see ``compat.adapt_all_reduce``).
+            the hook owns its process group (``sparse2d.core.call_forms.adapt_all_reduce``).
         submodule_configs: TorchRec ``DMPCollectionConfig`` per module type with its own
             group size, layout and plan (``plan=None``: planned here).
         init_data_parallel, init_parameters, data_parallel_wrapper: as in TorchRec's DMP.
@@ -212,25 +217,31 @@ class DMPCollection(TorchRecDMPCollection):
         self._contexts = contexts
         self._shards = assign_shards(contexts, self)
         sliced = [c for c in contexts if c.strategy == FS and c.num_replicas > 1]
-        self._replicas = ReplicaSync.build(
-            self,
-            contexts,
-            sliced,
-            call.sync_options,
-            setup.hook,
-            setup.pg,
-            setup.has_mc,
-            self._resources,
-        )
-        # 5. Align replicas: TorchRec seeds each group's shards independently.
+        # 5. Sync policy, one per context (FULLY_SHARDED contexts are averaged by every
+        # step's reduce-scatter: their policy syncs nothing).
+        self._policies: list[SyncPolicy] = []
+        for ctx in contexts:
+            mc = mc_sync_for(self, ctx.shards, ctx.replica_pg) if setup.has_mc else None
+            ctx.policy = SyncPolicy(
+                [] if ctx in sliced else plain_shards(ctx.shards, mc),
+                ctx.replica_pg,
+                ctx.num_replicas,
+                call.sync_options,
+                setup.hook,
+                global_pg=setup.pg,
+                mc=mc,
+            )
+            self._policies.append(ctx.policy)
+        self._resources.callback(_closer(self._policies))
+        self.fully_sharded: FullyShardedEmbeddings | None = None
+        # 6. Align replicas: TorchRec seeds each group's shards independently.
         with report.phase("align"):
-            self._replicas.align()
+            self.align_replicas()
         logger.info("[sparse2d] replicas aligned over %s", contexts[0].replica_group)
-        # 6. FULLY_SHARDED contexts: keep this replica's 1/G slice, free the rest.
-        self._resources.callback(self.sync_policy.close)
-        fully_sharded = slice_fully_sharded(self, sliced, setup.pg, self._resources)
-        self._replicas.fully_sharded = fully_sharded
-        self._guard = SurfaceGuard(self._resources, self._replicas.finish, fully_sharded)
+        # 7. FULLY_SHARDED contexts: keep this replica's 1/G slice, free the rest.
+        self.fully_sharded = slice_fully_sharded(self, sliced, setup.pg, self._resources)
+        finish = _finisher(self._policies, self._resources)
+        self._guard = SurfaceGuard(self._resources, finish, self.fully_sharded)
         self._optim = GuardedOptimizer(self._optim, self._guard)
 
     # ---- lifetime ----------------------------------------------------------------------
@@ -259,7 +270,6 @@ class DMPCollection(TorchRecDMPCollection):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._resources.check_open("run forward")
-        self._replicas.early.raise_error()
         if self.fully_sharded is not None:  # start the weight all-gathers before input dist
             self.fully_sharded.prefetch()
         return super().forward(*args, **kwargs)
@@ -280,10 +290,20 @@ class DMPCollection(TorchRecDMPCollection):
         finally:
             self._env = default
 
-    # ---- replica consistency (sparse2d.core.replica_consistency) -------------------
+    # ---- replica consistency: the sync spine starts here (sparse2d.sync.policy) ------------
     def align_replicas(self, include_optimizer_state: bool = True) -> None:
         """Overwrite every replica's shards with replica-rank 0's copy (every context)."""
-        self._replicas.align(include_optimizer_state)
+        self._resources.check_open("align replicas")
+        for ctx in self._contexts:
+            if ctx.num_replicas == 1:
+                continue
+            tensors = live_tensors(ctx.shards, weights=True, states=include_optimizer_state)
+            tensors += mc_identity_buffers(ctx.policy)
+            full = self.fully_sharded
+            with full.gathered() if full else contextlib.nullcontext(), torch.no_grad():
+                broadcast_(tensors, ctx.replica_pg, src_group_rank=0)
+        for policy in self._policies:
+            policy.reset()
 
     def sync(self, include_optimizer_state: bool = True) -> SyncReport:
         """Average embedding weights and all fused optimizer state over the replica group.
@@ -295,7 +315,16 @@ class DMPCollection(TorchRecDMPCollection):
         by every step's reduce-scatter: for them the NaN/inf check runs here, and a custom
         all-reduce hook gets their full weights and states (TorchRec's semantics).
         """
-        return self._replicas.sync(include_optimizer_state)
+        self._resources.check_open("sync")
+        reports = [
+            p.sync_now(include_optimizer_state=include_optimizer_state) for p in self._policies
+        ]
+        if self.fully_sharded is not None:
+            reports.append(self.fully_sharded.report(-1))
+            hook = self._policies[0].hook
+            if hook is not None:  # TorchRec calls the hook under FULLY_SHARDED too
+                reports.append(self.fully_sharded.run_hook(hook, include_optimizer_state))
+        return merge_reports(reports)
 
     def maybe_sync(self, step: int) -> SyncReport | None:
         """Sync if the policy's cadence says step ``step`` (0-based) ends an interval.
@@ -303,7 +332,25 @@ class DMPCollection(TorchRecDMPCollection):
         FULLY_SHARDED contexts report their step's reduce-scatters (and run the job-wide
         NaN/inf check) at every step.
         """
-        return self._replicas.maybe_sync(step)
+        self._resources.check_open("sync")
+        reports = []
+        for policy in self._policies:
+            report = policy.step(step)
+            if report is not None:
+                reports.append(report)
+        if self.fully_sharded is not None:
+            report = self.fully_sharded.report(step)
+            if report is not None:
+                reports.append(report)
+        if not reports:
+            return None
+        return reports[0] if len(reports) == 1 else merge_reports(reports)
+
+    def finish_sync(self) -> None:
+        """Land every sync still in flight (hidden or delayed), every context: the replicas
+        then hold what a blocking sync would have left. Local waits, no new collective."""
+        for policy in self._policies:
+            policy.finish()
 
     def repair_from_replicas(self, ranks: list[int], include_dense: bool = True) -> None:
         """Refill ``ranks`` (e.g. restarted with fresh weights) from a healthy replica.
@@ -319,20 +366,29 @@ class DMPCollection(TorchRecDMPCollection):
     def set_all_reduce_hook(self, reduce_hook: Callable[..., None] | None) -> None:  # type: ignore[override]
         """Replace the averaging all-reduce with TorchRec's ``hook(tensors)``, which averages
         in place over its own group (e.g. ``model.replica_pg``); ``None`` restores the default."""
-        self._replicas.set_hook(reduce_hook)
+        hook = adapt_all_reduce(reduce_hook)
+        for policy in self._policies:
+            policy.hook = hook
 
     def ensure_reduce_scatter_complete(self) -> None:
         """TorchRec's FULLY_SHARDED wait. Nothing to wait for: our FULLY_SHARDED lands its
         reduce-scatters at the end of each backward (see ``sparse2d.sync.fully_sharded``)."""
 
     @property
-    def sync_policy(self) -> PolicyOrSet:
-        """The policy ``maybe_sync``/``sync`` run (one per context, or their ``PolicySet``)."""
-        return self._replicas.policy
+    def sync_policies(self) -> list[SyncPolicy]:
+        """Every context's sync policy, in context order (``maybe_sync``/``sync`` run them all)."""
+        return list(self._policies)
+
+    @property
+    def sync_policy(self) -> SyncPolicy:
+        """The default context's sync policy (``sync_policies`` lists every context's)."""
+        return self._policies[0]
 
     @sync_policy.setter
-    def sync_policy(self, policy: PolicyOrSet) -> None:  # fault tolerance installs its own
-        self._replicas.policy = policy
+    def sync_policy(self, policy: SyncPolicy) -> None:
+        """Fault tolerance installs one policy that syncs every context (the in-world ones
+        first): it replaces them all."""
+        self._policies[:] = [policy]
 
     # ---- surfaces that hand out tensors (sparse2d.sync.fully_sharded.surfaces) ---------
     def _before_surface(self, surface: str, land: bool = False) -> None:
@@ -349,7 +405,8 @@ class DMPCollection(TorchRecDMPCollection):
         collision) taken from the old values. Call it on every rank, as every load."""
         self._before_surface("load_state_dict()", land=True)
         result = super().load_state_dict(state_dict, *args, **kwargs)
-        self.sync_policy.reset()
+        for policy in self._policies:
+            policy.reset()
         return result
 
     def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
@@ -397,11 +454,6 @@ class DMPCollection(TorchRecDMPCollection):
         """
         return self._shards
 
-    @property
-    def fully_sharded(self) -> FullyShardedEmbeddings | None:
-        """The FULLY_SHARDED machinery (``None`` without a FULLY_SHARDED context with replicas)."""
-        return self._replicas.fully_sharded
-
     def extra_repr(self) -> str:
         return geometry_repr(self._contexts)
 
@@ -409,3 +461,25 @@ class DMPCollection(TorchRecDMPCollection):
         raise TypeError(
             "DMPCollection holds process groups and cannot be pickled; save state_dict()."
         )
+
+
+def _closer(policies: list[SyncPolicy]) -> Callable[[], None]:
+    """``close`` of every policy the model holds (fault tolerance may replace them)."""
+
+    def close() -> None:
+        for policy in policies:
+            policy.close()
+
+    return close
+
+
+def _finisher(policies: list[SyncPolicy], resources: Resources) -> Callable[[], None]:
+    """What a surface runs before it hands out tensors: land every sync in flight, unless
+    the model is closed. Holds the policies, never the model (no reference cycle)."""
+
+    def finish() -> None:
+        if not resources.closed:
+            for policy in policies:
+                policy.finish()
+
+    return finish

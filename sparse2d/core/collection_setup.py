@@ -39,9 +39,9 @@ from sparse2d.mesh import validate_group_size, validate_layout
 from sparse2d.option_conflicts import check_collection
 from sparse2d.planner import default_sharders
 from sparse2d.planner.plan_store import as_plan_store
+from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.mc.tables import check_managed_collision
 from sparse2d.sync.options import SyncOptions
-from sparse2d.sync.transport.collectives import AllReduceHook
 
 
 @dataclass(slots=True)

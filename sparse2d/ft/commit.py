@@ -5,8 +5,8 @@
 step. With ``defer`` the landing waits for the model's next forward, so the vote's wait (the
 skew between the group's ranks) overlaps the pipeline's next input all-to-all and data
 instead of blocking ``step()``. The sync's blocking parts wait in the step's channel
-(``CommittingChannel``: held, never written into the live shards) until ``land`` commits
-(writes them back) or discards (drops them) the step. Every rank of a group decides alike
+(``sparse2d.ft.transport.ManagedChannel``: held, never written into the live shards) until
+``land`` commits (writes them back) or discards (drops them) the step. Every rank of a group decides alike
 when to land: a quorum's step, the job's last step and a step whose sync failed land at
 once, and a step never starts a quorum with a vote pending (a heal's capture reads the
 committed state). A step whose vote fails when it lands late was followed by one that kept
@@ -30,8 +30,7 @@ import torch.distributed as dist
 from sparse2d.errors import ConfigError, SyncError
 from sparse2d.ft import step_vote
 from sparse2d.ft.ft_options import FTOptions
-from sparse2d.sync.landing import LandingPoint, Started
-from sparse2d.sync.transport.channel import ManagedChannel
+from sparse2d.ft.transport import ManagedChannel
 
 
 @dataclass(slots=True)
@@ -85,51 +84,7 @@ def refusal(
     return None
 
 
-class Holding:
-    """A channel that holds the blocking sync parts it is handed until the step's vote:
-    ``commit`` lands them (``LandingPoint.RELEASE``), ``discard`` drops them (every shard
-    keeps its own values). Mixed into a channel class (``CommittingChannel``)."""
-
-    holds = True
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.held: list[Started] = []
-        """Parts of this step's sync, in the order they started (MC merge first)."""
-        self.settles: Callable[[], object] | None = None
-        """Lands a pending vote (``FaultTolerance.land``): run before a sync landing point
-        that lands everything (the next sync, a surface, ``finish``, ``close``)."""
-
-    @property
-    def holding(self) -> bool:
-        return bool(self.held)
-
-    def hand(self, started: Started) -> None:
-        started.hold()
-        self.held.append(started)
-
-    def settle(self) -> None:
-        if self.settles is not None:
-            self.settles()
-
-    def commit(self) -> None:
-        """The step committed: write the held averages back into the shards."""
-        held, self.held = self.held, []
-        for started in held:
-            started.land(LandingPoint.RELEASE)
-
-    def discard(self) -> None:
-        """The step failed its commit: drop the held averages."""
-        held, self.held = self.held, []
-        for started in held:
-            started.drop()
-
-
-class CommittingChannel(Holding, ManagedChannel):
-    """torchft's managed channel whose sync parts wait for the step's commit."""
-
-
-def land_before_reads(model: Any, channel: Holding, land: Callable[..., Any]) -> Any:
+def land_before_reads(model: Any, channel: ManagedChannel, land: Callable[..., Any]) -> Any:
     """Land a pending vote before anything reads the tables: the model's next forward and,
     through the channel's ``settle``, every sync landing point that lands everything (the
     model's surfaces: ``state_dict``, ``load_state_dict``, the fused optimizer's). Returns

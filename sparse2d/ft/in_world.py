@@ -37,8 +37,7 @@ from sparse2d.errors import ConfigError
 from sparse2d.sync.engines.sparse import SparseEngine
 from sparse2d.sync.mc.tables import find_mc_tables
 from sparse2d.sync.mc.zch_sync import find_zch_tables
-from sparse2d.sync.multi import merge_reports
-from sparse2d.sync.options import SyncOptions, SyncReport
+from sparse2d.sync.options import SyncOptions, SyncReport, merge_reports
 from sparse2d.sync.policy import SyncPolicy
 
 

@@ -41,6 +41,7 @@ from sparse2d.ft import commit, in_world, quorum, replica_sync, step_vote
 from sparse2d.ft import state as heal_state
 from sparse2d.ft.ft_options import FTOptions
 from sparse2d.ft.quorum import START_POLL_S, OverlappedQuorum
+from sparse2d.ft.transport import ManagedChannel
 from sparse2d.sync.mc.tables import sharded_mc_table_names
 from sparse2d.sync.shards import live_tensors
 
@@ -98,7 +99,7 @@ class FaultTolerance:
             options.quorum_every, lambda: self._pg, self._drop_process_group, options.timeout_s
         )
         self._pg, self.manager = quorum.torchft_manager(options, self._restore, self._capture)
-        self.channel = commit.CommittingChannel(self.manager, self._pg, lambda: self.participants)
+        self.channel = ManagedChannel(self.manager, self._pg, lambda: self.participants)
         self.policy, self._check_finite = replica_sync.install(
             model, options, self.channel, self.shards, self._has_mc
         )

@@ -16,8 +16,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.ft import in_world
-from sparse2d.ft.commit import CommittingChannel
 from sparse2d.ft.ft_options import FTOptions
+from sparse2d.ft.transport import ManagedChannel
 from sparse2d.option_conflicts import check_fault_tolerance
 from sparse2d.sync.engines.dense import DenseEngine
 from sparse2d.sync.engines.sparse import SparseEngine
@@ -41,7 +41,7 @@ def refuse(model: nn.Module) -> None:
 def install(
     model: nn.Module,
     options: FTOptions,
-    channel: CommittingChannel,
+    channel: ManagedChannel,
     shards: list[Any],
     has_mc: bool,
 ) -> tuple[SyncPolicy, bool]:

@@ -23,7 +23,6 @@ from sparse2d.errors import ConfigError
 from sparse2d.patches import (
     fbgemm_tbe_training,
     glibc_malloc,
-    torch_ddp_comm_hook,
     torchrec_comm,
     torchrec_comm_ops,
     torchrec_distributed_utils,
@@ -44,7 +43,6 @@ MODULES = (
     torchrec_hash_mc_modules,
     fbgemm_tbe_training,
     glibc_malloc,
-    torch_ddp_comm_hook,
 )
 _log = logging.getLogger(__name__)
 PATCHES: list[Patch] = [patch for module in MODULES for patch in module.PATCHES]
@@ -66,8 +64,6 @@ RELEASES: dict[str, dict[str, str]] = {
         "torchrec_hash_mc_modules": "torchrec/modules/hash_mc_modules.py:429",
         "fbgemm_tbe_training": "fbgemm_gpu/split_table_batched_embeddings_ops_training.py:4581",
         "glibc_malloc": "glibc malloc/malloc.c:_int_free",
-        # by name: no torch 2.14.1 install here to read its line from (the probe decides)
-        "torch_ddp_comm_hook": "torch/nn/parallel/distributed.py:register_comm_hook",
     },
 }
 """Version set (``TORCHREC=1.8``: torchrec 1.8.0, fbgemm 1.8.0, torch 2.13.0; ``1.9``: torchrec

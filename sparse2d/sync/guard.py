@@ -3,19 +3,16 @@
 Averaging spreads a non-finite value to every replica of its group (and, through
 the next checkpoint, to every later run). Before a sync sends anything, each
 rank scans the payload it would send, and the whole job agrees on the result
-with one small all-reduce over the *global* group: one flag per rank, summed (the
-``GUARD`` ballot, ``sparse2d.sync.ballot``). If any rank is bad, every rank of the job (not
+with one small all-reduce over the *global* group: one flag per rank, summed. If any rank is bad, every rank of the job (not
 only the affected replica group, whose peers would otherwise wait in their next collective)
 raises ``SyncError`` naming the tables and global ranks, and no averaged value
 has been written back.
 
-Where the payload is known before the sync (dense payloads), the vote rides DDP's gradient
-all-reduce instead and the sync runs at the end of the backward
-(``sparse2d.sync.ddp.carried_vote``): no collective of its own. Otherwise the vote is hidden: it
-runs in the background while the payload is averaged into its copy buffers (which is
-harmless, nothing live changes), and the policy waits for it before writing back. A separate
-blocking world all-reduce cost 3 ms per sync on the loaded 4-process CPU test box, as much
-as a whole sync of small tables.
+The vote is hidden where it can be: it runs in the background while the payload is averaged
+into its copy buffers (harmless, nothing live changes), and the policy waits for it before
+writing back (a payload of live views waits for it before sending). Carrying the vote in
+DDP's gradient all-reduce instead was measured and retired (``bench/RESULTS.md``,
+section ddp-riding): it did not win 5% of samples/s on the main job.
 
 The scan is one ``sum`` per payload buffer: a finite sum proves every element
 finite (a NaN or inf always makes the sum non-finite). Only a non-finite sum,
@@ -32,13 +29,15 @@ import torch.distributed as dist
 
 from sparse2d.comm_device import flag_device
 from sparse2d.errors import SyncError
-from sparse2d.sync.ballot import Ballot, Counting, Flag, Tally
+from sparse2d.sync.ballot import Ballot, Flag
 from sparse2d.sync.shards import ShardState
 
 NON_FINITE = Flag("non_finite")
-"""This rank found a NaN/inf in what it sends; any rank: nobody writes the average back."""
+"""This rank found a NaN/inf in what it sends; any rank: nobody writes the average back (the
+flag of the ballots that carry a NaN/inf vote among others: fault tolerance's, FULLY_SHARDED's)."""
 GUARD = Ballot(NON_FINITE)
-"""The guard's own vote over the global group."""
+"""FULLY_SHARDED's NaN/inf vote (``sync.fully_sharded.schedule``); a sync's own vote is one int
+all-reduced by ``FiniteGuard.start``."""
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -79,15 +78,21 @@ class FiniteGuard:
     def start(
         self, step: int, buffers: Sequence[torch.Tensor], *, weights: bool, states: bool
     ) -> Verdict:
-        """Scan ``buffers`` (what this rank is about to send) and start the job-wide vote.
+        """Scan ``buffers`` (what this rank is about to send) and start the job-wide vote: one
+        int per rank, SUM all-reduced over ``global_pg`` in the background.
 
-        Collective over ``global_pg``: every rank calls it at the same sync. The vote runs in
-        the background; the caller may start its (copy-buffer) transfers and must call
-        ``Verdict.wait`` before writing any averaged value back.
+        Collective over ``global_pg``: every rank calls it at the same sync. The caller may
+        start its (copy-buffer) transfers and must call ``Verdict.wait`` before writing any
+        averaged value back.
         """
-        bad = not all(all_finite(b) for b in buffers)
-        counting = GUARD.start({NON_FINITE.name: bad}, self.global_pg, device=self._device)
-        return Verdict(self, step, counting, bad, weights, states)
+        bad = False
+        for buffer in buffers:
+            if not all_finite(buffer):
+                bad = True
+                break
+        flag = torch.tensor([int(bad)], dtype=torch.int32, device=self._device)
+        work = dist.all_reduce(flag, dist.ReduceOp.SUM, self.global_pg, async_op=True)
+        return Verdict(self, step, flag, work, bad, weights, states)
 
     def check(
         self, step: int, buffers: Sequence[torch.Tensor], *, weights: bool, states: bool
@@ -97,27 +102,26 @@ class FiniteGuard:
 
 
 class Verdict:
-    """The job-wide outcome of one NaN/inf vote: ``FiniteGuard.start``'s (in flight), or one
-    carried by another all-reduce and already read (``sync.ddp.carried_vote``)."""
+    """The job-wide outcome of one NaN/inf vote (``FiniteGuard.start``), in flight."""
 
     def __init__(
         self,
         guard: FiniteGuard,
         step: int,
-        vote: Counting | Tally,
+        flag: torch.Tensor,
+        work: dist.Work,
         bad: bool,
         weights: bool,
         states: bool,
     ) -> None:
-        self._guard, self._step, self._vote = guard, step, vote
+        self._guard, self._step, self._flag, self._work = guard, step, flag, work
         self._bad, self._weights, self._states = bad, weights, states
 
     def wait(self) -> None:
         """Raise ``SyncError`` (on every rank alike) if any rank found a non-finite value
         (collective over the guard's group only then)."""
-        vote = self._vote
-        tally = vote.wait() if isinstance(vote, Counting) else vote
-        if tally[NON_FINITE]:
+        self._work.wait()
+        if int(self._flag.item()):
             raise_non_finite(
                 self._guard, self._step, self._bad, weights=self._weights, states=self._states
             )

@@ -146,3 +146,15 @@ class SyncReport:
     """Relative L2 distance to the replica mean just before this sync, when measured."""
     wait_seconds: float = 0.0
     """Time spent waiting for transfers started at the previous sync (delay/hide)."""
+
+
+def merge_reports(reports: list[SyncReport]) -> SyncReport:
+    """One report for syncs that ran back to back (every context's): bytes and times add up."""
+    divergences = [r.divergence for r in reports if r.divergence is not None]
+    return SyncReport(
+        step=reports[0].step,
+        bytes=sum(r.bytes for r in reports),
+        seconds=sum(r.seconds for r in reports),
+        divergence=max(divergences) if divergences else None,
+        wait_seconds=sum(r.wait_seconds for r in reports),
+    )

@@ -1,68 +1,196 @@
-"""The sync policy: when replicas are averaged, and how.
+"""The replica sync, top to bottom: when replicas are averaged, how, and where each average lands.
 
-One small object owns the cadence so the trainer and users make a single call
-per step (``policy.step(step)`` or ``model.maybe_sync(step)``). The injected
-engine decides *which values* are averaged; the policy decides *when* (every N
-steps), *how* (blocking, hidden behind the next lookup, delayed optimizer
-state) and what to do around it (AdaGrad accumulator scaling,
-replica divergence). ``sync_now`` is always a blocking sync that leaves the
-replicas identical; hide and delay apply to cadence syncs only.
+One ``SyncPolicy`` per sharding context (``DMPCollection`` holds them). A sync reads as one
+straight line, like TorchRec's ``sync -> _sync -> _allreduce_tensors -> collective``:
 
-The policy composes its collaborators, each in the module of its concern: the engine
-(``sync.engines``), the channel (``sync.transport``), the NaN/inf guard (``sync.guard``),
-the plan of a sync (``sync.plan``), the averages in flight (``sync.landing``), folding into
-DDP's all-reduce (``sync.ddp.folding``) and the variants (``sync.variants``).
+    DMPCollection.maybe_sync -> SyncPolicy.step -> SyncPolicy._sync -> channel.start -> all_reduce
+
+``_sync`` lands what is still in flight, measures divergence when due, merges managed-collision
+identities, asks the engine (``sync.engines``) for the payloads, starts the job-wide NaN/inf vote
+(``sync.guard``), starts each average, and places each started part (``InFlight``) where it
+lands: now (handed to the channel), before the next lookup (``hide``) or at the next sync
+(delayed optimizer state). A part lands at one of four points and nowhere else:
+
+- the sync that started it, before it returns (a blocking part handed to its channel:
+  ``InWorldChannel.hand`` lands it at once, a committing channel when its step commits);
+- the next sync, as it begins (``finish``): everything still in flight;
+- the fused kernels' forward pre-hook, before the next lookup (``land``): hidden parts only,
+  delayed optimizer state runs on to the next sync;
+- an explicit ``finish`` (a surface that reads or replaces the tables, the trainer before it
+  evaluates, a checkpoint, a repair, ``close``, ``reset``): everything in flight.
+
+The channel is where averages travel: ``InWorldChannel`` (this world's replica group, below)
+or fault tolerance's managed channel (``sparse2d.ft.transport``), which keeps the parts it is
+handed until its step commits. The sync knows nothing of commits: a channel lands or drops
+what it was handed.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync.ddp.fold import Folded
-from sparse2d.sync.ddp.folding import Folding
+from sparse2d.errors import SyncError
+from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.engines.auto import make_engine
-from sparse2d.sync.engines.base import Payload, SyncEngine, metadata_bytes
+from sparse2d.sync.engines.base import Payload, SyncEngine
 from sparse2d.sync.guard import FiniteGuard, Verdict
-from sparse2d.sync.landing import Landing, LandingPoint
 from sparse2d.sync.options import SyncOptions, SyncReport
-from sparse2d.sync.plan import Opening, Part, plan_sync
 from sparse2d.sync.shards import ShardState, live_tensors
-from sparse2d.sync.transport.channel import InWorldChannel, ReplicaChannel
-from sparse2d.sync.transport.collectives import AllReduceHook
-from sparse2d.sync.transport.transfer import Pending
 from sparse2d.sync.variants.divergence import DivergenceSampler
 from sparse2d.sync.variants.scaling import AccumulatorScaler
 
-__all__ = ["SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
+__all__ = ["InFlight", "SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 
 if TYPE_CHECKING:
-    from sparse2d.sync.ddp.carried_vote import CarriedVote, DdpVote
     from sparse2d.sync.mc.sync import ManagedCollisionSync
 
 
+class InFlight:
+    """One started part of a sync: started -> landed | dropped.
+
+    ``land`` waits for the sync's NaN/inf vote and its average, writes it back into the live shards (with delayed
+    state's delta correction: ``avg(sent) + (live_now - sent)``, so updates made while the
+    average was in flight survive) and runs ``landed``. ``drop`` waits without writing
+    anything: every replica keeps its own values. Landing twice does nothing; landing a
+    dropped part or dropping a landed one is a caller's bug (``RuntimeError``).
+    """
+
+    __slots__ = ("dropped", "landed", "payload", "snapshot", "state", "verdict", "works")
+
+    def __init__(
+        self,
+        works: list[Any],
+        payload: Payload,
+        verdict: Verdict | None = None,
+        snapshot: list[torch.Tensor] | None = None,
+        landed: Callable[[], None] | None = None,
+        dropped: Callable[[], None] | None = None,
+    ) -> None:
+        self.works = works
+        """Waitables of the average (``dist.Work`` or a channel's own)."""
+        self.payload = payload
+        self.verdict = verdict
+        """The sync's NaN/inf vote, waited for before anything is written back: a refused
+        average is dropped on every replica alike (``SyncError``)."""
+        self.snapshot = snapshot
+        """The values sent, when the average overlaps training (delayed state)."""
+        self.landed = landed
+        self.dropped = dropped
+        self.state = "started"
+
+    def land(self) -> float:
+        """Wait, write back, run what landing does; return seconds spent waiting."""
+        if self.state == "landed":
+            return 0.0
+        if self.state == "dropped":
+            raise RuntimeError("a dropped sync part cannot land")
+        begin = time.perf_counter()
+        if self.verdict is not None:
+            try:
+                self.verdict.wait()
+            except SyncError:
+                self.drop()
+                raise
+        for work in self.works:
+            work.wait()
+        waited = time.perf_counter() - begin
+        values = self.payload.buffers
+        with torch.no_grad():
+            if self.snapshot is not None:
+                live = self.payload.gather()
+                values = [a + (n - s) for a, n, s in zip(values, live, self.snapshot, strict=True)]
+            self.payload.scatter(values)
+        self.state = "landed"
+        if self.landed is not None:
+            self.landed()
+        return waited
+
+    def drop(self) -> None:
+        """Drain without writing back (the process groups stay usable)."""
+        if self.state == "dropped":
+            return
+        if self.state == "landed":
+            raise RuntimeError("a sync part that landed cannot be dropped")
+        for work in self.works:
+            work.wait()
+        self.state = "dropped"
+        if self.dropped is not None:
+            self.dropped()
+
+
+class Channel(Protocol):
+    """Where a policy's averages travel (``InWorldChannel``, ``sparse2d.ft.transport``)."""
+
+    pg: dist.ProcessGroup | None
+    keeps: bool
+    """Keeps handed parts past their sync: payloads must be private copies."""
+    members_change: bool
+    """Members may hold other values anywhere after a reset (a heal): engines resync all."""
+
+    @property
+    def size(self) -> int | None:
+        """Replicas an average is taken over (None: the process group's size)."""
+
+    def start(self, buffers: list[torch.Tensor], hook: AllReduceHook | None) -> list[Any]:
+        """Start averaging ``buffers`` in place; return what to wait on."""
+
+    def hand(self, part: InFlight) -> None:
+        """A blocking part: land it now, or keep it until the channel decides to land or
+        drop it (``keeps``)."""
+
+    def settle(self) -> None:
+        """Before a point that lands everything: decide what the channel keeps (a channel
+        that ``keeps`` nothing has nothing to settle and need not define it)."""
+
+
+class InWorldChannel:
+    """This world's replica process group: an average lands as soon as its sync hands it."""
+
+    keeps = False
+    members_change = False
+    size = None
+
+    def __init__(self, pg: dist.ProcessGroup | None) -> None:
+        self.pg = pg
+
+    def start(self, buffers: list[torch.Tensor], hook: AllReduceHook | None) -> list[Any]:
+        """One ``all_reduce(AVG)`` per buffer (each is one flat buffer already: no coalescing
+        copies). A user hook is synchronous by contract: nothing is left in flight."""
+        if hook is not None:
+            for buffer in buffers:
+                hook([buffer], self.pg)
+            return []
+        works = []
+        for buffer in buffers:
+            works.append(dist.all_reduce(buffer, dist.ReduceOp.AVG, self.pg, async_op=True))
+        return works
+
+    def hand(self, part: InFlight) -> None:
+        part.land()
+
+
 class SyncPolicy:
-    """Runs replica syncs for a ``DMPCollection`` according to ``SyncOptions``."""
+    """Runs one sharding context's replica syncs according to ``SyncOptions``."""
 
     def __init__(
         self,
         shards: list[ShardState],
-        replica_pg: dist.ProcessGroup,
+        replica_pg: dist.ProcessGroup | None,
         num_replicas: int,
         options: SyncOptions | None = None,
         hook: AllReduceHook | None = None,
         engine: SyncEngine | None = None,
         global_pg: dist.ProcessGroup | None = None,
         mc: ManagedCollisionSync | None = None,
-        channel: ReplicaChannel | None = None,
+        channel: Channel | None = None,
     ) -> None:
-        self.options = options or SyncOptions()
-        self.channel: ReplicaChannel = channel or InWorldChannel(replica_pg)
-        """Where the averages travel and how a blocking part lands (``sync.transport.channel``):
-        the in-world replica group, or torchft's managed group."""
+        opts = self.options = options or SyncOptions()
+        self.channel: Channel = channel or InWorldChannel(replica_pg)
         self.shards = shards
         self.mc = mc
         """Managed-collision tables (``sync.mc``): identities merged, rows averaged by id,
@@ -70,49 +198,156 @@ class SyncPolicy:
         self.replica_pg = replica_pg
         self.num_replicas = num_replicas
         self.hook = hook
-        opts = self.options
         self.engine = engine or make_engine(opts.engine, shards, replica_pg)
         self.scaler = AccumulatorScaler(shards, num_replicas) if opts.momentum_scaling else None
-        self._sampler: DivergenceSampler | None = None
         named = shards + (mc.shards if mc is not None else [])  # the guard names MC tables too
         self.guard = (
             FiniteGuard(named, global_pg or dist.group.WORLD) if opts.check_finite else None
         )
-        self.landing = Landing(self.engine, self.scaler, self.channel)
-        """Started parts and where they land (``sync.landing``)."""
-        self.carrier: tuple[DdpVote, int] | None = None
-        """The DDP carrier of this policy's NaN/inf vote and its slot
-        (``sync.ddp.carried_vote``)."""
-        self.votes_carried = 0
-        """Syncs whose NaN/inf vote rode DDP's gradient all-reduce (no vote of their own)."""
-        self.folding = Folding(shards, opts, self.engine, self.scaler)
-        """Cadence syncs whose values ride DDP's gradient all-reduce (``sync.ddp.folding``)."""
-        self._syncs = 0
+        self.hidden: list[InFlight] = []
+        """Parts that land before the next lookup (``hide``)."""
+        self.background: list[InFlight] = []
+        """Delayed optimizer state: lands at the next sync (or an explicit finish)."""
+        self.hidden_wait = 0.0
+        """Seconds the last hidden sync waited when it landed; reported by the next sync."""
         self.lookahead = False
         """Set by ``look_ahead`` (an early-lookup pipeline drives the model)."""
+        self._sampler: DivergenceSampler | None = None
+        self._syncs = 0
+        self._exposed = 0.0
         kernels = {id(s.kernel): s.kernel for s in shards if s.kernel is not None}
         self._land_hooks = [k.register_forward_pre_hook(self._land_hook) for k in kernels.values()]
 
-    # ---- public ----------------------------------------------------------------------
+    # ---- the spine ---------------------------------------------------------------------
     def step(self, step: int) -> SyncReport | None:
         """Call after optimizer step ``step`` (0-based); syncs when ``step + 1`` is a multiple of N."""
-        if (step + 1) % self.options.every != 0:
-            return None
-        folded = self.folding.take(step)
-        if folded is not None:  # its values rode DDP's all-reduce
-            return self._land_folded(folded)
         opts = self.options
+        if (step + 1) % opts.every != 0:
+            return None
         return self._sync(
             step,
             states=opts.include_optimizer_state,
-            async_states=opts.delayed_optimizer_state,
+            delayed=opts.delayed_optimizer_state,
             hide=opts.hide,
         )
 
     def sync_now(self, step: int = -1, include_optimizer_state: bool = True) -> SyncReport:
         """Average replicas now, regardless of cadence; blocking, replicas identical after."""
-        return self._sync(step, states=include_optimizer_state, async_states=False)
+        return self._sync(step, states=include_optimizer_state, delayed=False, hide=False)
 
+    def _sync(self, step: int, *, states: bool, delayed: bool, hide: bool) -> SyncReport:
+        """Land what is in flight, then: divergence (when due), managed-collision tables, the
+        payloads, the NaN/inf vote, the averages started, each part placed where it lands."""
+        began = time.perf_counter()
+        waited = self.finish()
+        waited, self.hidden_wait = waited + self.hidden_wait, 0.0
+        if self.num_replicas == 1:
+            return SyncReport(step=step, bytes=0, seconds=0.0)
+        self._syncs += 1
+        every = self.options.divergence_every
+        divergence = self.measure_divergence() if every and self._syncs % every == 0 else None
+        sent = self._sync_mc(step) if self.mc is not None else 0
+        if self.shards:
+            # (weights, states, lands in the background): one payload for both kinds unless
+            # the state is delayed (it lands at the next sync, with delta correction).
+            parts = [(True, states, False)]
+            if states and delayed:
+                parts = [(True, False, False), (False, True, True)]
+            hide = hide and not delayed
+            copies = self.channel.keeps or delayed  # else payloads may be live views
+            built = time.perf_counter()
+            with torch.no_grad():  # every payload before any transfer: the guard sees them all
+                payloads = []
+                for weights, kinds, _ in parts:
+                    payloads.append(self.engine.payload(weights, kinds, in_place=not copies))
+            verdict = None
+            if self.guard is not None:  # the job-wide NaN/inf vote on everything sent
+                buffers = []
+                for payload in payloads:
+                    buffers.extend(payload.buffers)
+                verdict = self.guard.start(step, buffers, weights=True, states=states)
+                if payloads[0].in_place:  # live views: nothing moves before the job agrees
+                    verdict.wait()
+                    verdict = None
+            for (weights, kinds, background), payload in zip(parts, payloads, strict=True):
+                snapshot = [b.clone() for b in payload.buffers] if background else None
+                works = self.channel.start(payload.buffers, self.hook)
+                part = InFlight(works, payload, verdict, snapshot, dropped=self.engine.diverged)
+                verdict = None  # one vote, waited for by the first part to land
+                for buffer in payload.buffers:
+                    sent += buffer.numel() * buffer.element_size()
+                stats = getattr(self.engine, "stats", None)  # touched rows: agreeing on the union
+                sent += stats.metadata_bytes if stats is not None else 0
+                if background or hide:  # tracking restarts now: later updates are the next delta
+                    self.engine.synced(weights=weights, states=kinds)
+                    part.landed = self._scale if kinds and self.scaler is not None else None
+                    (self.background if background else self.hidden).append(part)
+                    continue
+                part.landed = lambda w=weights, k=kinds: self._landed(w, k)
+                self.channel.hand(part)
+            exposed = time.perf_counter() - built
+            if self.hidden:
+                self._exposed = exposed
+            else:
+                self.engine.observe(exposed)
+        return SyncReport(step, sent, time.perf_counter() - began, divergence, waited)
+
+    def _sync_mc(self, step: int) -> int:
+        """Managed-collision tables first, blocking: a job-wide NaN/inf vote on every table
+        (plain ones too, so nothing moves if any is bad), then identities merged and rows
+        averaged by id (``sync.mc``), handed to the channel like any blocking part."""
+        mc = self.mc
+        with torch.no_grad():
+            if self.guard is not None:
+                tensors = live_tensors(mc.shards + self.shards, True, True)
+                self.guard.check(step, tensors, weights=True, states=True)
+            sent, write = mc.prepare()
+        written = Payload(buffers=[], scatter=lambda values: write(), gather=list)
+        self.channel.hand(InFlight([], written, dropped=self.engine.diverged))
+        return sent
+
+    def _landed(self, weights: bool, states: bool) -> None:
+        """What landing a blocking part does: rows in sync, accumulators scaled."""
+        self.engine.synced(weights=weights, states=states)
+        if self.scaler is not None and self.channel.size is not None:
+            self.scaler.factor = float(self.channel.size)  # c = the replicas averaged
+        if states:
+            self._scale()
+
+    def _scale(self) -> None:
+        if self.scaler is not None:
+            self.scaler.apply()
+
+    # ---- landing -----------------------------------------------------------------------
+    def _land_hook(self, module: torch.nn.Module, args: object) -> None:
+        if self.hidden:
+            self.land()
+
+    def land(self) -> float:
+        """Land the hidden sync now, as the next lookup would: wait
+        for its vote and average, write it back (exact). Returns seconds spent waiting."""
+        begin = time.perf_counter()
+        hidden, self.hidden = self.hidden, []
+        waited = 0.0
+        for part in hidden:
+            waited += part.land()
+        self.hidden_wait += waited
+        if hidden:
+            self.engine.observe(self._exposed + time.perf_counter() - begin)
+        return waited
+
+    def finish(self) -> float:
+        """Land everything in flight (a keeping channel settles what it keeps first); return
+        seconds spent waiting."""
+        if self.channel.keeps:
+            self.channel.settle()
+        waited = self.land()
+        background, self.background = self.background, []
+        for part in background:
+            waited += part.land()
+        return waited
+
+    # ---- around the spine --------------------------------------------------------------
     @property
     def mode_counts(self) -> dict[str, int]:
         """Syncs per mode the engine ran (``engine="auto"``: what it chose); else empty."""
@@ -121,73 +356,15 @@ class SyncPolicy:
     @property
     def in_flight(self) -> bool:
         """A hidden sync has started and not landed yet (the next lookup will land it)."""
-        return bool(self.landing.hidden)
-
-    def land(self) -> float:
-        """Land hidden syncs now, as the next lookup would (``LandingPoint.LOOKUP``): wait
-        for their all-reduce and write the average back (exact)."""
-        return self.landing.land(LandingPoint.LOOKUP)
-
-    @property
-    def may_scan_early(self) -> bool:
-        """Guarded syncs whose payload can be known before they start: the dense engine, or
-        ``auto`` while dense is its home; not delayed state."""
-        return self.guard is not None and self._plain_cadence
-
-    @property
-    def _plain_cadence(self) -> bool:
-        """Cadence syncs are plain averages of values known before they start: more than one
-        replica, no managed-collision tables (merged and voted on by the sync itself), the
-        dense or auto engine, no delayed state, and no early-lookup
-        pipeline (the embedding update lands after DDP's backward)."""
-        opts = self.options
-        return (
-            self.num_replicas > 1
-            and self.mc is None
-            and opts.engine in ("dense", "auto")
-            and not opts.delayed_optimizer_state
-            and not self.lookahead
-        )
-
-    def early_scan(self) -> tuple[list[torch.Tensor], bool] | None:
-        """(tensors the next cadence sync may send, optimizer state included) for a NaN/inf
-        vote carried by DDP; None when only the sync itself can tell (delayed state, touched
-        rows)."""
-        if self.guard is None or self.num_replicas == 1:
-            return [], True
-        if not self.may_scan_early:
-            return None
-        states = self.options.include_optimizer_state
-        tensors = self.engine.early_scan(weights=True, states=states)
-        return None if tensors is None else (tensors, states)
+        return bool(self.hidden)
 
     def look_ahead(self) -> None:
         """A pipeline looks up the next batch before this batch's sync and applies the
-        embedding update after DDP's backward (TorchRec's ``TrainPipelineSemiSync``):
-        touched-row engines keep those rows pending one more sync, and nothing runs inside
-        DDP's backward (no early sync, carried vote or fold: they would see the embeddings
-        before their update)."""
+        embedding update later (TorchRec's ``TrainPipelineSemiSync``): touched-row engines
+        keep those rows pending one more sync."""
         self.lookahead = True
         if hasattr(self.engine, "lookahead"):
             self.engine.lookahead = True
-
-    def _land_hook(self, module: torch.nn.Module, args: object) -> None:
-        self.landing.land(LandingPoint.LOOKUP)
-
-    def close(self) -> None:
-        """Land what is in flight and remove this policy's hooks (and the engine's tracking)."""
-        self.finish(LandingPoint.CLOSE)
-        for handle in self._land_hooks:
-            handle.remove()
-        self._land_hooks.clear()
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
-
-    def finish(self, point: LandingPoint = LandingPoint.CALL) -> float:
-        """Land everything in flight (hide/delay; what the channel holds settles
-        first) at ``point``; return seconds spent waiting."""
-        return self.landing.land(point)
 
     def measure_divergence(self) -> float:
         """Relative L2 distance of this replica to the replica mean (a small collective)."""
@@ -197,7 +374,7 @@ class SyncPolicy:
 
     def reset(self) -> None:
         """Forget per-sync references; call after loading weights or state into the shards."""
-        self.finish(LandingPoint.CLOSE)
+        self.finish()
         if self.mc is not None:
             self.mc.reset()
         if self.scaler is not None:
@@ -205,138 +382,12 @@ class SyncPolicy:
         if self.channel.members_change:  # loaded values may differ from the others' anywhere
             self.engine.diverged()
 
-    # ---- folding into DDP's all-reduce (``sync.ddp.fold``: ``Foldable``) ---------------
-    @property
-    def may_fold(self) -> bool:
-        """Cadence syncs may ride DDP's all-reduce: plain averages (dense or auto engine; no
-        user all-reduce hook or delayed state)."""
-        return self.hook is None and self._plain_cadence
-
-    @property
-    def folds(self) -> int:
-        """Syncs whose values rode DDP's gradient all-reduce too."""
-        return self.folding.folds
-
-    def fold_numel(self, dtype: torch.dtype) -> int:
-        return self.folding.numel(dtype)
-
-    def fold_due(self, step: int) -> bool:
-        return self.folding.due(step)
-
-    def fold_begin(self, step: int) -> Folded | None:
-        """Begin cadence sync ``step`` as a fold (``step()`` lands it); None when this policy
-        cannot fold now."""
-        return self.folding.begin(step, self._open) if self.may_fold else None
-
-    def _land_folded(self, folded: Folded) -> SyncReport:
-        if folded.error is not None:
-            raise folded.error
-        carried = self._take_vote(folded.states)
-        if self.guard is not None:
-            if carried is None:
-                raise RuntimeError(f"sync of step {folded.step}: folded, but no vote came back")
-            self.votes_carried += 1
-            carried.settle(self.guard, folded.step, folded.states)
-        return self.folding.land(folded)
-
-    # ---- internals -------------------------------------------------------------------
-    def _sync(
-        self,
-        step: int,
-        *,
-        states: bool,
-        async_states: bool,
-        hide: bool = False,
-    ) -> SyncReport:
-        """Open (land earlier transfers, divergence), managed-collision tables, plan, build
-        every payload, vote on NaN/inf, start the averages, then land each part where the
-        plan says."""
-        self.folding.forget()
-        if self.num_replicas == 1:
-            return SyncReport(step=step, bytes=0, seconds=0.0)
-        self.engine.track_rows(True)  # after folds: every row counts as touched
-        opening = self._open(step)
-        moved = self._sync_mc(step)
-        if self.mc is not None and not self.shards:  # MC tables only: nothing else to send
-            return opening.report(moved)
-        plan = plan_sync(
-            states=states,
-            async_states=async_states,
-            hide=hide,
-            copies=self.channel.holds,
-        )
-        built = time.perf_counter()
-        with torch.no_grad():  # every payload before any transfer: the guard sees them all
-            payloads = [
-                self.engine.payload(weights=p.weights, states=p.states, in_place=plan.in_place)
-                for p in plan.parts
-            ]
-        verdict = self._vote(step, states, payloads)
-        started = [self._begin(p, payload) for p, payload in zip(plan.parts, payloads, strict=True)]
-        parts = [
-            self.landing.start(part, pending, plan)
-            for part, (pending, _) in zip(plan.parts, started, strict=True)
-        ]
-        self.landing.await_vote(verdict, plan, parts)
-        for part, one, (_, sent) in zip(plan.parts, parts, started, strict=True):
-            self.landing.place(part, one, plan)
-            moved += sent
-        self.landing.observe(built)
-        return opening.report(moved)
-
-    def _open(self, step: int) -> Opening:
-        """Begin a sync (or a fold): land what is in flight, measure divergence when due."""
-        began = time.perf_counter()
-        waited = self.finish(LandingPoint.NEXT_SYNC)
-        landed = self.landing.take_hidden_wait()
-        self._syncs += 1
-        every = self.options.divergence_every
-        divergence = self.measure_divergence() if every and self._syncs % every == 0 else None
-        return Opening(step, waited, landed, divergence, began)
-
-    def _take_vote(self, states: bool) -> CarriedVote | None:
-        """This sync's NaN/inf vote, if it rode DDP's all-reduce (``sync.ddp.carried_vote``)."""
-        return self.carrier[0].take(self.carrier[1], states) if self.carrier else None
-
-    def _vote(self, step: int, states: bool, payloads: list[Payload]) -> Verdict | None:
-        """The job-wide NaN/inf vote on what this sync sends: settled now when it rode DDP's
-        all-reduce or the payloads are live views (nothing is sent before the job agrees);
-        else started, for ``Landing.await_vote``."""
-        carried = self._take_vote(states)
-        if self.guard is None:
-            return None
-        if carried is not None:  # voted in DDP's all-reduce
-            self.votes_carried += 1
-            carried.settle(self.guard, step, states)
-            return None
-        buffers = [b for p in payloads for b in p.buffers]
-        verdict = self.guard.start(step, buffers, weights=True, states=states)
-        if any(p.in_place for p in payloads):
-            verdict.wait()
-            return None
-        return verdict
-
-    def _sync_mc(self, step: int) -> int:
-        """Managed-collision tables first, blocking: a job-wide NaN/inf vote on every table
-        (plain ones too, so nothing moves if any is bad), then identities merged and rows
-        averaged by id (``sync.mc``), landed by the channel like any blocking part. Returns
-        the bytes sent."""
-        if self.mc is None:
-            return 0
-        with torch.no_grad():
-            if self.guard is not None:
-                tensors = live_tensors(self.mc.shards + self.shards, True, True)
-                self.guard.check(step, tensors, weights=True, states=True)
-            sent, write = self.mc.prepare()
-            self.landing.hand(write)
-            return sent
-
-    def _begin(self, part: Part, payload: Payload) -> tuple[Pending, int]:
-        """Start averaging one payload into its copy buffers; nothing is written back until
-        it lands (``sync.landing``). Returns the transfer and the bytes it sends."""
-        with torch.no_grad():
-            snapshot = [b.clone() for b in payload.buffers] if part.background else None
-            sent = payload.bytes + metadata_bytes(self.engine)
-            reduction = self.channel.start(payload.buffers, self.hook, async_op=True)
-        kind = "states" if part.states else "weights"
-        return Pending(payload, reduction, snapshot, kind), sent
+    def close(self) -> None:
+        """Land what is in flight and remove this policy's hooks (and the engine's tracking)."""
+        self.finish()
+        for handle in self._land_hooks:
+            handle.remove()
+        self._land_hooks.clear()
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()

@@ -109,9 +109,11 @@ def live_tensors(shards: list[ShardState], weights: bool, states: bool) -> list[
     """The live views of ``shards`` that a sync, broadcast or repair of (weights, states) covers."""
     tensors: list[torch.Tensor] = []
     if weights:
-        tensors += [s.weight for s in shards]
+        for shard in shards:
+            tensors.append(shard.weight)
     if states:
-        tensors += [t for s in shards for t in s.optimizer_states]
+        for shard in shards:
+            tensors.extend(shard.optimizer_states)
     return tensors
 
 

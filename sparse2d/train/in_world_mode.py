@@ -115,13 +115,13 @@ class InWorld:
 
     def attempt(self, run: Run) -> Attempt:
         """One step; the last one ends on averaged replicas whatever the sync cadence."""
-        policy, step = run.model.sync_policy, self._next
+        step = self._next
         if self.steps is None:
             raise RuntimeError("InWorld.attempt before attach")
         logits, labels, report = self.steps.run(step, run.device, run.model.maybe_sync)
         if step == self.cfg.train.steps - 1 and (step + 1) % self.cfg.parallel.sync.every:
-            policy.finish()
-            report = policy.sync_now(step)
+            run.model.finish_sync()
+            report = run.model.sync()
         if report is not None:
             self._win_sync_s += report.seconds
             self._win_bytes += report.bytes
@@ -140,12 +140,11 @@ class InWorld:
         self.sync_s += sync_s
         self.sync_bytes += nbytes
         self._win_sync_s = self._win_bytes = 0.0
-        policy = run.model.sync_policy
         out: dict[str, Any] = {
             "sync_s_per_step": sync_s / steps,
             "sync_bytes_per_step": nbytes / steps,
-            # syncs so far per mode: the engine's choices, and those folded into DDP
-            "sync_modes": {**policy.mode_counts, "folded": policy.folds},
+            # syncs so far per mode: the engine's choices
+            "sync_modes": mode_counts(run.model),
         }
         if self._divergence is not None:
             out["replica_divergence"] = self._divergence
@@ -156,16 +155,12 @@ class InWorld:
         return {"step": step, "global_sample": step * run.data.global_batch}
 
     def summary(self, run: Run) -> dict[str, Any]:
-        policy = run.model.sync_policy
         done = max(1, self.cfg.train.steps - self.start_step)
         return {
             "sync_s_per_step": self.sync_s / done,
             "sync_bytes_per_step": self.sync_bytes / done,
             # engine "auto": syncs per mode (what it chose), e.g. {"dense": 297, "sparse": 3}
-            "sync_modes": policy.mode_counts,
-            # syncs whose NaN/inf vote rode DDP's gradient all-reduce (sync.ddp.carried_vote)
-            "sync_votes_in_ddp": policy.votes_carried,
-            "syncs_folded_into_ddp": policy.folds,
+            "sync_modes": mode_counts(run.model),
         }
 
     def final_text(self, summary: dict[str, Any]) -> str:
@@ -173,3 +168,12 @@ class InWorld:
 
     def close(self) -> None:
         """Nothing to release (the model belongs to the caller)."""
+
+
+def mode_counts(model: Any) -> dict[str, int]:
+    """Syncs per engine mode over every context's policy (``engine="auto"``: what it chose)."""
+    total: dict[str, int] = {}
+    for policy in model.sync_policies:
+        for mode, count in policy.mode_counts.items():
+            total[mode] = total.get(mode, 0) + count
+    return total

@@ -91,7 +91,7 @@ class Loop:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        self.model.sync_policy.finish()
+        self.model.finish_sync()
         with self.mode.paused():
             metrics = evaluate_batches(
                 self.model, self.eval_data, self.cfg.train.eval_batches, self.device
@@ -200,7 +200,7 @@ class Loop:
                 # Land the hidden sync first: an async gloo work recorded by the profiler that
                 # completes after the profiler stopped segfaulted rank 0 (waited in _land_hook).
                 # Landing early is exact (the average is the same whenever it lands) and local.
-                self.model.sync_policy.land()
+                self.model.finish_sync()
             profiler.step()
             window.update(attempt.logits, attempt.labels)
             clock.add(attempt)
@@ -221,7 +221,7 @@ class Loop:
         self.link.pause()
         bar.close()
         profiler.close()
-        self.model.sync_policy.finish()
+        self.model.finish_sync()
         last_eval = self.evaluate()
         self.log({"kind": "eval", "step": mode.completed, **last_eval, **self.planted})
         return self._finish(last_train, last_eval, trial)

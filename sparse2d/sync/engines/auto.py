@@ -191,10 +191,6 @@ class AutoEngine(SparseEngine):
     def observe(self, seconds: float) -> None:
         self._last_s = seconds
 
-    def early_scan(self, weights: bool, states: bool) -> list[torch.Tensor] | None:
-        """Every row while dense is the home mode (a superset of a touched-rows payload)."""
-        return self._plain.early_scan(weights, states) if self.chooser.home == DENSE else None
-
     def piggyback(self) -> list[int]:
         return [round(self._last_s * 1e6)]
 

@@ -77,7 +77,10 @@ def flat_views(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
 def in_place_payload(tensors: list[torch.Tensor]) -> Payload | None:
     """A payload averaging ``tensors`` where they live, if they tile their storages and are
     large enough (``IN_PLACE_MIN_BYTES``) for the saved copies to matter; else None."""
-    if sum(t.numel() * t.element_size() for t in tensors) < IN_PLACE_MIN_BYTES:
+    nbytes = 0
+    for tensor in tensors:
+        nbytes += tensor.numel() * tensor.element_size()
+    if nbytes < IN_PLACE_MIN_BYTES:
         return None
     views = flat_views(tensors)
     if views is None:
@@ -140,18 +143,3 @@ class SyncEngine(ABC):
     def observe(self, seconds: float) -> None:  # noqa: B027 (optional hook)
         """The sync's exposed time (build, waits, write-back), once it landed; cost models
         learn from it (``AutoEngine``)."""
-
-    def track_rows(self, on: bool) -> None:  # noqa: B027 (optional hook)
-        """Touched-row engines: stamp lookups (``on``) or not, while every sync is a plain
-        dense one (folded into DDP's all-reduce): then nothing reads the stamps."""
-
-    def early_scan(self, weights: bool, states: bool) -> list[torch.Tensor] | None:
-        """Tensors covering every value the next sync of (weights, states) may send, known
-        before it starts (for the NaN/inf vote carried by DDP); None when unknown."""
-        return None
-
-
-def metadata_bytes(engine: SyncEngine) -> int:
-    """Bytes the engine spent agreeing on what to sync (the sparse engine's row union)."""
-    stats = getattr(engine, "stats", None)
-    return int(getattr(stats, "metadata_bytes", 0))

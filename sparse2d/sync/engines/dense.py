@@ -1,24 +1,18 @@
 """The dense engine: every row of every shard, one flat buffer per dtype and kind.
 
-The plain replica average (what TorchRec's 2D sync does); the fallback of ``engine="auto"``
-and the only engine folding into DDP's all-reduce works with.
+The plain replica average (what TorchRec's 2D sync does) and the fallback of ``engine="auto"``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from sparse2d.sync.engines.base import Payload, SyncEngine, flat_views, in_place_payload
+from sparse2d.sync.engines.base import Payload, SyncEngine, in_place_payload
 from sparse2d.sync.shards import by_dtype, flush_caches, live_tensors
 
 
 class DenseEngine(SyncEngine):
     """Every row of every shard: one flat buffer per dtype and kind."""
-
-    def early_scan(self, weights: bool, states: bool) -> list[torch.Tensor] | None:
-        flush_caches(self.shards)
-        live = live_tensors(self.shards, weights, states)
-        return flat_views(live) or live
 
     def payload(self, weights: bool, states: bool, in_place: bool = False) -> Payload:
         flush_caches(self.shards)
@@ -31,12 +25,14 @@ class DenseEngine(SyncEngine):
         def gather(pooled: bool = False) -> list[torch.Tensor]:
             out = []
             for group in groups:
-                parts = [t.reshape(-1) for t in group]
-                numel, first = sum(p.numel() for p in parts), group[0]
-                if not pooled:
-                    out.append(torch.cat(parts))
-                    continue
-                buffer = self.pool.take((weights, states), numel, first.dtype, first.device)
+                parts, numel = [], 0
+                for tensor in group:
+                    parts.append(tensor.reshape(-1))
+                    numel += tensor.numel()
+                buffer = None
+                if pooled:
+                    first = group[0]
+                    buffer = self.pool.take((weights, states), numel, first.dtype, first.device)
                 out.append(torch.cat(parts, out=buffer))
             return out
 

@@ -45,7 +45,7 @@ next agreement dense everywhere: the flag rides with the counts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -55,9 +55,6 @@ from sparse2d.sync.engines.base import Payload, SyncEngine
 from sparse2d.sync.engines.rows import row_bytes, row_payload
 from sparse2d.sync.engines.touched import TouchedRows
 from sparse2d.sync.shards import ShardState, flush_caches
-
-if TYPE_CHECKING:
-    from sparse2d.sync.transport.channel import ManagedChannel
 
 DEFAULT_CROSSOVER = 0.5
 """Union fraction of a shard's rows above which it is synced densely. Measured with
@@ -96,7 +93,7 @@ class SparseEngine(SyncEngine):
         replica_pg: dist.ProcessGroup | None,
         *,
         crossover: float = DEFAULT_CROSSOVER,
-        channel: ManagedChannel | None = None,
+        channel: Any = None,
     ) -> None:
         if not 0.0 <= crossover <= 1.0:
             raise ConfigError(
@@ -207,19 +204,12 @@ class SparseEngine(SyncEngine):
                 f"share_touched: shards of {missing} are not this engine's (pass shards the "
                 "engine was built over)"
             )
-        self.track_rows(True)  # paused: every row counts as touched from here on
         base = min(self._base.values())
         return self.tracker.share([index[id(s)] for s in shards], base, pg)
 
     def piggyback(self) -> list[int]:
         """Integers sent along with the touched-row counts (none here; see ``AutoEngine``)."""
         return []
-
-    def track_rows(self, on: bool) -> None:
-        if on:
-            self.tracker.resume()
-        else:
-            self.tracker.pause()
 
     def close(self) -> None:
         """Stop tracking (removes the forward hooks)."""

@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from sparse2d.patches import glibc_malloc
 from sparse2d.sync.ballot import Ballot, Flag
+from sparse2d.sync.collectives import AllReduceHook, average_
 from sparse2d.sync.fully_sharded.slices import (
     FlatSlice,
     Kernel,
@@ -58,7 +59,6 @@ from sparse2d.sync.fully_sharded.slices import (
 from sparse2d.sync.guard import GUARD, NON_FINITE, all_finite
 from sparse2d.sync.policy import SyncReport
 from sparse2d.sync.shards import ShardState, live_tensors
-from sparse2d.sync.transport.collectives import AllReduceHook, average_
 
 logger = logging.getLogger(__name__)
 _INSTANCES = itertools.count()

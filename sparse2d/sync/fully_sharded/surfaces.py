@@ -25,7 +25,6 @@ from torchrec.optim.keyed import KeyedOptimizer, OptimizerWrapper
 
 from sparse2d.core.resources import Resources
 from sparse2d.sync.fully_sharded.schedule import FullyShardedEmbeddings
-from sparse2d.sync.landing import LandingPoint
 
 if TYPE_CHECKING:
     from sparse2d.core.contexts import ShardingContext
@@ -48,7 +47,7 @@ class SurfaceGuard:
     def __init__(
         self,
         resources: Resources,
-        land: Callable[[LandingPoint], object],
+        land: Callable[[], object],
         fully_sharded: FullyShardedEmbeddings | None,
     ) -> None:
         self.resources = resources
@@ -59,7 +58,7 @@ class SurfaceGuard:
         if land:
             # Overlapped/hidden/delayed syncs land first (local waits): a state dict shows the
             # values the next forward will use, and a load is not overwritten by a landing.
-            self.land(LandingPoint.SURFACE)
+            self.land()
         if self.fully_sharded is None:
             return
         self.resources.check_open(f"read {surface} (its FULLY_SHARDED buffers are freed)")

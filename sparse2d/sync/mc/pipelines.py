@@ -23,8 +23,7 @@ from sparse2d.patches.torchrec_train_pipelines import add_early_lookup_hook
 
 def mc_tables_with_replicas(model: Any) -> list[str]:
     """Names of ``model``'s managed-collision tables synced over more than one replica."""
-    policy = getattr(model, "sync_policy", None)
-    policies = getattr(policy, "policies", [policy] if policy is not None else [])
+    policies = getattr(model, "sync_policies", [])
     return sorted(
         t.name
         for p in policies
@@ -44,8 +43,7 @@ def before_early_lookup(model: Any, pipeline: str) -> None:
     """Run when an early-lookup pipeline is built over ``model``: refuse replicated MC
     tables, then switch the model's touched-row tracking to look-ahead."""
     refuse_early_lookup(model, pipeline)
-    policy = getattr(model, "sync_policy", None)
-    if policy is not None:
+    for policy in getattr(model, "sync_policies", []):
         policy.look_ahead()
 
 

@@ -76,7 +76,7 @@ class ManagedCollisionSync:
         """MP-ZCH tables (``sync.mc.zch_sync``): merged TorchRec's way, rows averaged here."""
         self.replica_pg = replica_pg
         self.channel = channel
-        """A managed channel (``sync.transport.channel.ManagedChannel``: torchft's quorum)
+        """A managed channel (``sparse2d.ft.transport.ManagedChannel``: torchft's quorum)
         instead of ``replica_pg``; None: the replica process group."""
         self.baselines: list[Identity | None] = [None] * len(tables)
         self.last_seconds = 0.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sparse2d.sync.transport.arena import SendArena
+from sparse2d.ft.transport import SendArena
 
 CPU = torch.device("cpu")
 

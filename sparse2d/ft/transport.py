@@ -1,16 +1,24 @@
-"""The replica channel: where a replica sync's averages travel.
+"""Fault tolerance's transport: torchft's managed process group as a sync channel.
 
-One sync (``SyncPolicy``: engines, NaN/inf guard, cadence, scaling) serves two transports:
+A fault-tolerant step sends ONE all-reduce per dtype over the quorum (torchft's managed
+group: rank ``r`` of every sharding group): the sync's copies, the dense gradients and the
+step's control vector together (``ManagedChannel.start_tensors``), so a step pays one
+cross-group latency, not three. The sync (``sparse2d.sync.policy``) starts its averages and
+hands its blocking parts to this channel; the channel keeps them until the step's vote
+(``sparse2d.ft.commit``): ``commit`` lands them, ``discard`` drops them (every shard keeps its
+own values). The sync knows nothing of commits.
 
-- ``InWorldChannel``: the replica process group inside one torchrun world (2D as TorchRec
-  builds it). Averages may land in place, and are written back as soon as they arrive.
-- ``ManagedChannel``: torchft's managed process group across torchrun worlds (one world per
-  sharding group); its members change between syncs.
-
-A channel averages, and lands the blocking parts of a sync it is handed (``hand``,
-``sync.landing``): now, or, a channel that ``holds`` (built outside ``sync``), when it
-releases them; the sync never decides that. What is averaged (engines) and when (policy)
-stay in the policy.
+The step's send buffer (``SendArena``): the sync's copies are gathered straight into it.
+Gathering them into buffers of their own and then flattening them with the gradients into a
+fresh send buffer (and back out after the all-reduce) costs two extra passes over every
+embedding row synced and a second payload-sized allocation at the peak. ``SendArena`` is the
+engine's ``BufferPool``, handing out the copies' buffers as consecutive regions at the front
+of one flat buffer per dtype, with room behind them for the gradients and the control vector.
+The copies are then averaged where they are; only the small tail is copied in and out.
+Regions live until the sync parts held in them have landed or been dropped (the next step's
+payload reuses them), which is when ``BufferPool``'s buffers were free as well. Anything the
+arena cannot place exactly (another layout, a region handed out before the buffer grew, a
+payload not built by the engine) is sent through a fresh flat buffer as before.
 """
 
 from __future__ import annotations
@@ -22,60 +30,18 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from sparse2d.sync.landing import LandingPoint, Started
+from sparse2d.sync.collectives import AllReduceHook
+from sparse2d.sync.policy import InFlight
 from sparse2d.sync.shards import by_dtype
-from sparse2d.sync.transport.arena import SendArena
-from sparse2d.sync.transport.collectives import AllReduceHook
-from sparse2d.sync.transport.transfer import Reduction, start_average
 
 
-class Channel:
-    """How a channel lands the blocking parts it is handed: now. A subclass that ``holds``
-    keeps them (their averages must then be copies, ``sync.plan``) and alone releases or
-    drops them; ``settle`` lets it decide before a point that lands everything."""
-
-    holds = False
-    """Parts handed to it may wait in it."""
-    members_change = False
-    """Members may join between syncs with values of their own (a reset then assumes no row
-    agrees)."""
-
-    @property
-    def size(self) -> int | None:
-        """Replicas averaged, when it differs between syncs; None: the policy's own count."""
-        return None
-
-    @property
-    def holding(self) -> bool:
-        """Parts wait in it now."""
-        return False
-
-    def hand(self, started: Started) -> None:
-        """Land a blocking part of the sync that started it."""
-        started.land(LandingPoint.SYNC)
-
-    def settle(self) -> None:
-        """Decide what it holds before everything lands (a plain channel holds nothing)."""
-
-
-class InWorldChannel(Channel):
-    """The replica process group of this world: averages are applied when they arrive."""
-
-    def __init__(self, pg: dist.ProcessGroup | None) -> None:
-        self.pg = pg
-
-    def start(
-        self, buffers: list[torch.Tensor], hook: AllReduceHook | None, async_op: bool
-    ) -> Reduction:
-        """Average ``buffers`` in place over the replica group (``start_average``)."""
-        return start_average(buffers, self.pg, hook, async_op)
-
-
-class ManagedChannel(Channel):
+class ManagedChannel:
     """torchft's managed process group: rank ``r`` of every group in the current quorum.
     Errors do not raise here: they are reported to torchft's manager (whoever built the
     channel decides what a failed collective means for the parts it holds)."""
 
+    keeps = True
+    """Handed parts wait for the step's vote (``commit`` or ``discard``)."""
     members_change = True
 
     def __init__(self, manager: Any, quorum_pg: Any, participants: Callable[[], int]) -> None:
@@ -90,6 +56,11 @@ class ManagedChannel(Channel):
         self._sent: Callable[[], None] | None = None  # the all-reduce carrying them
         self.arena = SendArena()
         """The step's send buffer; the engine gathers the sync's copies into it (its pool)."""
+        self.held: list[InFlight] = []
+        """Blocking parts of this step's sync, in the order they started (MC merge first)."""
+        self.settles: Callable[[], object] | None = None
+        """Lands a pending vote (``FaultTolerance.land``): run before a point that lands
+        everything (the next sync, a surface, ``finish``, ``close``)."""
         self.sent_aside = False
         """Values went over the quorum outside ``start_tensors`` since the caller last reset
         this (a blocking average, a sum, a gather): a scan of its flat buffers alone would
@@ -102,7 +73,7 @@ class ManagedChannel(Channel):
 
     def start(
         self, buffers: list[torch.Tensor], hook: AllReduceHook | None = None, async_op: bool = True
-    ) -> Reduction:
+    ) -> list[Any]:
         """Average ``buffers`` in place over the quorum; torchft divides by its participants.
 
         Asynchronous averages are queued, not sent: they travel with the step's dense
@@ -115,9 +86,34 @@ class ManagedChannel(Channel):
         if not async_op:
             self.sent_aside = True
             self._send(buffers)()
-            return Reduction([], lambda: buffers)
+            return []
         self._queued.extend(buffers)
-        return Reduction([_Flush(self)], lambda: buffers)
+        return [_Flush(self)]
+
+    @property
+    def holding(self) -> bool:
+        """Parts of this step's sync wait for its vote."""
+        return bool(self.held)
+
+    def hand(self, part: InFlight) -> None:
+        """Keep a blocking part until the step's vote."""
+        self.held.append(part)
+
+    def settle(self) -> None:
+        if self.settles is not None:
+            self.settles()
+
+    def commit(self) -> None:
+        """The step committed: write the held averages back into the shards."""
+        held, self.held = self.held, []
+        for part in held:
+            part.land()
+
+    def discard(self) -> None:
+        """The step failed its commit: drop the held averages (each replica keeps its own)."""
+        held, self.held = self.held, []
+        for part in held:
+            part.drop()
 
     def all_gather(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int]:
         """Every quorum member's ``tensor`` (same shape everywhere) and this group's index,
@@ -283,4 +279,72 @@ class _Flush:
         return True
 
 
-ReplicaChannel = Channel
+GROWTH = 8
+"""A regrown buffer keeps 1/8 spare, so touched-row payloads that vary by a few rows from
+step to step do not reallocate it every step."""
+
+
+class SendArena:
+    """One flat send buffer per dtype: the payload's regions first, the step's tail behind."""
+
+    def __init__(self) -> None:
+        self._flat: dict[torch.dtype, torch.Tensor] = {}
+        self._cursor: dict[torch.dtype, int] = {}
+        """Elements handed out since the last send, per dtype."""
+        self._last: dict[torch.dtype, tuple[int, int]] = {}
+        """The last send's elements in regions and behind them (gradients, control vector):
+        the first region a step takes cuts the buffer to their sum, so that a payload of
+        several regions does not outgrow it half way."""
+        self.placed = 0
+        """Sends that found the regions in place (the copies were not copied again)."""
+
+    def take(
+        self, key: object, numel: int, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """The next ``numel`` elements of ``dtype``'s buffer (``BufferPool.take``'s
+        signature; ``key`` is unused: regions follow each other in the order taken)."""
+        start = self._cursor.get(dtype, 0)
+        regions, tail = self._last.get(dtype, (0, 0))
+        need = max(start + numel, regions) + tail
+        flat = self._flat.get(dtype)
+        if flat is None or flat.numel() < need or flat.device != device:
+            spare = 0 if flat is None else need // GROWTH
+            flat = self._flat[dtype] = torch.empty(need + spare, dtype=dtype, device=device)
+        self._cursor[dtype] = start + numel
+        return flat[start : start + numel]
+
+    def place(self, group: list[torch.Tensor]) -> tuple[torch.Tensor, int] | None:
+        """Where to send ``group`` (tensors of one dtype, in send order): the arena's flat
+        buffer cut to their total and how many leading tensors already sit in it, when those
+        are exactly the regions handed out since the last send; None otherwise (the caller
+        flattens into a fresh buffer). The sizes are remembered for the next ``take``."""
+        dtype = group[0].dtype
+        flat, cursor = self._flat.get(dtype), self._cursor.get(dtype, 0)
+        if flat is None:
+            return None
+        total = sum(t.numel() for t in group)
+        self._last[dtype] = (cursor, max(total - cursor, 0))
+        element, base = flat.element_size(), flat.data_ptr()
+        offset = inside = 0
+        for tensor in group:
+            if offset == cursor:
+                break
+            at = base + offset * element
+            if (
+                tensor.device != flat.device
+                or tensor.data_ptr() != at
+                or not tensor.is_contiguous()
+            ):
+                return None
+            offset += tensor.numel()
+            inside += 1
+        if offset != cursor:
+            return None
+        if flat.numel() < total:
+            return None
+        self.placed += inside > 0
+        return flat[:total], inside
+
+    def reset(self) -> None:
+        """The step's send started: the next payload's regions start at the front again."""
+        self._cursor.clear()
