@@ -108,7 +108,7 @@ train-cluster: $(STAMP)
 	  launch/emulated_hosts.sh $(ARGS)
 
 # Performance benchmarks: each script below rewrites its own section of bench/RESULTS.md
-# (sync-bench, sync-vs-raw, sparse-sync, fold, overhead, memory, step-breakdown, main-job)
+# (sync-bench, sync-vs-raw, sparse-sync, overhead, memory, step-breakdown, main-job)
 # and its JSON in bench/results/. Duration, the last measured run (the one place it is
 # stated): 665 s from a fresh clone, install included, 2026-11-22 (commit 03559b0), on the
 # shared 2-core box. Every other bench runs by hand (docs/benchmarks.md lists them).
@@ -117,7 +117,6 @@ bench: $(STAMP)
 	$(BENCH_ENV) $(PY) bench/sync_bench.py
 	$(BENCH_ENV) $(PY) bench/sync_vs_raw_bench.py
 	$(BENCH_ENV) $(PY) bench/sparse_sync_bench.py
-	$(BENCH_ENV) $(PY) bench/fold_bench.py
 	$(BENCH_ENV) $(PY) bench/overhead_bench.py
 	$(BENCH_ENV) $(PY) bench/memory_bench.py
 	$(BENCH_ENV) $(PY) bench/step_breakdown.py

@@ -11,7 +11,7 @@ gradients and the step's control vector are the same in both runs and not counte
     PYTHONPATH=. python bench/ft_sync_bytes.py           # writes the ft_sync_bytes section
 
 ``--send-buffer``: the dense engine's step (``sync_embeddings`` + ``finish_step``) with the
-sync's copies gathered into the step's send buffer (``sparse2d.sync.transport.arena``, the
+sync's copies gathered into the step's send buffer (``sparse2d.ft.transport``, the
 default) vs into buffers of their own that the channel flattens into a fresh send buffer
 and copies back out (the code before it), alternated in one run on a larger table; section
 ``ft_send_buffer``.
@@ -285,7 +285,7 @@ def _send_buffer_markdown(runs: dict[str, Any], args: argparse.Namespace) -> str
         "every step. Per step, main-thread CPU and wall ms of `sync_embeddings` + "
         "`finish_step` (gather, the step's all-reduce, vote, write-back), median over the "
         "steps after the third, mean of the groups. `arena`: the copies are gathered into the "
-        "step's send buffer and averaged there (`sparse2d.sync.transport.arena`); `fresh`: "
+        "step's send buffer and averaged there (`sparse2d.ft.transport`); `fresh`: "
         "into buffers of their own, flattened with the gradients into a fresh send buffer "
         "and copied back out after the all-reduce (the code before). Rounds alternate, the "
         "order reversed every other round.",

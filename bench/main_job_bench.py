@@ -35,10 +35,9 @@ SETTINGS = {
 }
 """The first two are the acceptance pair; the fixed engines check auto against the better
 one on the main job (the touched-rows engine cost twice the dense one there, issue 11); the
-guard-off run prices the NaN/inf guard. Folding into DDP's all-reduce has no switch (its cap
-is a constant since 2026-11-28): ``bench/fold_bench.py`` measures it at the transport, and
-the last run of this bench with it off (through the environment variable it had then) is in
-bench/RESULTS.md."""
+guard-off run prices the NaN/inf guard. Syncs riding DDP's all-reduce were retired by
+measurement (bench/RESULTS.md, ddp-riding); this bench's stored rows before that date were
+measured with them."""
 
 
 def run_trainer(
@@ -97,8 +96,6 @@ def measure(
                             "sync_s_per_step",
                             "sync_bytes_per_step",
                             "sync_modes",
-                            "sync_votes_in_ddp",
-                            "syncs_folded_into_ddp",
                         )
                     }
                 )
@@ -114,8 +111,8 @@ def _markdown(results: dict[str, list[dict]], args: argparse.Namespace, wall: fl
         f"alternating the settings' order; {args.machine}. Wall {wall:.0f} s.",
         "",
         "| setting | best samples/s | every round | sync ms/step (best run) | sync KB/step "
-        "| syncs dense / sparse / folded (best run) | NaN votes in DDP's all-reduce |",
-        "|---|---:|---|---:|---:|---|---:|",
+        "| syncs dense / sparse (best run) |",
+        "|---|---:|---|---:|---:|---|",
     ]
     for name, runs in results.items():
         best = max(runs, key=lambda x: x["samples_per_s"])
@@ -124,9 +121,7 @@ def _markdown(results: dict[str, list[dict]], args: argparse.Namespace, wall: fl
         lines.append(
             f"| {name} | {best['samples_per_s']:.0f} | {rounds} | "
             f"{1e3 * best['sync_s_per_step']:.2f} | {best['sync_bytes_per_step'] / 1e3:.1f} | "
-            f"{modes.get('dense', 0)} / {modes.get('sparse', 0)} / "
-            f"{best.get('syncs_folded_into_ddp', 0)} | "
-            f"{best.get('sync_votes_in_ddp', 0)} |"
+            f"{modes.get('dense', 0)} / {modes.get('sparse', 0)} |"
         )
     names = list(results)
     best = {n: max(x["samples_per_s"] for x in results[n]) for n in names}

@@ -330,7 +330,7 @@ def _retimed(primary: str) -> list[str]:
 
 
 def _main_job(fitted: Any) -> list[str]:
-    """The shipped main job (trainer, DDP, folded sync) at every L vs the advisor."""
+    """The shipped main job (trainer, DDP) at every L vs the advisor."""
     import planner_fit as pf
     from planner_main_job import SAVED
 

@@ -35,15 +35,15 @@ the in-place crossover on the gloo box."""
 
 PARTS = ("payload", "scan", "vote_wait", "start", "land")
 """The sync's timed parts: build the payload, scan it for NaN/inf, wait for the job-wide
-vote, start the all-reduce, wait for it and write the average back."""
+vote, start the all-reduce, wait for it and write the average back (``land`` holds the vote's
+wait too: a part waits for the vote as it lands)."""
 
 
 def _instrument(models: dict[int, Any], spent: dict[str, float]) -> None:
     """Time the sync's parts into ``spent`` (seconds, summed per sync) by wrapping the
     functions the sync policy calls; nothing else changes."""
     import sparse2d.sync.guard as guard
-    import sparse2d.sync.transport.channel as channel
-    import sparse2d.sync.transport.transfer as transfer
+    import sparse2d.sync.policy as policy
 
     def timed(part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -57,8 +57,8 @@ def _instrument(models: dict[int, Any], spent: dict[str, float]) -> None:
 
     guard.all_finite = timed("scan", guard.all_finite)
     guard.Verdict.wait = timed("vote_wait", guard.Verdict.wait)
-    channel.start_average = timed("start", channel.start_average)  # the in-world channel's
-    transfer.Pending.complete = timed("land", transfer.Pending.complete)
+    policy.InWorldChannel.start = timed("start", policy.InWorldChannel.start)
+    policy.InFlight.land = timed("land", policy.InFlight.land)
     for model in models.values():
         engine = model.sync_policy.engine
         engine.payload = timed("payload", engine.payload)

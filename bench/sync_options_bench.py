@@ -61,7 +61,6 @@ RUN_KEYS = (
     "sync_s_per_step",
     "sync_bytes_per_step",
     "sync_modes",
-    "syncs_folded_into_ddp",
     "eval_auc",
     "planted_auc",
 )

@@ -1,5 +1,5 @@
 """Each cost term by hand, and the terms inside the model on meta-device TorchRec layouts
-(no process group): qcomms, pipelined input dist, folded sync, sharding type vs ``L``."""
+(no process group): qcomms, pipelined input dist, the sync's vote, sharding type vs ``L``."""
 
 from __future__ import annotations
 
@@ -51,12 +51,6 @@ def test_overlap_hides_only_what_runs_beside_it() -> None:
     assert ct.exposed_s(5.0, 30.0, 0.0) == 5.0  # CPU: ranks share the cores
 
 
-def test_fold_pays_bandwidth_only() -> None:
-    topo = ClusterTopology(world_size=4, ranks_per_host=4, intra_host_bw=1e9)
-    assert ct.fold_s(1e6, 4, False, topo) == pytest.approx(1.5e-3)
-    assert ct.allreduce_s(1e6, 4, False, topo) > ct.fold_s(1e6, 4, False, topo)
-
-
 def test_straggler_is_max_over_mean() -> None:
     assert ct.straggler([1.0, 1.0, 4.0]) == pytest.approx(2.0)
     assert ct.straggler([]) == 1.0
@@ -87,34 +81,26 @@ def test_pipeline_overlaps_the_input_all_to_all() -> None:
     assert piped.step_s < plain.step_s
 
 
-def test_small_sync_folds_into_ddp() -> None:
-    alone, folded = _estimate(2), _estimate(2, ddp=True)
-    assert (alone.sync_kind, folded.sync_kind) == ("dense", "folded")
-    assert folded.sync_s < alone.sync_s
-    big = tuple(TableLoad(f"b{i}", 200_000, 64, sharding="table_wise") for i in range(4))
-    w = Workload(tables=big, batch_size_per_rank=256, ddp=True)
-    c = AnalyticCostModel(w, load_topology("h100_8x", 4), default_planner()).estimate(2)
-    assert c.sync_kind == "dense"  # 100 MB region: over FOLD_MAX_BYTES, its own all-reduce
+def test_every_guarded_sync_pays_its_own_vote() -> None:
+    """Riding DDP's all-reduce was retired (bench/RESULTS.md, ddp-riding): a guarded sync is
+    its own all-reduce plus a job-wide NaN/inf vote, never priced free inside DDP's."""
+    guarded, unguarded = _estimate(2), _estimate(2, check_finite=False)
+    assert guarded.sync_kind == unguarded.sync_kind == "dense"
+    topo = load_topology("h100_8x", 4, ["comm_overlap=1"])
+    vote = ct.vote_s(4, False, topo)
+    assert vote > 0 and guarded.sync_s == pytest.approx(unguarded.sync_s + vote)
 
 
-def test_a_fold_is_priced_on_the_dense_region_whatever_the_engine() -> None:
-    """The trainer folds the dense payload (every row of the group's shards, with optimizer
-    state) into DDP's all-reduce only while it fits FOLD_MAX_BYTES, even with the touched-rows
-    engine. configs/tiny_cpu.yaml (6 x 10k x 16 fp32, 3.8 MB) does not fold at any L; priced
-    on its touched rows (~0.3 MB) the sync looked folded and free, and the model picked L=1
-    on 4 CPU ranks, the slowest layout measured (L=1 14.9k, L=2 17.6k, L=4 19.1k samples/s)."""
+def test_tiny_tables_are_priced_on_their_touched_rows_and_full_replication_loses() -> None:
+    """configs/tiny_cpu.yaml (6 x 10k x 16 fp32, engine auto) on 4 CPU ranks: measured L=1
+    14.9k, L=2 17.6k, L=4 19.1k samples/s; the model must not pick L=1."""
     tiny = tuple(TableLoad(f"t{i}", 10_000, 16, sharding="table_wise") for i in range(6))
-    w = Workload(tables=tiny, batch_size_per_rank=128, engine="auto", ddp=True)
+    w = Workload(tables=tiny, batch_size_per_rank=128, engine="auto")
     topo = load_topology("cpu_gloo", 4)
     by_l = {L: AnalyticCostModel(w, topo, default_planner()).estimate(L) for L in (1, 2, 4)}
     assert by_l[1].sync_kind == by_l[2].sync_kind == "sparse", by_l[1].sync_kind
     assert by_l[1].sync_s > by_l[2].sync_s > 0  # 4 replicas of all 6 tables vs 2 of 3
     assert advise(w, topo).recommended != 1
-    small = tuple(TableLoad(f"s{i}", 1_000, 16, sharding="table_wise") for i in range(6))
-    w_small = dataclasses.replace(w, tables=small)  # 0.4 MB with state: folds
-    assert AnalyticCostModel(w_small, topo, default_planner()).estimate(1).sync_kind == "folded"
-    fp16 = dataclasses.replace(w_small, element_bytes=2)  # not DDP's fp32 bucket: no fold
-    assert AnalyticCostModel(fp16, topo, default_planner()).estimate(1).sync_kind == "sparse"
 
 
 def test_advisor_switches_sharding_type_with_group_size() -> None:

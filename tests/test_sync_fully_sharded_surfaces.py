@@ -227,8 +227,8 @@ def check_default_load_between_syncs(options: dict) -> dict:
     buffer = io.BytesIO()
     torch.save((model.state_dict(), model.fused_optimizer.state_dict()), buffer)
     train(model, MIXED_TABLES, 2, after_step=model.maybe_sync, seed=1)
-    landing = model.sync_policy.landing
-    in_flight = len(landing.background) + len(landing.hidden)
+    policy = model.sync_policy
+    in_flight = len(policy.background) + len(policy.hidden)
     fresh = adagrad_2d(2, **options)
     for target in (model, fresh):
         buffer.seek(0)

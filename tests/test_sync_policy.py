@@ -1,11 +1,18 @@
-"""SyncOptions validation, engine construction, and the exact hidden sync (``hide``)."""
+"""``sync.policy``: SyncOptions validation, engine construction, the exact hidden sync
+(``hide``), and where a started part lands (``InFlight``): each landing point on real syncs,
+and a channel that keeps its parts until it commits or discards them."""
 
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.policy import SyncOptions
+from sparse2d.sync.engines.rows import row_payload
+from sparse2d.sync.policy import InFlight, InWorldChannel, SyncOptions, SyncPolicy
+from sparse2d.sync.shards import live_tensors
+from tests.models import MIXED_TABLES, adagrad_2d, make_batch
 
 
 @pytest.mark.parametrize(
@@ -149,3 +156,174 @@ def test_hidden_sync_bit_identical_to_blocking(
     for in_flight in world4.run(check_hidden_sync_is_exact, engine, every, momentum, in_place):
         # in flight exactly after sync steps; the next step's lookup landed it
         assert in_flight == [(s + 1) % every == 0 for s in range(6)], in_flight
+
+
+# ---- where a started part lands (``InFlight``): unit checks on real payloads --------------
+
+
+def _in_flight(live: torch.Tensor, average: list[float], **kwargs: object) -> InFlight:
+    """A started part of ``live`` whose replica average is ``average`` (the collective is not
+    the subject here: the payload's copy already holds the average)."""
+    payload = row_payload([(live, None)])
+    snapshot = [b.clone() for b in payload.buffers] if kwargs.pop("delayed", False) else None
+    payload.buffers[0].copy_(torch.tensor(average))
+    return InFlight([], payload, snapshot=snapshot, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_part_lands_once_drops_once_and_never_crosses() -> None:
+    live = torch.tensor([1.0, 2.0])
+    landed: list[int] = []
+    dropped: list[int] = []
+    part = _in_flight(live, [3.0, 4.0], landed=lambda: landed.append(1))
+    assert part.land() >= 0.0 and part.land() == 0.0
+    assert landed == [1] and live.tolist() == [3.0, 4.0]  # written back once
+    with pytest.raises(RuntimeError, match="cannot be dropped"):
+        part.drop()
+
+    gone = _in_flight(live, [9.0, 9.0], dropped=lambda: dropped.append(1))
+    gone.drop()
+    gone.drop()
+    assert dropped == [1] and live.tolist() == [3.0, 4.0]  # dropped once, never written
+    with pytest.raises(RuntimeError, match="cannot land"):
+        gone.land()
+
+
+def test_a_delayed_part_keeps_the_updates_made_while_in_flight() -> None:
+    live = torch.tensor([1.0, 2.0])
+    part = _in_flight(live, [7.0, 8.0], delayed=True)
+    live.add_(torch.tensor([1.0, 0.0]))  # training goes on while the all-reduce runs
+    part.land()
+    assert live.tolist() == [8.0, 8.0]  # the average plus the update made meanwhile
+
+
+# ---- real syncs on the 2x2 gloo mesh: every landing point, and a keeping channel ---------
+
+
+class Keeping(InWorldChannel):
+    """The in-world replica group, keeping every blocking part until ``commit`` (land) or
+    ``discard`` (drop): what a loop that votes on its steps builds (fault tolerance's
+    ``ManagedChannel`` keeps its parts the same way)."""
+
+    keeps = True
+
+    def __init__(self, pg: dist.ProcessGroup | None) -> None:
+        super().__init__(pg)
+        self.held: list[InFlight] = []
+
+    def hand(self, part: InFlight) -> None:
+        self.held.append(part)
+
+    def settle(self) -> None:
+        return None
+
+    def commit(self) -> None:
+        held, self.held = self.held, []
+        for part in held:
+            part.land()
+
+    def discard(self) -> None:
+        held, self.held = self.held, []
+        for part in held:
+            part.drop()
+
+
+def _install(model, channel: InWorldChannel, **options: object) -> SyncPolicy:
+    """A policy over ``channel`` as the model's own (its surfaces land it)."""
+    local = model.sync_policy
+    policy = SyncPolicy(
+        local.shards,
+        model.replica_pg,
+        model.num_replicas,
+        SyncOptions(engine="dense", **options),  # type: ignore[arg-type]
+        global_pg=dist.group.WORLD,
+        channel=channel,
+    )
+    local.close()
+    model.sync_policy = policy
+    return policy
+
+
+def _diverge(model, shards) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Make each replica's values its own; return them and their replica average."""
+    with torch.no_grad():
+        for t in live_tensors(shards, True, True):
+            t.add_(float(dist.get_rank()) + 1.0)
+    own = [t.clone() for t in live_tensors(shards, True, True)]
+    average = [t.clone() for t in own]
+    for t in average:
+        dist.all_reduce(t, op=dist.ReduceOp.AVG, group=model.replica_pg)
+    return own, average
+
+
+def _equal(shards, expected: list[torch.Tensor]) -> bool:
+    for live, want in zip(live_tensors(shards, True, True), expected, strict=True):
+        torch.testing.assert_close(live, want)
+    return True
+
+
+def _differ(shards, expected: list[torch.Tensor]) -> bool:
+    live = live_tensors(shards, True, True)
+    return any(not torch.equal(a, b) for a, b in zip(live, expected, strict=True))
+
+
+def check_each_point_lands() -> list[str]:
+    """A hidden sync, still in flight (its average not in the shards), landed by each point
+    that lands it; then a blocking one, landed before the sync returns."""
+    kjt, dense, _ = make_batch(MIXED_TABLES, 0, dist.get_rank())
+    points = {
+        "lookup": lambda model, policy: model(kjt, dense),
+        "surface": lambda model, policy: model.state_dict(),
+        "finish": lambda model, policy: model.finish_sync(),
+        "next sync": lambda model, policy: policy.sync_now(0),
+        "reset": lambda model, policy: policy.reset(),
+    }
+    landed = []
+    with adagrad_2d(engine="dense") as model:
+        policy = _install(model, InWorldChannel(model.replica_pg), hide=True)
+        shards = policy.shards
+        for name, reach in points.items():
+            _, average = _diverge(model, shards)
+            policy.step(0)  # hidden: in flight until a point lands it
+            assert policy.in_flight and _differ(shards, average), name
+            with torch.no_grad():
+                reach(model, policy)
+            assert not policy.in_flight and _equal(shards, average), name
+            landed.append(name)
+        _, average = _diverge(model, shards)
+        policy.sync_now(0)  # blocking: the channel lands it before the sync returns
+        assert not policy.in_flight and _equal(shards, average)
+        landed.append("sync")
+    return landed
+
+
+def test_each_landing_point_lands(world4) -> None:
+    for out in world4.run(check_each_point_lands):
+        assert out == ["lookup", "surface", "finish", "next sync", "reset", "sync"], out
+
+
+def check_commit_and_discard() -> dict[str, list[str]]:
+    """A kept sync: untouched until its channel decides; ``commit`` lands the averages,
+    ``discard`` leaves every shard's own values; a second decision finds nothing kept."""
+    out: dict[str, list[str]] = {}
+    with adagrad_2d(engine="dense") as model:
+        channel = Keeping(model.replica_pg)
+        policy = _install(model, channel)
+        shards = policy.shards
+        for outcome in ("discard", "commit"):
+            own, average = _diverge(model, shards)
+            policy.sync_now(0)
+            held = list(channel.held)
+            assert held and all(p.state == "started" for p in held)
+            assert _equal(shards, own)  # in copies only
+            model.state_dict()  # a surface lands nothing a channel keeps
+            assert _equal(shards, own) and channel.held
+            getattr(channel, outcome)()
+            getattr(channel, outcome)()  # nothing kept any more: nothing happens
+            assert _equal(shards, own if outcome == "discard" else average)
+            out[outcome] = [p.state for p in held]
+    return out
+
+
+def test_commit_writes_averages_and_discard_keeps_own_values(world4) -> None:
+    for out in world4.run(check_commit_and_discard):
+        assert out == {"discard": ["dropped"], "commit": ["landed"]}, out

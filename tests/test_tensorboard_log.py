@@ -31,7 +31,7 @@ def test_trainer_writes_every_logged_scalar_at_its_step(tiny_runs) -> None:
     tags = set(acc.Tags()["scalars"])
     train = ["loss", "auc", "ne", "samples_per_s", "sync_s_per_step", "sync_bytes_per_step"]
     expected = {f"train/{k}" for k in train} | {"eval/loss", "eval/auc", "eval/ne"}
-    expected |= {f"train/sync_modes/{m}" for m in ("dense", "sparse", "folded")}
+    expected |= {f"train/sync_modes/{m}" for m in ("dense", "sparse")}
     expected |= {"train/replica_divergence"}
     expected |= {"balance/lookup_max_over_mean", "balance/memory_max_bytes"}
     assert expected <= tags, sorted(expected - tags)
@@ -46,10 +46,8 @@ def test_trainer_writes_every_logged_scalar_at_its_step(tiny_runs) -> None:
     assert [e.step for e in acc.Scalars("train/loss")] == [2, 4, 6]
     assert [e.step for e in acc.Scalars("eval/auc")] == [3, 6]
     assert [e.step for e in acc.Scalars("train/replica_divergence")] == [2, 4, 6]
-    modes = sum(
-        acc.Scalars(f"train/sync_modes/{m}")[-1].value for m in ("dense", "sparse", "folded")
-    )
-    assert modes == 6  # engine auto: one sync per step, counted under its mode or as folded
+    modes = sum(acc.Scalars(f"train/sync_modes/{m}")[-1].value for m in ("dense", "sparse"))
+    assert modes == 6  # engine auto: one sync per step, counted under the mode it chose
     assert acc.Scalars("train/sync_bytes_per_step")[-1].value > 0
     start = acc.Tensors("run/start/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "environment.torch" in start and "| world_size | 2 |" in start

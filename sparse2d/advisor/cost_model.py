@@ -12,8 +12,8 @@ sharding type of a table changes with ``L`` where that is cheaper), the terms of
   CPU work per all-to-all value that no wire precision saves; the row-wise reduce-scatter
   part at its own bandwidth;
 * input all-to-all of the ids: serial, or overlapped with the previous step when pipelined;
-* replica sync per step: folded into DDP's all-reduce when small, else a dense or
-  touched-rows all-reduce plus a fixed cost and the NaN/inf vote, over ``sync_every``; hidden
+* replica sync per step: a dense or touched-rows all-reduce plus a fixed cost and the NaN/inf
+  vote, over ``sync_every``; hidden
   behind the dense step when ``hide``; FULLY_SHARDED's three collectives every step;
 * lookup compute of the most loaded rank (stragglers): bytes streamed plus the distinct rows
   its fused optimizer updates (Zipf-expected over the group's ids), and the dense part.
@@ -77,8 +77,8 @@ class Candidate:
     terms: tuple[tuple[str, float], ...] = ()
     """Every term of ``step_s`` (seconds), named, in the order they are added."""
     sync_kind: str = "none"
-    """How the replica sync runs: ``none`` (G=1), ``folded`` (inside DDP's all-reduce),
-    ``dense``, ``sparse`` (touched rows) or ``fully_sharded``."""
+    """How the replica sync runs: ``none`` (G=1), ``dense``, ``sparse`` (touched rows) or
+    ``fully_sharded``."""
     replica_layout: str = "intra_host"
     """The replica layout priced (the faster of both where the workload says ``auto``)."""
 
@@ -190,7 +190,6 @@ class _RankLoads:
     own_out: list[float]
     out_total: float = 0.0
     ids_total: float = 0.0
-    fold_total: float = 0.0  # the group's dense sync payload: what a fold all-reduces
     types: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @classmethod
@@ -199,15 +198,6 @@ class _RankLoads:
         links = [ct.LinkBytes() for _ in range(L)]
         scatters = [ct.LinkBytes() for _ in range(L)]
         return cls(*zeros[:6], links, scatters, *zeros[6:])
-
-
-@functools.cache
-def _fold_itemsize() -> int:
-    """Bytes per value of DDP's bucket, the only dtype a fold carries (imported on first use:
-    the advisor's module does not load torch)."""
-    from sparse2d.sync.ddp.fold import FOLD_DTYPE
-
-    return FOLD_DTYPE.itemsize
 
 
 class AnalyticCostModel(CostModel):
@@ -251,9 +241,7 @@ class AnalyticCostModel(CostModel):
         )
         dense_s = _allreduce_s(w.dense_params * 4, list(range(topo.world_size)), topo)
         synced = loads.synced
-        sync_s, sync_kind = self._sync_s(
-            max(synced), loads.fold_total, max(loads.full), replicas, L
-        )
+        sync_s, sync_kind = self._sync_s(max(synced), max(loads.full), replicas, L)
         if w.hide and sync_kind in ("dense", "sparse"):  # beside the next input dist only:
             sync_s = ct.exposed_s(sync_s, ids_a2a, topo.comm_overlap)  # the dense step is tiny
         mem = max(loads.memory)
@@ -302,7 +290,6 @@ class AnalyticCostModel(CostModel):
                 loads.state[rank] += n * (weights + opt)
                 loads.memory[rank] += n * (weights + opt + s.io_bytes)
                 loads.synced[rank] += n * self._synced_bytes(s, replicas)
-                loads.fold_total += n * self._fold_bytes(s)
                 loads.full[rank] += n * s.rows * (s.cols + w.row_state_values(s.cols)) * eb
                 share = s.rows / t.rows  # 0 for a row-wise shard left empty (rows < L)
                 table_ids = L * B * t.features * t.pooling_factor  # the group's ids into t
@@ -371,7 +358,7 @@ class AnalyticCostModel(CostModel):
         return ct.link_time_s(nbytes * local / peers, nbytes * remote / peers, self.topology)
 
     def _sync_s(
-        self, shard_bytes: float, region: float, full: float, replicas: int, L: int
+        self, shard_bytes: float, full: float, replicas: int, L: int
     ) -> tuple[float, str]:
         """Replica sync per step and which mechanism runs it."""
         w, topo = self.workload, self.topology
@@ -384,32 +371,12 @@ class AnalyticCostModel(CostModel):
             return ct.fully_sharded_s(
                 full, replicas, remote > 0, topo
             ) + topo.sync_overhead_s, "fully_sharded"
-        from sparse2d.sync.ddp.fold import FOLD_MAX_BYTES
-
-        if w.ddp and w.engine != "sparse" and 0 < region <= FOLD_MAX_BYTES:
-            # the region holds one slot per replica group: all of one group's shard bytes,
-            # dense whatever the engine (``_fold_bytes``)
-            folded = ct.fold_s(region, topo.world_size, world_remote, topo)
-            return folded / w.sync_every, "folded"
         per_sync = ct.allreduce_s(shard_bytes, replicas, remote > 0, topo, local + 1)
         per_sync += topo.sync_overhead_s
         kind = "dense" if w.engine == "dense" else "sparse"
-        if w.check_finite and not (w.ddp and kind == "dense"):  # else DDP carries the vote
+        if w.check_finite:
             per_sync += ct.vote_s(topo.world_size, world_remote, topo)
         return per_sync / w.sync_every, kind
-
-    def _fold_bytes(self, s: PlacedShard) -> float:
-        """Bytes of shard ``s`` in a folded sync's region: the dense engine's payload (its
-        live weights, and optimizer state when synced: ``sync.ddp.folding``), whatever the
-        engine, and only in fp32, DDP's bucket dtype (0: cannot fold). Pricing the touched
-        rows here folded ``configs/tiny_cpu.yaml``'s 3.8 MB of tables on paper (0.6 ms a
-        step at L=1) while the trainer's 2 MiB limit sends them through their own
-        all-reduce, so the advisor picked full replication, the slowest layout measured."""
-        w = self.workload
-        if w.element_bytes != _fold_itemsize():
-            return 0.0
-        row = s.cols + (w.row_state_values(s.cols) if w.include_optimizer_state else 0)
-        return float(s.rows * row * w.element_bytes)
 
     def _synced_bytes(self, s: PlacedShard, replicas: int) -> float:
         """Bytes of shard ``s`` one sync all-reduces (dense or expected touched rows)."""

@@ -241,20 +241,9 @@ def allreduce_s(
     return per_rank / bw + steps * alpha
 
 
-def fold_s(region_bytes: float, world: int, remote: bool, topo: ClusterTopology) -> float:
-    """A sync folded into DDP's gradient all-reduce (``sparse2d.sync.ddp.fold``): the region's
-    bytes ride an all-reduce that runs anyway, so only its bandwidth counts, no latency and
-    no per-sync overhead (``bench/RESULTS.md`` "Fold": 0.5 MB added to DDP's all-reduce cost
-    nothing measurable on the gloo box)."""
-    if world <= 1:
-        return 0.0
-    bw = topo.inter_host_bw if remote else topo.intra_host_bw
-    return 2 * (world - 1) / world * region_bytes / bw
-
-
 def vote_s(world: int, remote: bool, topo: ClusterTopology) -> float:
     """The NaN/inf vote of a guarded sync: one job-wide all-reduce of a few bytes (latency
-    only). Zero when DDP's all-reduce carries it (``sparse2d.sync.ddp.carried_vote``)."""
+    only)."""
     if world <= 1:
         return 0.0
     alpha = topo.inter_host_latency_s if remote else topo.intra_host_latency_s

@@ -80,9 +80,6 @@ class Workload:
     """Wire precision of the gradient all-to-all."""
     pipeline: bool = False
     """A TorchRec train pipeline runs the next batch's input all-to-all beside this step."""
-    ddp: bool = False
-    """Dense parameters are trained by DDP over the whole world (the trainer): small syncs
-    fold into its all-reduce and the NaN/inf vote rides it (``sparse2d.sync.ddp.carried_vote``)."""
     hide: bool = False
     """``SyncOptions.hide``: a sync's all-reduce runs behind the dense step and the next
     input all-to-all."""

@@ -1,16 +1,17 @@
-"""Replica synchronization: which tensors, which collectives, and when.
+"""Replica synchronization: which tensors are averaged, over which group, and when.
 
-One room per concern: ``policy`` (when and how; it composes the rest: ``plan`` of one sync,
-``landing`` of the averages in flight), ``options`` (``SyncOptions``, ``SyncReport``),
-``shards`` (the FBGEMM shards a sync reads and writes), ``guard`` (the NaN/inf vote),
-``ballot`` (how every vote encodes, carries and reads its flags),
-``engines/`` (which values), ``transport/`` (how they travel), ``ddp/`` (what rides DDP's
-gradient all-reduce), ``variants/`` (momentum scaling, divergence),
-``fully_sharded/`` and ``mc/`` (managed-collision tables).
+``policy`` is the sync itself, top to bottom (``SyncPolicy.step -> _sync -> channel.start ->
+all_reduce``: cadence, payloads, NaN/inf vote, averages started, each part landed where it
+lands). Around it: ``options`` (``SyncOptions``, ``SyncReport``), ``engines/`` (which values:
+dense, touched rows, auto), ``guard`` (the NaN/inf check and vote), ``ballot`` (how a vote of
+several flags encodes, carries and reads them), ``shards`` (the FBGEMM shards a sync reads and
+writes), ``collectives`` (the plain average and broadcast that alignment and repair use),
+``variants/`` (momentum scaling, divergence), ``fully_sharded/`` and ``mc/`` (managed-collision
+tables).
 
 Nothing is exported here: users configure a sync with ``sparse2d.SyncOptions`` and read
 ``sparse2d.SyncReport``; the engines, collectives and shard walkers are internals, imported
-from the module that defines them (``sync.shards``, ``sync.transport.collectives``, ...).
+from the module that defines them (``sync.shards``, ``sync.collectives``, ...).
 """
 
 __all__: list[str] = []

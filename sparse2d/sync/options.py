@@ -76,10 +76,7 @@ class SyncOptions:
     host's main job (3.3 vs 6.6 ms a step at a sync every step) and on the emulated cluster's
     1 Gbit/s links (1.17x auto), ``"auto"`` won on its 100 Mbit/s links (1.15x dense;
     bench/RESULTS.md, sections sync-options and cluster-options); the sparse engines
-    cost 4 bytes of tracking per embedding row. With ``"dense"`` or ``"auto"``, a cadence
-    sync whose values are small (all replica groups' shards within
-    ``sparse2d.sync.ddp.fold.FOLD_MAX_BYTES``) rides DDP's gradient all-reduce as a plain dense
-    average, with no collective of its own (``sparse2d.sync.ddp.fold``)."""
+    cost 4 bytes of tracking per embedding row."""
     divergence_every: int = 0
     """Measure replica divergence before every k-th sync (0 = off); reported in ``SyncReport``."""
     divergence_rows: int = 32
@@ -87,9 +84,8 @@ class SyncOptions:
     check_finite: bool = True
     """Before averaging, check every value a sync would send for NaN/inf; if any rank finds
     one, every rank raises ``sparse2d.SyncError`` and no replica changes (see
-    ``sparse2d.sync.guard``; one sum per payload buffer and a job-wide vote, carried by
-    DDP's gradient all-reduce where the payload is known early:
-    ``sparse2d.sync.ddp.carried_vote``)."""
+    ``sparse2d.sync.guard``; one sum per payload buffer and a job-wide vote of one int per
+    rank, beside the average where the payload is a copy)."""
 
     def __post_init__(self) -> None:
         _check_int("every", self.every, 1, "1 = every step")

@@ -49,7 +49,6 @@ def workload_from_config(cfg: Config) -> Workload:
         sharding_strategy=cfg.parallel.sharding_strategy,
         dense_params=dense_params(cfg),
         pipeline=cfg.train.pipeline != "none",
-        ddp=True,  # the trainer trains its dense part with DDP over the world
         hide=sync.hide,
         check_finite=sync.check_finite,
     )

@@ -211,6 +211,14 @@ class SparseEngine(SyncEngine):
         """Integers sent along with the touched-row counts (none here; see ``AutoEngine``)."""
         return []
 
+    def track_rows(self, on: bool) -> None:
+        """Stamp lookups (``on``) or pause: resumed, every row counts as touched (the rows
+        looked up meanwhile are unknown)."""
+        if on:
+            self.tracker.resume()
+        else:
+            self.tracker.pause()
+
     def close(self) -> None:
         """Stop tracking (removes the forward hooks)."""
         self.tracker.close()

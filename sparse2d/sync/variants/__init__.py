@@ -2,6 +2,6 @@
 momentum-scaled row-wise AdaGrad accumulators (``scaling``) and the replica divergence
 sample (``divergence``).
 
-Delayed optimizer-state syncs are a transfer that lands later with delta correction
-(``sync.transport.transfer``); hidden syncs land before the next lookup (``SyncPolicy``).
+Delayed optimizer-state syncs land at the next sync with delta correction, hidden syncs
+before the next lookup: both are the policy's (``sync.policy.InFlight``).
 """
