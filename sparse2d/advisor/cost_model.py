@@ -357,9 +357,7 @@ class AnalyticCostModel(CostModel):
             return 0.0
         return ct.link_time_s(nbytes * local / peers, nbytes * remote / peers, self.topology)
 
-    def _sync_s(
-        self, shard_bytes: float, full: float, replicas: int, L: int
-    ) -> tuple[float, str]:
+    def _sync_s(self, shard_bytes: float, full: float, replicas: int, L: int) -> tuple[float, str]:
         """Replica sync per step and which mechanism runs it."""
         w, topo = self.workload, self.topology
         if replicas <= 1:
