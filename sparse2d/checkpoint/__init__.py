@@ -4,7 +4,7 @@
 collectives); ``dcp``: save/load over ``torch.distributed.checkpoint`` with replica dedup, resharding
 to any (world size, group size, plan), an atomic ``latest`` pointer and checks before
 any weight changes; ``layout``: the keys and global offsets of each local shard;
-``mc``: managed-collision identity tables (saved per shard, checked, rebuilt by id at another
+``mc_identities``: managed-collision identity tables (saved per shard, checked, rebuilt by id at another
 ``L``);
 ``repair``: restore a diverged replica from a healthy one, without a checkpoint.
 """

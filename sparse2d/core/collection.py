@@ -59,6 +59,7 @@ from sparse2d.core.contexts import (
     sharding_env,
 )
 from sparse2d.core.group_refs import ClosedGroup, drop_references
+from sparse2d.core.pipeline_guard import install_pipeline_guard
 from sparse2d.core.replica_consistency import PolicyOrSet, ReplicaSync
 from sparse2d.core.resources import GroupRecorder, Resources
 from sparse2d.patches import apply_all
@@ -70,7 +71,6 @@ from sparse2d.sync.fully_sharded.surfaces import (
     SurfaceGuard,
     slice_fully_sharded,
 )
-from sparse2d.sync.mc.pipelines import install_pipeline_guard
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState
 

@@ -34,9 +34,9 @@ from typing import Any
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError
+from sparse2d.managed_collision.tables import find_mc_tables
+from sparse2d.managed_collision.zch_sync import find_zch_tables
 from sparse2d.sync.engines.sparse import SparseEngine
-from sparse2d.sync.mc.tables import find_mc_tables
-from sparse2d.sync.mc.zch_sync import find_zch_tables
 from sparse2d.sync.multi import merge_reports
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.policy import SyncPolicy

@@ -40,8 +40,8 @@ from sparse2d.sync.variants.scaling import AccumulatorScaler
 __all__ = ["SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 
 if TYPE_CHECKING:
+    from sparse2d.managed_collision.sync import ManagedCollisionSync
     from sparse2d.sync.ddp.carried_vote import CarriedVote, DdpVote
-    from sparse2d.sync.mc.sync import ManagedCollisionSync
 
 
 class SyncPolicy:
