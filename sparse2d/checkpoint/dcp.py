@@ -58,9 +58,9 @@ from sparse2d.checkpoint.layout import (
     table_specs,
 )
 from sparse2d.checkpoint.mc_identities import check_identities, describe, load_entries, save_entries
+from sparse2d.core.fully_sharded import materialized
 from sparse2d.errors import CheckpointError, CorruptCheckpointError
 from sparse2d.sync.ballot import Ballot, Flag
-from sparse2d.sync.fully_sharded import materialized
 from sparse2d.sync.shards import flush_caches
 
 FORMAT_VERSION = 1

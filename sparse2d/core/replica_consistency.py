@@ -19,10 +19,10 @@ import torch.nn as nn
 
 from sparse2d.core.call_forms import adapt_all_reduce
 from sparse2d.core.contexts import ShardingContext
+from sparse2d.core.fully_sharded import FullyShardedEmbeddings
 from sparse2d.core.resources import Resources
 from sparse2d.managed_collision import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.sync.ddp.carried_vote import EarlySync
-from sparse2d.sync.fully_sharded import FullyShardedEmbeddings
 from sparse2d.sync.landing import LandingPoint
 from sparse2d.sync.multi import PolicySet, merge_reports
 from sparse2d.sync.options import SyncOptions, SyncReport
