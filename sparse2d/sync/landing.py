@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Protocol
 from sparse2d.errors import SyncError
 
 if TYPE_CHECKING:
+    from sparse2d.sync.accumulator_scaling import AccumulatorScaler
     from sparse2d.sync.engines.base import SyncEngine
     from sparse2d.sync.guard import Verdict
     from sparse2d.sync.plan import Part, SyncPlan
-    from sparse2d.sync.variants.scaling import AccumulatorScaler
 
 
 class LandingPoint(enum.Enum):

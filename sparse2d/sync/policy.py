@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from sparse2d.sync.accumulator_scaling import AccumulatorScaler
 from sparse2d.sync.ddp.fold import Folded
 from sparse2d.sync.ddp.folding import Folding
+from sparse2d.sync.divergence import DivergenceSampler
 from sparse2d.sync.engines.auto import make_engine
 from sparse2d.sync.engines.base import Payload, SyncEngine, metadata_bytes
 from sparse2d.sync.guard import FiniteGuard, Verdict
@@ -34,8 +36,6 @@ from sparse2d.sync.shards import ShardState, live_tensors
 from sparse2d.sync.transport.channel import InWorldChannel, ReplicaChannel
 from sparse2d.sync.transport.collectives import AllReduceHook
 from sparse2d.sync.transport.transfer import Pending
-from sparse2d.sync.variants.divergence import DivergenceSampler
-from sparse2d.sync.variants.scaling import AccumulatorScaler
 
 __all__ = ["SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 

@@ -20,9 +20,9 @@ from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState, flush_caches, live_tensors
 
 if TYPE_CHECKING:
+    from sparse2d.sync.accumulator_scaling import AccumulatorScaler
     from sparse2d.sync.engines.base import SyncEngine
     from sparse2d.sync.plan import Opening
-    from sparse2d.sync.variants.scaling import AccumulatorScaler
 
 
 class Folding:
