@@ -1,7 +1,7 @@
 """The replica channel (``sparse2d.sync.transport.channel``) on a real 2x2 gloo mesh: a
 channel that holds (``sparse2d.ft.commit.Holding`` over the in-world group) averages into
 copies; ``commit`` writes the average back, ``discard`` keeps each replica's own values.
-(torchft's managed channel runs in tests/test_ft_replica.py.)"""
+(torchft's managed channel runs in tests/test_ft_fault_tolerant_steps.py.)"""
 
 from __future__ import annotations
 
