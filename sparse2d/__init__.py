@@ -36,9 +36,9 @@ if TYPE_CHECKING:
     from sparse2d.advisor.measured import measured_group_size
     from sparse2d.advisor.trial_options import TrialOptions
     from sparse2d.core.collection import DMPCollection
+    from sparse2d.ft.fault_tolerant_steps import FaultTolerance
     from sparse2d.ft.ft_options import FTOptions
     from sparse2d.ft.optim import FTOptimizer
-    from sparse2d.ft.replica import FaultTolerance
     from sparse2d.sync.options import SyncOptions, SyncReport
 
 # name -> the module that defines it, imported on first access.
@@ -46,7 +46,7 @@ _LAZY = {
     "DMPCollection": "sparse2d.core.collection",
     "SyncOptions": "sparse2d.sync.options",
     "SyncReport": "sparse2d.sync.options",
-    "FaultTolerance": "sparse2d.ft.replica",
+    "FaultTolerance": "sparse2d.ft.fault_tolerant_steps",
     "FTOptimizer": "sparse2d.ft.optim",
     "FTOptions": "sparse2d.ft.ft_options",
     "TrialOptions": "sparse2d.advisor.trial_options",

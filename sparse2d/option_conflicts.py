@@ -32,7 +32,7 @@ Settings = Mapping[str, Any]
 
 EARLY_LOOKUP_PIPELINES = ("semi_sync", "TrainPipelineSemiSync", "TrainPipelineFusedSparseDist")
 """Pipelines that look up batch ``i+1`` before batch ``i``'s sync: the trainer's
-``train.pipeline`` value and TorchRec's class names (``sparse2d.sync.mc.pipelines``)."""
+``train.pipeline`` value and TorchRec's class names (``sparse2d.core.pipeline_guard``)."""
 
 
 @dataclass(frozen=True, slots=True)

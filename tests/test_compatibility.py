@@ -247,8 +247,8 @@ def _replica_check(model: Any) -> float:
     import torch
     import torch.distributed as dist
 
-    from sparse2d.sync.fully_sharded import materialized
-    from sparse2d.sync.mc import mc_identity_buffers
+    from sparse2d.core.fully_sharded import materialized
+    from sparse2d.managed_collision import mc_identity_buffers
     from sparse2d.sync.shards import live_tensors
 
     worst = torch.zeros((), dtype=torch.float64)

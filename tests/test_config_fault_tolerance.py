@@ -122,7 +122,8 @@ def test_managed_collision_tables_are_accepted(kind: str) -> None:
 @pytest.mark.parametrize("kind", ["sparse_dist", "semi_sync"])
 def test_torchrec_pipelines_are_accepted(kind: str) -> None:
     """The step boundaries are an optimizer wrapper (sparse2d.ft.FTOptimizer): TorchRec's
-    pipelines drive fault-tolerant steps (tests/test_ft_replica.py, tests/test_ft_launch.py)."""
+    pipelines drive fault-tolerant steps (tests/test_ft_fault_tolerant_steps.py,
+    tests/test_ft_launch.py)."""
     cfg = load_config("configs/ft_tiny_cpu.yaml", [f"train.pipeline={kind}"])
     assert cfg.train.pipeline == kind
 

@@ -1,5 +1,5 @@
 """Managed-collision tables under fault tolerance: the quorum's groups merge identities by the
-in-world 2D rules (``sparse2d.sync.mc`` over torchft's managed channel).
+in-world 2D rules (``sparse2d.managed_collision`` over torchft's managed channel).
 
 2 torchft groups x 2 gloo ranks against in-world 2D (world 4, L=2, 2 replicas), the same
 MC model (MCH or MP-ZCH), rows, data and sync every step: every rank ends with the same identity tables
@@ -33,7 +33,7 @@ def _set_rows(model) -> None:
 
 
 def _state(model, policy) -> dict:
-    from sparse2d.sync.mc import mc_identity_buffers
+    from sparse2d.managed_collision import mc_identity_buffers
     from sparse2d.sync.shards import flush_caches
 
     flush_caches(model.shard_states)

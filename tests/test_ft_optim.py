@@ -28,7 +28,7 @@ from tests.models import (
     make_batch,
     shard_1d,
 )
-from tests.test_ft_replica import GROUPS, SIZE, STEPS
+from tests.test_ft_fault_tolerant_steps import GROUPS, SIZE, STEPS
 
 SEMI_SYNC_START = 2
 """``TrainPipelineSemiSync``'s ``start_batch`` here (the trainer's is 0)."""

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from sparse2d.core.pipeline_guard import refuse_early_lookup
 from sparse2d.errors import ConfigError, KeyValueError
 from sparse2d.option_conflicts import (
     EARLY_LOOKUP_PIPELINES,
@@ -19,7 +20,6 @@ from sparse2d.option_conflicts import (
     key_name,
     sync_settings,
 )
-from sparse2d.sync.mc.pipelines import refuse_early_lookup
 from sparse2d.sync.options import SyncOptions
 from sparse2d.train.config import load_config
 from sparse2d.train.config.schema import TRAINER_KEYS

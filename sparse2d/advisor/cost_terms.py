@@ -254,7 +254,7 @@ def vote_s(world: int, remote: bool, topo: ClusterTopology) -> float:
 def fully_sharded_s(
     full_shard_bytes: float, replicas: int, remote: bool, topo: ClusterTopology
 ) -> float:
-    """sparse2d's FULLY_SHARDED, every step (``sparse2d.sync.fully_sharded``): all-gather the
+    """sparse2d's FULLY_SHARDED, every step (``sparse2d.core.fully_sharded``): all-gather the
     weights for the lookup, all-gather weights + state for the fused update, reduce-scatter
     both after it. An all-gather or reduce-scatter moves half an all-reduce's bytes, so the
     three are ~1.5 all-reduces of a rank's full (unsliced) shard bytes."""

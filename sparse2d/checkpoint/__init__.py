@@ -4,8 +4,8 @@
 collectives); ``dcp``: save/load over ``torch.distributed.checkpoint`` with replica dedup, resharding
 to any (world size, group size, plan), an atomic ``latest`` pointer and checks before
 any weight changes; ``layout``: the keys and global offsets of each local shard;
-``mc``: managed-collision identity tables (saved per shard, checked, rebuilt by id at another
-``L``);
+``mc_identities``: managed-collision identity tables (saved per shard, checked, rebuilt by id
+at another ``L``; the MC sync itself is ``sparse2d.managed_collision``);
 ``repair``: restore a diverged replica from a healthy one, without a checkpoint.
 """
 

@@ -16,7 +16,7 @@ element-wise optimizer state ``(rows, dim)``, ``emb.T.stateI.cC`` for a row-wise
 state ``(rows,)`` of the column block starting at ``C`` (column-wise shards keep
 one accumulator each), ``dense.NAME`` for every plain tensor of
 ``model.state_dict()``, ``mc.T.*`` for managed-collision identity tables
-(``checkpoint.mc``), and pickled blobs ``extra``, ``dense_optimizer``, ``rng.rankR``.
+(``checkpoint.mc_identities``), and pickled blobs ``extra``, ``dense_optimizer``, ``rng.rankR``.
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ from sparse2d.checkpoint.layout import (
     dense_entries,
     table_specs,
 )
-from sparse2d.checkpoint.mc import check_identities, describe, load_entries, save_entries
+from sparse2d.checkpoint.mc_identities import check_identities, describe, load_entries, save_entries
+from sparse2d.core.fully_sharded import materialized
 from sparse2d.errors import CheckpointError, CorruptCheckpointError
 from sparse2d.sync.ballot import Ballot, Flag
-from sparse2d.sync.fully_sharded import materialized
 from sparse2d.sync.shards import flush_caches
 
 FORMAT_VERSION = 1

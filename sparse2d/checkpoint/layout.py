@@ -197,7 +197,7 @@ def dense_entries(model: nn.Module) -> dict[str, torch.Tensor]:
     """Plain (replicated) tensors of ``model.state_dict()``: dense params and buffers.
 
     Managed-collision modules' plain buffers (iteration counter, shard segments) are per
-    shard, not replicated: ``checkpoint.mc`` carries what of them is state."""
+    shard, not replicated: ``checkpoint.mc_identities`` carries what of them is state."""
     return {
         name: value
         for name, value in model.state_dict().items()

@@ -12,9 +12,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError
+from sparse2d.managed_collision import mc_identity_buffers
 from sparse2d.mesh import replica_groups
 from sparse2d.sync.collectives import broadcast_
-from sparse2d.sync.mc import mc_identity_buffers
 from sparse2d.sync.shards import flush_caches, live_tensors
 
 

@@ -6,7 +6,7 @@ plan for ``L`` ranks -> remap to this rank's group (``sparse2d.core.contexts``) 
 ``submodule_configs`` gets its own context (group size, mesh, plan, replica sync). The model
 delegates to collaborators that hold what they need and never the model (no reference
 cycle through them): one ``SyncPolicy`` per context (``sparse2d.sync.policy``: the sync
-itself), ``SurfaceGuard`` (``sparse2d.sync.fully_sharded.surfaces``) and its contexts
+itself), ``SurfaceGuard`` (``sparse2d.core.fully_sharded.surfaces``) and its contexts
 (geometry attributes).
 
 Why a subclass of TorchRec's own ``DMPCollection``: TorchRec's train pipelines
@@ -61,20 +61,20 @@ from sparse2d.core.contexts import (
     geometry_repr,
     sharding_env,
 )
-from sparse2d.core.group_refs import ClosedGroup, drop_references
-from sparse2d.core.resources import GroupRecorder, Resources
-from sparse2d.patches import apply_all
-from sparse2d.patches.torchrec_comm import forget_destroyed_groups
-from sparse2d.planner.plan_store import PlanStore
-from sparse2d.sync.collectives import broadcast_
-from sparse2d.sync.fully_sharded import FullyShardedEmbeddings
-from sparse2d.sync.fully_sharded.surfaces import (
+from sparse2d.core.fully_sharded import FullyShardedEmbeddings
+from sparse2d.core.fully_sharded.surfaces import (
     GuardedOptimizer,
     SurfaceGuard,
     slice_fully_sharded,
 )
-from sparse2d.sync.mc import mc_identity_buffers, mc_sync_for, plain_shards
-from sparse2d.sync.mc.pipelines import install_pipeline_guard
+from sparse2d.core.group_refs import ClosedGroup, drop_references
+from sparse2d.core.pipeline_guard import install_pipeline_guard
+from sparse2d.core.resources import GroupRecorder, Resources
+from sparse2d.managed_collision import mc_identity_buffers, mc_sync_for, plain_shards
+from sparse2d.patches import apply_all
+from sparse2d.patches.torchrec_comm import forget_destroyed_groups
+from sparse2d.planner.plan_store import PlanStore
+from sparse2d.sync.collectives import broadcast_
 from sparse2d.sync.options import SyncOptions, SyncReport, merge_reports
 from sparse2d.sync.policy import SyncPolicy
 from sparse2d.sync.shards import ShardState, live_tensors
@@ -107,7 +107,7 @@ class DMPCollection(TorchRecDMPCollection):
         sharding_strategy: TorchRec's ``ShardingStrategy``: ``DEFAULT``, ``PER_MODULE`` or
             ``FULLY_SHARDED`` (between steps each replica holds 1/G of the fused embedding
             buffers, weights and optimizer state averaged every step by reduce-scatter; see
-            ``sparse2d.sync.fully_sharded``). Also per ``submodule_configs`` entry.
+            ``sparse2d.core.fully_sharded``). Also per ``submodule_configs`` entry.
         node_group_size: ranks of one group sharing a host, for TWRW/grid (divides ``L``).
         custom_all_reduce: TorchRec's ``hook(tensors)``, replacing the averaging all-reduce;
             the hook owns its process group (``sparse2d.core.call_forms.adapt_all_reduce``).
@@ -372,7 +372,7 @@ class DMPCollection(TorchRecDMPCollection):
 
     def ensure_reduce_scatter_complete(self) -> None:
         """TorchRec's FULLY_SHARDED wait. Nothing to wait for: our FULLY_SHARDED lands its
-        reduce-scatters at the end of each backward (see ``sparse2d.sync.fully_sharded``)."""
+        reduce-scatters at the end of each backward (see ``sparse2d.core.fully_sharded``)."""
 
     @property
     def sync_policies(self) -> list[SyncPolicy]:
@@ -390,7 +390,7 @@ class DMPCollection(TorchRecDMPCollection):
         first): it replaces them all."""
         self._policies[:] = [policy]
 
-    # ---- surfaces that hand out tensors (sparse2d.sync.fully_sharded.surfaces) ---------
+    # ---- surfaces that hand out tensors (sparse2d.core.fully_sharded.surfaces) ---------
     def _before_surface(self, surface: str, land: bool = False) -> None:
         guard = self.__dict__.get("_guard")  # TorchRec's construction reads surfaces too
         if guard is not None:
@@ -450,7 +450,7 @@ class DMPCollection(TorchRecDMPCollection):
         """Live views of this rank's embedding shards (every context) and their fused state.
 
         Under FULLY_SHARDED the views hold no storage between steps: read or write them only
-        inside ``sparse2d.sync.fully_sharded.materialized(model)``.
+        inside ``sparse2d.core.fully_sharded.materialized(model)``.
         """
         return self._shards
 

@@ -35,12 +35,12 @@ from sparse2d.core.call_forms import (
 from sparse2d.core.construction import ConstructionReport
 from sparse2d.core.contexts import ShardingContext, build_contexts, describe_contexts
 from sparse2d.errors import ConfigError
+from sparse2d.managed_collision.tables import check_managed_collision
 from sparse2d.mesh import validate_group_size, validate_layout
 from sparse2d.option_conflicts import check_collection
 from sparse2d.planner import default_sharders
 from sparse2d.planner.plan_store import as_plan_store
 from sparse2d.sync.collectives import AllReduceHook
-from sparse2d.sync.mc.tables import check_managed_collision
 from sparse2d.sync.options import SyncOptions
 
 
@@ -59,7 +59,7 @@ class Setup:
     contexts: list[ShardingContext]
     """The default context, then one per ``submodule_configs`` entry (not built yet)."""
     has_mc: bool
-    """The model has managed-collision tables (``sparse2d.sync.mc``)."""
+    """The model has managed-collision tables (``sparse2d.managed_collision``)."""
     trial_report: TrialReport | None = None
     """For ``sharding_group_size="auto"``: how ``L`` was chosen (measured or the model's)."""
 

@@ -30,12 +30,12 @@ from torchrec.distributed.types import (
 
 from sparse2d.core.call_forms import resolve_strategy
 from sparse2d.core.construction import ConstructionReport
+from sparse2d.core.fully_sharded.checks import check_fully_sharded_plan
 from sparse2d.errors import ConfigError
 from sparse2d.mesh import Mesh2D, build_mesh, validate_group_size, validate_layout
 from sparse2d.planner import plan_for_group, remap_plan, validate_plan
 from sparse2d.planner.group_plan import GroupPlan
 from sparse2d.planner.plan_store import PlanStore
-from sparse2d.sync.fully_sharded.checks import check_fully_sharded_plan
 from sparse2d.sync.shards import ShardState, collect_shard_states
 from sparse2d.validation import resolve_node_group_size
 
@@ -236,7 +236,7 @@ def plan_context(
 def sharding_env(ctx: ShardingContext, pg: dist.ProcessGroup) -> ShardingEnv2D:
     """TorchRec's 2D environment for the modules of one context.
 
-    FULLY_SHARDED is sparse2d's own (``sparse2d.sync.fully_sharded``, installed after
+    FULLY_SHARDED is sparse2d's own (``sparse2d.core.fully_sharded``, installed after
     sharding): TorchRec must build its plain fused kernels, not its CUDA-only
     ``ShardedBatchedFusedEmbedding*`` with the inexact reduce-scatter-after-lookup order.
     """

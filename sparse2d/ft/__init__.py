@@ -14,15 +14,15 @@ from sparse2d.errors import FaultToleranceError
 from sparse2d.ft.ft_options import LIGHTHOUSE_ENV, FTOptions
 
 if TYPE_CHECKING:
+    from sparse2d.ft.fault_tolerant_steps import FaultTolerance
     from sparse2d.ft.optim import FTOptimizer
-    from sparse2d.ft.replica import FaultTolerance
 
 __all__ = ["FTOptimizer", "FTOptions", "FaultTolerance", "FaultToleranceError", "LIGHTHOUSE_ENV"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "FaultTolerance":
-        from sparse2d.ft.replica import FaultTolerance
+        from sparse2d.ft.fault_tolerant_steps import FaultTolerance
 
         return FaultTolerance
     if name == "FTOptimizer":

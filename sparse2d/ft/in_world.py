@@ -7,7 +7,7 @@ inside the world, on top of the torchft groups. Its fault-tolerant sync runs in 
 1. over its in-world replica group (its own ``SyncPolicy``, blocking, in place): the world's
    replicas then agree, a valid 2D state even if the step later fails its commit;
 2. over torchft's quorum with every other shard, into copies written back on the commit
-   vote (``sparse2d.ft.replica``).
+   vote (``sparse2d.ft.fault_tolerant_steps``).
 
 After a commit that is the equal-weight average over all ``G x (world / L)`` replicas: the
 in-world replicas hold equal values, so averaging them first changes no weight. Both stages
@@ -34,9 +34,9 @@ from typing import Any
 import torch.nn as nn
 
 from sparse2d.errors import ConfigError
+from sparse2d.managed_collision.tables import find_mc_tables
+from sparse2d.managed_collision.zch_sync import find_zch_tables
 from sparse2d.sync.engines.sparse import SparseEngine
-from sparse2d.sync.mc.tables import find_mc_tables
-from sparse2d.sync.mc.zch_sync import find_zch_tables
 from sparse2d.sync.options import SyncOptions, SyncReport, merge_reports
 from sparse2d.sync.policy import SyncPolicy
 

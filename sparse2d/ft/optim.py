@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from sparse2d.errors import ConfigError
-from sparse2d.ft.replica import FaultTolerance
+from sparse2d.ft.fault_tolerant_steps import FaultTolerance
 
 
 class FTOptimizer(torch.optim.Optimizer):

@@ -18,10 +18,10 @@ import torch.nn as nn
 from sparse2d.ft import in_world
 from sparse2d.ft.ft_options import FTOptions
 from sparse2d.ft.transport import ManagedChannel
+from sparse2d.managed_collision import mc_sync_for, plain_shards
 from sparse2d.option_conflicts import check_fault_tolerance
 from sparse2d.sync.engines.dense import DenseEngine
 from sparse2d.sync.engines.sparse import SparseEngine
-from sparse2d.sync.mc import mc_sync_for, plain_shards
 from sparse2d.sync.options import SyncOptions
 from sparse2d.sync.policy import SyncPolicy
 

@@ -25,7 +25,7 @@ import torch.nn as nn
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.mc import mc_identity_buffers
+from sparse2d.managed_collision import mc_identity_buffers
 from sparse2d.sync.shards import ShardState, flush_caches, live_tensors
 
 

@@ -13,7 +13,7 @@ that the user has not pinned the threshold (``MALLOC_MMAP_THRESHOLD_`` or
 ``glibc.malloc.mmap_threshold`` in ``GLIBC_TUNABLES``); measuring RSS is too slow and noisy.
 Fix: ``mallopt(M_MMAP_THRESHOLD, 1 MiB)``, once per process.
 Trigger: not ``apply_all``: process-wide allocator tuning is applied only where it pays, by
-``sparse2d.sync.fully_sharded.schedule`` when FULLY_SHARDED slices CPU buffers.
+``sparse2d.core.fully_sharded.schedule`` when FULLY_SHARDED slices CPU buffers.
 Measured by: ``bench/fully_sharded_bench.py`` (RSS between steps, FULLY_SHARDED vs DEFAULT).
 """
 
@@ -74,7 +74,7 @@ PATCHES = (
         probe="libc is glibc and MALLOC_MMAP_THRESHOLD_/GLIBC_TUNABLES do not pin the threshold",
         needed=needed,
         apply=apply,
-        trigger="sparse2d/sync/fully_sharded/schedule.py: FULLY_SHARDED over CPU buffers",
+        trigger="sparse2d/core/fully_sharded/schedule.py: FULLY_SHARDED over CPU buffers",
         devices=("cpu",),
     ),
 )

@@ -18,7 +18,7 @@ the id or is empty; with eviction (threshold policy 0: TTL; policy 1: LRU) a ful
 up the slot whose metadata is expired and older than the id's. The start slot comes from
 FBGEMM itself (its read-only lookup on an empty table falls back to ``hash % size``), so the
 table built here is one FBGEMM's read-only lookup resolves identically. The MP-ZCH replica
-merge (``sparse2d.sync.mc.zch_sync``) inserts through it too, on every device.
+merge (``sparse2d.managed_collision.zch_sync``) inserts through it too, on every device.
 Regression test: ``tests/test_patches_torchrec_hash_mc_modules.py``.
 """
 

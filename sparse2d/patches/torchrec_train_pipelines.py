@@ -23,13 +23,13 @@ lookup before batch ``i``'s backward, and tell the model nothing.
 Issue: none found (searched: TrainPipelineSemiSync managed collision, lookup before sync).
 Without it: a replica sync between the lookup and its update is not seen: managed-collision
 tables would update rows that now hold other ids, and touched-row engines would drop rows
-updated after the sync. ``sparse2d.sync.mc.pipelines`` registers the check run here.
+updated after the sync. ``sparse2d.core.pipeline_guard`` registers the check run here.
 Probe: ``early_lookup_needed()`` checks that the two classes still start lookups ahead
 (their ``start_embedding_lookup`` calls ``_start_embedding_lookup``) and that their
 ``__init__`` takes no hook.
 Fix: their ``__init__`` first runs each hook added by ``add_early_lookup_hook`` on the model.
 Regression tests: ``tests/test_core_call_forms.py`` (semi-sync on CPU),
-``tests/test_sync_mc_pipelines.py`` (refused with replicated MC tables).
+``tests/test_core_pipeline_guard.py`` (refused with replicated MC tables).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ gradient bucket (``sync.ddp.carried_vote``); a fault-tolerant step's control vec
 (fingerprint bytes and the NaN/inf flag in the cross-group average), its group's commit vote
 (``ft.step_vote``) and the commit echo across groups (``ft.quorum``); FULLY_SHARDED's votes
 (a kernel's NaN/inf over its replicas, the step's job-wide check, "written" per buffer and
-"same on every replica" at a settle: ``sync.fully_sharded``); and checkpoint load's (files
+"same on every replica" at a settle: ``core.fully_sharded``); and checkpoint load's (files
 intact, DCP read on every rank). A ballot encodes this rank's flags into a slot of any dtype
 the carrier sends, is carried by an all-reduce of its own (``Ballot.start``, several copies
 in one: ``start_each``) or appended to one that is sent anyway (``Ballot.encode(out=...)``:

@@ -36,7 +36,7 @@ NON_FINITE = Flag("non_finite")
 """This rank found a NaN/inf in what it sends; any rank: nobody writes the average back (the
 flag of the ballots that carry a NaN/inf vote among others: fault tolerance's, FULLY_SHARDED's)."""
 GUARD = Ballot(NON_FINITE)
-"""FULLY_SHARDED's NaN/inf vote (``sync.fully_sharded.schedule``); a sync's own vote is one int
+"""FULLY_SHARDED's NaN/inf vote (``core.fully_sharded.schedule``); a sync's own vote is one int
 all-reduced by ``FiniteGuard.start``."""
 
 

@@ -61,7 +61,8 @@ class SyncOptions:
     the next interval and lands with delta correction (needs ``include_optimizer_state``)."""
     momentum_scaling: bool = False
     """Divide the averaged AdaGrad accumulator growth by the number of replica groups so it
-    grows like 1D training's (see ``sparse2d.sync.variants.scaling``); needs optimizer-state sync."""
+    grows like 1D training's (see ``sparse2d.sync.accumulator_scaling``); needs
+    optimizer-state sync."""
     hide: bool = True
     """Start each cadence sync's all-reduce in the background and land it just before the next
     embedding lookup (a forward pre-hook on the fused kernels), hiding it behind the dense

@@ -35,19 +35,19 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.errors import SyncError
+from sparse2d.sync.accumulator_scaling import AccumulatorScaler
 from sparse2d.sync.collectives import AllReduceHook
+from sparse2d.sync.divergence import DivergenceSampler
 from sparse2d.sync.engines.auto import make_engine
 from sparse2d.sync.engines.base import Payload, SyncEngine
 from sparse2d.sync.guard import FiniteGuard, Verdict
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState, live_tensors
-from sparse2d.sync.variants.divergence import DivergenceSampler
-from sparse2d.sync.variants.scaling import AccumulatorScaler
 
 __all__ = ["InFlight", "SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 
 if TYPE_CHECKING:
-    from sparse2d.sync.mc.sync import ManagedCollisionSync
+    from sparse2d.managed_collision.sync import ManagedCollisionSync
 
 
 class InFlight:
@@ -193,7 +193,7 @@ class SyncPolicy:
         self.channel: Channel = channel or InWorldChannel(replica_pg)
         self.shards = shards
         self.mc = mc
-        """Managed-collision tables (``sync.mc``): identities merged, rows averaged by id,
+        """Managed-collision tables (``sparse2d.managed_collision``): identities merged, rows averaged by id,
         blocking at every sync; ``shards`` holds the plain tables only."""
         self.replica_pg = replica_pg
         self.num_replicas = num_replicas
@@ -295,7 +295,7 @@ class SyncPolicy:
     def _sync_mc(self, step: int) -> int:
         """Managed-collision tables first, blocking: a job-wide NaN/inf vote on every table
         (plain ones too, so nothing moves if any is bad), then identities merged and rows
-        averaged by id (``sync.mc``), handed to the channel like any blocking part."""
+        averaged by id (``sparse2d.managed_collision``), handed to the channel like any blocking part."""
         mc = self.mc
         with torch.no_grad():
             if self.guard is not None:

@@ -29,7 +29,7 @@ from sparse2d import checkpoint
 from sparse2d.errors import FaultToleranceError
 from sparse2d.ft.heal_log import HealLog
 from sparse2d.ft.state import digest
-from sparse2d.sync.mc import mc_identity_buffers
+from sparse2d.managed_collision import mc_identity_buffers
 from sparse2d.train.config import Config
 from sparse2d.train.data import DataSource
 from sparse2d.train.pipeline import PipelineSteps

@@ -52,7 +52,7 @@ def build_model(cfg: Config, device: torch.device) -> torch.nn.Module:
     )
     tables: torch.nn.Module = ebc
     if m.managed_collision.enabled:
-        from sparse2d.train.managed_collision import managed  # TorchRec (module docstring)
+        from sparse2d.train.mc_embeddings import managed  # TorchRec (module docstring)
 
         world = dist.get_world_size() if dist.is_initialized() else 1
         mc = managed(ebc, m.managed_collision, buckets=world)

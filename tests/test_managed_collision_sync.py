@@ -2,7 +2,7 @@
 
 World 4, every rank trains on its own batches (so each replica inserts and evicts its own
 ids), then ``sync()``. The expected state is computed here from the replicas' pre-sync
-tables by id (plain Python dicts), not with ``sparse2d.sync.mc.merge``.
+tables by id (plain Python dicts), not with ``sparse2d.managed_collision.merge``.
 """
 
 from __future__ import annotations

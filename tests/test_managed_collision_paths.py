@@ -4,7 +4,7 @@ Handled: the touched-rows and auto engines, hidden sync, delayed
 optimizer state (they apply to the plain tables; MC tables are merged by id, blocking, at
 the same sync), the NaN/inf guard, repair_from_replicas, TorchRec's call form.
 Both MCH and MP-ZCH (HashZch) tables. Refused (``ConfigError`` on every rank, nothing sent):
-momentum scaling, custom all-reduce, FULLY_SHARDED (checkpoints: tests/test_checkpoint_mc.py).
+momentum scaling, custom all-reduce, FULLY_SHARDED (checkpoints: tests/test_checkpoint_mc_identities.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch.distributed as dist
 from tests.harness import DistWorld
 from tests.mc_models import build_mc_model, train_mc
 from tests.models import replica_max_diff
-from tests.test_sync_mc import _mch_modules
+from tests.test_managed_collision_sync import _mch_modules
 
 PATHS = [
     {"engine": "sparse"},

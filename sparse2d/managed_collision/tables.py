@@ -140,7 +140,7 @@ def find_mc_tables(model: nn.Module, shards: list[ShardState]) -> list[MCTable]:
             continue
         for name, mc in sub._managed_collision_modules.items():
             if not isinstance(mc, MCHManagedCollisionModule):
-                continue  # MP-ZCH: sync.mc.zch_sync
+                continue  # MP-ZCH: managed_collision.zch_sync
             offset, size = int(mc._output_global_offset), int(mc._zch_size)
             mine = [
                 s for s in shards if s.table == name and s.row_offset == offset and s.rows == size

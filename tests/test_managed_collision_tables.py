@@ -13,13 +13,13 @@ from torchrec.modules.mc_modules import (
 )
 
 from sparse2d.errors import ConfigError
-from sparse2d.option_conflicts import check_collection
-from sparse2d.sync.mc.tables import (
+from sparse2d.managed_collision.tables import (
     check_managed_collision,
     check_torchrec_mc_2d,
     mc_modules,
     policy_name,
 )
+from sparse2d.option_conflicts import check_collection
 from sparse2d.sync.options import SyncOptions
 from tests.mc_models import build_mc_model
 

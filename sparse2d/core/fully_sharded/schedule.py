@@ -32,7 +32,7 @@ Between steps the per-table views (``state_dict()``, ``named_parameters()``, the
 optimizer's state) point at freed storage. Every public surface that hands them out
 materializes first (``materialize``: the full buffers come back, collective over each replica
 group, and stay until the next forward re-slices them with ``settle``); see
-``sparse2d.sync.fully_sharded.surfaces``. Library code (checkpoint, repair) uses
+``sparse2d.core.fully_sharded.surfaces``. Library code (checkpoint, repair) uses
 ``gathered()``, which restores the full buffers for one block.
 """
 
@@ -48,14 +48,14 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from sparse2d.patches import glibc_malloc
-from sparse2d.sync.ballot import Ballot, Flag
-from sparse2d.sync.collectives import AllReduceHook, average_
-from sparse2d.sync.fully_sharded.slices import (
+from sparse2d.core.fully_sharded.slices import (
     FlatSlice,
     Kernel,
     slice_kernels,
 )
+from sparse2d.patches import glibc_malloc
+from sparse2d.sync.ballot import Ballot, Flag
+from sparse2d.sync.collectives import AllReduceHook, average_
 from sparse2d.sync.guard import GUARD, NON_FINITE, all_finite
 from sparse2d.sync.policy import SyncReport
 from sparse2d.sync.shards import ShardState, live_tensors

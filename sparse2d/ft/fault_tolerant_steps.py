@@ -42,7 +42,7 @@ from sparse2d.ft import state as heal_state
 from sparse2d.ft.ft_options import FTOptions
 from sparse2d.ft.quorum import START_POLL_S, OverlappedQuorum
 from sparse2d.ft.transport import ManagedChannel
-from sparse2d.sync.mc.tables import sharded_mc_table_names
+from sparse2d.managed_collision.tables import sharded_mc_table_names
 from sparse2d.sync.shards import live_tensors
 
 

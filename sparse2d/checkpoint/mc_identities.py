@@ -40,9 +40,9 @@ from torchrec.modules.mc_modules import MCHManagedCollisionModule
 
 from sparse2d.checkpoint.directory import MARKER
 from sparse2d.checkpoint.layout import ELEM, Collector, TableSpec, row_blocks, state_key, weight_key
-from sparse2d.sync.mc.merge import INT64_MAX, score
-from sparse2d.sync.mc.tables import find_mc_tables, policy_name
-from sparse2d.sync.mc.zch_sync import find_zch_tables
+from sparse2d.managed_collision.merge import INT64_MAX, score
+from sparse2d.managed_collision.tables import find_mc_tables, policy_name
+from sparse2d.managed_collision.zch_sync import find_zch_tables
 from sparse2d.sync.shards import ShardState
 
 MCH, ZCH = "mch", "zch"

@@ -18,7 +18,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from sparse2d import ConfigError, DMPCollection, SyncError
 from sparse2d.checkpoint import load, save
-from sparse2d.sync.fully_sharded import materialized
+from sparse2d.core.fully_sharded import materialized
 from sparse2d.sync.options import SyncOptions
 from tests.models import (
     SEQUENCE_TABLES,
@@ -258,7 +258,7 @@ def _collectives() -> Iterator[Counter]:
             while frame is not None and len(callers) < 3:  # the caller, or the ballot's
                 callers.append(frame.f_globals["__name__"])
                 frame = frame.f_back
-            if any(c.startswith("sparse2d.sync.fully_sharded") for c in callers):
+            if any(c.startswith("sparse2d.core.fully_sharded") for c in callers):
                 counts[name] += 1
             return originals[name](*args, **kwargs)
 

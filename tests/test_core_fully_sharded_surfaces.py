@@ -282,7 +282,7 @@ def test_a_surface_called_on_one_rank_raises_instead_of_hanging(world4) -> None:
 
 
 def test_fingerprint_sees_every_change() -> None:
-    from sparse2d.sync.fully_sharded.slices import _CHUNK, fingerprint
+    from sparse2d.core.fully_sharded.slices import _CHUNK, fingerprint
 
     x = torch.randn(2 * _CHUNK + 5)
     base = fingerprint(x)

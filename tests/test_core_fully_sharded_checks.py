@@ -7,7 +7,7 @@ import pytest
 from torchrec.distributed.types import ParameterSharding, ShardingPlan, ShardingStrategy
 
 from sparse2d import ConfigError
-from sparse2d.sync.fully_sharded.checks import check_fully_sharded_plan
+from sparse2d.core.fully_sharded.checks import check_fully_sharded_plan
 
 FS = ShardingStrategy.FULLY_SHARDED
 

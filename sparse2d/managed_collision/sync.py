@@ -1,14 +1,14 @@
 """Sync MCH tables over a replica group: agree on identities, then average rows by id.
 
 Averaging slot by slot is wrong for a managed-collision table: between syncs each replica
-inserts and evicts its own ids, so the same slot holds different ids on different
-replicas. One sync here: all-gather every replica's identity table (ids, rows, metadata);
-every replica computes the same merge (``sync.mc.merge``); each replica contributes, for
+inserts and evicts its own ids, so the same slot holds different ids on different replicas.
+One sync here: all-gather every replica's identity table (ids, rows, metadata); every
+replica computes the same merge (``managed_collision.merge``); each replica contributes, for
 every new row, the row it holds that id in (zeros where it does not hold it); one SUM
-all-reduce per dtype; each row divided by the number of replicas holding its id. A row
-held by one replica keeps that replica's values bit for bit; rows whose id no replica
-keeps are zeroed, weights and optimizer state alike (as TorchRec zeroes evicted rows).
-Optimizer state always travels with its row: an id that moves must take its state along.
+all-reduce per dtype; each row divided by the number of replicas holding its id. A row held
+by one replica keeps that replica's values bit for bit; rows whose id no replica keeps are
+zeroed, weights and optimizer state alike (as TorchRec zeroes evicted rows). Optimizer state
+always travels with its row: an id that moves must take its state along.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.comm_device import flag_device
-from sparse2d.sync.mc.merge import Identity, Merged, merge
-from sparse2d.sync.mc.tables import MCTable
-from sparse2d.sync.mc.zch_sync import ZchTable, merge_zch, pack
+from sparse2d.managed_collision.merge import Identity, Merged, merge
+from sparse2d.managed_collision.tables import MCTable
+from sparse2d.managed_collision.zch_sync import ZchTable, merge_zch, pack
 from sparse2d.sync.shards import ShardState, by_dtype
 
 
@@ -73,7 +73,7 @@ class ManagedCollisionSync:
     ) -> None:
         self.tables = tables
         self.zch_tables = zch_tables or []
-        """MP-ZCH tables (``sync.mc.zch_sync``): merged TorchRec's way, rows averaged here."""
+        """MP-ZCH tables (``managed_collision.zch_sync``): merged TorchRec's way, rows averaged here."""
         self.replica_pg = replica_pg
         self.channel = channel
         """A managed channel (``sparse2d.ft.transport.ManagedChannel``: torchft's quorum)

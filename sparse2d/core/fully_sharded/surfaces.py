@@ -23,8 +23,8 @@ from torch import nn
 from torchrec.distributed.types import ShardedModule
 from torchrec.optim.keyed import KeyedOptimizer, OptimizerWrapper
 
+from sparse2d.core.fully_sharded.schedule import FullyShardedEmbeddings
 from sparse2d.core.resources import Resources
-from sparse2d.sync.fully_sharded.schedule import FullyShardedEmbeddings
 
 if TYPE_CHECKING:
     from sparse2d.core.contexts import ShardingContext

@@ -1,4 +1,4 @@
-"""TorchRec train pipelines with managed-collision tables (``sparse2d.sync.mc.pipelines``):
+"""TorchRec train pipelines with managed-collision tables (``sparse2d.core.pipeline_guard``):
 ``TrainPipelineSparseDist`` syncs them through our ``sync()``; the pipelines that look up the
 next batch before this batch's sync are refused when built."""
 
@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from tests.harness import DistWorld
 from tests.mc_models import build_mc_model
-from tests.test_sync_mc_paths import mc_max_diff
+from tests.test_managed_collision_paths import mc_max_diff
 
 
 class _PipelineModel(torch.nn.Module):

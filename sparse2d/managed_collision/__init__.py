@@ -1,8 +1,14 @@
-"""Managed-collision tables (TorchRec MCH) in 2D: replicas agree on ids before averaging.
+"""Managed-collision tables (TorchRec MCH and MP-ZCH) in 2D: replicas agree on ids before
+averaging.
 
-``tables`` finds them and refuses what cannot be synced, ``merge`` is the pure identity
-merge, ``sync`` the collective that applies it. FBGEMM's missing CPU row reset and MP-ZCH
-insert are in ``sparse2d.patches``.
+``tables`` finds them and refuses what cannot be synced, ``merge`` is the pure MCH identity
+merge, ``sync`` the collective that applies it, ``zch_sync`` the MP-ZCH merge. The sync
+policy and the model's construction import this package; it imports only ground pieces
+(``errors``, ``comm_device``, ``sync.shards``) and ``patches``. What builds on other packages stays there:
+checkpoints' identity tables in ``sparse2d.checkpoint.mc_identities`` (on checkpoint's
+layout), the trainer's MC front of the DLRM in ``sparse2d.train.mc_embeddings``, FBGEMM's
+missing CPU row reset and MP-ZCH insert in ``sparse2d.patches``, and the refusal of
+replicated MC tables under early-lookup pipelines in ``sparse2d.core.pipeline_guard``.
 """
 
 from __future__ import annotations
@@ -13,9 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from sparse2d.sync.mc.sync import ManagedCollisionSync, identity_buffers
-from sparse2d.sync.mc.tables import find_mc_tables
-from sparse2d.sync.mc.zch_sync import find_zch_tables, zch_identity_buffers
+from sparse2d.managed_collision.sync import ManagedCollisionSync, identity_buffers
+from sparse2d.managed_collision.tables import find_mc_tables
+from sparse2d.managed_collision.zch_sync import find_zch_tables, zch_identity_buffers
 from sparse2d.sync.shards import ShardState
 
 __all__ = ["ManagedCollisionSync", "mc_identity_buffers", "mc_sync_for", "plain_shards"]

@@ -1,11 +1,11 @@
-"""The pure identity merge of MCH replicas (``sparse2d.sync.mc.merge``), worked by hand."""
+"""The pure identity merge of MCH replicas (``sparse2d.managed_collision.merge``), worked by hand."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sparse2d.sync.mc.merge import INT64_MAX, Identity, merge
+from sparse2d.managed_collision.merge import INT64_MAX, Identity, merge
 
 M = INT64_MAX
 

@@ -10,7 +10,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from sparse2d.errors import ConfigError, KeyValueError
 from sparse2d.train.config import load_config
 from sparse2d.train.config.model import ManagedCollisionConfig
-from sparse2d.train.managed_collision import ManagedEmbeddingBags, managed
+from sparse2d.train.mc_embeddings import ManagedEmbeddingBags, managed
 from tests import trainer_world
 
 TINY = "configs/tiny_cpu.yaml"
