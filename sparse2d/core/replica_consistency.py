@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from sparse2d.core.call_forms import adapt_all_reduce
+from sparse2d.core.call_forms import adapt_set_all_reduce_hook
 from sparse2d.core.contexts import ShardingContext
 from sparse2d.core.resources import Resources
 from sparse2d.sync.ddp.carried_vote import EarlySync
@@ -118,7 +118,7 @@ class ReplicaSync:
         return merge_reports([r for r in (report, self.fully_sharded.report(step)) if r])
 
     def set_hook(self, reduce_hook: Callable[..., None] | None) -> None:
-        self.policy.hook = adapt_all_reduce(reduce_hook)
+        self.policy.hook = adapt_set_all_reduce_hook(reduce_hook)
 
     def finish(self, point: LandingPoint = LandingPoint.CALL) -> None:
         """Land the syncs in flight at ``point`` (local waits), unless the model is closed."""
