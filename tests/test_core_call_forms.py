@@ -34,6 +34,7 @@ from sparse2d.core.call_forms import (
     hook_roles,
     installed_contract,
     parse_call,
+    read_contract,
     resolve_layout,
 )
 from sparse2d.errors import ConfigError
@@ -483,3 +484,15 @@ def test_hook_roles_read_the_annotation() -> None:
     unknown.append(Callable[[tensors, tensors], None])
     for annotation in unknown:
         assert hook_roles(annotation) is None, annotation
+
+
+def test_unknown_contract_is_refused_naming_it() -> None:
+    """A release whose hook annotation sparse2d cannot adapt is refused, never guessed."""
+
+    def takes_any(reduce_hook: Callable[..., None]) -> None:  # a release typing it loosely
+        del reduce_hook
+
+    with pytest.raises(ConfigError, match=r"set_all_reduce_hook hook is typed .*does not know"):
+        read_contract(takes_any, "reduce_hook", "set_all_reduce_hook")
+    contract = read_contract(TorchRecDMPCollection.__init__, "custom_all_reduce", "door")
+    assert contract.roles == ("tensors",) and contract.release == RELEASE

@@ -230,8 +230,14 @@ def _role(param: object) -> str | None:
 
 @functools.cache
 def installed_contract(door: str) -> HookContract:
-    """The hook contract of ``door`` in the installed TorchRec, read from its annotation."""
+    """The hook contract of ``door`` (a ``HOOK_DOORS`` key) in the installed TorchRec."""
     function, parameter = HOOK_DOORS[door]
+    return read_contract(function, parameter, door)
+
+
+def read_contract(function: Callable[..., Any], parameter: str, door: str) -> HookContract:
+    """The contract ``function`` declares for its hook ``parameter``, read from its annotation;
+    a ``ConfigError`` if it is not one ``hook_roles`` knows."""
     release = getattr(torchrec, "__version__", "?")
     try:
         annotation = typing.get_type_hints(function)[parameter]
@@ -250,17 +256,18 @@ def installed_contract(door: str) -> HookContract:
 def adapt_custom_all_reduce(hook: Callable[..., None] | None) -> AllReduceHook | None:
     """The constructor's ``custom_all_reduce``, called as the installed TorchRec calls it
     (``hook(tensors)`` in 1.8.0 and 1.9.2: the hook owns its process group)."""
-    return _adapt(hook, installed_contract("custom_all_reduce"))
+    return _adapt(hook, "custom_all_reduce")
 
 
 def adapt_set_all_reduce_hook(hook: Callable[..., None] | None) -> AllReduceHook | None:
     """``set_all_reduce_hook``'s hook, called as the installed TorchRec calls it: 1.8.0's
     ``hook(tensors)``, 1.9.2's ``hook(pg, tensors)`` with the context's replica group."""
-    return _adapt(hook, installed_contract("set_all_reduce_hook"))
+    return _adapt(hook, "set_all_reduce_hook")
 
 
-def _adapt(hook: Callable[..., None] | None, contract: HookContract) -> AllReduceHook | None:
-    """Check ``hook`` fits ``contract`` and wrap it as sparse2d's ``hook(tensors, pg)``.
+def _adapt(hook: Callable[..., None] | None, door: str) -> AllReduceHook | None:
+    """Check ``hook`` fits ``door``'s installed contract and wrap it as sparse2d's
+    ``hook(tensors, pg)``.
 
     The arguments go in TorchRec's order, never guessed from the hook's parameter names. A
     hook whose signature cannot be read is wrapped unchecked (a wrong one fails at its first
@@ -269,7 +276,8 @@ def _adapt(hook: Callable[..., None] | None, contract: HookContract) -> AllReduc
     if hook is None:
         return None
     if not callable(hook):
-        raise ConfigError(f"{contract.door}={hook!r} is not callable.")
+        raise ConfigError(f"{door}={hook!r} is not callable.")
+    contract = installed_contract(door)
     try:
         signature: inspect.Signature | None = inspect.signature(hook)
     except (TypeError, ValueError):
