@@ -8,11 +8,13 @@ driven by the same TorchRec train pipeline.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torchrec
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DMPCollection as TorchRecDMPCollection
@@ -27,8 +29,12 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from sparse2d import DMPCollection
 from sparse2d.core.call_forms import (
     TORCHREC_POSITIONAL,
-    adapt_all_reduce,
+    adapt_custom_all_reduce,
+    adapt_set_all_reduce_hook,
+    hook_roles,
+    installed_contract,
     parse_call,
+    read_contract,
     resolve_layout,
 )
 from sparse2d.errors import ConfigError
@@ -52,6 +58,15 @@ from tests.models import (
 BATCHES = 6
 LR = 2.0  # large embedding steps, so that the 1e-5 comparison is meaningful
 DENSE_LR = 0.1  # as tests.models.train: larger dense steps make MSE diverge
+RELEASE = torchrec.__version__
+ON_1_8 = pytest.mark.skipif(
+    not RELEASE.startswith("1.8."),
+    reason=f"TorchRec 1.8's hook contract; torchrec {RELEASE} is installed",
+)
+ON_1_9 = pytest.mark.skipif(
+    not RELEASE.startswith("1.9."),
+    reason=f"TorchRec 1.9's hook contract (make install TORCHREC=1.9); torchrec {RELEASE} is installed",
+)
 PIPELINES = {"sparse_dist": TrainPipelineSparseDist, "semi_sync": TrainPipelineSemiSync}
 TORCHREC_TABLES = (Table("t0", 40, 8, "table_wise"), Table("t1", 48, 16, "column_wise"))
 
@@ -197,22 +212,51 @@ def check_bad_call(kwargs: dict) -> None:
     DMPCollection(build_model(MIXED_TABLES), device="cpu", **kwargs)
 
 
-def check_hook() -> dict:
-    """TorchRec's ``hook(tensors)``, closing over the replica group, is called and averages."""
-    model = DMPCollection(build_model(MIXED_TABLES), 2, device="cpu")
-    pg, calls = model.replica_pg, []
+def check_hook_is_the_sync(door: str, takes_group: bool) -> dict:
+    """A hook given at ``door`` (``hook(pg, tensors)`` if ``takes_group``, else
+    ``hook(tensors)`` closing over ``model.replica_pg``) writes the replica mean + 1: that,
+    never the plain average, must be what ``sync()`` leaves on every replica. The wrong
+    arity is refused first, on every rank."""
+    groups: list[dist.ProcessGroup] = []
 
-    def average(tensors: list[torch.Tensor]) -> None:
-        calls.append(len(tensors))
+    def mean_plus_one(pg: dist.ProcessGroup, tensors: list[torch.Tensor]) -> None:
+        groups.append(pg)
         for t in tensors:
             dist.all_reduce(t, group=pg)
-            t.div_(dist.get_world_size(pg))
+            t.div_(dist.get_world_size(pg)).add_(1.0)
 
-    model.set_all_reduce_hook(average)
+    def with_group(pg: dist.ProcessGroup, tensors: list[torch.Tensor]) -> None:
+        mean_plus_one(pg, tensors)
+
+    def closing_over_group(tensors: list[torch.Tensor]) -> None:
+        mean_plus_one(model.replica_pg, tensors)
+
+    hook, wrong = (with_group, closing_over_group)[:: 1 if takes_group else -1]
+    if door == "custom_all_reduce":
+        with pytest.raises(ConfigError) as refused:
+            DMPCollection(build_model(MIXED_TABLES), 2, device="cpu", custom_all_reduce=wrong)
+        model = DMPCollection(build_model(MIXED_TABLES), 2, device="cpu", custom_all_reduce=hook)
+    else:
+        model = DMPCollection(build_model(MIXED_TABLES), 2, device="cpu")
+        with pytest.raises(ConfigError) as refused:
+            model.set_all_reduce_hook(wrong)
+        model.set_all_reduce_hook(hook)
     for shard in model.shard_states:  # make replicas differ, then sync through the hook
         shard.weight.add_(float(dist.get_rank()))
+    expected = []
+    for shard in model.shard_states:
+        mean = shard.weight.detach().clone()
+        dist.all_reduce(mean, op=dist.ReduceOp.AVG, group=model.replica_pg)
+        expected.append(mean + 1.0)
     model.sync()
-    return {"calls": len(calls), "diff": replica_max_diff(model, model.replica_pg)}
+    pairs = zip(model.shard_states, expected, strict=True)
+    return {
+        "refused": str(refused.value),
+        "calls": len(groups),
+        "replica_group": all(pg is model.replica_pg for pg in groups),
+        "worst": max(float((s.weight - e).abs().max()) for s, e in pairs),
+        "diff": replica_max_diff(model, model.replica_pg),
+    }
 
 
 # ---- tests ---------------------------------------------------------------------------------
@@ -291,9 +335,32 @@ def test_bad_torchrec_call_fails_on_every_rank(world2, kwargs: dict, needle: str
     assert "failed on ranks [0, 1]" in text and needle in text, text
 
 
-def test_torchrec_hook(world4) -> None:
-    for result in world4.run(check_hook):
-        assert result["calls"] >= 1 and result["diff"] <= 1e-6, result
+@ON_1_8
+def test_set_all_reduce_hook_takes_hook_tensors_on_1_8(world4) -> None:
+    """TorchRec 1.8.0's ``set_all_reduce_hook(hook(tensors))``: its result is the sync."""
+    for result in world4.run(check_hook_is_the_sync, "set_all_reduce_hook", False):
+        assert result["calls"] >= 1 and result["worst"] == 0.0 and result["diff"] == 0.0, result
+        assert "is called as hook(tensors)" in result["refused"], result
+        assert "TorchRec 1.8.0's set_all_reduce_hook" in result["refused"], result
+
+
+@ON_1_9
+def test_set_all_reduce_hook_takes_hook_pg_tensors_on_1_9(world4) -> None:
+    """TorchRec 1.9.2's ``set_all_reduce_hook(hook(pg, tensors))``: called with the replica
+    group, and its result is the sync."""
+    for result in world4.run(check_hook_is_the_sync, "set_all_reduce_hook", True):
+        assert result["calls"] >= 1 and result["replica_group"], result
+        assert result["worst"] == 0.0 and result["diff"] == 0.0, result
+        assert "is called as hook(pg, tensors)" in result["refused"], result
+        assert "TorchRec 1.9.2's set_all_reduce_hook" in result["refused"], result
+
+
+def test_custom_all_reduce_takes_hook_tensors(world4) -> None:
+    """The constructor's ``custom_all_reduce(hook(tensors))`` on every supported release."""
+    for result in world4.run(check_hook_is_the_sync, "custom_all_reduce", False):
+        assert result["calls"] >= 1 and result["worst"] == 0.0 and result["diff"] == 0.0, result
+        assert "is called as hook(tensors)" in result["refused"], result
+        assert f"TorchRec {RELEASE}'s custom_all_reduce" in result["refused"], result
 
 
 # ---- pure checks (no process group) ----------------------------------------------------------
@@ -345,12 +412,13 @@ def test_layout_from_either_name() -> None:
         resolve_layout("inter_host", False)
 
 
-def test_hook_signatures() -> None:
-    """One order, TorchRec's ``hook(tensors)``; a hook with a second positional parameter
-    (either old order) is refused in one line naming the fix, never called with guesses."""
+def test_custom_all_reduce_signatures() -> None:
+    """The constructor's door, ``hook(tensors)`` on both releases; a hook with a second
+    positional parameter (either order) is refused in one line naming the fix, never called
+    with guesses."""
     seen: list[tuple] = []
-    one = adapt_all_reduce(lambda tensors: seen.append(("one", tensors)))
-    star = adapt_all_reduce(lambda *args: seen.append(("star", args)))
+    one = adapt_custom_all_reduce(lambda tensors: seen.append(("one", tensors)))
+    star = adapt_custom_all_reduce(lambda *args: seen.append(("star", args)))
     for hook in (one, star):
         hook(["T"], "PG")  # type: ignore[misc, list-item, arg-type]
     assert seen == [("one", ["T"]), ("star", (["T"],))]
@@ -361,10 +429,70 @@ def test_hook_signatures() -> None:
     ]
     for old in old_orders:
         with pytest.raises(ConfigError, match=r"is called as hook\(tensors\)") as info:
-            adapt_all_reduce(old)
+            adapt_custom_all_reduce(old)
         assert "model.replica_pg" in str(info.value) and "\n" not in str(info.value)
+        assert f"TorchRec {RELEASE}'s custom_all_reduce" in str(info.value)
     with pytest.raises(ConfigError, match="must take one argument"):
-        adapt_all_reduce(lambda: None)
+        adapt_custom_all_reduce(lambda: None)
     with pytest.raises(ConfigError, match="not callable"):
-        adapt_all_reduce(3)  # type: ignore[arg-type]
-    assert adapt_all_reduce(None) is None
+        adapt_custom_all_reduce(3)  # type: ignore[arg-type]
+    assert adapt_custom_all_reduce(None) is None
+
+
+@ON_1_8
+def test_set_all_reduce_hook_signatures_on_1_8() -> None:
+    """TorchRec 1.8.0 types ``set_all_reduce_hook``'s hook ``Callable[[List[Tensor]], None]``."""
+    assert installed_contract("set_all_reduce_hook").roles == ("tensors",)
+    assert installed_contract("custom_all_reduce").roles == ("tensors",)
+    seen: list = []
+    adapt_set_all_reduce_hook(lambda pg: seen.append(pg))(["T"], "PG")  # type: ignore[misc]
+    assert seen == [["T"]]  # the order is TorchRec's, never read from parameter names
+    for two in (lambda pg, tensors: None, lambda tensors, pg: None):
+        with pytest.raises(ConfigError, match=r"is called as hook\(tensors\)") as info:
+            adapt_set_all_reduce_hook(two)
+        assert "TorchRec 1.8.0's set_all_reduce_hook" in str(info.value)
+        assert "model.replica_pg" in str(info.value) and "\n" not in str(info.value)
+
+
+@ON_1_9
+def test_set_all_reduce_hook_signatures_on_1_9() -> None:
+    """TorchRec 1.9.2 types it ``Callable[[ProcessGroup, List[Tensor]], None]`` and calls
+    ``hook(ctx.replica_pg, tensors)``; its constructor's hook stays ``hook(tensors)``."""
+    assert installed_contract("set_all_reduce_hook").roles == ("pg", "tensors")
+    assert installed_contract("custom_all_reduce").roles == ("tensors",)
+    seen: list = []
+    adapt_set_all_reduce_hook(lambda tensors, pg: seen.append((tensors, pg)))(["T"], "PG")  # type: ignore[misc, arg-type]
+    assert seen == [("PG", ["T"])]  # the order is TorchRec's, never read from parameter names
+    adapt_set_all_reduce_hook(lambda *args: seen.append(args))(["T"], "PG")  # type: ignore[misc, arg-type]
+    assert seen[-1] == ("PG", ["T"])
+    for wrong in (lambda tensors: None, lambda pg, tensors, extra: None):
+        with pytest.raises(ConfigError, match=r"is called as hook\(pg, tensors\)") as info:
+            adapt_set_all_reduce_hook(wrong)
+        assert "TorchRec 1.9.2's set_all_reduce_hook" in str(info.value)
+        assert "custom_all_reduce" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_hook_roles_read_the_annotation() -> None:
+    """Both releases' call forms parse from their annotation (``Optional`` unwrapped); one
+    sparse2d could not adapt parses to ``None``."""
+    tensors = list[torch.Tensor]
+    assert hook_roles(Callable[[tensors], None]) == ("tensors",)
+    assert hook_roles(Callable[[tensors], None] | None) == ("tensors",)
+    assert hook_roles(Callable[[dist.ProcessGroup, tensors], None]) == ("pg", "tensors")
+    assert hook_roles(Callable[[tensors, dist.ProcessGroup], None]) == ("tensors", "pg")
+    unknown = [Callable[..., None], Callable[[torch.Tensor], None], Callable[[], None], int]
+    unknown.append(Callable[[tensors, tensors], None])
+    for annotation in unknown:
+        assert hook_roles(annotation) is None, annotation
+
+
+def test_unknown_contract_is_refused_naming_it() -> None:
+    """A release whose hook annotation sparse2d cannot adapt is refused, never guessed."""
+
+    def takes_any(reduce_hook: Callable[..., None]) -> None:  # a release typing it loosely
+        del reduce_hook
+
+    with pytest.raises(ConfigError, match=r"set_all_reduce_hook hook is typed .*does not know"):
+        read_contract(takes_any, "reduce_hook", "set_all_reduce_hook")
+    contract = read_contract(TorchRecDMPCollection.__init__, "custom_all_reduce", "door")
+    assert contract.roles == ("tensors",) and contract.release == RELEASE

@@ -9,16 +9,22 @@ Two call forms share one constructor, told apart by the second positional argume
   argument is the device and the rest follows TorchRec's order (1.8.0 and 1.9.2 agree).
 
 Keywords are the union of both; TorchRec's names keep TorchRec's meaning
-(``use_inter_host_allreduce=True`` is ``replica_layout="inter_host"``, a one-argument
-``custom_all_reduce(tensors)`` is TorchRec's hook, the only order accepted).
+(``use_inter_host_allreduce=True`` is ``replica_layout="inter_host"``), and each all-reduce
+hook is called as the installed TorchRec calls it, read from its annotations: the
+constructor's ``custom_all_reduce`` as ``hook(tensors)`` (1.8.0 and 1.9.2),
+``set_all_reduce_hook``'s as ``hook(tensors)`` (1.8.0) or ``hook(pg, tensors)`` (1.9.2).
 Everything here is pure, so a bad call raises the same ``ConfigError`` on every rank
 before any collective.
 """
 
 from __future__ import annotations
 
+import collections.abc
+import functools
 import inspect
 import logging
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torchrec
+from torchrec.distributed.model_parallel import DMPCollection as TorchRecDMPCollection
 from torchrec.distributed.types import (
     DMPCollectionConfig,
     ModuleSharder,
@@ -164,54 +172,156 @@ def check_world_size(world_size: int | None, actual: int) -> None:
         )
 
 
-def adapt_all_reduce(hook: Callable[..., None] | None) -> AllReduceHook | None:
-    """Accept TorchRec's all-reduce hook, ``hook(tensors)``, the one order there is.
+@dataclass(frozen=True, slots=True)
+class HookContract:
+    """How the installed TorchRec calls the all-reduce hook given at one door."""
 
-    TorchRec's ``DMPCollection`` (1.8.0 and its main branch, whose test utilities the 1.9.2
-    wheel ships unchanged) calls ``custom_all_reduce(tensors)``: the hook owns its process
-    group (sparse2d's is ``model.replica_pg``) and must average the tensors in place. A hook
-    with a second positional parameter (sparse2d's former ``hook(tensors, replica_pg)``, or a
-    ``hook(pg, tensors)``) is refused in one line rather than called with its arguments
-    guessed from their names; one whose signature cannot be read is called as ``hook(tensors)``
-    (a two-argument one then fails at its first call, never runs with its arguments swapped).
+    door: str
+    """``"custom_all_reduce"`` (the constructor) or ``"set_all_reduce_hook"``."""
+    roles: tuple[str, ...]
+    """Positional arguments in TorchRec's order: ``("tensors",)`` or ``("pg", "tensors")``."""
+    release: str
+    """The installed ``torchrec.__version__``."""
+
+    @property
+    def call(self) -> str:
+        """The call form, e.g. ``hook(pg, tensors)``."""
+        return f"hook({', '.join(self.roles)})"
+
+    def explain(self) -> str:
+        """The call form and who calls it so, for error messages."""
+        return (
+            f"the hook is called as {self.call}, as TorchRec {self.release}'s {self.door} calls it"
+        )
+
+
+HOOK_DOORS: dict[str, tuple[Callable[..., Any], str]] = {
+    "custom_all_reduce": (TorchRecDMPCollection.__init__, "custom_all_reduce"),
+    "set_all_reduce_hook": (TorchRecDMPCollection.set_all_reduce_hook, "reduce_hook"),
+}
+"""Each door: the installed TorchRec function and the parameter whose annotation is the hook's."""
+
+
+def hook_roles(annotation: object) -> tuple[str, ...] | None:
+    """The roles of a ``Callable[[...], None]`` hook annotation (``Optional`` unwrapped):
+    a ``ProcessGroup`` is ``"pg"``, a list of tensors ``"tensors"``; ``None`` if it is not
+    a call form this module can adapt (one tensor list, at most one group)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        callables = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = callables[0] if len(callables) == 1 else None
+    if typing.get_origin(annotation) is not collections.abc.Callable:
+        return None
+    params = typing.get_args(annotation)[0]
+    if not isinstance(params, list):
+        return None
+    roles = tuple(_role(p) for p in params)
+    if sorted(roles) not in (["tensors"], ["pg", "tensors"]):
+        return None
+    return roles
+
+
+def _role(param: object) -> str | None:
+    if isinstance(param, type) and issubclass(param, dist.ProcessGroup):
+        return "pg"
+    if typing.get_origin(param) is list and typing.get_args(param) == (torch.Tensor,):
+        return "tensors"
+    return None
+
+
+@functools.cache
+def installed_contract(door: str) -> HookContract:
+    """The hook contract of ``door`` (a ``HOOK_DOORS`` key) in the installed TorchRec."""
+    function, parameter = HOOK_DOORS[door]
+    return read_contract(function, parameter, door)
+
+
+def read_contract(function: Callable[..., Any], parameter: str, door: str) -> HookContract:
+    """The contract ``function`` declares for its hook ``parameter``, read from its annotation;
+    a ``ConfigError`` if it is not one ``hook_roles`` knows."""
+    release = getattr(torchrec, "__version__", "?")
+    try:
+        annotation = typing.get_type_hints(function)[parameter]
+    except (KeyError, NameError, TypeError):
+        annotation = inspect.signature(function).parameters[parameter].annotation
+    roles = hook_roles(annotation)
+    if roles is None:
+        raise ConfigError(
+            f"TorchRec {release}'s {door} hook is typed {annotation!r}, a call form sparse2d "
+            "does not know (it adapts hook(tensors) and hook(pg, tensors)); pass no hook, or "
+            "install a TorchRec release sparse2d supports (docs/for_torchrec_users.md)."
+        )
+    return HookContract(door, roles, release)
+
+
+def adapt_custom_all_reduce(hook: Callable[..., None] | None) -> AllReduceHook | None:
+    """The constructor's ``custom_all_reduce``, called as the installed TorchRec calls it
+    (``hook(tensors)`` in 1.8.0 and 1.9.2: the hook owns its process group)."""
+    return _adapt(hook, "custom_all_reduce")
+
+
+def adapt_set_all_reduce_hook(hook: Callable[..., None] | None) -> AllReduceHook | None:
+    """``set_all_reduce_hook``'s hook, called as the installed TorchRec calls it: 1.8.0's
+    ``hook(tensors)``, 1.9.2's ``hook(pg, tensors)`` with the context's replica group."""
+    return _adapt(hook, "set_all_reduce_hook")
+
+
+def _adapt(hook: Callable[..., None] | None, door: str) -> AllReduceHook | None:
+    """Check ``hook`` fits ``door``'s installed contract and wrap it as sparse2d's
+    ``hook(tensors, pg)``.
+
+    The arguments go in TorchRec's order, never guessed from the hook's parameter names. A
+    hook whose signature cannot be read is wrapped unchecked (a wrong one fails at its first
+    call, never runs with its arguments swapped).
     """
     if hook is None:
         return None
     if not callable(hook):
-        raise ConfigError(f"custom_all_reduce={hook!r} is not callable.")
+        raise ConfigError(f"{door}={hook!r} is not callable.")
+    contract = installed_contract(door)
     try:
         signature: inspect.Signature | None = inspect.signature(hook)
     except (TypeError, ValueError):
         signature = None
     if signature is not None:
-        _check_one_argument(signature)
+        _check_arity(signature, contract)
+    roles = contract.roles
 
-    def one_argument(tensors: list[torch.Tensor], _pg: dist.ProcessGroup) -> None:
-        hook(tensors)
+    def in_torchrec_order(tensors: list[torch.Tensor], pg: dist.ProcessGroup) -> None:
+        hook(*(pg if role == "pg" else tensors for role in roles))
 
-    return one_argument
+    return in_torchrec_order
 
 
+_COUNTS = {1: "one argument", 2: "two arguments"}
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def _check_one_argument(signature: inspect.Signature) -> None:
-    """Refuse a hook TorchRec could not call as ``hook(tensors)`` or that names a second
-    positional parameter (an old-order hook: its group would be missing or swapped)."""
+def _check_arity(signature: inspect.Signature, contract: HookContract) -> None:
+    """Refuse a hook TorchRec could not call as ``contract.call``, or one naming more
+    positional parameters than it passes (its extra argument would be missing or swapped)."""
+    count = len(contract.roles)
     named = [p for p in signature.parameters.values() if p.kind in _POSITIONAL]
-    if len(named) > 1:
+    if count == 1:
+        fix = (
+            "close over the group instead, e.g. model.set_all_reduce_hook(lambda tensors: "
+            "my_hook(tensors, model.replica_pg))"
+        )
+    else:
+        fix = (
+            "write it as hook(pg, tensors), pg being the replica group (model.replica_pg), "
+            "or give a hook(tensors) to the constructor's custom_all_reduce"
+        )
+    if len(named) > count:
         raise ConfigError(
-            f"custom_all_reduce{signature} takes {len(named)} positional parameters, but the "
-            "hook is called as hook(tensors), like TorchRec's DMPCollection (the hook owns its "
-            "process group); close over the group instead, e.g. model.set_all_reduce_hook("
-            "lambda tensors: my_hook(tensors, model.replica_pg))."
+            f"{contract.door}: hook{signature} takes {len(named)} positional parameters, but "
+            f"{contract.explain()}; {fix}."
         )
     try:
-        signature.bind(None)
+        signature.bind(*[None] * count)
     except TypeError:
         raise ConfigError(
-            f"custom_all_reduce{signature} must take one argument, the list of tensors to "
-            "average in place (TorchRec's hook(tensors))."
+            f"{contract.door}: hook{signature} must take {_COUNTS[count]}: "
+            f"{contract.explain()}; {fix}."
         ) from None
 
 

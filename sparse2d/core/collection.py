@@ -51,7 +51,7 @@ from torchrec.distributed.types import (
 
 from sparse2d.advisor.trial import TrialReport
 from sparse2d.advisor.trial_options import TrialOptions
-from sparse2d.core.call_forms import adapt_all_reduce
+from sparse2d.core.call_forms import adapt_set_all_reduce_hook
 from sparse2d.core.collection_setup import Setup, resolve_setup
 from sparse2d.core.construction import ConstructionReport
 from sparse2d.core.contexts import (
@@ -109,8 +109,9 @@ class DMPCollection(TorchRecDMPCollection):
             buffers, weights and optimizer state averaged every step by reduce-scatter; see
             ``sparse2d.core.fully_sharded``). Also per ``submodule_configs`` entry.
         node_group_size: ranks of one group sharing a host, for TWRW/grid (divides ``L``).
-        custom_all_reduce: TorchRec's ``hook(tensors)``, replacing the averaging all-reduce;
-            the hook owns its process group (``sparse2d.core.call_forms.adapt_all_reduce``).
+        custom_all_reduce: TorchRec's ``hook(tensors)`` (1.8.0 and 1.9.2), replacing the
+            averaging all-reduce; the hook owns its process group (see
+            ``call_forms.adapt_custom_all_reduce``).
         submodule_configs: TorchRec ``DMPCollectionConfig`` per module type with its own
             group size, layout and plan (``plan=None``: planned here).
         init_data_parallel, init_parameters, data_parallel_wrapper: as in TorchRec's DMP.
@@ -364,9 +365,11 @@ class DMPCollection(TorchRecDMPCollection):
         repair_from_replicas(self, ranks, include_dense)
 
     def set_all_reduce_hook(self, reduce_hook: Callable[..., None] | None) -> None:  # type: ignore[override]
-        """Replace the averaging all-reduce with TorchRec's ``hook(tensors)``, which averages
-        in place over its own group (e.g. ``model.replica_pg``); ``None`` restores the default."""
-        hook = adapt_all_reduce(reduce_hook)
+        """Replace the averaging all-reduce with a hook called as the installed TorchRec calls
+        it: 1.8.0's ``hook(tensors)`` (averages in place over a group it holds, e.g.
+        ``model.replica_pg``), 1.9.2's ``hook(pg, tensors)`` (``pg``: the replica group).
+        It replaces a constructor ``custom_all_reduce``; ``None`` restores the default."""
+        hook = adapt_set_all_reduce_hook(reduce_hook)
         for policy in self._policies:
             policy.hook = hook
 

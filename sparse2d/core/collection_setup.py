@@ -25,7 +25,7 @@ from sparse2d.advisor.trial import TrialReport
 from sparse2d.advisor.trial_options import TrialOptions
 from sparse2d.core.call_forms import (
     CollectionArgs,
-    adapt_all_reduce,
+    adapt_custom_all_reduce,
     check_world_size,
     note_ignored,
     parse_call,
@@ -101,7 +101,7 @@ def resolve_setup(
     group_size, shortlist = _group_size(call, module, world_size, device, pg, layout, options)
     validate_layout(layout)
     strategy = resolve_strategy(call.sharding_strategy)
-    hook = adapt_all_reduce(call.custom_all_reduce)
+    hook = adapt_custom_all_reduce(call.custom_all_reduce)
     note_ignored(call)
     call.plan_store = as_plan_store(call.plan_store)
     sharders = list(call.sharders) if call.sharders is not None else default_sharders()
