@@ -17,10 +17,10 @@ from sparse2d.train.emulated_topology import link_bits
 
 TOPICS = {
     None: "2D vs 1D vs full replication by link rate",
-    "main": "the main job: 2D vs 1D vs full replication and `auto`",
-    "main_every10": "the main job: 2D vs 1D vs full replication and `auto`",
-    "options": "one sync option at a time on the shipped layout",
-    "cadence": "sync cadence: 2D vs full replication syncing often and seldom",
+    "main": "main job, 2D vs 1D vs full replication and auto",
+    "main_every10": "main job, 2D vs 1D vs full replication and auto",
+    "options": "sync options one at a time",
+    "cadence": "sync cadence",
 }
 """What each preset's runs compare (``cluster_bench.PRESETS``): the first half of its title."""
 
@@ -59,7 +59,7 @@ def title(result: dict[str, Any], preset: str | None = None) -> str:
     return (
         f"## Emulated cluster, {TOPICS.get(preset, TOPICS[None])}: "
         f"{both([f'{h} hosts x {n} ranks' for h, n in shapes])} at {both(links)}"
-        + (f", a sync every {both([str(n) for n in every])} steps" if every else "")
+        + (f", sync every {both([str(n) for n in every])}" if every else "")
         + f" ({command})"
     )
 
