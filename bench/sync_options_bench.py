@@ -135,10 +135,10 @@ RETIRED = (
     "docs; rows marked (retired) above are that evidence, and a new run cannot measure them): "
     "**`overlap`** (start the all-reduce at one sync, land it at the next with delta "
     "correction) {overlap}; on the emulated cluster (section `cluster-options`, L=4 "
-    "inter-host, 2 hosts x 4 ranks, a sync every 20 steps) it ran at {c_overlap}, and the "
-    "sync-bench section measured how much of a sync it hid at every step. **`compression: "
-    "bf16`** {bf16}; on the cluster it ran {c_bf16}; the sync-bench section measured "
-    "its sync alone against fp32 on the flat host. **Kept:** `engine` (each value wins "
+    "inter-host, 2 hosts x 4 ranks, a sync every 20 steps) it ran at {c_overlap}, and it "
+    "hid {hidden_every1} of a sync at a sync every step (section sync-bench). **`compression: "
+    "bf16`** {bf16}; on the cluster it ran {c_bf16}; its sync alone took {bf16_x} the fp32 "
+    "sync's time on the flat host (section sync-bench). **Kept:** `engine` (each value wins "
     "somewhere: on the cluster {c_engine}; here dense {dense}; sparse sends fewer bytes when "
     "few rows are touched, section sparse-sync) and `hide` {hide}. **One default "
     "everywhere** (the trainer used to override the library's): `SyncOptions()` is the "
@@ -149,8 +149,21 @@ RETIRED = (
 """The verdict; its cluster figures come from ``bench/results/cluster_options.json``
 (``cluster_report.options_figures``), its flat-host ones from this run."""
 
+SYNC_BENCH = RESULTS_DIR / "sync_bench.json"
+"""The retired options' sync alone on the flat host: ``bench/sync_bench.py``'s stored run."""
+
 CLUSTER = RESULTS_DIR / "cluster_options.json"
 """The cluster half of the evidence: ``bench/cluster_bench.py --preset options``'s stored run."""
+
+
+def sync_bench_reading(run: dict[str, Any]) -> dict[str, str]:
+    """The retired options in ``bench/sync_bench.py``'s stored run (its ``retired`` rows)."""
+    retired = run["retired"]
+    every1 = next(r for r in retired["overlap"] if r["every"] == 1)
+    return {
+        "hidden_every1": f"{every1['hidden']:.2f}",
+        "bf16_x": f"{retired['bf16']['s'] / run['worst']['dense']:.1f}x",
+    }
 
 
 def cluster_reading(cluster: dict[str, Any]) -> dict[str, str]:
@@ -258,6 +271,7 @@ def markdown(
             dense_ms=_sync_ms(summaries, "engine=dense"),
             auto_ms=_sync_ms(summaries, DEFAULT),
             **cluster_reading(cluster),
+            **sync_bench_reading(json.loads(SYNC_BENCH.read_text())),
         ),
     ]
     return "\n".join(lines)
