@@ -1,9 +1,11 @@
 """The emulated-cluster bench's report: its RESULTS.md section and its plot, from the stored
 JSON alone (``bench/cluster_bench.py`` measures and calls these; ``--render`` re-renders).
 
-Per cell: samples/s and its ratio to 1D in the same run, eval AUC, bytes across hosts per
-step, the cost model's predicted step and its error; then the verdicts the issue asks for
-(2D against 1D and full replication, ``auto`` against the best fixed strategy).
+Per cell: samples/s and its ratio to 1D in the same run (a run without 1D: to ``auto``, the
+setting the options preset changes one option of), eval AUC, bytes across hosts per step, the
+cost model's predicted step and its error; then the verdicts the issue asks for (2D against
+1D and full replication, ``auto`` against the best fixed strategy). Rows of options retired
+since (``sync.options.RETIRED``) are marked as the evidence of their retirement.
 """
 
 from __future__ import annotations
