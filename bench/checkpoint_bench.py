@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
-from bench_util import init_gloo, rendezvous, rendezvous_env, write_section
+from bench_util import init_gloo, meta_ebc, rendezvous, rendezvous_env, write_section
 from torch.distributed.checkpoint import FileSystemWriter
 
 
@@ -50,17 +50,17 @@ def _worker(rank: int, args: argparse.Namespace, where: str, root: str, out: mp.
     rendezvous_env(rank, args.world, where)
     torch.set_num_threads(1)
     init_gloo(1800)
-    from torchrec.optim import RowWiseAdagrad
+    from torchrec.distributed.planner.types import ParameterConstraints
 
     from sparse2d import DMPCollection
     from sparse2d.checkpoint import build_save_state, load, save
-    from tests.models import Table, build_model, constraints_for
 
-    tables = tuple(Table(f"t{i}", args.rows, args.dim, "table_wise") for i in range(args.tables))
+    table_wise = ParameterConstraints(sharding_types=["table_wise"], min_partition=4)
+    constraints = {f"t{i}": table_wise for i in range(args.tables)}
 
     def make(group: int) -> DMPCollection:
-        module = build_model(tables, optimizer=RowWiseAdagrad, lr=0.1)
-        return DMPCollection(module, group, device="cpu", constraints=constraints_for(tables))
+        module = meta_ebc(args.tables, args.rows, args.dim)
+        return DMPCollection(module, group, device="cpu", constraints=constraints)
 
     model = make(args.group)
     results: dict[str, list[float]] = {}

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from bench_util import RESULTS_DIR, machine_note, publish, stored_stamp
-from cluster_report import plot, render
+from cluster_report import plot, render, stored_switch
 
+from sparse2d.sync.options import RETIRED
 from sparse2d.train.emulated_topology import topology_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +57,18 @@ class Strategy:
     """``measured``: ``sharding_group_size`` and ``replica_layout`` both ``auto`` (the advisor
     shortlists, a trial on the job decides); ``model``: the same without the trial (the cost
     model's pick); empty: the fixed layout above."""
+
+    @classmethod
+    def from_stored(cls, raw: dict[str, Any]) -> Strategy:
+        """The strategy a stored run recorded (older runs' keys read by ``stored_switch``)."""
+        fields = {k: v for k, v in raw.items() if k not in ("bf16", "switch")}
+        return cls(**fields, switch=stored_switch(raw))
+
+    @property
+    def retired(self) -> bool:
+        """Whether the switch is an option retired by measurement (``sync.options.RETIRED``):
+        such a row is the evidence of its retirement; the trainer refuses the key now."""
+        return self.switch.split("=")[0] in RETIRED
 
     def label(self, world: int) -> str:
         if self.auto:
@@ -135,7 +148,7 @@ def run_once(cell: Cell, args: argparse.Namespace, run_dir: Path) -> dict[str, A
         "HOSTS": str(cell.hosts),
         "NPROC": str(cell.nproc),
         "LINK": cell.link,
-        "CONFIG": str(args.config),
+        "CONFIG": str(ROOT / args.config),
         "HOST_RESTARTS": "0",
         "MAX_RESTARTS": "0",
     }
@@ -173,11 +186,21 @@ def run_once(cell: Cell, args: argparse.Namespace, run_dir: Path) -> dict[str, A
     }
 
 
+def repo_path(path: str | Path) -> str:
+    """``path`` as the results store it: relative to the repository when inside it, so a
+    stored run names no machine's folders."""
+    path = Path(path)
+    if path.is_absolute() and path.is_relative_to(ROOT):
+        return str(path.relative_to(ROOT))
+    return str(path)
+
+
 def predicted_step_s(
     cell: Cell, args: argparse.Namespace, run_dir: Path, summary: dict[str, Any]
 ) -> float | None:
     """The cost model's step time for the layout the run trained in, on the topology the
-    emulator wrote for it (``RUN_DIR/topology.yaml``: its hosts, cores and links)."""
+    emulator wrote for it (``RUN_DIR/topology.yaml``: its hosts, cores and links). A row of a
+    retired option is priced as its setting without that option."""
     import dataclasses
 
     from sparse2d.advisor.search import advise
@@ -188,7 +211,10 @@ def predicted_step_s(
     topology_file = run_dir / "topology.yaml"
     if not topology_file.exists():
         return None
-    cfg = load_config(str(args.config), [*cell.strategy.overrides(), *args.set])
+    strategy = cell.strategy
+    if strategy.retired:  # the cost model never priced it, and the loader refuses it now
+        strategy = dataclasses.replace(strategy, switch="")
+    cfg = load_config(str(ROOT / args.config), [*strategy.overrides(), *args.set])
     layout = summary.get("replica_layout") or "intra_host"
     workload = dataclasses.replace(workload_from_config(cfg), replica_layout=layout)
     advice = advise(workload, load_topology(str(topology_file), cell.world))
@@ -208,7 +234,8 @@ def repredict(result: dict[str, Any]) -> None:
     )
     with tempfile.TemporaryDirectory() as folder:
         for raw in result["cells"]:
-            cell = Cell(raw["hosts"], raw["nproc"], raw["link"], Strategy(**raw["strategy"]))
+            strategy = Strategy.from_stored(raw["strategy"])
+            cell = Cell(raw["hosts"], raw["nproc"], raw["link"], strategy)
             run_dir = Path(folder) / f"{cell.hosts}x{cell.nproc}_{cell.link}"
             run_dir.mkdir(exist_ok=True)
             (run_dir / "topology.yaml").write_text(topology_yaml(cell.hosts, cell.nproc, cell.link))
@@ -250,7 +277,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 flush=True,
             )
     return {
-        "config": str(args.config),
+        "config": repo_path(args.config),
         "steps": args.steps,
         "rounds": args.rounds,
         "overrides": args.set,
@@ -326,7 +353,12 @@ MARKERS = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "cluster_cpu.yaml")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=Path("configs/cluster_cpu.yaml"),
+        help="the job's YAML (relative paths: to the repository)",
+    )
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a named subset of the matrix")
     parser.add_argument("--shapes", type=lambda s: s.split(","), default=["2x4", "4x2"])
     parser.add_argument(
@@ -399,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             result["machine"] = f"{old['machine']}; then {result['machine']}"
     args.out.mkdir(parents=True, exist_ok=True)
     plot(result, args.out / f"{name}.png")
-    text = render(result) + f"\n\nPlot: `bench/results/{name}.png`."
+    text = render(result, args.preset) + f"\n\nPlot: `bench/results/{name}.png`."
     publish(args, result, text, f"{name}.json", marker, stamp)
     return 0
 

@@ -134,7 +134,8 @@ def parse_run(folder: Path) -> dict[str, Any]:
         steps = re.findall(r"^\[train\] step=(\d+)", text, re.M)
         run[log.stem] = {
             "start": start.group(1)[:400] if start else None,
-            "final": final.group(1) if final else None,
+            # the line ends "-> RUN_DIR/summary.json": a path on the lent machine, not kept
+            "final": re.sub(r" -> \S+$", "", final.group(1)) if final else None,
             "error": error.group(1) if error else None,
             "last_logged_step": int(steps[-1]) if steps else None,
         }

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_util import RESULTS_DIR, machine_note, publish, stored_stamp  # noqa: E402
 from bench.ft_report import clean_markdown, markdown  # noqa: E402
-from tests.test_ft_launch import workers  # noqa: E402
+from bench.ft_workers import workers  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

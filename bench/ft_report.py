@@ -46,7 +46,8 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
     return "\n".join(
         [
             f"## Fault tolerance vs the standard launcher, no failure, `train.pipeline={res['pipeline']}`"
-            f"{', managed-collision tables (' + mc.upper() + ')' if mc != 'none' else ''} "
+            f"{', managed-collision tables (' + mc.upper() + ')' if mc != 'none' else ''}"
+            f"{''.join(f', `{kv}`' for kv in res.get('set', []))} "
             "(bench/ft_bench.py --clean-only)",
             "",
             f"2 groups x 2 ranks (`launch/ft_local.sh`) vs one world of 4, L=2 (`launch/local.sh`), "

@@ -10,7 +10,8 @@ replicas) synced every N in {1, 4, 16, 64} steps with each strategy:
 * ``momentum``: AdaGrad accumulator growth divided by the number of replica groups.
 
 (``bf16`` deltas were measured here too until they were retired, issue 56: their rows stay
-in the stored results and the quality sections until this bench is re-run.)
+in the stored results, and the quality sections mark them as their retirement's evidence,
+until this bench is re-run; ``--render`` rewrites a section from its stored JSON.)
 
 Every run goes through the real trainer loop (``sparse2d.train.loop.Loop``) in one pool of 4
 spawned ranks (no per-run start-up). Writes ``bench/results/quality_results.json``,
@@ -29,12 +30,21 @@ import time
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import init_gloo, rendezvous, rendezvous_env, write_section
+from bench_util import (
+    RESULTS_DIR,
+    init_gloo,
+    rendezvous,
+    rendezvous_env,
+    stored_stamp,
+    write_section,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CONFIG = os.path.join(ROOT, "configs", "tiny_cpu.yaml")
 CADENCES = (1, 4, 16, 64)
+RETIRED = ("bf16",)
+"""Strategies of stored runs whose option was retired (issue 56): rows marked, never run."""
 STRATEGIES: dict[str, list[str]] = {
     "plain": [],
     "delayed": ["parallel.sync.delayed_optimizer_state=true"],
@@ -123,6 +133,10 @@ def study(
     return rows
 
 
+def _label(strategy: str) -> str:
+    return f"{strategy} (retired)" if strategy in RETIRED else strategy
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     base = next(r for r in rows if r["strategy"] == "1D")
     lines = [
@@ -132,7 +146,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         n = "-" if r["every"] is None else str(r["every"])
         lines.append(
-            f"| {r['strategy']} | {n} | {r['eval_auc']:.4f} | {r['eval_auc'] - base['eval_auc']:+.4f}"
+            f"| {_label(r['strategy'])} | {n} | {r['eval_auc']:.4f} | {r['eval_auc'] - base['eval_auc']:+.4f}"
             f" | {r['eval_ne']:.4f} | {r['seconds']:.0f} |"
         )
     return "\n".join(lines)
@@ -142,12 +156,20 @@ def verdict(rows: list[dict[str, Any]]) -> str:
     base = next(r for r in rows if r["strategy"] == "1D")["eval_auc"]
     largest = max(CADENCES)
     at = {r["strategy"]: r["eval_auc"] for r in rows if r["every"] == largest}
-    close = [s for s, auc in at.items() if abs(auc - base) <= 0.002]
+    close = [_label(s) for s, auc in at.items() if abs(auc - base) <= 0.002]
     best = max(at, key=lambda s: at[s])
+    retired = sorted({r["strategy"] for r in rows} & set(RETIRED))
     return (
         f"At N={largest}: within 0.002 AUC of 1D ({base:.4f}): "
         + (", ".join(close) if close else "none")
-        + f"; best {best} ({at[best]:.4f}, {at[best] - base:+.4f})."
+        + f"; best {_label(best)} ({at[best]:.4f}, {at[best] - base:+.4f})."
+        + (
+            f"\n\nRows marked (retired): {', '.join(retired)} deltas (`compression: bf16`), "
+            "measured before issue 56 retired the option (section sync-options): the evidence "
+            "of its retirement, not a strategy that runs now."
+            if retired
+            else ""
+        )
     )
 
 
@@ -174,6 +196,33 @@ def plot(rows: list[dict[str, Any]], path: str, variant: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def section(result: dict[str, Any], variant: str) -> str:
+    """The RESULTS.md section of a run's JSON (``quality_results[_<variant>].json``)."""
+    rows = result["rows"]
+    steps, eval_batches = result["steps"], result["eval_batches"]
+    suffix = "" if variant == "tiny" else f"_{variant}"
+    planted = rows[0].get("planted_auc")
+    minutes = result.get("minutes")
+    return (
+        f"## Quality: 1D vs 2D sync strategies, {variant} data (bench/quality.py)\n\n"
+        f"World 4 gloo CPU ranks, {VARIANTS[variant][0]} (DLRM, 8 tables, row-wise "
+        f"AdaGrad, batch 128/rank), {steps} steps (same {steps * 512} samples for every run), "
+        f"eval on {eval_batches * 512} held-out samples"
+        + (f" (planted-model AUC {planted:.4f})" if planted else "")
+        + ". 2D = L=2, 2 replicas. One seed"
+        + (f"; {minutes:.1f} min total on a shared 2-core machine" if minutes else "")
+        + f". Plot: `bench/results/quality_auc_vs_n{suffix}.png`. Reproduce: "
+        f"`.venv/bin/python bench/quality.py --variant {variant} --steps {steps}`.\n\n"
+        + table(rows)
+        + "\n\n"
+        + verdict(rows)
+    )
+
+
+MARKERS = {"tiny": "quality", "hard": "quality_hard"}
+"""Each variant's section of bench/RESULTS.md."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=800, help="optimizer steps per run")
@@ -181,38 +230,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="tiny")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--only", nargs="*", help="subset, e.g. 1D plain_64 (implies --no-write)")
+    parser.add_argument("--render", action="store_true", help="rewrite the section from JSON")
     args = parser.parse_args(argv)
+    suffix = "" if args.variant == "tiny" else f"_{args.variant}"
+    stored = RESULTS_DIR / f"quality_results{suffix}.json"
+    marker = MARKERS[args.variant]
+    if args.render:
+        text = section(json.loads(stored.read_text()), args.variant)
+        write_section(text, marker, stamp=stored_stamp(marker, RESULTS_DIR))
+        return 0
     start = time.perf_counter()
     rows = study(args.steps, args.eval_batches, args.variant, args.only)
     if args.only:
         print(json.dumps(rows, indent=1))
         return 0
-    minutes = (time.perf_counter() - start) / 60
-    text = table(rows)
-    summary = verdict(rows)
-    print(text, summary, f"total {minutes:.1f} min", sep="\n")
+    result = {
+        "steps": args.steps,
+        "eval_batches": args.eval_batches,
+        "minutes": (time.perf_counter() - start) / 60,
+        "rows": rows,
+    }
+    text = section(result, args.variant)
+    print(text)
     if args.no_write:
         return 0
-    suffix = "" if args.variant == "tiny" else f"_{args.variant}"
-    with open(os.path.join(HERE, "results", f"quality_results{suffix}.json"), "w") as f:
-        json.dump(
-            {"steps": args.steps, "eval_batches": args.eval_batches, "rows": rows}, f, indent=2
-        )
-    png = f"quality_auc_vs_n{suffix}.png"
-    plot(rows, os.path.join(HERE, "results", png), args.variant)
-    planted = rows[0].get("planted_auc")
-    header = (
-        f"## Quality: 1D vs 2D sync strategies, {args.variant} data (bench/quality.py)\n\n"
-        f"World 4 gloo CPU ranks, {VARIANTS[args.variant][0]} (DLRM, 8 tables, row-wise "
-        f"AdaGrad, batch 128/rank), {args.steps} steps (same {args.steps * 512} samples for every run), "
-        f"eval on {args.eval_batches * 512} held-out samples"
-        + (f" (planted-model AUC {planted:.4f})" if planted else "")
-        + f". 2D = L=2, 2 replicas. One seed; {minutes:.1f} min total on a shared 2-core "
-        f"machine. Plot: `bench/{png}`. Reproduce: `.venv/bin/python bench/quality.py "
-        f"--variant {args.variant} --steps {args.steps}`.\n\n"
-    )
-    marker = {"": "quality", "_hard": "quality_hard"}[suffix]  # the RESULTS.md sections
-    write_section(header + text + "\n\n" + summary, marker)
+    stored.write_text(json.dumps(result, indent=2))
+    plot(rows, str(RESULTS_DIR / f"quality_auc_vs_n{suffix}.png"), args.variant)
+    write_section(text, marker)
     return 0
 
 

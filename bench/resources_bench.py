@@ -19,11 +19,58 @@ import os
 import resource
 import time
 from pathlib import Path
+from typing import Any
 
-from bench_util import RESULTS_DIR, publish, timed
+from bench_util import RESULTS_DIR, publish, spawn, timed
 
-from tests.harness import DistWorld, thread_count
-from tests.test_core_resources import build_variant, open_sockets
+TABLES = (
+    ("t0", 40, 8, "table_wise"),
+    ("t1", 48, 16, "column_wise"),
+    ("t2", 64, 8, "row_wise"),
+    ("t3", 32, 16, "table_wise"),
+    ("t4", 56, 8, "table_row_wise"),
+    ("t5", 4096, 4, "row_wise"),
+)
+"""(name, rows, dim, sharding type): every sharding type, TWRW's extra groups included."""
+
+
+def thread_count() -> int:
+    """Threads of this process."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def open_sockets() -> int:
+    """Open socket descriptors of this process."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:  # the directory's own descriptor is gone by now
+            pass
+    return count
+
+
+def build_model() -> Any:
+    """A ``DMPCollection`` of ``TABLES`` (SGD fused), L=2, TWRW's node groups of 2."""
+    import torch
+    from torch.distributed.optim import _apply_optimizer_in_backward
+    from torchrec import EmbeddingBagCollection
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+    from sparse2d import DMPCollection
+
+    torch.manual_seed(0)
+    configs = [
+        EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"])
+        for n, r, d, _ in TABLES
+    ]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+    _apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": 0.1})
+    constraints = {
+        n: ParameterConstraints(sharding_types=[s], min_partition=4) for n, _, _, s in TABLES
+    }
+    return DMPCollection(ebc, 2, device="cpu", constraints=constraints, node_group_size=2)
 
 
 def _cpu_s() -> float:
@@ -61,7 +108,7 @@ def idle_cost(groups: int, seconds: float) -> dict:
 def constructions(count: int, close: bool) -> list[tuple[int, int]]:
     kept, counts = [], []
     for _ in range(count):
-        model = build_variant("default")
+        model = build_model()
         if close:
             model.close()
         else:
@@ -74,15 +121,17 @@ def constructions(count: int, close: bool) -> list[tuple[int, int]]:
     return counts
 
 
+def _measure_rank(groups: list[int], seconds: float, count: int) -> dict:
+    """Every measurement on one rank of a fresh world (rank 0's is reported)."""
+    return {
+        "idle": [idle_cost(n, seconds) for n in groups],
+        "closed": constructions(count, True),
+        "kept_open": constructions(count, False),
+    }
+
+
 def measure(args: argparse.Namespace) -> dict:
-    world = DistWorld(4)
-    try:
-        idle = [world.run(idle_cost, n, args.seconds)[0] for n in args.groups]
-        closed = world.run(constructions, args.constructions, True)[0]
-        kept = world.run(constructions, args.constructions, False)[0]
-    finally:
-        world.close()
-    return {"idle": idle, "closed": closed, "kept_open": kept}
+    return spawn(4, _measure_rank, args.groups, args.seconds, args.constructions)
 
 
 def markdown(result: dict, args: argparse.Namespace) -> str:

@@ -6,16 +6,19 @@ AdaGrad. Per repetition, interleaved so machine noise hits all alike:
 * ``raw``: ``replica_pg.allreduce_coalesced`` (AVG) of the live weight + state views;
 * ``dense fp32``: ``SyncPolicy.sync_now`` (dense engine: gather, all-reduce, scatter).
 
-Medians over repetitions; max over ranks. Writes the section between the sync-bench
-markers of ``bench/RESULTS.md``. (It also measured the retired ``overlap`` option's hidden
-fraction and ``compression: bf16``'s sync; they stay in the section until it is re-run:
-bench/sync_options_bench.py.)
+Medians over repetitions; max over ranks. Writes ``bench/results/sync_bench.json`` and the
+section between the sync-bench markers of ``bench/RESULTS.md``; ``--render`` rewrites the
+section from the JSON. The stored run also measured the retired ``overlap`` option's hidden
+fraction and ``compression: bf16``'s sync (issue 56, section sync-options): the JSON keeps
+them under ``retired`` and the section marks them as their retirement's evidence; a new run
+cannot measure them and drops them.
 Usage: ``.venv/bin/python bench/sync_bench.py [--rows 100000 --dim 64 --tables 4]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -23,7 +26,15 @@ import time
 from typing import Any
 
 import torch.multiprocessing as mp
-from bench_util import init_gloo, meta_ebc, rendezvous, rendezvous_env, write_section
+from bench_util import (
+    RESULTS_DIR,
+    init_gloo,
+    meta_ebc,
+    rendezvous,
+    rendezvous_env,
+    stored_stamp,
+    write_section,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -105,6 +116,58 @@ def _worker(rank: int, world: int, where: str, args: argparse.Namespace, out: An
     dist.destroy_process_group()
 
 
+LIVE = (
+    ("raw", "raw allreduce_coalesced (live views)"),
+    ("flat", "raw all_reduce of one flat buffer (no copies timed)"),
+    ("dense", "policy dense fp32 (gather + all-reduce + scatter)"),
+)
+STORED = RESULTS_DIR / "sync_bench.json"
+
+
+def render(result: dict[str, Any]) -> str:
+    """The section from a run's JSON: each sync against the raw all-reduces, then the retired
+    options' rows (when the run holds them), marked as the evidence of their retirement."""
+    worst, nbytes = result["worst"], result["bytes"]
+
+    def row(label: str, seconds: float, size: float) -> str:
+        return (
+            f"| {label} | {size / 1e6:.1f} MB | {seconds:.4f} | {seconds / worst['raw']:.2f} "
+            f"| {seconds / worst['flat']:.2f} |"
+        )
+
+    lines = [
+        "## Sync cost vs raw all-reduce (bench/sync_bench.py)",
+        "",
+        f"World 4 gloo CPU ranks, L=2 (2 replicas), {result['tables']} table-wise tables of "
+        f"{result['rows']} x {result['dim']} fp32 with row-wise AdaGrad; median of "
+        f"{result['repeats']} interleaved repetitions, max over ranks, all in one run on the "
+        "2-core machine (ratios are the meaningful output).",
+        "",
+        "| sync | bytes/rank | s/call (max rank, median) | / raw coalesced | / raw flat |",
+        "|---|---|---|---|---|",
+        *[row(label, worst[name], nbytes[name]) for name, label in LIVE],
+    ]
+    retired = result.get("retired")
+    if retired:
+        bf16 = retired["bf16"]
+        lines += [
+            row("policy bf16 deltas (retired)", bf16["s"], bf16["bytes"]),
+            "",
+            "| overlap (retired): steps between syncs | compute s | wait s | hidden fraction |",
+            "|---|---|---|---|",
+            *[
+                f"| {r['every']} | {r['compute_s']:.4f} | {r['wait_s']:.4f} | {r['hidden']:.2f} |"
+                for r in retired["overlap"]
+            ],
+            "",
+            "Rows marked (retired): `compression: bf16` and `overlap`, measured by this run "
+            "before issue 56 retired them (section sync-options): the evidence of their "
+            "retirement, not options that run now. Hidden fraction = 1 - wait at the next "
+            "sync point / blocking fp32 sync time. " + retired["source"],
+        ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
@@ -113,7 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=256, help="ids per feature per rank")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--render", action="store_true", help="rewrite the section from JSON")
     args = parser.parse_args(argv)
+    if args.render:
+        write_section(
+            render(json.loads(STORED.read_text())),
+            "sync-bench",
+            stamp=stored_stamp("sync-bench", RESULTS_DIR),
+        )
+        return 0
     where = rendezvous()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -123,35 +194,20 @@ def main(argv: list[str] | None = None) -> int:
     ranks = out.get(timeout=1800)
     for p in procs:
         p.join(timeout=60)
-    worst = {k: max(r["t"][k] for r in ranks) for k in ranks[0]["t"]}
-    nbytes = ranks[0]["bytes"]
-    lines = [
-        "| sync | bytes/rank | s/call (max rank, median) | / raw coalesced | / raw flat |",
-        "|---|---|---|---|---|",
-    ]
-    for name, label in (
-        ("raw", "raw allreduce_coalesced (live views)"),
-        ("flat", "raw all_reduce of one flat buffer (no copies timed)"),
-        ("dense", "policy dense fp32 (gather + all-reduce + scatter)"),
-    ):
-        ratio = worst[name] / worst["raw"]
-        flat_ratio = worst[name] / worst["flat"]
-        lines.append(
-            f"| {label} | {nbytes[name] / 1e6:.1f} MB | {worst[name]:.4f} | {ratio:.2f} "
-            f"| {flat_ratio:.2f} |"
-        )
-    text = "\n".join(lines)
+    result = {
+        "rows": args.rows,
+        "dim": args.dim,
+        "tables": args.tables,
+        "repeats": args.repeats,
+        "worst": {k: max(r["t"][k] for r in ranks) for k in ranks[0]["t"]},
+        "bytes": ranks[0]["bytes"],
+    }
+    text = render(result)
     print(text)
     if args.no_write:
         return 0
-    header = (
-        "## Sync cost vs raw all-reduce (bench/sync_bench.py)\n\n"
-        f"World 4 gloo CPU ranks, L=2 (2 replicas), {args.tables} table-wise tables of "
-        f"{args.rows} x {args.dim} fp32 with row-wise AdaGrad; median of {args.repeats} "
-        "interleaved repetitions, max over ranks, all in one run on the 2-core machine (ratios "
-        "are the meaningful output).\n\n"
-    )
-    write_section(header + text, "sync-bench")
+    STORED.write_text(json.dumps(result, indent=1))
+    write_section(text, "sync-bench")
     return 0
 
 

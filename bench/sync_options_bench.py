@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_util import RESULTS_DIR, publish, stored_stamp, timed
+from cluster_report import options_figures
 from main_job_bench import run_trainer
 
 MARKER = "sync-options"
@@ -130,23 +131,68 @@ def ratios(result: dict[str, Any]) -> dict[str, dict[str, float]]:
 RETIRED = (
     "**Retired by this measurement and the cluster's** (issue 56 item 1: an option that wins "
     "on neither host and that the blog or paper does not name goes, with its code, tests and "
-    "docs): **`overlap`** (start the all-reduce at one sync, land it at the next with delta "
+    "docs; rows marked (retired) above are that evidence, and a new run cannot measure them): "
+    "**`overlap`** (start the all-reduce at one sync, land it at the next with delta "
     "correction) {overlap}; on the emulated cluster (section `cluster-options`, L=4 "
-    "inter-host, 2 hosts x 4 ranks, a sync every 20 steps) it ran at 0.92x `auto` at "
-    "100 Mbit/s and 0.85x at 1 Gbit/s and trained to a lower AUC (0.708 vs 0.722), and the "
-    "sync-bench section measured it hiding -0.42 of a sync at every step. **`compression: "
-    "bf16`** {bf16}; on the cluster it cut host-link bytes by about a fifth and beat the dense "
-    "engine on the slow link (1.11x) but not the shipped `auto` (0.97x), and lost at 1 Gbit/s "
-    "(0.87x dense), and its sync alone was 6.6x slower than fp32 on the flat host (section "
-    "sync-bench). **Kept:** `engine` (each value wins somewhere: auto 1.15x dense on the "
-    "cluster's 100 Mbit/s link; dense 1.17x auto on its 1 Gbit/s link, and here it {dense}; "
-    "sparse up to 870x fewer bytes on large tables, section sparse-sync) and `hide` "
-    "{hide}. **One default everywhere** (the trainer used to override the library's): "
-    "`SyncOptions()` is the trainer's `parallel.sync`: `engine: dense` (its sync took "
-    "{dense_ms} ms a step here beside auto's {auto_ms} at a sync every step, and on the "
-    "cluster it beat auto at 1 Gbit/s, lost at 100 Mbit/s) and `hide: true` (blocking lost "
-    "here); the shipped configs keep choosing `engine: auto` in their YAML."
+    "inter-host, 2 hosts x 4 ranks, a sync every 20 steps) it ran at {c_overlap}, and it "
+    "hid {hidden_every1} of a sync at a sync every step (section sync-bench). **`compression: "
+    "bf16`** {bf16}; on the cluster it ran {c_bf16}; its sync alone took {bf16_x} the fp32 "
+    "sync's time on the flat host (section sync-bench). **Kept:** `engine` (each value wins "
+    "somewhere: on the cluster {c_engine}; here dense {dense}; sparse sends fewer bytes when "
+    "few rows are touched, section sparse-sync) and `hide` {hide}. **One default "
+    "everywhere** (the trainer used to override the library's): `SyncOptions()` is the "
+    "trainer's `parallel.sync`: `engine: dense` (its sync took {dense_ms} ms a step here "
+    "beside auto's {auto_ms} at a sync every step) and `hide: true` (blocking lost here); the "
+    "shipped configs keep choosing `engine: auto` in their YAML."
 )
+"""The verdict; its cluster figures come from ``bench/results/cluster_options.json``
+(``cluster_report.options_figures``), its flat-host ones from this run."""
+
+SYNC_BENCH = RESULTS_DIR / "sync_bench.json"
+"""The retired options' sync alone on the flat host: ``bench/sync_bench.py``'s stored run."""
+
+CLUSTER = RESULTS_DIR / "cluster_options.json"
+"""The cluster half of the evidence: ``bench/cluster_bench.py --preset options``'s stored run."""
+
+
+def sync_bench_reading(run: dict[str, Any]) -> dict[str, str]:
+    """The retired options in ``bench/sync_bench.py``'s stored run (its ``retired`` rows)."""
+    retired = run["retired"]
+    every1 = next(r for r in retired["overlap"] if r["every"] == 1)
+    return {
+        "hidden_every1": f"{every1['hidden']:.2f}",
+        "bf16_x": f"{retired['bf16']['s'] / run['worst']['dense']:.1f}x",
+    }
+
+
+def cluster_reading(cluster: dict[str, Any]) -> dict[str, str]:
+    """The retired options and the engines on the emulated cluster, per link, from its run."""
+    links = options_figures(cluster)
+
+    def ratio(link: str, a: str, b: str, key: str = "samples_per_s") -> str:
+        x, y = links[link].get(a, {}).get(key), links[link].get(b, {}).get(key)
+        return f"{x / y:.2f}x" if x and y else "-"
+
+    def auc(name: str) -> str:
+        values = {
+            f"{s[name]['eval_auc']:.3f}" for s in links.values() if s.get(name, {}).get("eval_auc")
+        }
+        return "/".join(sorted(values)) or "-"
+
+    return {
+        "c_overlap": " and ".join(
+            f"{ratio(x, 'auto overlap=true', 'auto')} `auto` at {x}" for x in links
+        )
+        + f" (eval AUC {auc('auto overlap=true')} vs {auc('auto')})",
+        "c_bf16": "; ".join(
+            f"at {x}, {ratio(x, 'dense compression=bf16', 'dense')} dense and "
+            f"{ratio(x, 'dense compression=bf16', 'auto')} `auto`, sending "
+            f"{ratio(x, 'dense compression=bf16', 'dense', 'host_link_bytes_per_step')} dense's "
+            "host-link bytes"
+            for x in links
+        ),
+        "c_engine": " and ".join(f"`auto` {ratio(x, 'auto', 'dense')} dense at {x}" for x in links),
+    }
 
 
 def _verdict(r: dict[str, dict[str, float]], name: str, auc: dict[str, dict[str, Any]]) -> str:
@@ -167,7 +213,15 @@ def _sync_ms(summaries: dict[str, dict[str, Any]], name: str) -> str:
     return "-" if s is None else f"{s['sync_ms']:.1f}"
 
 
-def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> str:
+def markdown(
+    result: dict[str, Any],
+    args: argparse.Namespace,
+    wall: float,
+    cluster: dict[str, Any] | None = None,
+) -> str:
+    """The section: the table (retired settings' rows marked) and the verdict, its cluster
+    figures from ``cluster`` (by default the stored ``CLUSTER`` run)."""
+    cluster = json.loads(CLUSTER.read_text()) if cluster is None else cluster
     r = ratios(result)
     summaries = {
         every: {name: summarize(runs) for name, runs in by_name.items()}
@@ -196,11 +250,12 @@ def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> s
     ]
     for every, by_name in summaries.items():
         for name, s in by_name.items():
+            shown = f"{name} (retired)" if name in RETIRED_SETTINGS else name
             if s is None:
-                lines.append(f"| {every} | {name} | failed | | | | | | |")
+                lines.append(f"| {every} | {shown} | failed | | | | | | |")
                 continue
             lines.append(
-                f"| {every} | {name} | {s['samples_per_s']:.0f} | "
+                f"| {every} | {shown} | {s['samples_per_s']:.0f} | "
                 f"{', '.join(f'{x:.0f}' for x in s['rounds'])} | {r[every][name]:.2f} | "
                 f"{s['sync_ms']:.2f} | {s['sync_kb']:.0f} | {s['eval_auc']:.4f} | "
                 f"{s['planted_auc']:.4f} |"
@@ -214,6 +269,8 @@ def markdown(result: dict[str, Any], args: argparse.Namespace, wall: float) -> s
             dense=_verdict(r, "engine=dense", summaries),
             dense_ms=_sync_ms(summaries, "engine=dense"),
             auto_ms=_sync_ms(summaries, DEFAULT),
+            **cluster_reading(cluster),
+            **sync_bench_reading(json.loads(SYNC_BENCH.read_text())),
         ),
     ]
     return "\n".join(lines)

@@ -3,13 +3,17 @@ themselves go through launch/emulated_hosts.sh, tested in tests/test_emulated_ho
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
+
+import pytest
 
 import tests.bench_path  # noqa: F401  (bench/ on sys.path)
 
 # isort: split
-from cluster_bench import Strategy, strategies
-from cluster_report import plot, render
+from cluster_bench import MARKERS, Strategy, main, strategies
+from cluster_report import plot, render, retired_option, title
 
 
 def test_every_layout_once_and_the_options_crossed() -> None:
@@ -76,3 +80,61 @@ def test_render_ranks_against_1d_and_judges_the_advisor(tmp_path: Path) -> None:
     assert "L=1 every 10 auto failed: rc 1: boom" in text
     plot(result, tmp_path / "cluster.png")
     assert (tmp_path / "cluster.png").stat().st_size > 1000
+
+
+STORED = Path(__file__).resolve().parent.parent / "bench" / "results"
+
+
+@pytest.mark.parametrize("preset", sorted(MARKERS, key=str))
+def test_every_stored_run_renders_and_prices_again(preset: str | None, tmp_path: Path) -> None:
+    """``--render --repredict`` on each stored cluster JSON (older runs' keys included):
+    its own title, a path relative to the repository, retired options' rows marked."""
+    name = f"cluster_{preset}" if preset else "cluster"
+    for file in (f"{name}.json", "environment.json"):
+        shutil.copy(STORED / file, tmp_path / file)
+    assert (
+        main(
+            [
+                "--render",
+                "--repredict",
+                "--out",
+                str(tmp_path),
+                *(["--preset", preset] if preset else []),
+            ]
+        )
+        == 0
+    )
+    text = (tmp_path / "RESULTS.md").read_text()
+    heading = [line for line in text.splitlines() if line.startswith("## ")]
+    assert heading == [title(json.loads((STORED / f"{name}.json").read_text()), preset)]
+    assert "/work/" not in text and "`/" not in text
+    result = json.loads((tmp_path / f"{name}.json").read_text())
+    assert all(
+        r.get("predicted_step_s") for c in result["cells"] for r in c["runs"] if "error" not in r
+    )
+    retired = [c for c in result["cells"] if retired_option(c["strategy"])]
+    for cell in retired:
+        assert f"| {cell['label']} (retired) |" in text
+    assert ("Rows marked (retired)" in text) == bool(retired)
+
+
+def test_stored_strategies_read_with_their_retired_switches() -> None:
+    assert Strategy.from_stored({"group_size": 4, "bf16": True}).switch == "compression=bf16"
+    old = Strategy.from_stored({"group_size": 4, "bf16": False, "switch": "overlap"})
+    assert old.switch == "overlap=true" and old.retired
+    assert not Strategy.from_stored({"group_size": 4, "switch": "hide=false"}).retired
+
+
+def test_titles_differ_by_what_the_runs_compare() -> None:
+    titles = {
+        preset: title(
+            json.loads(
+                (
+                    STORED / f"cluster_{preset}.json" if preset else STORED / "cluster.json"
+                ).read_text()
+            ),
+            preset,
+        )
+        for preset in MARKERS
+    }
+    assert len(set(titles.values())) == len(titles), titles

@@ -81,6 +81,9 @@ def test_overrides_are_named_in_the_text_and_the_regenerate_line() -> None:
     text = clean_markdown(res, args)
     assert "with `data.batch_size_per_rank=512`" in text
     assert "--set 'data.batch_size_per_rank=512'" in text
+    title = text.splitlines()[0]  # another section than the run without overrides
+    assert title.endswith(", `data.batch_size_per_rank=512` (bench/ft_bench.py --clean-only)")
+    assert title != clean_markdown(_result(steps=500, rounds=2), args).splitlines()[0]
 
 
 def test_t_values_cover_pooled_runs_and_stay_decreasing() -> None:

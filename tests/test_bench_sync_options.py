@@ -12,7 +12,7 @@ import pytest
 import tests.bench_path  # noqa: F401  (bench/ on sys.path)
 
 # isort: split
-from sync_options_bench import DEFAULT, RETIRED_SETTINGS, SETTINGS, markdown
+from sync_options_bench import CLUSTER, DEFAULT, RETIRED_SETTINGS, SETTINGS, markdown
 
 from sparse2d import KeyValueError, SyncOptions
 from sparse2d.errors import ConfigError
@@ -27,11 +27,33 @@ def test_the_stored_run_renders_every_setting_its_ratio_and_the_verdict() -> Non
     args = argparse.Namespace(machine=result["machine"], eval_batches=result["eval_batches"])
     text = markdown(result, args, result["wall_s"])
     for every in ("1", "10"):
-        for name in [*SETTINGS, *RETIRED_SETTINGS]:
+        for name in SETTINGS:
             assert f"| {every} | {name} |" in text, (every, name)
+        for name in RETIRED_SETTINGS:  # the evidence of their retirement, marked so
+            assert f"| {every} | {name} (retired) |" in text, (every, name)
         assert f"| {every} | {DEFAULT} |" in text and "| 1.00 |" in text
     assert "Reproduce: `PYTHONPATH=. .venv/bin/python bench/sync_options_bench.py" in text
     assert "**`overlap`**" in text and "**`compression: bf16`**" in text
+
+
+def test_the_cluster_figures_come_from_the_cluster_run() -> None:
+    """The verdict's cluster ratios are the stored cluster-options run's, computed: a run
+    with overlap at half of ``auto``'s samples/s reads 0.50x."""
+    result = json.loads(STORED.read_text())
+    cluster = json.loads(CLUSTER.read_text())
+    args = argparse.Namespace(machine=result["machine"], eval_batches=result["eval_batches"])
+    assert "0.92x `auto` at 100mbit and 0.85x `auto` at 1gbit" in markdown(result, args, 1.0)
+    for cell in cluster["cells"]:
+        if cell["strategy"].get("switch") == "overlap" and cell["link"] == "100mbit":
+            auto = next(
+                c
+                for c in cluster["cells"]
+                if c["link"] == "100mbit" and c["label"] == "L=4 inter every 20 auto"
+            )
+            base = sum(r["samples_per_s"] for r in auto["runs"]) / len(auto["runs"])
+            for run in cell["runs"]:
+                run["samples_per_s"] = base / 2
+    assert "0.50x `auto` at 100mbit" in markdown(result, args, 1.0, cluster)
 
 
 @pytest.mark.parametrize("overrides", [list(v) for v in RETIRED_SETTINGS.values()])

@@ -22,6 +22,8 @@ from typing import IO
 
 import pytest
 
+from bench.ft_workers import workers
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, KILL_AT = 1000, 120
 """1000 steps (the acceptance's run). The survivor trains on alone while the killed group
@@ -53,37 +55,6 @@ one, past the 0.005 bound."""
 CHECKPOINTS = f"checkpoint.every={STEPS // 2}"
 """The kill test's uninterrupted launch keeps checkpoints (steps 500 and 1000) for the
 relaunch that follows it."""
-
-
-def workers(group: int, run_dir) -> dict[int, int]:
-    """``{local rank: pid}`` of the trainer workers of ``group`` of the job writing to
-    ``run_dir`` (not its torchrun agent). The run directory is part of the match: another
-    job on the machine (a concurrent test run, a leftover worker) has a group ``group`` too,
-    and killing its worker instead would leave this job's group alive."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = dict(
-                    kv.split("=", 1)
-                    for kv in f.read().decode(errors="replace").split("\0")
-                    if "=" in kv
-                )
-        except OSError:
-            continue
-        if (
-            f"fault_tolerance.replica_id={group}" in argv
-            and "sparse2d.train" in argv
-            and f"run_dir={run_dir}" in argv
-            and "torch.distributed.run" not in argv
-            and "LOCAL_RANK" in env
-        ):
-            found[int(env["LOCAL_RANK"])] = int(entry)
-    return found
 
 
 def launch(

@@ -17,19 +17,15 @@ ENGINES = ("dense", "sparse", "auto")
 RETIRED: dict[str, str] = {
     "overlap": (
         "overlap (start the all-reduce at one sync, land it at the next) won on neither host "
-        "measured: 0.92x and 0.85x of the shipped settings on the emulated cluster (100 "
-        "Mbit/s and 1 Gbit/s links, lower eval AUC: 0.708 vs 0.722), 0.95x and 1.00x on the "
-        "flat host at a sync every step and every 10 (bench/RESULTS.md, sections "
-        "cluster-options and sync-options). Drop it: hide (the default) already hides the "
-        "sync's all-reduce behind the next step's work, exactly"
+        "measured, the emulated cluster nor the flat host: bench/RESULTS.md, sections "
+        "cluster-options and sync-options, give the runs. Drop it: hide (the default) "
+        "already hides the sync's all-reduce behind the next step's work, exactly"
     ),
     "compression": (
         "compression (bf16 deltas since the last sync with error feedback, dense engine only) "
-        "won on neither host measured: on the emulated cluster it cut host-link bytes by "
-        "about a fifth yet ran at 0.97x the shipped settings at 100 Mbit/s and 1.01x at 1 "
-        "Gbit/s (within that run's noise), and on the flat host at 0.71x and 0.89x at a sync "
-        "every step and every 10 (bench/RESULTS.md, sections cluster-options and "
-        "sync-options). Drop it: syncs send fp32 averages"
+        "won on neither host measured, the emulated cluster nor the flat host: "
+        "bench/RESULTS.md, sections cluster-options and sync-options, give the runs. Drop "
+        "it: syncs send fp32 averages"
     ),
 }
 """``SyncOptions`` fields retired by measurement (issue 56 item 1): field -> what it was and
