@@ -10,7 +10,7 @@
 # Processes get SIGTERM and 5 s to exit, then SIGKILL; a launcher of that name is SIGKILLed at
 # once (its trap would tear down again, racing this). The caller (this script's parent) is
 # spared: the launcher calls it from its own trap. Prints one line to stderr when it removed
-# anything; exit 0, or 2 on a bad ID or without root.
+# anything; exit 0, 1 naming what it could not remove, 2 on a bad ID or without root.
 set -uo pipefail
 MARK=SPARSE2D_EMULATED_CLUSTER
 if [[ -n "${!MARK:-}" ]]; then  # this script and its children must not carry the mark

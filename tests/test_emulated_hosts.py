@@ -186,6 +186,7 @@ def test_inter_host_layout_sends_fewer_bytes_across_hosts_than_1d(tmp_path: Path
         ({"LINK": "fast"}, (), "LINK=fast is not a rate"),
         ({"HOSTS": "two"}, (), "HOSTS=two must be a whole number"),
         ({"FT": "2"}, (), "FT=2 must be 0 or 1"),
+        ({"CLUSTER_ID": "My_Run"}, (), "CLUSTER_ID=My_Run: a cluster's name is 1 to 8 of 0-9 a-z"),
         ({}, ("parallel.no_such_key=1",), "no_such_key"),
         ({"PYTHON": "/nonexistent/python"}, (), "run 'make install'"),
     ],
