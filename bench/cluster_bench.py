@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_util import RESULTS_DIR, machine_note, publish, stored_stamp
+from cluster_faults import cluster_name, remove_cluster
 from cluster_report import plot, render, stored_switch
 
 from sparse2d.sync.options import RETIRED
@@ -151,6 +152,7 @@ def run_once(cell: Cell, args: argparse.Namespace, run_dir: Path) -> dict[str, A
         "CONFIG": str(ROOT / args.config),
         "HOST_RESTARTS": "0",
         "MAX_RESTARTS": "0",
+        "CLUSTER_ID": cluster_name("cluster_bench"),
     }
     command = [
         "bash",
@@ -164,7 +166,12 @@ def run_once(cell: Cell, args: argparse.Namespace, run_dir: Path) -> dict[str, A
     ]
     shutil.rmtree(run_dir, ignore_errors=True)  # a new run each time (the trainer refuses
     start = time.perf_counter()  # to append a second run's records to a run_dir's first)
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    try:  # a timeout SIGKILLs the launcher, whose trap then never removes its cluster
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=args.timeout
+        )
+    finally:
+        remove_cluster(env["CLUSTER_ID"])
     wall = time.perf_counter() - start
     summary_path = run_dir / "summary.json"
     if done.returncode != 0 or not summary_path.exists():

@@ -23,6 +23,7 @@ Regenerate (root; ~6 min on 2 cores): .venv/bin/python bench/cluster_faults.py
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -44,17 +45,20 @@ from sparse2d.train.emulated_topology import link_bits  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "launch" / "emulated_hosts.sh"
+CLEANUP = ROOT / "launch" / "emulated_cleanup.sh"
 MARKER = "cluster-faults"
 LINK = "20mbit"
 """Each host's link. 20 Mbit/s, so that the 10x slowdown (2 Mbit/s) is felt: the tiny job's
 sync moves ~55 KB a step across hosts, 22 ms at 20 Mbit/s and 0.22 s at 2 Mbit/s."""
+TIMEOUT_S = 20
+"""The fault job's ``fault_tolerance.timeout_s``: what a collective waits for a cut peer."""
 JOB = (
     "model.tables=[{name: t, count: 2, rows: 400, dim: 16}]",
     "data.batch_size_per_rank=32",
     "train.log_every=5",
     "train.eval_batches=64",
     "train.progress_bar=false",
-    "fault_tolerance.timeout_s=20",
+    f"fault_tolerance.timeout_s={TIMEOUT_S}",
     "fault_tolerance.quorum_timeout_s=60",
 )
 """tests/test_ft_launch.py's one-host fault job (2 tables, batch 32, 64 eval batches: an
@@ -64,9 +68,25 @@ STEPS = 1500
 FAULTS = ("none", "host_loss", "partition", "slow_link")
 
 
-def launch(run_dir: Path, steps: int = STEPS, *extra: str, hosts: int = 2) -> subprocess.Popen:
-    """``FT=1 launch/emulated_hosts.sh`` with the fault job; its output goes to
-    ``run_dir/launcher.log`` (nobody reads a pipe while the faults run)."""
+def cluster_name(*key: str) -> str:
+    """A cluster's name (``CLUSTER_ID``) for ``key`` in this checkout: the same on every run,
+    so a run's start removes what a killed run of the same key left (distinct checkouts on one
+    machine get distinct names)."""
+    return hashlib.sha1(":".join((str(ROOT), *key)).encode()).hexdigest()[:8]
+
+
+def remove_cluster(name: str) -> None:
+    """Everything of cluster ``name``, whatever its launcher's fate (a timeout SIGKILLs it and
+    its trap never runs): ``launch/emulated_cleanup.sh NAME``, which fails naming what stays."""
+    subprocess.run(["bash", str(CLEANUP), name], check=True, timeout=60)
+
+
+def launch(
+    run_dir: Path, steps: int = STEPS, *extra: str, hosts: int = 2, name: str = ""
+) -> subprocess.Popen:
+    """``FT=1 launch/emulated_hosts.sh`` with the fault job, as cluster ``name`` (default: a
+    random one); its output goes to ``run_dir/launcher.log`` (nobody reads a pipe while the
+    faults run)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {
         k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TORCHFT_LIGHTHOUSE")
@@ -81,6 +101,8 @@ def launch(run_dir: Path, steps: int = STEPS, *extra: str, hosts: int = 2) -> su
         MAX_RESTARTS="3",
         HOST_RESTARTS="3",
     )  # noqa
+    if name:
+        env["CLUSTER_ID"] = name
     log = open(run_dir / "launcher.log", "w")  # noqa: SIM115 (the child holds it)
     return subprocess.Popen(
         ["bash", str(LAUNCHER), *JOB, f"train.steps={steps}", f"run_dir={run_dir}", *extra],
@@ -187,7 +209,8 @@ def run_fault(
     returns the raw figures (``analyse`` turns them into the reported ones)."""
     if kind not in FAULTS:
         raise ValueError(f"fault {kind!r}: choose one of {', '.join(FAULTS)}")
-    job = launch(run_dir, steps)
+    name = cluster_name("cluster_faults", kind)
+    job = launch(run_dir, steps, name=name)
     event: dict = {"kind": kind}
     try:
         if kind != "none":
@@ -213,6 +236,7 @@ def run_fault(
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGTERM)
             job.wait(timeout=60)
+        remove_cluster(name)  # the launcher's own teardown, in case it never ran
     event["rc"] = job.returncode
     event["cluster_id"] = cluster(run_dir)["id"]
     event["tail"] = tail(run_dir) if job.returncode != 0 else ""
@@ -224,6 +248,9 @@ def run_fault(
         ]
         event[f"starts{g}"] = [
             (r["time"], r["restart"], r["pid"]) for r in records(run_dir, g, "start")
+        ]
+        event[f"failed{g}"] = [
+            (r["time"], r["step"], r["participants"]) for r in records(run_dir, g, "failed_commit")
         ]
     return event
 
@@ -274,7 +301,14 @@ def analyse(event: dict, reference: dict | None = None) -> dict:
         survivor_longest_gap_s=longest,
         survivor_normal_gap_s=normal,
         survivor_steps_alone=sum(1 for t, _, p in train0 if t > start and p == 1) * 5,
+        # the fault as group 0 felt it: a step whose commit failed (a collective that timed
+        # out on the lost peer), logged after the fault struck
+        survivor_failed_commits=sum(1 for t, _, _ in event.get("failed0", []) if t >= start),
     )
+    if kind == "partition":  # how group 0's stall ended: alone, or when the link was back
+        out["survivor_alone_during_cut"] = any(start < t < end and p == 1 for t, _, p in train0)
+        together = [t for t, _, p in train0 if t >= end and p == 2]
+        out["survivor_back_after_link_s"] = together[0] - end if together else None
     relaunched = [t for t, restart, _ in event["starts1"] if t > start]  # a new launch's start
     since = relaunched[-1] if relaunched else start
     back = [t for t, _, p in train1 if t > since and p == 2]

@@ -18,14 +18,34 @@
 #   ENTRY        a Python module every rank runs instead of the trainer (e.g. your own script
 #                as a module); extra arguments go to it as they are; RUN_DIR (default
 #                runs/emulated) then holds cluster.json and the hosts' logs (FT=0 only)
+#   CLUSTER_ID   this cluster's name, 1-8 of 0-9 a-z (default: a random unused one); what a
+#                killed launcher of that name left behind is removed before it starts
 # What is emulated: hosts (own network stack, own hostname, own interface), link bandwidth
 # both ways. What is not: latency (no netem here), CPUs (every host shares this machine's).
 # RUN_DIR/cluster.json names each host's namespace, address, interfaces, launcher pid and
 # link; RUN_DIR/host_<i>.log holds each host's output (host 0's is also printed here).
-# Everything made (namespaces, bridge, links, processes) is removed on exit, error or signal.
+# Everything made (namespaces, bridge, links, processes) is removed on exit, error or signal,
+# by launch/emulated_cleanup.sh; when this script is SIGKILLed (its trap cannot run), running
+# that script with the cluster's name removes it, and so does the next start of that name.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 refuse() { echo "sparse2d: emulated hosts: $*" >&2; exit 2; }
+# Names unique to this run: two runs side by side never share a namespace, link or subnet.
+# Every process started here carries SPARSE2D_EMULATED_CLUSTER=<name> in its environment
+# (this script too, by the exec below): the cleanup finds them by it, with no state kept.
+if [[ -n "${CLUSTER_ID:-}" ]]; then
+  [[ "$CLUSTER_ID" =~ ^[0-9a-z]{1,8}$ ]] || refuse "CLUSTER_ID=$CLUSTER_ID: a cluster's name is 1 to 8 of 0-9 a-z"
+  ID=$CLUSTER_ID
+else
+  for ((try = 0; try < 16; try++)); do
+    ID=$(printf '%05x' $(( (RANDOM << 15 | RANDOM) % 1048576 )))
+    ! ip netns list 2>/dev/null | grep -q "^sparse2d-$ID-" && break
+  done
+fi
+if [[ "${SPARSE2D_EMULATED_CLUSTER:-}" != "$ID" ]]; then
+  export SPARSE2D_EMULATED_CLUSTER="$ID" CLUSTER_ID="$ID"
+  exec "$BASH" "$0" "$@"
+fi
+cd "$(dirname "$0")/.."
 HOSTS="${HOSTS:-2}"
 NPROC="${NPROC:-4}"
 LINK="${LINK:-200mbit}"
@@ -58,38 +78,17 @@ else
     --local-world-size "$NPROC" "$@" "${FT_ARGS[@]}" || exit 2
   RUN_DIR=$("$PYTHON" -c 'import sys; from sparse2d.train.config import load_config; print(load_config(sys.argv[1], sys.argv[2:]).run_dir)' "$CONFIG" "$@" "${FT_ARGS[@]}")
 fi
-# Names unique to this run: two runs side by side never share a namespace, link or subnet.
-ID=$(printf '%05x' $(( (RANDOM << 15 | RANDOM) % 1048576 )))
+# A cluster of this name left by a launcher that was SIGKILLed: removed before anything starts.
+launch/emulated_cleanup.sh "$ID" || exit 1
 BRIDGE="s2b$ID"
 NAMESPACES=()
 LAUNCHERS=()
 cleanup() {
   trap - EXIT INT TERM
-  local pid ns
   # The log follower first: it holds this script's stdout open until this process is reaped,
   # so a caller reading that output to its end would wait for ever.
   [[ -n "${TAIL_PID:-}" ]] && kill "$TAIL_PID" 2>/dev/null || true
-  for pid in "${LAUNCHERS[@]}"; do [[ -n "$pid" ]] && kill -TERM -- "-$pid" 2>/dev/null || true; done
-  for ns in "${NAMESPACES[@]}"; do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -TERM 2>/dev/null || true
-  done
-  [[ -n "${LIGHTHOUSE_PID:-}" ]] && kill -TERM "$LIGHTHOUSE_PID" 2>/dev/null || true
-  for ((wait_round = 0; wait_round < 50; wait_round++)); do  # up to 5 s for a clean exit
-    local left=""
-    for ns in "${NAMESPACES[@]}"; do left+=$(ip netns pids "$ns" 2>/dev/null); done
-    [[ -z "$left" ]] && break
-    sleep 0.1
-  done
-  for ns in "${NAMESPACES[@]}"; do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
-  done
-  local h
-  for ((h = 0; h < ${#NAMESPACES[@]}; h++)); do
-    ip link del "s2v${ID}h$h" 2>/dev/null || true  # both ends of the host's link
-    ip netns del "${NAMESPACES[$h]}" 2>/dev/null || true
-    rm -rf "/etc/netns/${NAMESPACES[$h]}"
-  done
-  ip link del "$BRIDGE" 2>/dev/null || true
+  launch/emulated_cleanup.sh "$ID" 2>/dev/null || true  # spares its caller: this script
 }
 trap cleanup EXIT
 trap 'exit 130' INT

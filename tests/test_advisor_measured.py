@@ -40,7 +40,11 @@ def _library_door() -> dict[str, object]:
             train(model, tables, 3)
             states.append(flat_state(model.state_dict()))
     model_only = measured_group_size(
-        lambda: build_model(tables), step, options=TrialOptions(candidates=0), **kwargs
+        lambda: build_model(tables),
+        step,
+        batch_size_per_rank=8,
+        options=TrialOptions(candidates=0),
+        **kwargs,
     )
     same = all(torch.equal(v, states[1][k]) for k, v in states[0].items())
     return {
@@ -59,7 +63,14 @@ def test_library_door_measures_every_shortlisted_l_and_leaves_no_trace(world2) -
     assert sorted(c["sharding_group_size"] for c in first["candidates"]) == [1, 2]
     measured = {c["sharding_group_size"]: c["measured_step_s"] for c in first["candidates"]}
     assert first["chosen"] == min(measured, key=lambda L: (measured[L], L))
+    # the cost model's pick: the least predicted step (a tie goes to the larger L), which a
+    # run with no trial (candidates=0, same workload) must choose
+    predicted = {c["sharding_group_size"]: c["predicted_step_s"] for c in first["candidates"]}
+    model_pick = min(predicted, key=lambda L: (predicted[L], -L))
+    assert first["model_pick"] == model_pick, first
     for r in results:
         assert r["report"]["chosen"] == first["chosen"] and r["untouched"]
         assert r["same"] and r["keys"] > 0
-        assert r["model_only"]["candidates"] == [] and r["model_only"]["chosen"] in (1, 2)
+        only = r["model_only"]
+        assert only["candidates"] == [] and only["method"] == "model", only
+        assert only["chosen"] == only["model_pick"] == model_pick, (only, predicted)

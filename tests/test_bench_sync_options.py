@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -22,16 +23,37 @@ ROOT = Path(__file__).resolve().parent.parent
 STORED = ROOT / "bench" / "results" / "sync_options.json"
 
 
+def _table(text: str) -> dict[tuple[str, str], dict[str, str]]:
+    """The rendered table's rows by (every, setting), each cell by its column's header."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:  # past the header and the alignment row
+        row = dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")), strict=True))
+        rows[row["every"], row["setting"]] = row
+    return rows
+
+
+def _mean_samples_per_s(runs: list[dict]) -> float:
+    """A setting's samples/s as the stored JSON holds it: the mean over its rounds that ran."""
+    return statistics.mean(run["samples_per_s"] for run in runs if "error" not in run)
+
+
 def test_the_stored_run_renders_every_setting_its_ratio_and_the_verdict() -> None:
     result = json.loads(STORED.read_text())
     args = argparse.Namespace(machine=result["machine"], eval_batches=result["eval_batches"])
     text = markdown(result, args, result["wall_s"])
+    rows = _table(text)
     for every in ("1", "10"):
-        for name in SETTINGS:
-            assert f"| {every} | {name} |" in text, (every, name)
-        for name in RETIRED_SETTINGS:  # the evidence of their retirement, marked so
-            assert f"| {every} | {name} (retired) |" in text, (every, name)
-        assert f"| {every} | {DEFAULT} |" in text and "| 1.00 |" in text
+        shown = {name: f"{name} (retired)" for name in RETIRED_SETTINGS}  # their evidence
+        names = [name for e, name in rows if e == every]
+        assert names == [*SETTINGS, *shown.values()], (every, names)
+        base = _mean_samples_per_s(result["runs"][every][DEFAULT])
+        for name, runs in result["runs"][every].items():
+            mine = _mean_samples_per_s(runs)
+            row = rows[every, shown.get(name, name)]
+            assert row["samples/s"] == f"{mine:.0f}", (every, name, row)
+            assert row["x default"] == f"{mine / base:.2f}", (every, name, row)
     assert "Reproduce: `PYTHONPATH=. .venv/bin/python bench/sync_options_bench.py" in text
     assert "**`overlap`**" in text and "**`compression: bf16`**" in text
 

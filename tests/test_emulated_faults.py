@@ -17,12 +17,14 @@ import pytest
 import tests.bench_path  # noqa: F401  (bench/ on sys.path)
 
 # isort: split
-from cluster_faults import analyse, run_fault
+from cluster_faults import TIMEOUT_S, analyse, run_fault
 
 STEPS = 2000
 """500 more than the bench's job: group 0 trains alone at ~60 steps/s while host 1 restarts
 (12.8 s there, more on a loaded CI box); it must still be training when host 1 is back, or
-host 1's group finds the job finished and ends instead of healing."""
+host 1's group finds the job finished and ends instead of healing. The runs' length only:
+the tests check that host 1 came back by its records (``group1_ended``, or no later step
+of group 0 with both groups, says it did not)."""
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="emulated hosts need root (ip netns, bridges, tc); CI runs as root"
@@ -56,6 +58,9 @@ def test_a_lost_host_costs_one_group_which_heals_from_a_live_peer(
     event = run_fault("host_loss", tmp_path, steps=STEPS)
     r = analyse(event, reference=slow_link)
     assert r["rc"] == 0 and event["killed"] >= 3, event["tail"]  # launcher, agent, workers
+    # host 1 came back while group 0 still trained: it ended, finding the job over, or group
+    # 0 never again logged a step with both groups (this box too slow for the STEPS budget)
+    assert "group1_ended" not in r and r.get("group1_back_after_s", 0) > 0, r
     # group 0 never stopped: the same worker processes, no step redone, it trained alone
     assert r["survivor_pids_kept"] and r["restarts"][0] == 0, r
     assert r["steps_redone_group0"] == 0 and r["survivor_steps_alone"] > 0, r
@@ -73,9 +78,14 @@ def test_a_partitioned_host_rejoins_and_never_commits_alone(tmp_path: Path) -> N
     r = analyse(event)
     assert r["rc"] == 0, event["tail"]
     assert "group1_ended" not in r, r  # group 0 is still training when it is back
-    # group 0 stalled at most the quorum timeout (its cross-group all-reduce and the commit
-    # echo each wait fault_tolerance.timeout_s=20 for a cut peer)
-    assert r["survivor_longest_gap_s"] < 60, r
+    # the cut was felt: group 0's step in flight failed to commit (its cross-group
+    # all-reduce timed out on the cut peer); with no cut every check below holds too
+    assert r["survivor_failed_commits"] >= 1, r
+    # ... and its stall ended by an event: it went on alone (a quorum without group 1)
+    # while the link was down, or the link's return released it within one timeout
+    if not r["survivor_alone_during_cut"]:
+        assert r["survivor_back_after_link_s"] is not None, r
+        assert r["survivor_back_after_link_s"] <= TIMEOUT_S, r
     # group 1 never committed a step in a quorum without group 0 ...
     assert r["min_groups_in_step"][1] == 2 and r["restarts"] == [0, 0], r
     # ... and came back: healed from group 0 where it went on alone (the usual case), or

@@ -2,10 +2,14 @@
 its own shaped link, one torchrun per host (real gloo over the hosts' interfaces).
 
 Root only (namespaces, bridges, tc): CI runs as root; elsewhere these tests skip, saying why.
+Each test's clusters carry one name (``CLUSTER_ID``, stable for this checkout and test) and are
+removed by ``launch/emulated_cleanup.sh`` at its teardown, and by a rerun's start, even when a
+timeout SIGKILLed the launcher.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -15,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +28,7 @@ from tests.reader_env import terminal_signals
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "launch" / "emulated_hosts.sh"
+CLEANUP = ROOT / "launch" / "emulated_cleanup.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="emulated hosts need root (ip netns, bridges, tc); CI runs as root"
@@ -34,6 +40,23 @@ TINY = (
     "train.log_every=10",
     "train.progress_bar=false",
 )
+
+
+@pytest.fixture(autouse=True)
+def cluster_id(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """This test's cluster name, set for every launch in it (``CLUSTER_ID``); whatever the
+    launcher's fate, the cluster is removed at teardown (which fails if anything stays)."""
+    name = hashlib.sha1(f"{ROOT}:{request.node.nodeid}".encode()).hexdigest()[:8]
+    monkeypatch.setenv("CLUSTER_ID", name)
+    yield name
+    _remove_cluster(name)
+
+
+def _remove_cluster(name: str) -> str:
+    """``launch/emulated_cleanup.sh NAME``: what it said (it fails naming anything left)."""
+    done = subprocess.run([BASH, str(CLEANUP), name], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -54,7 +77,8 @@ def _launch(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def _left_behind(run_id: str, marker: Path) -> list[str]:
     """Namespaces, links and per-namespace files of run ``run_id``, and processes whose
-    command line names ``marker`` (every rank's names its run directory), still there."""
+    command line names ``marker`` (every rank's names its run directory) or whose
+    environment carries the run's name (the launcher marks all it starts), still there."""
     left = [
         n
         for n in subprocess.run(
@@ -69,15 +93,24 @@ def _left_behind(run_id: str, marker: Path) -> list[str]:
         if Path("/etc/netns").exists()
         else []
     )
+    return left + _processes(marker, run_id)
+
+
+def _processes(marker: Path, run_id: str | None = None) -> list[str]:
+    """Processes whose command line names ``marker`` or (``run_id`` given) whose environment
+    carries that cluster's name, as ``pid N: command line``."""
+    mark = f"SPARSE2D_EMULATED_CLUSTER={run_id}".encode()
+    found = []
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
+        if proc.name.isdigit() and proc.name != str(os.getpid()):
             try:
                 cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                marked = run_id is not None and mark in (proc / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if str(marker) in cmdline and proc.name != str(os.getpid()):
-                left.append(f"pid {proc.name}: {cmdline[:80]}")
-    return left
+            if marked or str(marker) in cmdline:
+                found.append(f"pid {proc.name}: {cmdline[:80]}")
+    return found
 
 
 def _cluster(run_dir: Path) -> dict:
@@ -153,6 +186,7 @@ def test_inter_host_layout_sends_fewer_bytes_across_hosts_than_1d(tmp_path: Path
         ({"LINK": "fast"}, (), "LINK=fast is not a rate"),
         ({"HOSTS": "two"}, (), "HOSTS=two must be a whole number"),
         ({"FT": "2"}, (), "FT=2 must be 0 or 1"),
+        ({"CLUSTER_ID": "My_Run"}, (), "CLUSTER_ID=My_Run: a cluster's name is 1 to 8 of 0-9 a-z"),
         ({}, ("parallel.no_such_key=1",), "no_such_key"),
         ({"PYTHON": "/nonexistent/python"}, (), "run 'make install'"),
     ],
@@ -275,3 +309,66 @@ def test_a_lost_host_is_started_again_and_the_job_resumes(tmp_path: Path) -> Non
     assert summary["steps"] == 300 and summary["world_size"] == 4
     assert _cluster(run_dir)["hosts"][1]["launcher_pid"] != host["launcher_pid"]  # a new launch
     assert _left_behind(_cluster(run_dir)["id"], run_dir) == []
+
+
+FT_JOB = (
+    "model.tables=[{name: t, count: 2, rows: 400, dim: 16}]",
+    "data.batch_size_per_rank=32",
+    "train.steps=100000",
+    "train.progress_bar=false",
+)
+"""A fault-tolerant job that trains until it is killed: its lighthouse runs outside every
+host, so a namespace's processes are not all a killed launcher leaves."""
+
+
+def _start_ft(run_dir: Path) -> subprocess.Popen:
+    """``FT=1`` 2 hosts x 1 rank; returns once group 0 logged a train step (its output in
+    ``run_dir/launcher.log``: nobody reads a pipe here)."""
+    run_dir.mkdir(parents=True)
+    with open(run_dir / "launcher.log", "w") as log:
+        job = subprocess.Popen(
+            [BASH, str(LAUNCHER), *FT_JOB, f"run_dir={run_dir}"],
+            cwd=ROOT,
+            env=_env(FT="1", NPROC="1", CONFIG="configs/ft_tiny_cpu.yaml", LINK="1gbit"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    metrics = run_dir / "replica_0" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while '"kind": "train"' not in (metrics.read_text() if metrics.exists() else ""):
+        assert job.poll() is None and time.monotonic() < deadline, (
+            job.returncode,
+            (run_dir / "launcher.log").read_text()[-3000:],
+        )
+        time.sleep(0.5)
+    return job
+
+
+def test_a_sigkilled_launcher_is_cleaned_by_the_next_start_and_by_teardown(
+    tmp_path: Path, cluster_id: str
+) -> None:
+    """A timeout SIGKILLs the launcher (``subprocess.run(timeout=...)`` does): its trap never
+    runs, and its hosts' torchrun sessions, namespaces, links and the lighthouse stay. The
+    next start of that cluster name removes them before it makes its own; the teardown's
+    ``launch/emulated_cleanup.sh NAME`` removes what a second SIGKILL left."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    job = _start_ft(first)
+    job.kill()
+    job.wait(timeout=10)
+    left = _left_behind(cluster_id, first)
+    assert [n for n in left if n.startswith(f"sparse2d-{cluster_id}-h")], left  # namespaces
+    assert any("sparse2d.ft.lighthouse" in x for x in left), left  # outside every host
+    assert any("torch.distributed.run" in x for x in left), left
+    job = _start_ft(second)  # same name: the stale cluster goes first
+    log = (second / "launcher.log").read_text()
+    assert f"emulated cleanup: cluster {cluster_id}: removed" in log, log[-3000:]
+    assert _processes(first) == []  # the first cluster's, lighthouse included
+    job.kill()
+    job.wait(timeout=10)
+    left = _left_behind(cluster_id, second)
+    assert any("sparse2d.ft.lighthouse" in x for x in left), left  # something to clean
+    said = _remove_cluster(cluster_id)  # what the teardown runs
+    assert f"cluster {cluster_id}: removed" in said, said
+    assert _left_behind(cluster_id, second) == []
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert cluster_id not in netns, netns

@@ -138,6 +138,27 @@ def test_carried_in_another_all_reduce_adds_none_and_keeps_the_data(
         assert result["second"] == [False, True, 3]  # nobody flagged
 
 
+def check_all_set_by_some(average: bool) -> dict:
+    """``ALL_IN`` set on ranks 0 and 2 of 4 (and then on every rank), through the ballot's
+    own all-reduce and carried in another (SUM, and AVG undone by ``scale``): "every rank"
+    must read False while any rank left it unset, whatever the total."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    some = {ALL_IN.name: rank % 2 == 0}
+    own = [BALLOT.start(marks, None).wait()[ALL_IN] for marks in (some, {ALL_IN.name: 1})]
+    flat = BALLOT.encode(some, {ALL_IN.name: 1}, dtype=torch.float64)
+    op = dist.ReduceOp.AVG if average else dist.ReduceOp.SUM
+    dist.all_reduce(flat, op=op)
+    tallies = BALLOT.read_each(flat, 2, ranks=world, scale=world if average else 1.0)
+    return {"own": own, "carried": [t[ALL_IN] for t in tallies]}
+
+
+@pytest.mark.parametrize("average", [False, True])
+def test_every_rank_means_every_rank_not_some(world4, average: bool) -> None:
+    for result in world4.run(check_all_set_by_some, average):
+        assert result["own"] == [False, True]
+        assert result["carried"] == [False, True]
+
+
 def test_encode_read_and_mark_on_one_rank() -> None:
     slot = BALLOT.encode({COUNT.name: 2}, dtype=torch.float16)
     assert slot.tolist() == [0.0, 0.0, 2.0]
