@@ -1,5 +1,6 @@
-"""The library door ``DMPCollection(module, "auto")`` measures its shortlist on the embedding
-part, says so, and leaves the model exactly as the chosen ``L`` given explicitly would."""
+"""``DMPCollection(module, "auto")`` (``pick_group_size``) measures its shortlist on the
+embedding part, says so, and leaves the model exactly as the chosen ``L`` given explicitly
+would."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 
 from sparse2d import ConfigError, DMPCollection, TrialOptions
+from sparse2d.advisor.embedding_trial import check_auto_options
 from sparse2d.advisor.trial import TrialReport, TrialResult
-from sparse2d.core.collection_setup import _auto_options
 from tests.models import MIXED_TABLES, build_model, constraints_for, train
 from tests.state_views import flat_state
 
@@ -106,7 +107,7 @@ def _door_falls_back() -> list[tuple[int, str, str, int]]:
     lines: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    door_log = logging.getLogger("sparse2d.advisor.door_trial")
+    door_log = logging.getLogger("sparse2d.advisor.embedding_trial")
     door_log.addHandler(handler)
     door_log.setLevel(logging.INFO)
     logging.disable(logging.NOTSET)  # the shared workers mute WARNING (TorchRec's plan chatter)
@@ -141,11 +142,11 @@ def test_door_keeps_the_model_pick_where_it_cannot_or_may_not_measure(world4) ->
 
 
 def test_auto_options_must_be_trial_options() -> None:
-    assert _auto_options(None) == TrialOptions()
+    assert check_auto_options(None) == TrialOptions()
     with pytest.raises(ConfigError, match=r"auto_options=3 must be a sparse2d.TrialOptions"):
-        _auto_options(3)
+        check_auto_options(3)
     with pytest.raises(ConfigError, match=r"sharding_group_size=2; it only tunes the trial"):
-        _auto_options(QUICK, 2)
+        check_auto_options(QUICK, 2)
 
 
 def test_auto_options_beside_a_fixed_group_size_is_refused_before_any_collective() -> None:
