@@ -70,6 +70,7 @@ from sparse2d.core.contexts import (
 )
 from sparse2d.core.group_refs import ClosedGroup, drop_references
 from sparse2d.core.replica_consistency import PolicyOrSet, ReplicaSync
+from sparse2d.core.replica_repair import repair_from_replicas
 from sparse2d.core.resources import GroupRecorder, Resources
 from sparse2d.patches import apply_all
 from sparse2d.patches.torchrec_comm import forget_destroyed_groups
@@ -340,11 +341,9 @@ class DMPCollection(TorchRecDMPCollection):
         """Refill ``ranks`` (e.g. restarted with fresh weights) from a healthy replica.
 
         Collective over the world: every rank calls it with the same ``ranks``. No storage is
-        read; see ``sparse2d.checkpoint.repair``.
+        read; see ``sparse2d.core.replica_repair``.
         """
         self._resources.check_open("repair replicas")
-        from sparse2d.checkpoint.repair import repair_from_replicas
-
         repair_from_replicas(self, ranks, include_dense)
 
     def set_all_reduce_hook(self, reduce_hook: Callable[..., None] | None) -> None:  # type: ignore[override]
