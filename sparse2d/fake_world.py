@@ -116,12 +116,12 @@ def plan_rank(module: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[Any], A
     resolved before, by its trial). Allocates
     no embedding storage, so a rank whose shards would not fit this machine can be described:
     returns ``(plan, contexts, construction_report)``; ``planned_shards`` reads the plan."""
-    from sparse2d.core.collection_setup import choose_layout, resolve_setup
+    from sparse2d.core.collection_setup import choose_layout, fixed_group_size, resolve_setup
     from sparse2d.core.construction import ConstructionReport
     from sparse2d.core.contexts import remapped_plan
 
     setup = resolve_setup(module, args, kwargs)
-    contexts = choose_layout(module, setup)
+    contexts = choose_layout(module, setup, fixed_group_size(setup))
     report = ConstructionReport()
     setup.plan(module, contexts, report)
     setup.mesh(contexts, report)

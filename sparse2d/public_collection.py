@@ -2,9 +2,9 @@
 
 ``"auto"`` is the advisor's choice (``sparse2d.pick_group_size``: the cost model's pick and
 shortlist, then a short trial of the embedding part, ``sparse2d.advisor.embedding_trial``),
-made here, above the core, before the core model is built with that ``int``: the core
-(``sparse2d.core.collection``) never imports the advisor, and the advisor's trials build core
-models. Everything else is the core class's (its docstring lists the arguments), and an
+made here, above the core, in step 2 of the core's construction line (``_choose_group_size``,
+between validate and layout): the core (``sparse2d.core.collection``) never imports the
+advisor, and the advisor's trials build core models with an ``int``. Everything else is the core class's (its docstring lists the arguments), and an
 instance is still TorchRec's ``DMPCollection`` (its train pipelines sync it).
 """
 
@@ -19,6 +19,7 @@ from sparse2d.advisor.embedding_trial import check_auto_options, choose_group_si
 from sparse2d.advisor.trial import TrialReport
 from sparse2d.core import collection as core
 from sparse2d.core.call_forms import parse_call
+from sparse2d.core.collection_setup import Setup
 
 
 class DMPCollection(core.DMPCollection):
@@ -39,13 +40,16 @@ class DMPCollection(core.DMPCollection):
 
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         options = kwargs.pop("auto_options", None)
-        call = parse_call(args, kwargs)
-        report: TrialReport | None = None
-        if call.sharding_group_size == AUTO:
-            report = choose_group_size(module, call, options, core.DMPCollection)
-            call.sharding_group_size = report.chosen
-            args, kwargs = (), call.as_kwargs()
-        else:
-            check_auto_options(options, call.sharding_group_size)  # refused, not ignored
+        if options is not None:  # refused beside an explicit L, before anything else
+            check_auto_options(options, parse_call(args, kwargs).sharding_group_size)
+        self._auto_options = check_auto_options(options)
+        self.trial_report: TrialReport | None = None
         super().__init__(module, *args, **kwargs)
-        self.trial_report = report
+
+    def _choose_group_size(self, module: nn.Module, setup: Setup) -> int:
+        """Step 2's ``L``: for ``"auto"`` the advisor's choice (``pick_group_size``: advice,
+        then the trial building core models), kept in ``trial_report``; else the call's."""
+        if setup.sharding_group_size != AUTO:
+            return super()._choose_group_size(module, setup)
+        self.trial_report = choose_group_size(module, setup, self._auto_options, core.DMPCollection)
+        return self.trial_report.chosen

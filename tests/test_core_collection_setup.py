@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torchrec import EmbeddingCollection
 from torchrec.distributed.types import DMPCollectionConfig, ShardingStrategy
 
-from sparse2d.core.collection_setup import choose_layout, resolve_setup
+from sparse2d.core.collection_setup import choose_layout, fixed_group_size, resolve_setup
 from sparse2d.errors import ConfigError
 from tests.models import MIXED_TABLES, build_model
 
@@ -18,11 +18,11 @@ def check_resolve() -> dict:
     """Local to each rank: no collective runs (a bad call raises on every rank alike)."""
     model = build_model(MIXED_TABLES)
     ours = resolve_setup(model, (1,), {"device": "cpu"})
-    ours_contexts = choose_layout(model, ours)
+    ours_contexts = choose_layout(model, ours, fixed_group_size(ours))
     torchrec = resolve_setup(  # TorchRec's positional form: device, plan, world_size, L, pg
         model, ("cpu", None, 2, 1, None, ShardingStrategy.PER_MODULE), {}
     )
-    torchrec_contexts = choose_layout(model, torchrec)
+    torchrec_contexts = choose_layout(model, torchrec, fixed_group_size(torchrec))
     errors = []
     for args, kwargs in (
         ((), {"device": "cpu"}),
@@ -43,7 +43,8 @@ def check_resolve() -> dict:
     ):
         with pytest.raises(ConfigError) as error:
             bad = build_model(MIXED_TABLES)
-            choose_layout(bad, resolve_setup(bad, args, kwargs))
+            setup = resolve_setup(bad, args, kwargs)
+            choose_layout(bad, setup, fixed_group_size(setup))
         errors.append(str(error.value))
     return {
         "ours": (

@@ -1,11 +1,11 @@
 """``pick_group_size``: the ``L`` of ``DMPCollection(module, "auto")``, by timing the embedding part.
 
-The advisor's cost model picks ``L`` and a shortlist (rank 0 decides and broadcasts,
-``sparse2d.advisor.auto_pick``); every argument of the call is then checked at that pick (the
-core model's own validation, before any trial time is spent); then a short trial of the
-module's embedding part decides between the shortlisted ``L``. It returns a ``TrialReport``:
-the choice and how it was made. The public ``sparse2d.DMPCollection`` calls it for ``"auto"``
-and builds the core model at ``report.chosen``; the core never imports the advisor.
+Every argument is first checked by the core's step 1 (``resolve_setup``, the same validation
+as any construction); the advisor's cost model then picks ``L`` and a shortlist (rank 0 decides
+and broadcasts, ``sparse2d.advisor.auto_pick``); then a short trial of the module's embedding
+part decides between the shortlisted ``L``. It returns a ``TrialReport``: the choice and how it
+was made. The public ``sparse2d.DMPCollection`` asks it in step 2 of its construction for
+``"auto"`` and builds at ``report.chosen``; the core never imports the advisor.
 
 Why a trial: the cost model alone trained 1.54x slower than the best ``L`` on a workload it
 never saw (issue 57), while the trainer's trial on the job's own step stays within 1.05. A
@@ -41,15 +41,12 @@ import torch.distributed as dist
 import torch.nn as nn
 from torchrec import EmbeddingBagCollection, EmbeddingCollection, KeyedJaggedTensor
 
-from sparse2d import validation
 from sparse2d.advisor.auto_pick import AUTO, DEFAULT_BATCH_SIZE, auto_candidates
 from sparse2d.advisor.trial import TrialReport, measure_group_sizes
 from sparse2d.advisor.trial_options import TrialOptions
-from sparse2d.core.call_forms import CollectionArgs, check_world_size, parse_call, resolve_layout
 from sparse2d.core.collection import DMPCollection
-from sparse2d.core.collection_setup import Setup, choose_layout, resolve_setup
+from sparse2d.core.collection_setup import Setup, resolve_setup
 from sparse2d.errors import ConfigError
-from sparse2d.mesh import validate_layout
 
 logger = logging.getLogger(__name__)
 
@@ -201,38 +198,30 @@ def pick_group_size(
         raise ConfigError(
             f"pick_group_size chooses sharding_group_size; got sharding_group_size={size!r}."
         )
-    return choose_group_size(module, parse_call((), kwargs), auto_options, build)
+    options = check_auto_options(auto_options)
+    setup = resolve_setup(module, (), kwargs | {"sharding_group_size": AUTO})
+    return choose_group_size(module, setup, options, build)
 
 
 def choose_group_size(
-    module: nn.Module,
-    call: CollectionArgs,
-    auto_options: TrialOptions | None,
-    build: Callable[..., Any] | None,
+    module: nn.Module, setup: Setup, options: TrialOptions, build: Callable[..., Any] | None
 ) -> TrialReport:
-    """``pick_group_size`` for a parsed ``DMPCollection`` call (either call form)."""
-    options = check_auto_options(auto_options)
-    # What the advice needs is checked first, on every rank alike, before its broadcast.
-    device = validation.resolve_device(call.device)
-    world_size, _ = validation.check_process_group(call.global_pg)
-    check_world_size(call.world_size, world_size)
-    pg = call.global_pg if call.global_pg is not None else dist.group.WORLD
-    layout = resolve_layout(call.replica_layout, call.use_inter_host_allreduce)
-    validate_layout(layout)
+    """``pick_group_size`` for a call validated by the core's step 1 (``resolve_setup``): the
+    advice (rank 0 decides, all receive), then the trial where it can measure. A candidate
+    whose ``L`` an argument does not fit (a ``node_group_size`` that does not divide it) is
+    skipped by the trial; the chosen ``L`` is checked by the construction's step 2."""
+    call = setup.call
     pick, candidates = auto_candidates(
         module,
-        world_size,
-        device,
-        pg,
+        setup.world_size,
+        setup.device,
+        setup.pg,
         call.planner_batch_size,
         call.sync_options,
-        layout,
+        setup.replica_layout,
         call.constraints,
         options,
     )
-    at_pick = call.as_kwargs() | {"sharding_group_size": pick}
-    setup = resolve_setup(module, (), at_pick)  # every argument checked at the model's pick
-    choose_layout(module, setup)
     period = getattr(call.sync_options, "every", 1)
     sharded_types = [s.module_type for s in setup.sharders]
     collections, why = embedding_collections(module, sharded_types)
@@ -246,7 +235,7 @@ def choose_group_size(
         report.method, report.why_model = "model", why or ""
     else:
         report = _measure(collections, setup, build, pick, candidates, options, period)
-    if dist.get_rank(pg) == 0:
+    if dist.get_rank(setup.pg) == 0:
         logger.info("[sparse2d] auto sharding_group_size=%d (%s)", report.chosen, report.summary())
     return report
 

@@ -1,12 +1,13 @@
 """``DMPCollection``: TorchRec's ``DistributedModelParallel`` over one sharding group, replicated.
 
 Construction is one straight line, each step called once and logged in one line (torchtitan's
-``parallelize`` is the model), in ``DMPCollection._build``:
+``parallelize`` is the model), in ``DMPCollection.__init__`` and ``_build``:
 
-1. validate: every argument against the model and the world, pure
+1. validate: every argument that does not depend on ``L``, pure
    (``sparse2d.core.collection_setup.resolve_setup``);
-2. L and layout of every context (``choose_layout``; ``"auto"`` was resolved before, by the
-   advisor, in the public ``sparse2d.DMPCollection``);
+2. L and layout of every context: ``L`` as given (``_choose_group_size``, which the public
+   ``sparse2d.DMPCollection`` overrides for ``"auto"``: the advisor's choice, so the core never
+   imports the advisor), then each context's layout checked at it (``choose_layout``);
 3. plan for ``L`` ranks (``sparse2d.core.contexts.plan_contexts``);
 4. mesh: the 2D ``DeviceMesh`` and its groups (``build_meshes``);
 5. shard: TorchRec's DMP with the plan remapped to this rank's group, ``ShardingEnv2D``;
@@ -57,7 +58,7 @@ from torchrec.distributed.types import (
     ShardingStrategy,
 )
 
-from sparse2d.core.collection_setup import Setup, choose_layout, resolve_setup
+from sparse2d.core.collection_setup import Setup, choose_layout, fixed_group_size, resolve_setup
 from sparse2d.core.construction import ConstructionReport
 from sparse2d.core.contexts import (
     DefaultContextAttr,
@@ -182,6 +183,14 @@ class DMPCollection(TorchRecDMPCollection):
     ) -> None: ...
 
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
+        """The construction, one straight line (module docstring). Steps 1-2 are pure (but
+        ``"auto"``'s advice): a bad call raises the same error on every rank before the first
+        collective. Steps 3-6 are collective; every process group they create is released by
+        ``close``, and by a failed construction."""
+        setup = resolve_setup(module, args, kwargs)
+        _log_step(1, "validate", f"world {setup.world_size}, device {setup.device}")
+        contexts = choose_layout(module, setup, self._choose_group_size(module, setup))
+        _log_step(2, "L and layout", describe_layout(contexts, setup.world_size))
         self._resources = Resources("DMPCollection")
         groups = self._groups = GroupRecorder(on_destroyed=forget_destroyed_groups)
         # A model dropped without close() still releases its groups when it is collected;
@@ -191,19 +200,18 @@ class DMPCollection(TorchRecDMPCollection):
         self._resources.callback(release_groups)
         try:
             with groups.recording():
-                self._build(module, args, kwargs)
+                self._build(module, setup, contexts)
         except BaseException:
             self._resources.close()  # a failed construction leaves no group behind
             raise
 
-    def _build(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The construction, one straight line (module docstring); every process group it
-        creates is released by ``close``. Steps 1-2 are pure: a bad call raises the same error
-        on every rank before the first collective (the plan's)."""
-        setup = resolve_setup(module, args, kwargs)
-        _log_step(1, "validate", f"world {setup.world_size}, device {setup.device}")
-        contexts = choose_layout(module, setup)
-        _log_step(2, "L and layout", describe_layout(contexts, setup.world_size))
+    def _choose_group_size(self, module: nn.Module, setup: Setup) -> int:
+        """Step 2's ``L``: the call's ``int``. The public ``sparse2d.DMPCollection`` overrides
+        this for ``"auto"`` (the advisor's choice); the core never imports the advisor."""
+        return fixed_group_size(setup)
+
+    def _build(self, module: nn.Module, setup: Setup, contexts: list[ShardingContext]) -> None:
+        """Steps 3-6: plan, mesh, shard, sync policy."""
         report = self.construction = ConstructionReport()
         setup.plan(module, contexts, report)
         _log_step(3, "plan", _describe_plans(report))

@@ -1,9 +1,10 @@
 """Steps 1-2 of the construction (``sparse2d.core.collection``): validate, then L and layout.
 
 Both are pure and identical on every rank, so a bad argument raises the same error everywhere
-before the first collective. ``sharding_group_size`` arrives here as an ``int``:
-``"auto"`` is resolved before the core model is built, by the advisor
-(``sparse2d.pick_group_size``, called by the public ``sparse2d.DMPCollection``).
+before the first collective. Step 1 checks every argument that does not depend on ``L``;
+step 2 takes ``L`` (``fixed_group_size``: the call's ``int``; for ``"auto"`` the public
+``sparse2d.DMPCollection`` asks the advisor instead, whose advice is a collective) and checks
+what depends on it while describing each context's layout (``choose_layout``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class Setup:
     rank: int
     pg: dist.ProcessGroup
     """``global_pg``, or the default group."""
-    sharding_group_size: int
+    sharding_group_size: int | str | None
+    """As given: an ``int``, ``"auto"`` or ``None`` (checked in step 2)."""
     replica_layout: str
     strategy: ShardingStrategy
     hook: AllReduceHook | None
@@ -88,13 +90,12 @@ class Setup:
 
 
 def resolve_setup(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> Setup:
-    """Step 1, validate: parse either call form and check every argument against the model
-    and the world, the group size an ``int`` dividing the world size."""
+    """Step 1, validate: parse either call form and check every argument that does not
+    depend on ``L`` against the model and the world."""
     call = parse_call(args, kwargs)
     device = validation.resolve_device(call.device)
     world_size, rank = validation.check_process_group(call.global_pg)
     check_world_size(call.world_size, world_size)
-    group_size = _group_size(call.sharding_group_size, world_size)
     layout = resolve_layout(call.replica_layout, call.use_inter_host_allreduce)
     validate_layout(layout)
     strategy = resolve_strategy(call.sharding_strategy)
@@ -112,7 +113,7 @@ def resolve_setup(module: nn.Module, args: tuple[object, ...], kwargs: dict[str,
         world_size,
         rank,
         pg,
-        group_size,
+        call.sharding_group_size,
         layout,
         strategy,
         hook,
@@ -121,11 +122,11 @@ def resolve_setup(module: nn.Module, args: tuple[object, ...], kwargs: dict[str,
     )
 
 
-def choose_layout(module: nn.Module, setup: Setup) -> list[ShardingContext]:
-    """Step 2, L and layout: the default context, then one per ``submodule_configs`` entry,
-    each with its group size, replica layout, node group size and strategy, and each
-    checked against the sync options (pure; meshes and plans come later)."""
-    call, size = setup.call, setup.sharding_group_size
+def choose_layout(module: nn.Module, setup: Setup, size: int) -> list[ShardingContext]:
+    """Step 2, layout at ``L = size``: the default context, then one per ``submodule_configs``
+    entry, each with its group size, replica layout, node group size and strategy, and each
+    checked against the sync options (pure; plans and meshes come later)."""
+    call = setup.call
     default = ShardingContext(
         module_type=None,
         paths=[],
@@ -146,8 +147,9 @@ def choose_layout(module: nn.Module, setup: Setup) -> list[ShardingContext]:
     return contexts
 
 
-def _group_size(value: object, world_size: int) -> int:
-    """``sharding_group_size``: required, an ``int`` dividing the world size."""
+def fixed_group_size(setup: Setup) -> int:
+    """Step 2's ``L`` as the call gives it: required, an ``int`` dividing the world size."""
+    value, world_size = setup.sharding_group_size, setup.world_size
     if value is None:
         raise ConfigError(
             "sharding_group_size is required: the ranks per sharding group, a divisor of "
@@ -155,9 +157,9 @@ def _group_size(value: object, world_size: int) -> int:
         )
     if value == "auto":
         raise ConfigError(
-            "sharding_group_size='auto' is chosen by the advisor before the model is built: "
+            "sharding_group_size='auto' is chosen by the advisor, above the core model: "
             "call sparse2d.DMPCollection(module, 'auto', ...), or pass the L that "
-            "sparse2d.pick_group_size(module, ...) returns."
+            "sparse2d.pick_group_size(module, ...) chooses."
         )
     validate_group_size(world_size, value)  # type: ignore[arg-type]
     return value  # type: ignore[return-value]
