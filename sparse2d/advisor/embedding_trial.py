@@ -24,8 +24,7 @@ user's model is then initialized exactly as with that ``L`` given explicitly).
 What the trial cannot reproduce keeps the model's pick: a ``plan`` (made for one ``L``),
 ``submodule_configs``, managed-collision tables, a ``custom_all_reduce`` (its calls would be
 the trial's side effects), a sharded module type other than the two collections, or a
-one-``L`` shortlist (nothing to compare); so does ``auto_options=TrialOptions(candidates=0)``,
-and a dry run (``build=None``: nothing may be built).
+one-``L`` shortlist (nothing to compare); so does ``auto_options=TrialOptions(candidates=0)``.
 Either way ``TrialReport.method`` says which it was, and rank 0 logs one line.
 """
 
@@ -182,15 +181,15 @@ def pick_group_size(
     module: nn.Module,
     *,
     auto_options: TrialOptions | None = None,
-    build: Callable[..., Any] | None = DMPCollection,
+    build: Callable[..., Any] = DMPCollection,
     **kwargs: Any,
 ) -> TrialReport:
     """The ``L`` that ``DMPCollection(module, "auto", **kwargs)`` builds, and how it was chosen.
 
     ``kwargs`` are the constructor's keywords (``device``, ``constraints``, ``sharders``,
     ``replica_layout``, ``global_pg``, ``planner_batch_size``, ``sync_options``, ...);
-    ``auto_options`` bounds the trial; ``build(module, L, **kwargs)`` builds each candidate
-    (default: the core ``DMPCollection``; ``None``: build nothing, the model's pick).
+    ``auto_options`` bounds the trial (``TrialOptions(candidates=0)``: the model's pick, nothing
+    built); ``build(module, L, **kwargs)`` builds each candidate (the core ``DMPCollection``).
     Collective over ``global_pg``; the same report on every rank. ``module`` is not sharded.
     """
     size = kwargs.pop("sharding_group_size", AUTO)
@@ -204,7 +203,7 @@ def pick_group_size(
 
 
 def choose_group_size(
-    module: nn.Module, setup: Setup, options: TrialOptions, build: Callable[..., Any] | None
+    module: nn.Module, setup: Setup, options: TrialOptions, build: Callable[..., Any]
 ) -> TrialReport:
     """``pick_group_size`` for a call validated by the core's step 1 (``resolve_setup``): the
     advice (rank 0 decides, all receive), then the trial where it can measure. A candidate
@@ -226,13 +225,11 @@ def choose_group_size(
     sharded_types = [s.module_type for s in setup.sharders]
     collections, why = embedding_collections(module, sharded_types)
     why = why_not_measured(call, setup.has_mc, options) or why
-    if build is None:
-        why = "a dry run builds no candidates"
     if why is None and len(candidates) < 2:
         why = f"the shortlist holds one L ({pick})"
-    if why is not None or build is None:
+    if why is not None:
         report = TrialReport(chosen=pick, model_pick=pick, options=options, period=period)
-        report.method, report.why_model = "model", why or ""
+        report.method, report.why_model = "model", why
     else:
         report = _measure(collections, setup, build, pick, candidates, options, period)
     if dist.get_rank(setup.pg) == 0:

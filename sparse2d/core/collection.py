@@ -94,8 +94,15 @@ def _log_step(number: int, name: str, detail: str) -> None:
     logger.info("[sparse2d] construction %d/6 %s: %s", number, name, detail)
 
 
+def _describe_meshes(contexts: list[ShardingContext]) -> str:
+    return ", ".join(
+        f"{c.name}: sharding group {c.sharding_group}, replica group {c.replica_group}"
+        for c in contexts
+    )
+
+
 def _describe_plans(report: ConstructionReport) -> str:
-    return ", ".join(f"{name} {p['cache']}" for name, p in report.plans.items())
+    return ", ".join(f"{name} (plan store: {p['cache']})" for name, p in report.plans.items())
 
 
 class DMPCollection(TorchRecDMPCollection):
@@ -216,11 +223,13 @@ class DMPCollection(TorchRecDMPCollection):
         setup.plan(module, contexts, report)
         _log_step(3, "plan", _describe_plans(report))
         setup.mesh(contexts, report)
-        _log_step(4, "mesh", f"sharding group {contexts[0].sharding_group}")
+        _log_step(4, "mesh", _describe_meshes(contexts))
         self._shard(module, setup, contexts, report)
         _log_step(5, "shard", f"{len(self._shards)} local shards")
         self._build_sync_policy(setup, contexts, report)
-        _log_step(6, "sync policy", f"replicas {contexts[0].replica_group} aligned")
+        _log_step(
+            6, "sync policy", "replicas aligned" + (", slices kept" if self.fully_sharded else "")
+        )
 
     def _shard(
         self,
