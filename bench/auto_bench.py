@@ -15,7 +15,7 @@ default options), then in one fresh gloo world:
 3. the library door: ``DMPCollection(module, "auto")`` as a user calls it (the series' module,
    its sharding types as constraints, ``planner_batch_size``; no step given), which times the
    shortlist on the module's embedding part with generated inputs
-   (``sparse2d.advisor.door_trial``) -> the ``L`` the door builds, and whether it measured.
+   (``sparse2d.advisor.embedding_trial``) -> the ``L`` the door builds, and whether it measured.
 
 Reported per series: auto's ``L`` and its reference step over the best (goal <= 1.05), the
 door's and the model-only pick's regret beside it. The door's candidates keep the series'

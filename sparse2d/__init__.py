@@ -33,17 +33,18 @@ from sparse2d.mesh import rank_layout, replica_groups
 
 if TYPE_CHECKING:
     from sparse2d import checkpoint, patches
+    from sparse2d.advisor.embedding_trial import pick_group_size
     from sparse2d.advisor.measured import measured_group_size
     from sparse2d.advisor.trial_options import TrialOptions
-    from sparse2d.core.collection import DMPCollection
     from sparse2d.ft.fault_tolerant_steps import FaultTolerance
     from sparse2d.ft.ft_options import FTOptions
     from sparse2d.ft.optim import FTOptimizer
+    from sparse2d.public_collection import DMPCollection
     from sparse2d.sync.options import SyncOptions, SyncReport
 
 # name -> the module that defines it, imported on first access.
 _LAZY = {
-    "DMPCollection": "sparse2d.core.collection",
+    "DMPCollection": "sparse2d.public_collection",
     "SyncOptions": "sparse2d.sync.options",
     "SyncReport": "sparse2d.sync.options",
     "FaultTolerance": "sparse2d.ft.fault_tolerant_steps",
@@ -51,6 +52,7 @@ _LAZY = {
     "FTOptions": "sparse2d.ft.ft_options",
     "TrialOptions": "sparse2d.advisor.trial_options",
     "measured_group_size": "sparse2d.advisor.measured",
+    "pick_group_size": "sparse2d.advisor.embedding_trial",
 }
 _SUBMODULES = ("checkpoint", "patches")
 """``sparse2d.checkpoint.save`` (save/load/latest/prune/repair); ``sparse2d.patches`` (which
@@ -83,6 +85,7 @@ __all__ = [
     "ignore_known_warnings",
     "measured_group_size",
     "patches",
+    "pick_group_size",
     "rank_layout",
     "replica_groups",
 ]

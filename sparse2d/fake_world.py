@@ -110,16 +110,22 @@ def _sharding_types(model: Any) -> dict[str, int]:
 
 
 def plan_rank(module: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[Any], Any]:
-    """``DMPCollection(module, *args, **kwargs)`` up to its plan, without sharding: validate,
-    build the mesh, plan (or load the stored plan), remapped to this rank's groups. Allocates
+    """``DMPCollection(module, *args, **kwargs)`` up to its plan, without sharding: steps 1-4
+    of its construction (validate, L and layout, plan or load the stored plan, mesh), the
+    plan remapped to this rank's groups. ``L`` is an ``int`` (a dry run's ``"auto"`` is
+    resolved before, by its trial). Allocates
     no embedding storage, so a rank whose shards would not fit this machine can be described:
     returns ``(plan, contexts, construction_report)``; ``planned_shards`` reads the plan."""
-    from sparse2d.core.collection_setup import resolve_setup
+    from sparse2d.core.collection_setup import choose_layout, fixed_group_size, resolve_setup
     from sparse2d.core.construction import ConstructionReport
+    from sparse2d.core.contexts import remapped_plan
 
     setup = resolve_setup(module, args, kwargs)
+    contexts = choose_layout(module, setup, fixed_group_size(setup))
     report = ConstructionReport()
-    return setup.plan(module, report), setup.contexts, report
+    setup.plan(module, contexts, report)
+    setup.mesh(contexts, report)
+    return remapped_plan(contexts, setup.device), contexts, report
 
 
 def planned_shards(

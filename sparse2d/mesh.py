@@ -115,7 +115,7 @@ def build_mesh(
     group_index = next(g for g, ranks in enumerate(layout) if rank in ranks)
     position = layout[group_index].index(rank)
     replicas = [ranks[position] for ranks in layout]
-    logger.info(
+    logger.debug(  # the construction logs its mesh step in one line (sparse2d.core.collection)
         "2D mesh %s: sharding group %s, replica group %s",
         replica_layout,
         layout[group_index],

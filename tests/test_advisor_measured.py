@@ -9,7 +9,7 @@ from sparse2d.advisor.trial_options import TrialOptions
 from tests.models import MIXED_TABLES, build_model, constraints_for
 
 
-def _library_door() -> dict[str, object]:
+def _library_measured_auto() -> dict[str, object]:
     """One rank: ``measured_group_size`` then the model at its pick, trained 3 steps, vs the
     same model at that L given explicitly (trial-free): equal weights, RNG untouched."""
     import torch.distributed as dist
@@ -56,8 +56,8 @@ def _library_door() -> dict[str, object]:
     }
 
 
-def test_library_door_measures_every_shortlisted_l_and_leaves_no_trace(world2) -> None:
-    results = world2.run(_library_door, timeout=600)
+def test_library_measured_auto_measures_every_shortlisted_l_and_leaves_no_trace(world2) -> None:
+    results = world2.run(_library_measured_auto, timeout=600)
     first = results[0]["report"]
     assert [c["sharding_group_size"] for c in first["candidates"]] != []
     assert sorted(c["sharding_group_size"] for c in first["candidates"]) == [1, 2]

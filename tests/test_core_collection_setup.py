@@ -1,4 +1,5 @@
-"""``resolve_setup``: both call forms resolve alike, bad calls fail before any collective."""
+"""Steps 1-2 of the construction (``resolve_setup``, ``choose_layout``): both call forms resolve
+alike, bad calls fail before any collective."""
 
 from __future__ import annotations
 
@@ -8,22 +9,26 @@ import torch.distributed as dist
 from torchrec import EmbeddingCollection
 from torchrec.distributed.types import DMPCollectionConfig, ShardingStrategy
 
-from sparse2d.core.collection_setup import resolve_setup
+from sparse2d.core.collection_setup import choose_layout, fixed_group_size, resolve_setup
 from sparse2d.errors import ConfigError
 from tests.models import MIXED_TABLES, build_model
 
 
 def check_resolve() -> dict:
     """Local to each rank: no collective runs (a bad call raises on every rank alike)."""
-    ours = resolve_setup(build_model(MIXED_TABLES), (1,), {"device": "cpu"})
+    model = build_model(MIXED_TABLES)
+    ours = resolve_setup(model, (1,), {"device": "cpu"})
+    ours_contexts = choose_layout(model, ours, fixed_group_size(ours))
     torchrec = resolve_setup(  # TorchRec's positional form: device, plan, world_size, L, pg
-        build_model(MIXED_TABLES), ("cpu", None, 2, 1, None, ShardingStrategy.PER_MODULE), {}
+        model, ("cpu", None, 2, 1, None, ShardingStrategy.PER_MODULE), {}
     )
+    torchrec_contexts = choose_layout(model, torchrec, fixed_group_size(torchrec))
     errors = []
     for args, kwargs in (
         ((), {"device": "cpu"}),
         ((3,), {"device": "cpu"}),
         ((1,), {"device": "cpu", "replica_layout": "diagonal"}),
+        (("auto",), {"device": "cpu"}),
         (
             (1,),
             {
@@ -37,12 +42,14 @@ def check_resolve() -> dict:
         ),
     ):
         with pytest.raises(ConfigError) as error:
-            resolve_setup(build_model(MIXED_TABLES), args, kwargs)
+            bad = build_model(MIXED_TABLES)
+            setup = resolve_setup(bad, args, kwargs)
+            choose_layout(bad, setup, fixed_group_size(setup))
         errors.append(str(error.value))
     return {
         "ours": (
             ours.world_size,
-            ours.contexts[0].sharding_group_size,
+            ours_contexts[0].sharding_group_size,
             ours.device.type,
             ours.pg is dist.group.WORLD,
             ours.has_mc,
@@ -50,11 +57,11 @@ def check_resolve() -> dict:
         ),
         "torchrec": (
             torchrec.world_size,
-            torchrec.contexts[0].sharding_group_size,
-            torchrec.contexts[0].strategy,
+            torchrec_contexts[0].sharding_group_size,
+            torchrec_contexts[0].strategy,
             len(torchrec.sharders) > 0,
         ),
-        "paths": ours.contexts[0].paths,
+        "paths": ours_contexts[0].paths,
         "errors": errors,
         "rank": (ours.rank, dist.get_rank()),
     }
@@ -65,10 +72,11 @@ def test_both_call_forms_resolve_and_bad_calls_name_the_value(world2) -> None:
         assert result["ours"] == (2, 1, "cpu", True, False, True)
         assert result["torchrec"] == (2, 1, ShardingStrategy.PER_MODULE, True)
         assert result["paths"] == ["ebc"]
-        required, indivisible, layout, missing = result["errors"]
+        required, indivisible, layout, auto, missing = result["errors"]
         assert "sharding_group_size is required" in required
         assert "sharding_group_size=3" in indivisible
         assert "replica_layout='diagonal'" in layout
+        assert "'auto' is chosen by the advisor" in auto and "sparse2d.DMPCollection" in auto
         assert "EmbeddingCollection does not occur in the model" in missing
         assert result["rank"][0] == result["rank"][1]
 

@@ -1,4 +1,5 @@
-"""Package structure: no import circles, and the library never imports the application.
+"""Package structure: no import circles, imports only go down the layers (``LAYERS``), and the
+library never imports the application.
 
 Every ``import``/``from ... import`` in ``sparse2d/`` counts, at module level or inside a
 function (a lazy import is still a dependency), except those under ``if TYPE_CHECKING:``.
@@ -19,6 +20,27 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "sparse2d"
 # The application: the trainer package (its command-line front end, train/cli.py, included).
 APPLICATION = ("sparse2d.train",)
+
+LAYERS: dict[str, tuple[str, ...]] = {
+    "ground": (
+        "sparse2d.errors",
+        "sparse2d.mesh",
+        "sparse2d.option_conflicts",
+        "sparse2d.validation",
+        "sparse2d.comm_device",
+        "sparse2d.environment",
+        "sparse2d.known_warnings",
+    ),
+    "upstream": ("sparse2d.planner", "sparse2d.patches"),
+    "sync": ("sparse2d.sync", "sparse2d.managed_collision"),
+    "core": ("sparse2d.core",),
+    "features": ("sparse2d.ft", "sparse2d.checkpoint", "sparse2d.advisor", "sparse2d.fake_world"),
+    "public": ("sparse2d", "sparse2d.public_collection"),
+    "app": APPLICATION,
+}
+"""The layers of ``/work/shared/DESIGN.md`` section 6, bottom up, and the packages (or
+top-level modules) each holds: a module may import its own layer and the ones below, never
+one above. A new package must be placed here."""
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -269,3 +291,106 @@ def test_the_checks_catch_what_they_claim(
         assert expect_pair in pairs
     else:
         assert not pairs
+
+
+def layer_of(name: str, layers: dict[str, tuple[str, ...]] = LAYERS) -> int:
+    """The index in ``layers`` of the longest unit (package or module) holding ``name``."""
+    best, index = "", -1
+    for i, units in enumerate(layers.values()):
+        for unit in units:
+            holds = name == unit or name.startswith(unit + ".")
+            if holds and len(unit) > len(best):
+                best, index = unit, i
+    if index < 0:
+        raise KeyError(f"{name} is in no layer of tests/test_imports.py LAYERS: place it")
+    return index
+
+
+def upward_imports(
+    graph: dict[str, set[str]], layers: dict[str, tuple[str, ...]] = LAYERS
+) -> list[tuple[str, str]]:
+    """``(importer, imported)`` pairs where the imported module sits in a higher layer.
+    Importing a module also runs its parent packages (``sparse2d/__init__`` for all):
+    those are not counted, as they run first whoever imports."""
+    return sorted(
+        (src, dst)
+        for src, dsts in graph.items()
+        for dst in dsts
+        if not src.startswith(dst + ".") and layer_of(dst, layers) > layer_of(src, layers)
+    )
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between ``sparse2d``'s packages and top-level modules (the root
+    ``sparse2d/__init__`` left out: every module runs it first)."""
+
+    def unit(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    packages: dict[str, set[str]] = {}
+    for src, dsts in graph.items():
+        if src == PACKAGE:
+            continue
+        edges = packages.setdefault(unit(src), set())
+        edges.update(unit(d) for d in dsts if d != PACKAGE and unit(d) != unit(src))
+    return packages
+
+
+def test_every_module_has_a_layer() -> None:
+    for name in import_graph(hidden=True):
+        layer_of(name)
+
+
+def test_imports_only_go_down_the_layers() -> None:
+    """DESIGN.md section 6: ground < upstream < sync < core < features < public < app. Counts
+    the ``TYPE_CHECKING`` imports too: a type named from above is a dependency on it."""
+    pairs = upward_imports(import_graph(hidden=True))
+    assert not pairs, "imports into a higher layer: " + ", ".join(f"{a} -> {b}" for a, b in pairs)
+
+
+def test_core_imports_nothing_from_the_advisor() -> None:
+    """``"auto"`` is the advisor's ``pick_group_size``, resolved above the core
+    (``sparse2d.public_collection``): the core model never knows the advisor's modules."""
+    graph = import_graph(hidden=True)
+    pairs = sorted(
+        (src, dst)
+        for src, dsts in graph.items()
+        if src.startswith("sparse2d.core.") or src == "sparse2d.core"
+        for dst in dsts
+        if dst == "sparse2d.advisor" or dst.startswith("sparse2d.advisor.")
+    )
+    assert not pairs, "core imports the advisor: " + ", ".join(f"{a} -> {b}" for a, b in pairs)
+
+
+def test_no_import_cycles_between_packages() -> None:
+    cycle = find_cycle(package_graph(import_graph(hidden=True)))
+    assert cycle is None, "import circle between packages: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize(
+    ("files", "upward", "package_cycle"),
+    [
+        ({"low.py": "import sparse2d.high\n", "high.py": "import os\n"}, True, False),
+        ({"low.py": "import os\n", "high.py": "import sparse2d.low\n"}, False, False),
+        (
+            {"low/__init__.py": "", "low/a.py": "import sparse2d.mid.b\n", "mid/__init__.py": ""}
+            | {"mid/b.py": "import sparse2d.low.c\n", "low/c.py": "", "high.py": ""},
+            False,
+            True,
+        ),
+    ],
+)
+def test_the_layer_checks_catch_what_they_claim(
+    tmp_path: Path, files: dict[str, str], upward: bool, package_cycle: bool
+) -> None:
+    """A planted upward import and a planted circle between two packages of one layer."""
+    pkg = tmp_path / PACKAGE
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for rel, text in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    layers = {"low": ("sparse2d.low", "sparse2d.mid"), "high": ("sparse2d", "sparse2d.high")}
+    graph = import_graph(tmp_path)
+    assert bool(upward_imports(graph, layers)) == upward
+    assert (find_cycle(package_graph(graph)) is not None) == package_cycle

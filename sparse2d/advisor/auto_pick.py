@@ -4,7 +4,8 @@ The workload is read off the module (every ``EmbeddingBagCollection``/``Embeddin
 table, the fused optimizer set by ``apply_optimizer_in_backward``, the dense parameters) and
 the topology from the device and ``LOCAL_WORLD_SIZE``. Rank 0 decides and broadcasts the
 answer (or the advisor's error) so every rank builds the same mesh, as ``plan_for_group`` does.
-The door then measures the shortlist where it can (``sparse2d.advisor.door_trial``).
+``pick_group_size`` then measures the shortlist where it can
+(``sparse2d.advisor.embedding_trial``).
 """
 
 from __future__ import annotations

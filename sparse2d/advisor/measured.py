@@ -1,8 +1,8 @@
 """``measured_group_size``: the library's measured ``auto`` for callers who can give a step.
 
-Apart from ``sparse2d.advisor.trial`` (the trial machinery) because it builds
-``DMPCollection``s, and the collection's own ``"auto"`` door imports the trial: keeping the
-two apart keeps the imports a tree.
+Apart from ``sparse2d.advisor.trial`` (the trial machinery, which builds nothing itself) because
+it builds core ``DMPCollection``s, as ``sparse2d.advisor.embedding_trial`` (the constructor's
+``"auto"``) does.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ to any (world size, group size, plan), an atomic ``latest`` pointer and checks b
 any weight changes; ``layout``: the keys and global offsets of each local shard;
 ``mc_identities``: managed-collision identity tables (saved per shard, checked, rebuilt by id
 at another ``L``; the MC sync itself is ``sparse2d.managed_collision``);
-``repair``: restore a diverged replica from a healthy one, without a checkpoint.
+``repair_from_replicas`` (``sparse2d.core.replica_repair``, re-exported here): restore a
+diverged replica from a healthy one, without a checkpoint.
 """
 
 from sparse2d.checkpoint.dcp import (
@@ -17,7 +18,7 @@ from sparse2d.checkpoint.dcp import (
     prune,
     save,
 )
-from sparse2d.checkpoint.repair import plan_repair, repair_from_replicas
+from sparse2d.core.replica_repair import plan_repair, repair_from_replicas
 from sparse2d.errors import CheckpointError, CorruptCheckpointError
 
 __all__ = [

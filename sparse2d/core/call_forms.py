@@ -92,7 +92,10 @@ class CollectionArgs:
     planner_batch_size: int | None = None
     sync_options: Any = None
     plan_store: Any = None
-    auto_options: Any = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """Every argument by keyword (the same objects, not copies): the call made again."""
+        return {name: getattr(self, name) for name in _NAMES}
 
 
 _NAMES = frozenset(CollectionArgs.__dataclass_fields__)

@@ -1,13 +1,23 @@
 """``DMPCollection``: TorchRec's ``DistributedModelParallel`` over one sharding group, replicated.
 
-Construction (each step logged): validate (``sparse2d.core.collection_setup``, pure) -> mesh ->
-plan for ``L`` ranks -> remap to this rank's group (``sparse2d.core.contexts``) -> shard with
-``ShardingEnv2D`` -> align replicas. Each configured module type of TorchRec's
-``submodule_configs`` gets its own context (group size, mesh, plan, replica sync). The model
-delegates to collaborators that hold what they need and never the model (no reference
-cycle through them): one ``SyncPolicy`` per context (``sparse2d.sync.policy``: the sync
-itself), ``SurfaceGuard`` (``sparse2d.core.fully_sharded.surfaces``) and its contexts
-(geometry attributes).
+Construction is one straight line, each step called once and logged in one line (torchtitan's
+``parallelize`` is the model), in ``DMPCollection.__init__`` and ``_build``:
+
+1. validate: every argument that does not depend on ``L``, pure
+   (``sparse2d.core.collection_setup.resolve_setup``);
+2. L and layout of every context: ``L`` as given (``_choose_group_size``, which the public
+   ``sparse2d.DMPCollection`` overrides for ``"auto"``: the advisor's choice, so the core never
+   imports the advisor), then each context's layout checked at it (``choose_layout``);
+3. plan for ``L`` ranks (``sparse2d.core.contexts.plan_contexts``);
+4. mesh: the 2D ``DeviceMesh`` and its groups (``build_meshes``);
+5. shard: TorchRec's DMP with the plan remapped to this rank's group, ``ShardingEnv2D``;
+6. sync policy: the replica sync, replicas aligned, FULLY_SHARDED slices kept.
+
+Each configured module type of TorchRec's ``submodule_configs`` gets its own context (group
+size, mesh, plan, replica sync). The model delegates to collaborators that hold what they
+need and never the model (no reference cycle through them): one ``SyncPolicy`` per context
+(``sparse2d.sync.policy``: the sync itself), ``SurfaceGuard``
+(``sparse2d.core.fully_sharded.surfaces``) and its contexts (geometry attributes).
 
 Why a subclass of TorchRec's own ``DMPCollection``: TorchRec's train pipelines
 (``TrainPipelineSparseDist``, ``TrainPipelineSemiSync``, ...) sync replicas in
@@ -49,16 +59,16 @@ from torchrec.distributed.types import (
     ShardingStrategy,
 )
 
-from sparse2d.advisor.trial import TrialReport
-from sparse2d.advisor.trial_options import TrialOptions
 from sparse2d.core.call_forms import adapt_set_all_reduce_hook
-from sparse2d.core.collection_setup import Setup, resolve_setup
+from sparse2d.core.collection_setup import Setup, choose_layout, fixed_group_size, resolve_setup
 from sparse2d.core.construction import ConstructionReport
 from sparse2d.core.contexts import (
     DefaultContextAttr,
     ShardingContext,
     assign_shards,
+    describe_layout,
     geometry_repr,
+    remapped_plan,
     sharding_env,
 )
 from sparse2d.core.fully_sharded import FullyShardedEmbeddings
@@ -69,6 +79,7 @@ from sparse2d.core.fully_sharded.surfaces import (
 )
 from sparse2d.core.group_refs import ClosedGroup, drop_references
 from sparse2d.core.pipeline_guard import install_pipeline_guard
+from sparse2d.core.replica_repair import repair_from_replicas
 from sparse2d.core.resources import GroupRecorder, Resources
 from sparse2d.managed_collision import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.patches import apply_all
@@ -83,6 +94,21 @@ logger = logging.getLogger(__name__)
 FS = ShardingStrategy.FULLY_SHARDED
 
 
+def _log_step(number: int, name: str, detail: str) -> None:
+    logger.info("[sparse2d] construction %d/6 %s: %s", number, name, detail)
+
+
+def _describe_meshes(contexts: list[ShardingContext]) -> str:
+    return ", ".join(
+        f"{c.name}: sharding group {c.sharding_group}, replica group {c.replica_group}"
+        for c in contexts
+    )
+
+
+def _describe_plans(report: ConstructionReport) -> str:
+    return ", ".join(f"{name} (plan store: {p['cache']})" for name, p in report.plans.items())
+
+
 class DMPCollection(TorchRecDMPCollection):
     """Shard embedding tables over groups of ``sharding_group_size`` ranks; replicate the groups.
 
@@ -93,9 +119,8 @@ class DMPCollection(TorchRecDMPCollection):
         module: model holding TorchRec ``EmbeddingBagCollection``/``EmbeddingCollection``
             modules; may live on ``meta``. Give the embedding optimizer the TorchRec way
             (``apply_optimizer_in_backward``) or through sharder ``fused_params``.
-        sharding_group_size: ranks per sharding group ``L``; must divide the world size;
-            ``"auto"`` asks the group-size advisor (``sparse2d plan`` shows its table) and
-            times its shortlist on the module's embedding part (``model.trial_report``).
+        sharding_group_size: ranks per sharding group ``L``; must divide the world size
+            (``"auto"`` is the public ``sparse2d.DMPCollection``'s: the advisor chooses).
         device: default ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``.
         plan: a TorchRec ``ShardingPlan`` made for ``L`` ranks (ranks ``0..L-1``).
         world_size: optional; must equal the process group's size.
@@ -123,18 +148,13 @@ class DMPCollection(TorchRecDMPCollection):
             log line saying what changed. A ``.json`` file is one stored plan that must match
             (``StoredPlanError`` otherwise). ``model.construction`` reports the phases' seconds
             and whether the plan was loaded.
-        auto_options: ``TrialOptions`` of the ``"auto"`` trial (``candidates=0``: the
-            model's pick, no trial); see ``sparse2d.advisor.door_trial``.
-
-    ``model.trial_report`` (``TrialReport``): for ``"auto"``, how ``L`` was chosen
-    (``method`` ``"measured"`` or ``"model"``, each candidate's step); ``None`` otherwise.
     """
 
     @overload
     def __init__(
         self,
         module: nn.Module,
-        sharding_group_size: int | str,
+        sharding_group_size: int,
         *,
         device: torch.device | str | None = None,
         plan: ShardingPlan | None = None,
@@ -147,7 +167,6 @@ class DMPCollection(TorchRecDMPCollection):
         planner_batch_size: int | None = None,
         sync_options: SyncOptions | None = None,
         plan_store: str | os.PathLike[str] | PlanStore | None = None,
-        auto_options: TrialOptions | None = None,
         init_data_parallel: bool = True,
         submodule_configs: list[DMPCollectionConfig] | None = None,
         sharding_strategy: ShardingStrategy = ShardingStrategy.DEFAULT,
@@ -176,8 +195,14 @@ class DMPCollection(TorchRecDMPCollection):
     ) -> None: ...
 
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
-        # 1. validate: pure, before any collective (except "auto"'s advice and trial)
-        setup = resolve_setup(module, args, kwargs, DMPCollection)
+        """The construction, one straight line (module docstring). Steps 1-2 are pure (but
+        ``"auto"``'s advice): a bad call raises the same error on every rank before the first
+        collective. Steps 3-6 are collective; every process group they create is released by
+        ``close``, and by a failed construction."""
+        setup = resolve_setup(module, args, kwargs)
+        _log_step(1, "validate", f"world {setup.world_size}, device {setup.device}")
+        contexts = choose_layout(module, setup, self._choose_group_size(module, setup))
+        _log_step(2, "L and layout", describe_layout(contexts, setup.world_size))
         self._resources = Resources("DMPCollection")
         groups = self._groups = GroupRecorder(on_destroyed=forget_destroyed_groups)
         # A model dropped without close() still releases its groups when it is collected;
@@ -187,29 +212,49 @@ class DMPCollection(TorchRecDMPCollection):
         self._resources.callback(release_groups)
         try:
             with groups.recording():
-                self._build(module, setup)
+                self._build(module, setup, contexts)
         except BaseException:
             self._resources.close()  # a failed construction leaves no group behind
             raise
-        self.trial_report: TrialReport | None = setup.trial_report
 
-    def _build(self, module: nn.Module, setup: Setup) -> None:
-        """Steps 2-6 (collective); every process group they create is released by ``close``."""
-        call, contexts = setup.call, setup.contexts
-        # 2-3. Mesh and plan per context (sparse2d.core.contexts), remapped to this rank's groups.
+    def _choose_group_size(self, module: nn.Module, setup: Setup) -> int:
+        """Step 2's ``L``: the call's ``int``. The public ``sparse2d.DMPCollection`` overrides
+        this for ``"auto"`` (the advisor's choice); the core never imports the advisor."""
+        return fixed_group_size(setup)
+
+    def _build(self, module: nn.Module, setup: Setup, contexts: list[ShardingContext]) -> None:
+        """Steps 3-6: plan, mesh, shard, sync policy."""
         report = self.construction = ConstructionReport()
-        plan = setup.plan(module, report)
-        # 4. Shard: TorchRec's DMP, each module type with its context's ShardingEnv2D.
+        setup.plan(module, contexts, report)
+        _log_step(3, "plan", _describe_plans(report))
+        setup.mesh(contexts, report)
+        _log_step(4, "mesh", _describe_meshes(contexts))
+        self._shard(module, setup, contexts, report)
+        _log_step(5, "shard", f"{len(self._shards)} local shards")
+        self._build_sync_policy(setup, contexts, report)
+        _log_step(
+            6, "sync policy", "replicas aligned" + (", slices kept" if self.fully_sharded else "")
+        )
+
+    def _shard(
+        self,
+        module: nn.Module,
+        setup: Setup,
+        contexts: list[ShardingContext],
+        report: ConstructionReport,
+    ) -> None:
+        """Step 5: TorchRec's DMP, each module type with its context's ``ShardingEnv2D``."""
         apply_all(setup.device)  # workarounds this device still needs (sparse2d.patches)
         install_pipeline_guard()
         self._envs_by_type = {c.module_type: sharding_env(c, setup.pg) for c in contexts}
+        call = setup.call
         with report.phase("shard"):
             DistributedModelParallel.__init__(
                 self,
                 module,
                 env=self._envs_by_type[None],
                 device=setup.device,
-                plan=plan,
+                plan=remapped_plan(contexts, setup.device),
                 sharders=setup.sharders,
                 init_data_parallel=call.init_data_parallel,
                 init_parameters=call.init_parameters,
@@ -217,9 +262,15 @@ class DMPCollection(TorchRecDMPCollection):
             )
         self._contexts = contexts
         self._shards = assign_shards(contexts, self)
+
+    def _build_sync_policy(
+        self, setup: Setup, contexts: list[ShardingContext], report: ConstructionReport
+    ) -> None:
+        """Step 6: the replica sync; replicas aligned (TorchRec seeds each group's shards
+        independently); FULLY_SHARDED contexts keep this replica's 1/G slice."""
         sliced = [c for c in contexts if c.strategy == FS and c.num_replicas > 1]
-        # 5. Sync policy, one per context (FULLY_SHARDED contexts are averaged by every
-        # step's reduce-scatter: their policy syncs nothing).
+        # FULLY_SHARDED contexts are averaged by every step's reduce-scatter: their policy
+        # syncs nothing.
         self._policies: list[SyncPolicy] = []
         for ctx in contexts:
             mc = mc_sync_for(self, ctx.shards, ctx.replica_pg) if setup.has_mc else None
@@ -227,7 +278,7 @@ class DMPCollection(TorchRecDMPCollection):
                 [] if ctx in sliced else plain_shards(ctx.shards, mc),
                 ctx.replica_pg,
                 ctx.num_replicas,
-                call.sync_options,
+                setup.call.sync_options,
                 setup.hook,
                 global_pg=setup.pg,
                 mc=mc,
@@ -235,11 +286,8 @@ class DMPCollection(TorchRecDMPCollection):
             self._policies.append(ctx.policy)
         self._resources.callback(_closer(self._policies))
         self.fully_sharded: FullyShardedEmbeddings | None = None
-        # 6. Align replicas: TorchRec seeds each group's shards independently.
         with report.phase("align"):
             self.align_replicas()
-        logger.info("[sparse2d] replicas aligned over %s", contexts[0].replica_group)
-        # 7. FULLY_SHARDED contexts: keep this replica's 1/G slice, free the rest.
         self.fully_sharded = slice_fully_sharded(self, sliced, setup.pg, self._resources)
         finish = _finisher(self._policies, self._resources)
         self._guard = SurfaceGuard(self._resources, finish, self.fully_sharded)
@@ -357,11 +405,9 @@ class DMPCollection(TorchRecDMPCollection):
         """Refill ``ranks`` (e.g. restarted with fresh weights) from a healthy replica.
 
         Collective over the world: every rank calls it with the same ``ranks``. No storage is
-        read; see ``sparse2d.checkpoint.repair``.
+        read; see ``sparse2d.core.replica_repair``.
         """
         self._resources.check_open("repair replicas")
-        from sparse2d.checkpoint.repair import repair_from_replicas
-
         repair_from_replicas(self, ranks, include_dense)
 
     def set_all_reduce_hook(self, reduce_hook: Callable[..., None] | None) -> None:  # type: ignore[override]

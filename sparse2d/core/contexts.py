@@ -7,12 +7,11 @@ Each context has its own sharding group size, replica layout, mesh, plan, shards
 sync policy; ``DMPCollection.sync()`` syncs every context over its own replica group.
 
 ``describe_contexts`` is pure (every rank gets the same answer or the same error);
-building meshes and plans (``build_contexts``) is collective.
+planning (``plan_contexts``) and building meshes (``build_meshes``) are collective.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
@@ -39,7 +38,6 @@ from sparse2d.planner.plan_store import PlanStore
 from sparse2d.sync.shards import ShardState, collect_shard_states
 from sparse2d.validation import resolve_node_group_size
 
-logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 if TYPE_CHECKING:
@@ -254,41 +252,23 @@ def sharding_env(ctx: ShardingContext, pg: dist.ProcessGroup) -> ShardingEnv2D:
     )
 
 
-def build_contexts(
+def plan_contexts(
     contexts: list[ShardingContext],
     module: nn.Module,
     sharders: list[ModuleSharder[nn.Module]],
-    device: torch.device,
-    rank: int,
+    device_type: str,
     pg: dist.ProcessGroup,
     constraints: dict[str, ParameterConstraints] | None,
     batch_size: int | None,
     store: PlanStore | None,
     report: ConstructionReport,
-) -> ShardingPlan:
-    """Mesh and plan of every context (collective); returns their plans remapped to this
-    rank's sharding groups, merged: the plan TorchRec's DMP shards with.
+) -> None:
+    """The plan of every context for ranks ``0..L-1`` (collective over ``pg``).
 
-    Contexts of one geometry share a mesh (its two groups). Rank 0 plans for ``L`` ranks
-    and all receive (under the fake backend of a dry run each rank plans alone), or the
-    stored plan is loaded; a given plan is used as it is."""
-    world_size = dist.get_world_size(pg)
-    plan = ShardingPlan(plan={})
-    meshes: dict[tuple[int, str], Mesh2D] = {}
+    Rank 0 plans for ``L`` ranks and all receive (under the fake backend of a dry run each
+    rank plans alone), or the stored plan is loaded; a given plan is used as it is."""
     plan_pg = None if dist.get_backend(pg) == "fake" else pg
     for ctx in contexts:
-        key = (ctx.sharding_group_size, ctx.replica_layout)
-        if key not in meshes:
-            with report.phase("mesh"):
-                meshes[key] = build_mesh(world_size, *key, device.type, rank)
-        ctx.mesh = meshes[key]
-        logger.info(
-            "[sparse2d] %s mesh: %d groups x %d ranks (%s)",
-            ctx.name,
-            world_size // ctx.sharding_group_size,
-            ctx.sharding_group_size,
-            ctx.replica_layout,
-        )
         if ctx.plan is None:
             with report.phase("plan"):
                 made = plan_context(
@@ -296,7 +276,7 @@ def build_contexts(
                     contexts,
                     module,
                     sharders,
-                    device.type,
+                    device_type,
                     plan_pg,
                     constraints,
                     batch_size,
@@ -307,8 +287,44 @@ def build_contexts(
         else:
             report.note_plan(ctx.name, "given")
         check_fully_sharded_plan(ctx.strategy, ctx.plan)  # the same plan on every rank
+
+
+def build_meshes(
+    contexts: list[ShardingContext],
+    world_size: int,
+    device_type: str,
+    rank: int,
+    report: ConstructionReport,
+) -> None:
+    """The 2D mesh of every context (collective); contexts of one geometry share a mesh
+    (its two process groups)."""
+    meshes: dict[tuple[int, str], Mesh2D] = {}
+    for ctx in contexts:
+        key = (ctx.sharding_group_size, ctx.replica_layout)
+        if key not in meshes:
+            with report.phase("mesh"):
+                meshes[key] = build_mesh(world_size, *key, device_type, rank)
+        ctx.mesh = meshes[key]
+
+
+def remapped_plan(contexts: list[ShardingContext], device: torch.device) -> ShardingPlan:
+    """Every context's plan remapped from ranks ``0..L-1`` to this rank's sharding group,
+    merged: the plan TorchRec's DMP shards with (pure, once planned and meshed)."""
+    plan = ShardingPlan(plan={})
+    for ctx in contexts:
+        if ctx.plan is None:
+            raise RuntimeError(f"sharding context {ctx.name} has no plan yet")
         plan.plan.update(remap_plan(ctx.plan, ctx.sharding_group, device).plan)
     return plan
+
+
+def describe_layout(contexts: list[ShardingContext], world_size: int) -> str:
+    """Each context's L and layout in one line, for the construction's log."""
+    return "; ".join(
+        f"{c.name}: L={c.sharding_group_size} x {world_size // c.sharding_group_size} "
+        f"replicas ({c.replica_layout}, {c.strategy.name}, {len(c.paths)} modules)"
+        for c in contexts
+    )
 
 
 def assign_shards(contexts: list[ShardingContext], model: nn.Module) -> list[ShardState]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -45,9 +45,6 @@ from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState, live_tensors
 
 __all__ = ["InFlight", "SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
-
-if TYPE_CHECKING:
-    from sparse2d.managed_collision.sync import ManagedCollisionSync
 
 
 class InFlight:
@@ -123,6 +120,19 @@ class InFlight:
             self.dropped()
 
 
+class ManagedTables(Protocol):
+    """Managed-collision tables synced with the plain ones (``sparse2d.managed_collision``'s
+    ``ManagedCollisionSync``): identities merged, then rows averaged by id."""
+
+    shards: list[ShardState]
+
+    def prepare(self) -> tuple[int, Callable[[], None]]:
+        """Run the merge's collectives; (bytes sent, the write-back that lands it)."""
+
+    def reset(self) -> None:
+        """Forget the identities seen (after a load)."""
+
+
 class Channel(Protocol):
     """Where a policy's averages travel (``InWorldChannel``, ``sparse2d.ft.transport``)."""
 
@@ -186,7 +196,7 @@ class SyncPolicy:
         hook: AllReduceHook | None = None,
         engine: SyncEngine | None = None,
         global_pg: dist.ProcessGroup | None = None,
-        mc: ManagedCollisionSync | None = None,
+        mc: ManagedTables | None = None,
         channel: Channel | None = None,
     ) -> None:
         opts = self.options = options or SyncOptions()

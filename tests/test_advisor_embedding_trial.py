@@ -1,5 +1,6 @@
-"""The library door ``DMPCollection(module, "auto")`` measures its shortlist on the embedding
-part, says so, and leaves the model exactly as the chosen ``L`` given explicitly would."""
+"""``DMPCollection(module, "auto")`` (``pick_group_size``) measures its shortlist on the
+embedding part, says so, and leaves the model exactly as the chosen ``L`` given explicitly
+would."""
 
 from __future__ import annotations
 
@@ -8,18 +9,18 @@ import logging
 import pytest
 import torch
 
-from sparse2d import ConfigError, DMPCollection, TrialOptions
+from sparse2d import ConfigError, DMPCollection, TrialOptions, pick_group_size
+from sparse2d.advisor.embedding_trial import check_auto_options
 from sparse2d.advisor.trial import TrialReport, TrialResult
-from sparse2d.core.collection_setup import _auto_options
 from tests.models import MIXED_TABLES, build_model, constraints_for, train
 from tests.state_views import flat_state
 
 QUICK = TrialOptions(margin=100.0, warmup_steps=1, timed_steps=2)
-"""Every divisor shortlisted (so the door has something to compare), few steps."""
+"""Every divisor shortlisted (so the trial has something to compare), few steps."""
 
 
-def _door_measures() -> dict[str, object]:
-    """One rank: the door's ``auto`` on a ``meta`` model (its weights drawn at sharding, so an
+def _auto_measures() -> dict[str, object]:
+    """One rank: ``DMPCollection(module, "auto")`` on a ``meta`` model (its weights drawn at sharding, so an
     RNG the trial moved would change them), then the same model at the chosen ``L`` given
     explicitly; both trained 3 steps. Returns the report and how far the two are apart."""
     import torch.distributed as dist
@@ -65,8 +66,8 @@ def _door_measures() -> dict[str, object]:
     }
 
 
-def test_door_measures_the_shortlist_and_trains_as_the_explicit_l(world4) -> None:
-    results = world4.run(_door_measures, timeout=600)
+def test_auto_measures_the_shortlist_and_trains_as_the_explicit_l(world4) -> None:
+    results = world4.run(_auto_measures, timeout=600)
     first = results[0]["report"]
     assert first["method"] == "measured" and first["why_model"] == ""
     measured = {c["sharding_group_size"]: c["measured_step_s"] for c in first["candidates"]}
@@ -83,8 +84,8 @@ def test_door_measures_the_shortlist_and_trains_as_the_explicit_l(world4) -> Non
         assert r["explicit_report"] is None  # an explicit L has nothing to report
 
 
-def _door_falls_back() -> list[tuple[int, str, str, int]]:
-    """One rank: the door where it must keep the model's pick; (L, method, why, model's L)."""
+def _auto_falls_back() -> list[tuple[int, str, str, int]]:
+    """One rank: ``"auto"`` where it must keep the model's pick; (L, method, why, model's L)."""
     import torch.distributed as dist
 
     from sparse2d import DMPCollection
@@ -106,9 +107,9 @@ def _door_falls_back() -> list[tuple[int, str, str, int]]:
     lines: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    door_log = logging.getLogger("sparse2d.advisor.door_trial")
-    door_log.addHandler(handler)
-    door_log.setLevel(logging.INFO)
+    trial_log = logging.getLogger("sparse2d.advisor.embedding_trial")
+    trial_log.addHandler(handler)
+    trial_log.setLevel(logging.INFO)
     logging.disable(logging.NOTSET)  # the shared workers mute WARNING (TorchRec's plan chatter)
     out = []
     try:
@@ -119,8 +120,12 @@ def _door_falls_back() -> list[tuple[int, str, str, int]]:
                 out.append((report.chosen, report.method, report.why_model, expected))
     finally:
         logging.disable(logging.WARNING)
-        door_log.removeHandler(handler)
-        door_log.setLevel(logging.NOTSET)
+        trial_log.removeHandler(handler)
+        trial_log.setLevel(logging.NOTSET)
+    picked = pick_group_size(  # the choice alone, the model not built
+        build_model(tables, device="meta"), auto_options=TrialOptions(candidates=0), **kwargs
+    )
+    assert (picked.chosen, picked.method) == (expected, "model"), picked.summary()
     said = [
         f"[sparse2d] auto sharding_group_size={L} (model: L={L}; not measured: {why})"
         for L, _, why, _ in out
@@ -129,8 +134,8 @@ def _door_falls_back() -> list[tuple[int, str, str, int]]:
     return out
 
 
-def test_door_keeps_the_model_pick_where_it_cannot_or_may_not_measure(world4) -> None:
-    results = world4.run(_door_falls_back, timeout=600)
+def test_auto_keeps_the_model_pick_where_it_cannot_or_may_not_measure(world4) -> None:
+    results = world4.run(_auto_falls_back, timeout=600)
     for rank in results:
         assert rank == results[0]
         (opted, _, why_opted, expected), (hooked, _, why_hooked, _) = rank
@@ -141,15 +146,15 @@ def test_door_keeps_the_model_pick_where_it_cannot_or_may_not_measure(world4) ->
 
 
 def test_auto_options_must_be_trial_options() -> None:
-    assert _auto_options(None) == TrialOptions()
+    assert check_auto_options(None) == TrialOptions()
     with pytest.raises(ConfigError, match=r"auto_options=3 must be a sparse2d.TrialOptions"):
-        _auto_options(3)
+        check_auto_options(3)
     with pytest.raises(ConfigError, match=r"sharding_group_size=2; it only tunes the trial"):
-        _auto_options(QUICK, 2)
+        check_auto_options(QUICK, 2)
 
 
 def test_auto_options_beside_a_fixed_group_size_is_refused_before_any_collective() -> None:
-    """Through the door as users open it: refused before the process group is even looked
+    """Through the constructor as users call it: refused before the process group is even looked
     for (none exists in this process)."""
     with pytest.raises(ConfigError, match=r"auto_options=.* sharding_group_size=2"):
         DMPCollection(build_model(MIXED_TABLES, device="meta"), 2, auto_options=QUICK)

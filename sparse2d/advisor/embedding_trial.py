@@ -1,12 +1,19 @@
-"""``DMPCollection(module, "auto")`` measures: a short trial of the module's embedding part.
+"""``pick_group_size``: the ``L`` of ``DMPCollection(module, "auto")``, by timing the embedding part.
 
-Why: the cost model alone trained 1.54x slower than the best ``L`` on a workload it never saw
-(issue 57), while the trainer's trial on the job's own step stays within 1.05. The library
-door has no step, but it knows what the embedding part needs: the tables (every
+Every argument is first checked by the core's step 1 (``resolve_setup``, the same validation
+as any construction); the advisor's cost model then picks ``L`` and a shortlist (rank 0 decides
+and broadcasts, ``sparse2d.advisor.auto_pick``); then a short trial of the module's embedding
+part decides between the shortlisted ``L``. It returns a ``TrialReport``: the choice and how it
+was made. The public ``sparse2d.DMPCollection`` asks it in step 2 of its construction for
+``"auto"`` and builds at ``report.chosen``; the core never imports the advisor.
+
+Why a trial: the cost model alone trained 1.54x slower than the best ``L`` on a workload it
+never saw (issue 57), while the trainer's trial on the job's own step stays within 1.05. A
+``DMPCollection`` call has no step, but it knows what the embedding part needs: the tables (every
 ``EmbeddingBagCollection``/``EmbeddingCollection`` of the module), their fused optimizer
 (``apply_optimizer_in_backward``) and a batch size (``planner_batch_size``, else the
 advisor's ``DEFAULT_BATCH_SIZE``). So each shortlisted ``L`` (``shortlist`` with the
-trainer's ``TrialOptions``) is built as a ``DMPCollection`` of a fresh module holding only
+trainer's ``TrialOptions``) is built as a core ``DMPCollection`` of a fresh module holding only
 those collections, on ``meta`` so each rank allocates its shards only, with the call's own
 constraints, sharders, layout, strategy and sync options; it runs forward + backward (the
 fused update) + ``maybe_sync`` on generated batches (per rank, the real batch size, one id
@@ -33,8 +40,12 @@ import torch.distributed as dist
 import torch.nn as nn
 from torchrec import EmbeddingBagCollection, EmbeddingCollection, KeyedJaggedTensor
 
+from sparse2d.advisor.auto_pick import AUTO, DEFAULT_BATCH_SIZE, auto_candidates
 from sparse2d.advisor.trial import TrialReport, measure_group_sizes
 from sparse2d.advisor.trial_options import TrialOptions
+from sparse2d.core.collection import DMPCollection
+from sparse2d.core.collection_setup import Setup, resolve_setup
+from sparse2d.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -147,77 +158,113 @@ def why_not_measured(call: Any, has_mc: bool, options: TrialOptions) -> str | No
     return next((why for refused, why in reasons if refused), None)
 
 
-@dataclass(slots=True)
-class DoorJob:
-    """What a candidate of the door's trial is built from: the resolved call."""
+def check_auto_options(value: object, group_size: object = AUTO) -> TrialOptions:
+    """``auto_options``: how much the trial may spend (default ``TrialOptions()``). Given
+    beside a fixed ``L`` it would do nothing, so it is refused rather than ignored."""
+    if value is None:
+        return TrialOptions()
+    if group_size != AUTO:
+        raise ConfigError(
+            f"auto_options={value!r} was given with sharding_group_size={group_size!r}; "
+            "it only tunes the trial of sharding_group_size='auto'. Drop auto_options, or "
+            "pass 'auto' to let the trial choose L."
+        )
+    if not isinstance(value, TrialOptions):
+        raise ConfigError(
+            f"auto_options={value!r} must be a sparse2d.TrialOptions (e.g. "
+            "TrialOptions(candidates=0) to keep the model's pick without a trial)."
+        )
+    return value
 
-    call: Any
-    """The parsed ``DMPCollection`` call (``sparse2d.core.call_forms.CollectionArgs``)."""
-    device: torch.device
-    pg: dist.ProcessGroup
-    layout: str
-    sharders: list[Any]
-    batch_size: int
-    has_mc: bool
-    collection: Callable[..., Any] | None
-    """``DMPCollection`` (given by the collection, which imports this module); ``None``
-    where nothing may be built (``sparse2d.fake_world``): the model's pick."""
 
-
-def door_group_size(
+def pick_group_size(
     module: nn.Module,
-    job: DoorJob,
-    pick: int,
-    candidates: list[tuple[int, float]],
-    options: TrialOptions,
+    *,
+    auto_options: TrialOptions | None = None,
+    build: Callable[..., Any] = DMPCollection,
+    **kwargs: Any,
 ) -> TrialReport:
-    """The door's ``L``: the trial's pick over ``candidates`` (the advisor's shortlist, the
-    model's pick first) where it can measure, else ``pick``; same report on every rank."""
-    period = getattr(job.call.sync_options, "every", 1)
-    sharded_types = [s.module_type for s in job.sharders]
+    """The ``L`` that ``DMPCollection(module, "auto", **kwargs)`` builds, and how it was chosen.
+
+    ``kwargs`` are the constructor's keywords (``device``, ``constraints``, ``sharders``,
+    ``replica_layout``, ``global_pg``, ``planner_batch_size``, ``sync_options``, ...);
+    ``auto_options`` bounds the trial (``TrialOptions(candidates=0)``: the model's pick, nothing
+    built); ``build(module, L, **kwargs)`` builds each candidate (the core ``DMPCollection``).
+    Collective over ``global_pg``; the same report on every rank. ``module`` is not sharded.
+    """
+    size = kwargs.pop("sharding_group_size", AUTO)
+    if size != AUTO:
+        raise ConfigError(
+            f"pick_group_size chooses sharding_group_size; got sharding_group_size={size!r}."
+        )
+    options = check_auto_options(auto_options)
+    setup = resolve_setup(module, (), kwargs | {"sharding_group_size": AUTO})
+    return choose_group_size(module, setup, options, build)
+
+
+def choose_group_size(
+    module: nn.Module, setup: Setup, options: TrialOptions, build: Callable[..., Any]
+) -> TrialReport:
+    """``pick_group_size`` for a call validated by the core's step 1 (``resolve_setup``): the
+    advice (rank 0 decides, all receive), then the trial where it can measure. A candidate
+    whose ``L`` an argument does not fit (a ``node_group_size`` that does not divide it) is
+    skipped by the trial; the chosen ``L`` is checked by the construction's step 2."""
+    call = setup.call
+    pick, candidates = auto_candidates(
+        module,
+        setup.world_size,
+        setup.device,
+        setup.pg,
+        call.planner_batch_size,
+        call.sync_options,
+        setup.replica_layout,
+        call.constraints,
+        options,
+    )
+    period = getattr(call.sync_options, "every", 1)
+    sharded_types = [s.module_type for s in setup.sharders]
     collections, why = embedding_collections(module, sharded_types)
-    why = why_not_measured(job.call, job.has_mc, options) or why
-    if job.collection is None:
-        why = "a dry run builds no candidates"
+    why = why_not_measured(call, setup.has_mc, options) or why
     if why is None and len(candidates) < 2:
         why = f"the shortlist holds one L ({pick})"
     if why is not None:
         report = TrialReport(chosen=pick, model_pick=pick, options=options, period=period)
         report.method, report.why_model = "model", why
     else:
-        report = _measure(collections, job, job.collection, pick, candidates, options, period)
-    if dist.get_rank(job.pg) == 0:
+        report = _measure(collections, setup, build, pick, candidates, options, period)
+    if dist.get_rank(setup.pg) == 0:
         logger.info("[sparse2d] auto sharding_group_size=%d (%s)", report.chosen, report.summary())
     return report
 
 
 def _measure(
     collections: list[_Collection],
-    job: DoorJob,
-    collection: Callable[..., Any],
+    setup: Setup,
+    build: Callable[..., Any],
     pick: int,
     candidates: list[tuple[int, float]],
     options: TrialOptions,
     period: int,
 ) -> TrialReport:
-    call = job.call
-    generator = torch.Generator().manual_seed(1_000_003 * dist.get_rank(job.pg) + 57)
+    call = setup.call
+    batch_size = call.planner_batch_size or DEFAULT_BATCH_SIZE
+    generator = torch.Generator().manual_seed(1_000_003 * dist.get_rank(setup.pg) + 57)
     batches = [
-        [c.batch(job.batch_size, generator).to(job.device) for c in collections]
+        [c.batch(batch_size, generator).to(setup.device) for c in collections]
         for _ in range(options.steps_for(period))
     ]
 
-    def build(group_size: int) -> Any:
-        return collection(
+    def candidate(group_size: int) -> Any:
+        return build(
             EmbeddingPart(collections),
             group_size,
-            device=job.device,
+            device=setup.device,
             constraints=call.constraints,
-            sharders=job.sharders,
-            replica_layout=job.layout,
+            sharders=setup.sharders,
+            replica_layout=setup.replica_layout,
             global_pg=call.global_pg,
             node_group_size=call.node_group_size,
-            planner_batch_size=job.batch_size,
+            planner_batch_size=batch_size,
             sync_options=call.sync_options,
             sharding_strategy=call.sharding_strategy,
         )
@@ -227,5 +274,5 @@ def _measure(
         model.maybe_sync(i)
 
     return measure_group_sizes(
-        build, step, candidates, options, pg=job.pg, model_pick=pick, period=period
+        candidate, step, candidates, options, pg=setup.pg, model_pick=pick, period=period
     )

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torchrec.optim import RowWiseAdagrad
 
 from sparse2d import ConfigError, DMPCollection
-from sparse2d.checkpoint.repair import plan_repair, repair_from_replicas
+from sparse2d.core.replica_repair import plan_repair, repair_from_replicas
 from tests.models import MIXED_TABLES, build_model, constraints_for, train
 
 
