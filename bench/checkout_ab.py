@@ -35,6 +35,8 @@ JOBS = {
     "flat": "configs/tiny_cpu.yaml",
     "cluster": "configs/cluster_cpu.yaml",
 }
+MARKERS = {"flat": "checkout-ab-flat", "cluster": "checkout-ab-cluster"}
+"""Each job's section of bench/RESULTS.md."""
 KEEP = ("samples_per_s", "sync_s_per_step", "eval_auc", "sharding_group_size")
 
 
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-results-md", action="store_true")
     parser.add_argument("--render", action="store_true", help="re-render the stored JSON")
     args = parser.parse_args(argv)
-    name, marker = f"checkout_ab_{args.job}.json", f"checkout-ab-{args.job}"
+    name, marker = f"checkout_ab_{args.job}.json", MARKERS[args.job]
     if args.render:
         result = json.loads((args.out / name).read_text())
         stamp = stored_stamp(marker, args.out)
