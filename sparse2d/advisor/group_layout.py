@@ -90,59 +90,58 @@ class TorchRecGroupPlanner(GroupLayoutPlanner):
 
     def __init__(self) -> None:
         self._cache: dict[tuple[object, ...], list[GroupLayout]] = {}
+        self._modules: dict[tuple[object, ...], tuple[Any, dict[str, Any]]] = {}
 
     def layouts(
         self, workload: Workload, group_size: int, host_ranks: int, compute_device: str
     ) -> list[GroupLayout]:
         local = math.gcd(group_size, max(1, host_ranks))
-        key = (
-            tuple(_table_key(t) + (t.name,) for t in workload.tables),
-            workload.batch_size_per_rank,
-            group_size,
-            local,
-            compute_device,
-        )
+        tables = tuple(_table_key(t) + (t.name,) for t in workload.tables)
+        key = (tables, workload.batch_size_per_rank, group_size, local, compute_device)
         if key not in self._cache:
+            if tables not in self._modules:  # one meta model for every L (the planner reads it)
+                self._modules[tables] = _meta_model(workload)
+            module, constraints = self._modules[tables]
             with _quiet_torchrec():
-                self._cache[key] = self._plan(workload, group_size, local, compute_device)
+                placed = _plan_like_a_launch(
+                    module, constraints, workload, group_size, local, compute_device
+                )
+            if not placed:
+                raise PlanError(
+                    f"the planner placed no tables at {group_size} ranks (this TorchRec's "
+                    "planner keeps no placed options); the advisor cannot price the plan."
+                )
+            counts = {t.name: 1 for t in workload.tables}
+            shards = tuple(_shards(placed, workload, counts))
+            self._cache[key] = [GroupLayout(group_size, PROPOSAL, shards)]
         return self._cache[key]
 
-    def _plan(
-        self, workload: Workload, group_size: int, local: int, compute_device: str
-    ) -> list[GroupLayout]:
-        import torch
-        from torchrec import EmbeddingBagCollection
-        from torchrec.distributed.planner.types import ParameterConstraints
-        from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-        from sparse2d.planner.sharders import MODEL_PARALLEL_TYPES
+def _meta_model(workload: Workload) -> tuple[Any, dict[str, Any]]:
+    """The workload's tables as an ``EmbeddingBagCollection`` on meta, and their constraints."""
+    import torch
+    from torchrec import EmbeddingBagCollection
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-        configs, constraints = [], {}
-        for t in workload.tables:
-            configs.append(
-                EmbeddingBagConfig(
-                    name=t.name,
-                    embedding_dim=t.dim,
-                    num_embeddings=t.rows,
-                    feature_names=[f"{t.name}_f{j}" for j in range(t.features)],
-                )
+    from sparse2d.planner.sharders import MODEL_PARALLEL_TYPES
+
+    configs, constraints = [], {}
+    for t in workload.tables:
+        configs.append(
+            EmbeddingBagConfig(
+                name=t.name,
+                embedding_dim=t.dim,
+                num_embeddings=t.rows,
+                feature_names=[f"{t.name}_f{j}" for j in range(t.features)],
             )
-            constraints[t.name] = ParameterConstraints(
-                sharding_types=[t.sharding] if t.sharding else list(MODEL_PARALLEL_TYPES),
-                compute_kernels=["fused"],
-                pooling_factors=[t.pooling_factor] * t.features,
-            )
-        module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-        placed = _plan_like_a_launch(
-            module, constraints, workload, group_size, local, compute_device
         )
-        if not placed:
-            raise PlanError(
-                f"the planner placed no tables at {group_size} ranks (this TorchRec's planner "
-                "keeps no placed options); the advisor cannot price the plan."
-            )
-        counts = {t.name: 1 for t in workload.tables}
-        return [GroupLayout(group_size, PROPOSAL, tuple(_shards(placed, workload, counts)))]
+        constraints[t.name] = ParameterConstraints(
+            sharding_types=[t.sharding] if t.sharding else list(MODEL_PARALLEL_TYPES),
+            compute_kernels=["fused"],
+            pooling_factors=[t.pooling_factor] * t.features,
+        )
+    return EmbeddingBagCollection(tables=configs, device=torch.device("meta")), constraints
 
 
 def _plan_like_a_launch(
