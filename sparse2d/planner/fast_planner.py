@@ -96,6 +96,9 @@ class _NoSearchSpaceCopy:
         return value if isinstance(value, list) else copy.deepcopy(value, memo)
 
 
+_ATOMIC = (str, int, float, bool, type(None))
+
+
 def copy_plan(options: list[ShardingOption], memo: Any = None) -> list[ShardingOption]:
     """``copy.deepcopy`` of a list of options, made structurally: each option and shard anew,
     the shards' size and offset lists and perf and storage estimates copied (flat objects of
@@ -110,6 +113,8 @@ def copy_plan(options: list[ShardingOption], memo: Any = None) -> list[ShardingO
                 setattr(clone, key, value)
             elif key == "shards":
                 setattr(clone, key, [_copy_shard(s) for s in value])
+            elif type(value) in _ATOMIC:  # what deepcopy returns as is
+                setattr(clone, key, value)
             else:
                 setattr(clone, key, copy.deepcopy(value, memo))
         out.append(clone)
