@@ -28,7 +28,8 @@ from sparse2d.train.config import Config, load_config
 
 def default_jobs() -> int:
     """Processes that plan the candidate ``L``: the cores this process may use, at most 4."""
-    return max(1, min(4, len(os.sched_getaffinity(0))))
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return max(1, min(4, len(usable) if usable is not None else os.cpu_count() or 1))
 
 
 def default_topology_name(cfg: Config) -> str:
