@@ -190,3 +190,18 @@ def test_planning_with_fast_copies_makes_torchrecs_plan() -> None:
         stats=NoopEmbeddingStats(),
     ).plan(tables(rows), default_sharders())
     assert str(ours) == str(plain)
+
+
+def test_planning_restores_the_garbage_collectors_state() -> None:
+    """The collector is paused while planning and left as it was found, on or off."""
+    import gc
+
+    topology = Topology(world_size=2, compute_device="cpu", local_world_size=2)
+    enabled = gc.isenabled()
+    try:
+        for state in (True, False):
+            (gc.enable if state else gc.disable)()
+            group_planner(topology, 64, None).plan(tables([1_000, 2_000]), default_sharders())
+            assert gc.isenabled() is state
+    finally:
+        (gc.enable if enabled else gc.disable)()
