@@ -125,15 +125,16 @@ class TorchRecGroupPlanner(GroupLayoutPlanner):
         if self.workers < 2 or len(todo) < 2:
             return
         import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
         global _FORKED
         self._model(workload)  # built once, inherited by every worker
         order = sorted(todo.items(), key=lambda item: -item[1][0])  # the longest plans first
         _FORKED = (self, workload, compute_device, [group for _, group in order])
         context = multiprocessing.get_context("fork")  # no re-import; nothing pickled but L
-        try:
-            with context.Pool(min(self.workers, len(order))) as pool:
-                planned = pool.map(_plan_forked, range(len(order)), chunksize=1)
+        try:  # a worker that dies (out of memory) raises BrokenProcessPool here, never hangs
+            with ProcessPoolExecutor(min(self.workers, len(order)), mp_context=context) as pool:
+                planned = list(pool.map(_plan_forked, range(len(order))))
         finally:
             _FORKED = None
         for (key, _), layouts in zip(order, planned, strict=True):
