@@ -3,7 +3,8 @@
 Runs ``python -m sparse2d.train.advisor_command --config C --world-size N --json`` in a
 fresh process, ``--repeat`` times per variant (best wall time kept), with ``--jobs 1`` and
 with the default ``--jobs``, and optionally the same command on another git ref
-(``--before REF``: its ``sparse2d/`` exported to a temporary directory) so the speed-up is
+(``--before REF``: its ``sparse2d/`` and ``configs/`` exported to a temporary directory, run
+from there) so the speed-up is
 measured on the same machine in the same minutes. Every run gets ``PYTHONHASHSEED=0``:
 TorchRec orders equally rated sharding types by Python's string hash, so the labels of a
 few candidates (table-wise vs a one-shard column-wise) vary with it and nothing else does.
@@ -38,8 +39,8 @@ def run_plan(source: str, world: int, jobs: int | None) -> dict:
         cmd += ["--jobs", str(jobs)]
     env = {**os.environ, "PYTHONPATH": source, "PYTHONHASHSEED": "0"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    start = time.perf_counter()  # cwd: ``-m`` puts it first on the path, before PYTHONPATH
+    done = subprocess.run(cmd, cwd=source, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0, 1):
@@ -50,9 +51,10 @@ def run_plan(source: str, world: int, jobs: int | None) -> dict:
 
 
 def export_ref(ref: str, into: str) -> str:
-    """``ref``'s ``sparse2d/`` package in ``into`` (git archive), for ``run_plan``."""
+    """``ref``'s ``sparse2d/`` package and ``configs/`` in ``into`` (git archive), for
+    ``run_plan``."""
     archive = subprocess.run(
-        ["git", "archive", ref, "sparse2d"], cwd=ROOT, capture_output=True, check=True
+        ["git", "archive", ref, "sparse2d", "configs"], cwd=ROOT, capture_output=True, check=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
     return into
