@@ -7,6 +7,7 @@ planning path ``DMPCollection`` itself uses (``sparse2d.planner.group_plan.plan_
 ``Topology`` of ``L`` devices, with no process group, so the advice prices the plan a launch
 builds, never one it would not. Memory caps are lifted (the cost model judges the fit
 against the real device memory); each shard keeps TorchRec's perf and storage estimates.
+One meta model serves every ``L`` (the planner only reads it).
 """
 
 from __future__ import annotations
