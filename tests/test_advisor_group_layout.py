@@ -83,3 +83,25 @@ def test_layouts_are_cached_per_group_size() -> None:
     first = planner.layouts(w, 2, 2, "cpu")
     assert planner.layouts(w, 2, 2, "cpu") is first
     assert planner.layouts(w, 4, 2, "cpu") is not first
+
+
+def test_layouts_planned_in_workers_equal_those_planned_here() -> None:
+    """``prepare`` with two workers (forked, largest L first) caches the same layouts one
+    process makes when asked; asking again plans nothing more."""
+    w = Workload(tables=TABLES, batch_size_per_rank=64)
+    groups = [(2, 2), (4, 4), (8, 4)]
+    parallel = TorchRecGroupPlanner(workers=2)
+    parallel.prepare(w, groups, "cpu")
+    assert len(parallel._cache) == 3
+    here = TorchRecGroupPlanner()
+    for size, local in groups:
+        assert parallel.layouts(w, size, local, "cpu") == here.layouts(w, size, local, "cpu")
+    parallel.prepare(w, groups, "cpu")
+    assert len(parallel._cache) == 3
+
+
+def test_workers_below_one_are_refused() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="workers=0 must be >= 1"):
+        TorchRecGroupPlanner(workers=0)

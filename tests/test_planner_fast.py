@@ -77,6 +77,11 @@ def test_shared_estimates_equal_torchrecs_own() -> None:
         assert (mine.name, mine.sharding_type) == (reference.name, reference.sharding_type)
         for a, b in zip(mine.shards, reference.shards, strict=True):
             assert (a.perf, a.storage) == (b.perf, b.storage), (mine.name, mine.sharding_type)
+            assert (a.size, a.offset) == (b.size, b.offset), (mine.name, mine.sharding_type)
+        sizes = [s.size for s in mine.shards]  # split once per shape, but lists of its own
+        assert all(x is not y for x, y in zip(sizes, [s.size for s in ours[0].shards])) or (
+            mine is ours[0]
+        )
 
 
 def test_fewer_tables_than_ranks_spread_over_every_rank() -> None:
@@ -127,3 +132,76 @@ def test_proposals_that_cannot_fit_are_not_partitioned() -> None:
     assert sum(p.skipped for p in checked._proposers) > 100  # type: ignore[attr-defined]
     assert encode_plan(plan) == encode_plan(before)
     assert {s.sharding_type for s in plan.plan[""].values()} != {"row_wise"}
+
+
+def test_copy_plan_is_a_deep_copy() -> None:
+    """``copy_plan`` makes what ``copy.deepcopy`` makes of a list of options: equal values,
+    new shards and estimates (editing the copy leaves the original), tensor and module shared."""
+    import copy
+
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    from sparse2d.planner.fast_planner import SharedEstimateEnumerator, copy_plan
+
+    topology = Topology(world_size=4, compute_device="cpu", local_world_size=2)
+    constraints = {"t1": ParameterConstraints(pooling_factors=[3.0])}
+    options = SharedEstimateEnumerator(topology, 64, constraints).enumerate(
+        tables([5_000, 8_000, 5_000]), default_sharders()
+    )
+    for i, option in enumerate(options):
+        for j, shard in enumerate(option.shards):
+            shard.rank = (i + j) % 4
+    ours, reference = copy_plan(options), copy.deepcopy(options)
+    for original, mine, theirs in zip(options, ours, reference, strict=True):
+        assert mine is not original and type(mine) is type(theirs)
+        assert mine.__dict__.keys() == theirs.__dict__.keys()
+        for key, value in mine.__dict__.items():
+            if key in ("_tensor", "_module"):  # shared, as ShardingOption.__deepcopy__ does
+                assert value is theirs.__dict__[key] is original.__dict__[key], key
+            else:
+                assert value == theirs.__dict__[key], (mine.name, key)
+        for a, b in zip(mine.shards, original.shards, strict=True):
+            assert a is not b and a.size is not b.size and a.offset is not b.offset
+            assert a.perf is not b.perf and a.storage is not b.storage
+    ours[0].shards[0].rank = None
+    assert options[0].shards[0].rank == 0
+
+
+def test_planning_with_fast_copies_makes_torchrecs_plan() -> None:
+    """``GroupShardingPlanner`` (structural copies of the best plan) plans exactly what
+    TorchRec's own ``EmbeddingShardingPlanner`` plans with the same enumerator and proposers."""
+    from torchrec.distributed.planner.proposers import GreedyProposer, UniformProposer
+    from torchrec.distributed.planner.stats import NoopEmbeddingStats
+
+    from sparse2d.planner.fast_planner import FitCheckedProposer, SharedEstimateEnumerator
+
+    rows = [40_000, 20_000, 10_000, 10_000, 5_000, 2_000, 1_000, 1_000]
+    topology = Topology(world_size=4, compute_device="cpu", local_world_size=2)
+    ours = group_planner(topology, 256, None).plan(tables(rows), default_sharders())
+    plain = EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=256,
+        enumerator=SharedEstimateEnumerator(topology, 256, None),
+        proposer=[
+            FitCheckedProposer(GreedyProposer(threshold=1)),
+            FitCheckedProposer(GreedyProposer(use_depth=False, threshold=1)),
+            FitCheckedProposer(UniformProposer()),
+        ],
+        stats=NoopEmbeddingStats(),
+    ).plan(tables(rows), default_sharders())
+    assert str(ours) == str(plain)
+
+
+def test_planning_restores_the_garbage_collectors_state() -> None:
+    """The collector is paused while planning and left as it was found, on or off."""
+    import gc
+
+    topology = Topology(world_size=2, compute_device="cpu", local_world_size=2)
+    enabled = gc.isenabled()
+    try:
+        for state in (True, False):
+            (gc.enable if state else gc.disable)()
+            group_planner(topology, 64, None).plan(tables([1_000, 2_000]), default_sharders())
+            assert gc.isenabled() is state
+    finally:
+        (gc.enable if enabled else gc.disable)()

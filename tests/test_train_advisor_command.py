@@ -40,6 +40,17 @@ def test_plan_json_is_one_object(capsys) -> None:
     assert [c["sharding_group_size"] for c in data["candidates"]] == [1, 2, 4]
 
 
+def test_plan_in_worker_processes_answers_the_same(capsys) -> None:
+    """``--jobs 2`` plans the candidate L in two forked processes: the same advice as one."""
+    args = ["plan", "--config", "configs/tiny_cpu.yaml", "--world-size", "8", "--json"]
+    assert cli([*args, "--jobs", "1"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert cli([*args, "--jobs", "2"]) == 0
+    assert json.loads(capsys.readouterr().out) == alone
+    assert cli([*args, "--jobs", "0"]) == 1
+    assert "--jobs 0 must be >= 1" in capsys.readouterr().err
+
+
 def test_plan_memory_column_picks_its_unit(capsys) -> None:
     """The tiny config's tables are a few MiB per rank: the column says so (it printed
     ``0.00GiB``), in the column's width, and ``byte_text`` picks the unit by size."""

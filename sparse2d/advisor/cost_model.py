@@ -210,13 +210,24 @@ class AnalyticCostModel(CostModel):
         self.topology = ct.on_shared_cores(topology)
         self._by_name = {t.name: t for t in workload.tables}
 
+    def host_ranks(self, group_size: int) -> int:
+        """Ranks of one sharding group on its first rank's host."""
+        group = rank_layout(self.topology.world_size, group_size, self.workload.replica_layout)[0]
+        return _peers(self.topology, group)[0] + 1
+
+    def prepare(self, group_sizes: list[int]) -> None:
+        """Let the planner make the layouts of ``group_sizes`` ahead (in parallel, if it can)."""
+        groups = [(L, self.host_ranks(L)) for L in group_sizes]
+        self.planner.prepare(self.workload, groups, self.topology.compute_device)
+
     def layouts(self, group_size: int) -> list[Candidate]:
         """The estimate of every candidate layout at ``group_size`` (``--explain``)."""
         w, topo = self.workload, self.topology
         replicas = topo.world_size // group_size
         group = rank_layout(topo.world_size, group_size, w.replica_layout)[0]
-        local_peers, _ = _peers(topo, group)
-        layouts = self.planner.layouts(w, group_size, local_peers + 1, topo.compute_device)
+        layouts = self.planner.layouts(
+            w, group_size, self.host_ranks(group_size), topo.compute_device
+        )
         return [self._estimate(layout, replicas, group) for layout in layouts]
 
     def estimate(self, group_size: int) -> Candidate:

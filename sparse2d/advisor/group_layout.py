@@ -7,6 +7,7 @@ planning path ``DMPCollection`` itself uses (``sparse2d.planner.group_plan.plan_
 ``Topology`` of ``L`` devices, with no process group, so the advice prices the plan a launch
 builds, never one it would not. Memory caps are lifted (the cost model judges the fit
 against the real device memory); each shard keeps TorchRec's perf and storage estimates.
+One meta model serves every ``L`` (the planner only reads it).
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ class GroupLayoutPlanner(ABC):
     ) -> list[GroupLayout]:
         """Candidate layouts for ``group_size`` ranks, ``host_ranks`` of which share a host."""
 
+    def prepare(
+        self, workload: Workload, groups: list[tuple[int, int]], compute_device: str
+    ) -> None:
+        """Make ahead the layouts ``layouts`` will be asked for, one per ``(group_size,
+        host_ranks)`` (this default makes none: ``layouts`` makes each when asked)."""
+        return None
+
 
 @contextlib.contextmanager
 def _quiet_torchrec() -> Iterator[None]:
@@ -86,63 +94,122 @@ def _table_key(t: TableLoad) -> tuple[object, ...]:
 
 
 class TorchRecGroupPlanner(GroupLayoutPlanner):
-    """TorchRec enumerator + estimators + ``GreedyPerfPartitioner`` on a meta model."""
+    """TorchRec enumerator + estimators + ``GreedyPerfPartitioner`` on a meta model.
 
-    def __init__(self) -> None:
+    ``workers > 1``: ``prepare`` plans the group sizes in that many forked processes, the
+    largest first (each plan is single-threaded Python; at 4,096 ranks ``L=4096`` alone is a
+    third of the work). The plans are the same as one process makes."""
+
+    def __init__(self, workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError(f"workers={workers} must be >= 1")
+        self.workers = workers
         self._cache: dict[tuple[object, ...], list[GroupLayout]] = {}
+        self._modules: dict[tuple[object, ...], tuple[Any, dict[str, Any]]] = {}
 
     def layouts(
         self, workload: Workload, group_size: int, host_ranks: int, compute_device: str
     ) -> list[GroupLayout]:
-        local = math.gcd(group_size, max(1, host_ranks))
-        key = (
-            tuple(_table_key(t) + (t.name,) for t in workload.tables),
-            workload.batch_size_per_rank,
-            group_size,
-            local,
-            compute_device,
-        )
+        key = self._key(workload, group_size, host_ranks, compute_device)
         if key not in self._cache:
-            with _quiet_torchrec():
-                self._cache[key] = self._plan(workload, group_size, local, compute_device)
+            self._cache[key] = self._plan(workload, group_size, host_ranks, compute_device)
         return self._cache[key]
 
+    def prepare(
+        self, workload: Workload, groups: list[tuple[int, int]], compute_device: str
+    ) -> None:
+        todo: dict[tuple[object, ...], tuple[int, int]] = {}
+        for size, host_ranks in groups:
+            key = self._key(workload, size, host_ranks, compute_device)
+            if key not in self._cache:
+                todo.setdefault(key, (size, host_ranks))
+        if self.workers < 2 or len(todo) < 2:
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        global _FORKED
+        self._model(workload)  # built once, inherited by every worker
+        order = sorted(todo.items(), key=lambda item: -item[1][0])  # the longest plans first
+        _FORKED = (self, workload, compute_device, [group for _, group in order])
+        context = multiprocessing.get_context("fork")  # no re-import; nothing pickled but L
+        try:  # a worker that dies (out of memory) raises BrokenProcessPool here, never hangs
+            with ProcessPoolExecutor(min(self.workers, len(order)), mp_context=context) as pool:
+                planned = list(pool.map(_plan_forked, range(len(order))))
+        finally:
+            _FORKED = None
+        for (key, _), layouts in zip(order, planned, strict=True):
+            self._cache[key] = layouts
+
+    @staticmethod
+    def _key(
+        workload: Workload, group_size: int, host_ranks: int, compute_device: str
+    ) -> tuple[object, ...]:
+        local = math.gcd(group_size, max(1, host_ranks))
+        tables = tuple(_table_key(t) + (t.name,) for t in workload.tables)
+        return (tables, workload.batch_size_per_rank, group_size, local, compute_device)
+
+    def _model(self, workload: Workload) -> tuple[Any, dict[str, Any]]:
+        """One meta model (and constraints) for every ``L`` of the workload's tables."""
+        tables = tuple(_table_key(t) + (t.name,) for t in workload.tables)
+        if tables not in self._modules:
+            self._modules[tables] = _meta_model(workload)
+        return self._modules[tables]
+
     def _plan(
-        self, workload: Workload, group_size: int, local: int, compute_device: str
+        self, workload: Workload, group_size: int, host_ranks: int, compute_device: str
     ) -> list[GroupLayout]:
-        import torch
-        from torchrec import EmbeddingBagCollection
-        from torchrec.distributed.planner.types import ParameterConstraints
-        from torchrec.modules.embedding_configs import EmbeddingBagConfig
-
-        from sparse2d.planner.sharders import MODEL_PARALLEL_TYPES
-
-        configs, constraints = [], {}
-        for t in workload.tables:
-            configs.append(
-                EmbeddingBagConfig(
-                    name=t.name,
-                    embedding_dim=t.dim,
-                    num_embeddings=t.rows,
-                    feature_names=[f"{t.name}_f{j}" for j in range(t.features)],
-                )
+        local = math.gcd(group_size, max(1, host_ranks))
+        module, constraints = self._model(workload)
+        with _quiet_torchrec():
+            placed = _plan_like_a_launch(
+                module, constraints, workload, group_size, local, compute_device
             )
-            constraints[t.name] = ParameterConstraints(
-                sharding_types=[t.sharding] if t.sharding else list(MODEL_PARALLEL_TYPES),
-                compute_kernels=["fused"],
-                pooling_factors=[t.pooling_factor] * t.features,
-            )
-        module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-        placed = _plan_like_a_launch(
-            module, constraints, workload, group_size, local, compute_device
-        )
         if not placed:
             raise PlanError(
-                f"the planner placed no tables at {group_size} ranks (this TorchRec's planner "
-                "keeps no placed options); the advisor cannot price the plan."
+                f"the planner placed no tables at {group_size} ranks (this TorchRec's "
+                "planner keeps no placed options); the advisor cannot price the plan."
             )
         counts = {t.name: 1 for t in workload.tables}
         return [GroupLayout(group_size, PROPOSAL, tuple(_shards(placed, workload, counts)))]
+
+
+_FORKED: tuple[TorchRecGroupPlanner, Workload, str, list[tuple[int, int]]] | None = None
+"""What ``prepare``'s forked workers plan: (planner, workload, device, groups)."""
+
+
+def _plan_forked(index: int) -> list[GroupLayout]:
+    assert _FORKED is not None, "set by TorchRecGroupPlanner.prepare before it forks"
+    planner, workload, compute_device, groups = _FORKED
+    size, host_ranks = groups[index]
+    return planner._plan(workload, size, host_ranks, compute_device)
+
+
+def _meta_model(workload: Workload) -> tuple[Any, dict[str, Any]]:
+    """The workload's tables as an ``EmbeddingBagCollection`` on meta, and their constraints."""
+    import torch
+    from torchrec import EmbeddingBagCollection
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+    from sparse2d.planner.sharders import MODEL_PARALLEL_TYPES
+
+    configs, constraints = [], {}
+    for t in workload.tables:
+        configs.append(
+            EmbeddingBagConfig(
+                name=t.name,
+                embedding_dim=t.dim,
+                num_embeddings=t.rows,
+                feature_names=[f"{t.name}_f{j}" for j in range(t.features)],
+            )
+        )
+        constraints[t.name] = ParameterConstraints(
+            sharding_types=[t.sharding] if t.sharding else list(MODEL_PARALLEL_TYPES),
+            compute_kernels=["fused"],
+            pooling_factors=[t.pooling_factor] * t.features,
+        )
+    return EmbeddingBagCollection(tables=configs, device=torch.device("meta")), constraints
 
 
 def _plan_like_a_launch(

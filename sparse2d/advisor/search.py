@@ -52,6 +52,8 @@ def advise(
     the faster (L=1 and L=T have one layout: their groups are the same either way)."""
     if workload.replica_layout != "auto" or model is not None:
         model = model or AnalyticCostModel(workload, topology, planner or default_planner())
+        if isinstance(model, AnalyticCostModel):
+            model.prepare(divisors(topology.world_size))
         candidates = tuple(model.estimate(L) for L in divisors(topology.world_size))
     else:
         candidates = _both_layouts(workload, topology, planner or default_planner())
@@ -77,8 +79,12 @@ def _both_layouts(
         AnalyticCostModel(dataclasses.replace(workload, replica_layout=layout), topology, planner)
         for layout in LAYOUTS
     ]
+    sizes = divisors(topology.world_size)
+    groups = [(L, models[0].host_ranks(L)) for L in sizes]
+    groups += [(L, models[1].host_ranks(L)) for L in sizes if L not in (1, topology.world_size)]
+    planner.prepare(workload, groups, models[0].topology.compute_device)  # both layouts at once
     out = []
-    for L in divisors(topology.world_size):
+    for L in sizes:
         if L in (1, topology.world_size):
             out.append(models[0].estimate(L))
             continue

@@ -1,26 +1,35 @@
 """``sparse2d plan``: the group-size advisor for a trainer config (no process group, no GPU).
 
 ``sparse2d plan --config C [--world-size N] [--topology NAME|FILE.yaml] [--set key=value]
-[--qcomm FWD[,BWD]] [--explain L] [--json] [--measure] [dotted.key=value ...]`` prints the cost table over
-every divisor ``L`` of the world size (each candidate's sharding types and terms) and the
-recommended ``parallel.sharding_group_size``; ``--explain L`` says term by term why ``L``
-loses; ``--json`` prints one object instead. Exit status 1 (with numbered fixes) when no
-``L`` fits device memory. ``--measure`` (under torchrun) runs the measured ``auto`` trial on
-the launched job instead: each shortlisted ``L`` built and timed, its table printed.
+[--qcomm FWD[,BWD]] [--explain L] [--json] [--jobs N] [--measure] [dotted.key=value ...]``
+prints the cost table over every divisor ``L`` of the world size (each candidate's sharding
+types and terms) and the recommended ``parallel.sharding_group_size``; ``--explain L`` says
+term by term why ``L`` loses; ``--json`` prints one object instead; ``--jobs N`` plans the
+candidates in ``N`` processes (the same plans, sooner). Exit status 1 (with numbered fixes)
+when no ``L`` fits device memory. ``--measure`` (under torchrun) runs the measured ``auto``
+trial on the launched job instead: each shortlisted ``L`` built and timed, its table printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
+from sparse2d.advisor.group_layout import TorchRecGroupPlanner
 from sparse2d.advisor.render import explain, format_table, to_json
 from sparse2d.advisor.search import advise, no_fit_message
 from sparse2d.advisor.topology import ClusterTopology, load_topology
 from sparse2d.errors import ConfigError
 from sparse2d.train.advisor_workload import workload_from_config
 from sparse2d.train.config import Config, load_config
+
+
+def default_jobs() -> int:
+    """Processes that plan the candidate ``L``: the cores this process may use, at most 4."""
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return max(1, min(4, len(usable) if usable is not None else os.cpu_count() or 1))
 
 
 def default_topology_name(cfg: Config) -> str:
@@ -53,6 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         help="all-to-all wire precision (fp32, fp16, bf16, fp8, int8), forward[,backward]",
     )
     parser.add_argument("--explain", type=int, metavar="L", help="why this L loses, term by term")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=default_jobs(),
+        metavar="N",
+        help="plan the candidate L in N processes (default: the usable cores, at most 4)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--measure",
@@ -70,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.world_size < 1:
             raise ConfigError(f"--world-size {args.world_size} must be >= 1.")
+        if args.jobs < 1:
+            raise ConfigError(f"--jobs {args.jobs} must be >= 1.")
         cfg = load_config(args.config, args.overrides)
         topology = topology_for(cfg, args.world_size, args.topology, args.set)
         workload = workload_from_config(cfg)
@@ -80,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             qcomm_forward=fwd,
             qcomm_backward=bwd or fwd,
         )
-        advice = advise(workload, topology)
+        advice = advise(workload, topology, TorchRecGroupPlanner(workers=args.jobs))
         text = to_json(advice) if args.json else format_table(advice)
         if args.explain is not None:
             text += "\n" + explain(advice, args.explain)
