@@ -10,7 +10,7 @@ TorchRec orders equally rated sharding types by Python's string hash, so the lab
 few candidates (table-wise vs a one-shard column-wise) vary with it and nothing else does.
 Writes the ``advisor_speed`` section of bench/RESULTS.md.
 
-    python bench/advisor_speed.py [--world-size 4096] [--repeat 2] [--before integ] [--no-write]
+    python bench/advisor_speed.py [--world-size 4096] [--repeat 2] [--before 09003e9] [--no-write]
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--world-size", type=int, default=4096)
     parser.add_argument("--repeat", type=int, default=2, help="runs per variant (best kept)")
-    parser.add_argument("--before", help="a git ref to measure first (e.g. integ)")
+    parser.add_argument("--before", help="a git ref to measure first (e.g. 09003e9)")
     parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
     args = parser.parse_args()
     result = measure(args)
