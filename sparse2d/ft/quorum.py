@@ -198,17 +198,23 @@ class QuorumLease:
         self, every: int, pg: Callable[[], Any], drop: Callable[[], None], timeout_s: float
     ) -> None:
         self.every, self._pg, self._drop = every, pg, drop
-        self.timeout = datetime.timedelta(seconds=timeout_s)
-        """How long the echo may take (``fault_tolerance.timeout_s``). Waited for explicitly:
-        gloo's own timeout did not end an echo whose peer's link was cut (no reset arrives),
-        which held one rank of a survivor group until the link came back while its other
-        rank waited for it in the next quorum (emulated cluster, a 60 s partition)."""
+        self.timeout_s = timeout_s
+        """How long the echo may take (``fault_tolerance.timeout_s``), counted from its start
+        (``after_vote``), not from the wait (``settle``). Waited for explicitly: gloo's own
+        timeout did not end an echo whose peer's link was cut (no reset arrives), which held
+        one rank of a survivor group until the link came back while its other rank waited
+        for it in the next quorum (emulated cluster, a 60 s partition). From its start: the
+        next step's all-reduce runs while the echo is in flight, and when a partition lands
+        there it fails after ``timeout_s`` first; a fresh ``timeout_s`` at the settle then
+        stalled the survivors ``2 x timeout_s`` (one deadline for both waits: ``timeout_s``
+        plus one step)."""
         self.regroup = True
         """Form a quorum at the next step (first step; a group failed, was lost or is behind)."""
         self.formed = 0
         """Quorums formed (torchft's quorum RPC), over the whole run."""
-        self._echo: tuple[Any, torch.Tensor, bool, int] | None = None
-        """The echo in flight: (work, flags, this group committed, groups in the quorum)."""
+        self._echo: tuple[Any, torch.Tensor, bool, int, float] | None = None
+        """The echo in flight: (work, flags, this group committed, groups in the quorum, its
+        deadline on ``time.monotonic()``)."""
 
     def reuses(self, started: bool, step: int) -> bool:
         """Whether the step that starts at committed step ``step`` keeps the last quorum
@@ -230,19 +236,28 @@ class QuorumLease:
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
         try:
-            self._echo = (self._pg().allreduce([flag], opts), flag, committed, participants)
+            work = self._pg().allreduce([flag], opts)
+            deadline = time.monotonic() + self.timeout_s
+            self._echo = (work, flag, committed, participants, deadline)
         except Exception:  # the process group went away after the vote (``_lost``)
             self._lost(committed)
 
     def settle(self) -> None:
-        """Wait for the echo in flight, if any: regroup next step unless every group committed
-        (a failed echo, a peer lost after the vote, regroups too)."""
+        """Wait for the echo in flight, if any, until its deadline (``timeout_s`` after it
+        started): regroup next step unless every group committed (a failed echo, a peer lost
+        after the vote or its link cut, regroups too)."""
         if self._echo is None:
             return
-        (work, flag, committed, participants), self._echo = self._echo, None
+        (work, flag, committed, participants, deadline), self._echo = self._echo, None
+        left_ms = int((deadline - time.monotonic()) * 1000)
         try:
-            work.wait(self.timeout)
-        except Exception:  # a peer lost after the vote, or its link cut (the wait's bound)
+            if left_ms > 0:
+                work.wait(datetime.timedelta(milliseconds=left_ms))
+            elif not work.is_completed():  # never ``wait(0)``: c10d reads 0 as "no timeout"
+                raise TimeoutError(f"commit echo not done {self.timeout_s:g} s after its start")
+            else:
+                work.wait()  # done: raises its error, if any
+        except Exception:  # a peer lost after the vote, or its link cut (the deadline)
             self._lost(committed)
             return
         self.regroup = not (committed and ECHO.read(flag, ranks=participants)["committed"])
