@@ -395,3 +395,53 @@ def test_a_partition_during_the_commit_echo_stalls_a_survivor_one_timeout(world2
     (stalled, dropped), _ = world2.run(check_echo_deadline, timeout_s)
     assert timeout_s * 0.9 < stalled < timeout_s * 1.4, stalled
     assert dropped == 1, dropped
+
+
+def _stalled_quorum(group: int, lighthouse: str, quorum_timeout_s: float, stall_s: float):
+    """This group's first quorum, with torchft's process-group setup stalled ``stall_s``
+    (as a setup toward a peer whose link was cut mid-quorum): ``(seconds in form, its error
+    line or None)``."""
+    import time
+
+    from sparse2d.errors import FaultToleranceError
+    from sparse2d.ft.ft_options import FTOptions
+    from sparse2d.ft.quorum import form, torchft_manager
+
+    options = FTOptions(
+        replica_id=group,
+        num_groups=1,
+        min_replica_size=1,
+        lighthouse=lighthouse,
+        timeout_s=10,
+        quorum_timeout_s=quorum_timeout_s,
+    )
+    pg, manager = torchft_manager(options, lambda state: None, lambda: {})
+    configure = pg.configure
+
+    def stalled_configure(*args, **kwargs):  # on torchft's quorum thread
+        time.sleep(stall_s)
+        return configure(*args, **kwargs)
+
+    pg.configure = stalled_configure
+    started = time.monotonic()
+    try:
+        form(manager, options)
+        error = None
+    except FaultToleranceError as stop:
+        error = str(stop)
+    return time.monotonic() - started, error
+
+
+def test_a_stalled_quorum_stops_the_group_within_quorum_timeout_s() -> None:
+    """torchft's ``wait_quorum`` has no timeout of its own: a quorum whose process-group
+    setup stalls is given up ``quorum_timeout_s`` after it started, with the one line of a
+    quorum that never formed (the group stops, torchrun restarts it, it heals), not when
+    the setup ends (30 s here)."""
+    lighthouse = start_lighthouse(min_replicas=1)
+    try:
+        out = run_groups(1, 1, _stalled_quorum, lighthouse.address(), 2.0, 30.0, timeout=120)
+    finally:
+        lighthouse.shutdown()
+    seconds, error = out[(0, 0)]
+    assert error is not None and "quorum_timeout_s=2 (TimeoutError" in error, error
+    assert 1.8 < seconds < 5.0, seconds

@@ -27,6 +27,7 @@ forward, and refused if it moves the data position of a batch the loop already r
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import logging
 import threading
@@ -364,4 +365,31 @@ def torchft_manager(
         replica_id=replica_id(options.replica_id, job),
         init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
     )
+    bound_quorum_wait(manager, options.quorum_timeout_s)
     return pg, manager
+
+
+def bound_quorum_wait(manager: Any, limit_s: float) -> None:
+    """Give torchft's ``Manager.wait_quorum`` a deadline: ``limit_s``
+    (``fault_tolerance.quorum_timeout_s``) from the quorum's start, for all of it.
+
+    torchft bounds the lighthouse RPC by ``quorum_timeout`` and each heal transfer by
+    ``timeout``, but its ``wait_quorum`` waits on the quorum thread's future with no timeout
+    of its own: a process-group setup or a heal that stalls there (a peer's link cut
+    mid-quorum) held the step without end. ``start_quorum`` calls ``wait_quorum`` right
+    after it starts the quorum thread, so the deadline is the RPC's own, and it covers the
+    setup and the heal as well; past it, ``form`` stops the group with one line, as a
+    quorum that never formed, and torchrun restarts it (it heals from the live groups)."""
+
+    def wait_quorum() -> None:
+        future = manager._quorum_future
+        if future is None:
+            raise RuntimeError("torchft's wait_quorum before start_quorum")
+        try:
+            future.result(timeout=limit_s)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"torchft's quorum (lighthouse, process group, heal) not done within {limit_s:g} s"
+            ) from None
+
+    manager.wait_quorum = wait_quorum
