@@ -376,7 +376,7 @@ def bound_quorum_wait(manager: Any, limit_s: float) -> None:
     torchft bounds the lighthouse RPC by ``quorum_timeout`` and each heal transfer by
     ``timeout``, but its ``wait_quorum`` waits on the quorum thread's future with no timeout
     of its own: a process-group setup or a heal that stalls there (a peer's link cut
-    mid-quorum) held the step without end. ``start_quorum`` calls ``wait_quorum`` right
+    mid-quorum) would hold the step without end. ``start_quorum`` calls ``wait_quorum`` right
     after it starts the quorum thread, so the deadline is the RPC's own, and it covers the
     setup and the heal as well; past it, ``form`` stops the group with one line, as a
     quorum that never formed, and torchrun restarts it (it heals from the live groups)."""
