@@ -43,6 +43,7 @@ import torch.nn as nn
 from sparse2d.errors import ConfigError, FaultToleranceError
 from sparse2d.ft.ft_options import FTOptions
 from sparse2d.ft.lighthouse import check_job, check_reachable, replica_id
+from sparse2d.ft.transport import wait_by
 from sparse2d.sync.ballot import Ballot, Flag, Meaning
 
 logger = logging.getLogger(__name__)
@@ -250,14 +251,8 @@ class QuorumLease:
         if self._echo is None:
             return
         (work, flag, committed, participants, deadline), self._echo = self._echo, None
-        left_ms = int((deadline - time.monotonic()) * 1000)
         try:
-            if left_ms > 0:
-                work.wait(datetime.timedelta(milliseconds=left_ms))
-            elif not work.is_completed():  # never ``wait(0)``: c10d reads 0 as "no timeout"
-                raise TimeoutError(f"commit echo not done {self.timeout_s:g} s after its start")
-            else:
-                work.wait()  # done: raises its error, if any
+            wait_by(work, deadline, "commit echo")
         except Exception:  # a peer lost after the vote, or its link cut (the deadline)
             self._lost(committed)
             return
