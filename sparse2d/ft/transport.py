@@ -240,7 +240,7 @@ class ManagedChannel:
         timer: the wait ends ``timeout_s`` after the start (``wait_by``)."""
         manager = self.manager
         if manager.errored() is not None:  # the step fails its vote: the result is not used
-            return _QuorumWork(manager, None, tensor, None)
+            return _QuorumWork(manager, None, tensor, None, 0.0)
         if not manager.is_participating():
             tensor.zero_()
         opts = dist.AllreduceOptions()
