@@ -339,3 +339,109 @@ def test_late_votes_under_the_lease_a_local_fault_costs_each_live_group_one_step
             assert [(h["from_group"], h["from_step"], h["step"]) for h in heals] == [(0, 5, 6)]
         else:
             assert heals == [] and got["restores"] == [], (g, r, s)
+
+
+ECHO_DONE_KEY = "test_ft_quorum/echo_deadline_done"
+
+
+def check_echo_deadline(timeout_s: float) -> tuple[float, int] | None:
+    """A partition lands while rank 0's commit echo is in flight: rank 1 (the cut group's
+    rank) sends nothing. The process group's gloo timeout (60 s) does not end the wait, as
+    it did not on a cut link; the next step's all-reduce, started on the same process group
+    with the echo in flight, fails after ``timeout_s`` (its bound on the emulated cluster),
+    and then the step settles the echo. Rank 0 returns (seconds from the echo's start to the
+    settle's end, process-group teardowns asked by the lease); rank 1, once rank 0 is done,
+    sends the echo and the step (the link is back) so that no gloo operation stays open."""
+    import datetime
+    import time
+
+    from sparse2d.ft.quorum import QuorumLease
+
+    cut = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=60))
+    store = dist.distributed_c10d._get_default_store()
+    dist.barrier()
+    out = None
+    if dist.get_rank() == 0:
+        dropped: list[float] = []
+        lease = QuorumLease(4, lambda: cut, lambda: dropped.append(time.monotonic()), timeout_s)
+        started = time.monotonic()
+        lease.after_vote(committed=True, pg_failed=False, participants=2)
+        step = cut.allreduce([torch.ones(1)])  # the next step's all-reduce, echo in flight
+        try:
+            step.wait(datetime.timedelta(seconds=timeout_s))
+            raise AssertionError("the step's all-reduce completed with its peer cut off")
+        except RuntimeError:
+            pass
+        lease.settle()  # the next step's start lands the echo
+        out = (time.monotonic() - started, len(dropped))
+        store.set(ECHO_DONE_KEY, "1")
+    else:
+        store.wait([ECHO_DONE_KEY], datetime.timedelta(seconds=120))
+        for work in [cut.allreduce([torch.ones(1)]) for _ in range(2)]:  # the echo, the step
+            work.wait()
+    dist.barrier()
+    if dist.get_rank() == 0:
+        store.delete_key(ECHO_DONE_KEY)
+    dist.destroy_process_group(cut)
+    return out
+
+
+def test_a_partition_during_the_commit_echo_stalls_a_survivor_one_timeout(world2) -> None:
+    """The echo's wait ends ``timeout_s`` after the echo started, not after the settle
+    began: a partition that lands with the echo in flight stalls a survivor for the step's
+    failed all-reduce (``timeout_s``) and no more (it was ``2 x timeout_s``, issue 64). The
+    echo counts as lost: the lease tears the process group down, the group regroups."""
+    timeout_s = 2.0
+    (stalled, dropped), _ = world2.run(check_echo_deadline, timeout_s)
+    assert timeout_s * 0.9 < stalled < timeout_s * 1.4, stalled
+    assert dropped == 1, dropped
+
+
+def _stalled_quorum(group: int, lighthouse: str, quorum_timeout_s: float, stall_s: float):
+    """This group's first quorum, with torchft's process-group setup stalled ``stall_s``
+    (as a setup toward a peer whose link was cut mid-quorum): ``(seconds in form, its error
+    line or None)``."""
+    import time
+
+    from sparse2d.errors import FaultToleranceError
+    from sparse2d.ft.ft_options import FTOptions
+    from sparse2d.ft.quorum import form, torchft_manager
+
+    options = FTOptions(
+        replica_id=group,
+        num_groups=1,
+        min_replica_size=1,
+        lighthouse=lighthouse,
+        timeout_s=10,
+        quorum_timeout_s=quorum_timeout_s,
+    )
+    pg, manager = torchft_manager(options, lambda state: None, lambda: {})
+    configure = pg.configure
+
+    def stalled_configure(*args, **kwargs):  # on torchft's quorum thread
+        time.sleep(stall_s)
+        return configure(*args, **kwargs)
+
+    pg.configure = stalled_configure
+    started = time.monotonic()
+    try:
+        form(manager, options)
+        error = None
+    except FaultToleranceError as stop:
+        error = str(stop)
+    return time.monotonic() - started, error
+
+
+def test_a_stalled_quorum_stops_the_group_within_quorum_timeout_s() -> None:
+    """torchft's ``wait_quorum`` has no timeout of its own: a quorum whose process-group
+    setup stalls is given up ``quorum_timeout_s`` after it started, with the one line of a
+    quorum that never formed (the group stops, torchrun restarts it, it heals), not when
+    the setup ends (30 s here)."""
+    lighthouse = start_lighthouse(min_replicas=1)
+    try:
+        out = run_groups(1, 1, _stalled_quorum, lighthouse.address(), 2.0, 30.0, timeout=120)
+    finally:
+        lighthouse.shutdown()
+    seconds, error = out[(0, 0)]
+    assert error is not None and "quorum_timeout_s=2 (TimeoutError" in error, error
+    assert 1.8 < seconds < 5.0, seconds

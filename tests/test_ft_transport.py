@@ -1,11 +1,19 @@
 """``SendArena``: the sync's copies are gathered into the step's send buffer and sent where
-they are; anything it cannot place exactly goes through a fresh buffer (the caller's)."""
+they are; anything it cannot place exactly goes through a fresh buffer (the caller's).
+``ManagedChannel``: a cross-group all-reduce whose peer went silent ends ``timeout_s`` after
+it started."""
 
 from __future__ import annotations
 
+import datetime
+import time
+from pathlib import Path
+
 import torch
 
+from sparse2d.ft.lighthouse import start_lighthouse
 from sparse2d.ft.transport import SendArena
+from tests.ft_groups import run_groups
 
 CPU = torch.device("cpu")
 
@@ -75,3 +83,64 @@ def test_a_step_without_copies_sends_its_tail_from_the_buffer() -> None:
     _step(arena, [6], grads)
     placed = arena.place(grads)
     assert placed is not None and placed[1] == 0 and placed[0].numel() == 8
+
+
+def _silent_peer(group: int, lighthouse: str, timeout_s: float, done: str):
+    """Two groups of one rank form a real quorum; then group 1 goes silent (its link cut) and
+    group 0 averages a tensor over the channel. The process group's gloo timeout is 60 s: it
+    does not fire within the test, as it did not on a cut link. Group 0 returns (seconds the
+    all-reduce held it, whether its manager saw the error) once it wrote ``done`` and group
+    1, which waited for it, sent its side (the link is back): no gloo operation stays open."""
+    from sparse2d.ft.ft_options import FTOptions
+    from sparse2d.ft.quorum import form, torchft_manager
+    from sparse2d.ft.transport import ManagedChannel
+
+    options = FTOptions(
+        replica_id=group,
+        num_groups=2,
+        min_replica_size=2,
+        lighthouse=lighthouse,
+        timeout_s=timeout_s,
+        quorum_timeout_s=60,
+    )
+    pg, manager = torchft_manager(options, lambda state: None, lambda: {})
+    pg.set_timeout(datetime.timedelta(seconds=60))  # the process group's own, at its setup
+    participants = form(manager, options)
+    channel = ManagedChannel(manager, pg, lambda: participants, timeout_s)
+    healthy = torch.full((4,), float(group))
+    channel.start_tensors([healthy])()  # both groups: the channel averages
+    assert torch.equal(healthy, torch.full((4,), 0.5)) and manager.errored() is None
+    if group == 1:
+        _wait_for(Path(done))
+        pg.allreduce([torch.ones(4)], torch.distributed.AllreduceOptions()).wait()
+        Path(done + ".back").touch()
+        return None
+    started = time.monotonic()
+    channel.start_tensors([torch.ones(4)])()
+    out = time.monotonic() - started, manager.errored() is not None
+    Path(done).touch()
+    _wait_for(Path(done + ".back"))  # group 1's side landed before this process exits
+    return out
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 90
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_an_all_reduce_whose_peer_went_silent_ends_timeout_s_after_its_start(tmp_path) -> None:
+    """The step's cross-group all-reduce is given up ``timeout_s`` after it started and the
+    error goes to torchft's manager (the step fails its vote), whatever the process group's
+    own timeout does: on the emulated cluster a 30 s partition held it until the link was
+    back (issue 64)."""
+    timeout_s = 2.0
+    lighthouse = start_lighthouse(min_replicas=2)
+    try:
+        args = (lighthouse.address(), timeout_s, str(tmp_path / "done"))
+        out = run_groups(2, 1, _silent_peer, *args, timeout=150)
+    finally:
+        lighthouse.shutdown()
+    seconds, errored = out[(0, 0)]
+    assert errored
+    assert timeout_s * 0.9 < seconds < timeout_s * 1.5, seconds

@@ -2,10 +2,13 @@
 
 Timeouts (seconds) and why they default where they do, on CPU/gloo:
 
-- ``timeout_s``: the cross-group all-reduce, ``should_commit`` and the heal transfer. A
-  peer killed by SIGKILL resets its sockets at once, so this bounds only a peer that hangs.
+- ``timeout_s``: the cross-group all-reduce, ``should_commit``, the heal transfer and the
+  commit echo (counted from the echo's start, so a step and the echo after it share one
+  ``timeout_s``). A peer killed by SIGKILL resets its sockets at once, so this bounds only a
+  peer that hangs or whose link was cut.
 - ``quorum_timeout_s``: how long a group waits for a quorum of ``min_replica_size`` groups
-  before it stops with ``FaultToleranceError`` (covers "quorum below min_replica_size").
+  before it stops with ``FaultToleranceError`` (covers "quorum below min_replica_size"); the
+  whole quorum (lighthouse, process-group setup, heal) ends within it.
 - ``connect_timeout_s``: reaching the lighthouse and the group's manager server.
 - The lighthouse's ``heartbeat_timeout_ms`` (``sparse2d.ft.lighthouse``) bounds the survivors'
   stall after a whole group is lost: the quorum waits until the lost group stops heartbeating.
@@ -45,7 +48,8 @@ class FTOptions:
     timeout_s: float = 30.0
     """Cross-group collectives, commit vote and heal transfer."""
     quorum_timeout_s: float = 60.0
-    """Wait for a quorum of ``min_replica_size`` groups at most this long, then fail."""
+    """Wait for a quorum of ``min_replica_size`` groups (its setup and heal included) at most
+    this long, then fail."""
     connect_timeout_s: float = 10.0
     """Reaching the lighthouse / the group's manager server."""
     start_wait_s: float = 30.0

@@ -27,6 +27,7 @@ forward, and refused if it moves the data position of a batch the loop already r
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import logging
 import threading
@@ -42,6 +43,7 @@ import torch.nn as nn
 from sparse2d.errors import ConfigError, FaultToleranceError
 from sparse2d.ft.ft_options import FTOptions
 from sparse2d.ft.lighthouse import check_job, check_reachable, replica_id
+from sparse2d.ft.transport import wait_by
 from sparse2d.sync.ballot import Ballot, Flag, Meaning
 
 logger = logging.getLogger(__name__)
@@ -198,17 +200,23 @@ class QuorumLease:
         self, every: int, pg: Callable[[], Any], drop: Callable[[], None], timeout_s: float
     ) -> None:
         self.every, self._pg, self._drop = every, pg, drop
-        self.timeout = datetime.timedelta(seconds=timeout_s)
-        """How long the echo may take (``fault_tolerance.timeout_s``). Waited for explicitly:
-        gloo's own timeout did not end an echo whose peer's link was cut (no reset arrives),
-        which held one rank of a survivor group until the link came back while its other
-        rank waited for it in the next quorum (emulated cluster, a 60 s partition)."""
+        self.timeout_s = timeout_s
+        """How long the echo may take (``fault_tolerance.timeout_s``), counted from its start
+        (``after_vote``), not from the wait (``settle``). Waited for explicitly: gloo's own
+        timeout did not end an echo whose peer's link was cut (no reset arrives), which held
+        one rank of a survivor group until the link came back while its other rank waited
+        for it in the next quorum (emulated cluster, a 60 s partition). From its start: the
+        next step's all-reduce runs while the echo is in flight, and when a partition lands
+        there it fails after ``timeout_s`` first; a fresh ``timeout_s`` at the settle then
+        stalled the survivors ``2 x timeout_s`` (one deadline for both waits: ``timeout_s``
+        plus one step)."""
         self.regroup = True
         """Form a quorum at the next step (first step; a group failed, was lost or is behind)."""
         self.formed = 0
         """Quorums formed (torchft's quorum RPC), over the whole run."""
-        self._echo: tuple[Any, torch.Tensor, bool, int] | None = None
-        """The echo in flight: (work, flags, this group committed, groups in the quorum)."""
+        self._echo: tuple[Any, torch.Tensor, bool, int, float] | None = None
+        """The echo in flight: (work, flags, this group committed, groups in the quorum, its
+        deadline on ``time.monotonic()``)."""
 
     def reuses(self, started: bool, step: int) -> bool:
         """Whether the step that starts at committed step ``step`` keeps the last quorum
@@ -230,19 +238,22 @@ class QuorumLease:
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
         try:
-            self._echo = (self._pg().allreduce([flag], opts), flag, committed, participants)
+            work = self._pg().allreduce([flag], opts)
+            deadline = time.monotonic() + self.timeout_s
+            self._echo = (work, flag, committed, participants, deadline)
         except Exception:  # the process group went away after the vote (``_lost``)
             self._lost(committed)
 
     def settle(self) -> None:
-        """Wait for the echo in flight, if any: regroup next step unless every group committed
-        (a failed echo, a peer lost after the vote, regroups too)."""
+        """Wait for the echo in flight, if any, until its deadline (``timeout_s`` after it
+        started): regroup next step unless every group committed (a failed echo, a peer lost
+        after the vote or its link cut, regroups too)."""
         if self._echo is None:
             return
-        (work, flag, committed, participants), self._echo = self._echo, None
+        (work, flag, committed, participants, deadline), self._echo = self._echo, None
         try:
-            work.wait(self.timeout)
-        except Exception:  # a peer lost after the vote, or its link cut (the wait's bound)
+            wait_by(work, deadline, "commit echo")
+        except Exception:  # a peer lost after the vote, or its link cut (the deadline)
             self._lost(committed)
             return
         self.regroup = not (committed and ECHO.read(flag, ranks=participants)["committed"])
@@ -349,4 +360,31 @@ def torchft_manager(
         replica_id=replica_id(options.replica_id, job),
         init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
     )
+    bound_quorum_wait(manager, options.quorum_timeout_s)
     return pg, manager
+
+
+def bound_quorum_wait(manager: Any, limit_s: float) -> None:
+    """Give torchft's ``Manager.wait_quorum`` a deadline: ``limit_s``
+    (``fault_tolerance.quorum_timeout_s``) from the quorum's start, for all of it.
+
+    torchft bounds the lighthouse RPC by ``quorum_timeout`` and each heal transfer by
+    ``timeout``, but its ``wait_quorum`` waits on the quorum thread's future with no timeout
+    of its own: a process-group setup or a heal that stalls there (a peer's link cut
+    mid-quorum) would hold the step without end. ``start_quorum`` calls ``wait_quorum`` right
+    after it starts the quorum thread, so the deadline is the RPC's own, and it covers the
+    setup and the heal as well; past it, ``form`` stops the group with one line, as a
+    quorum that never formed, and torchrun restarts it (it heals from the live groups)."""
+
+    def wait_quorum() -> None:
+        future = manager._quorum_future
+        if future is None:
+            raise RuntimeError("torchft's wait_quorum before start_quorum")
+        try:
+            future.result(timeout=limit_s)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"torchft's quorum (lighthouse, process group, heal) not done within {limit_s:g} s"
+            ) from None
+
+    manager.wait_quorum = wait_quorum

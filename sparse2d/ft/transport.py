@@ -23,6 +23,8 @@ payload not built by the engine) is sent through a fresh flat buffer as before.
 
 from __future__ import annotations
 
+import datetime
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,8 +46,12 @@ class ManagedChannel:
     """Handed parts wait for the step's vote (``commit`` or ``discard``)."""
     members_change = True
 
-    def __init__(self, manager: Any, quorum_pg: Any, participants: Callable[[], int]) -> None:
+    def __init__(
+        self, manager: Any, quorum_pg: Any, participants: Callable[[], int], timeout_s: float
+    ) -> None:
         self.manager = manager
+        self.timeout_s = timeout_s
+        """Each collective's deadline from its start (``fault_tolerance.timeout_s``; ``wait_by``)."""
         self._participants = participants
         """Groups in the current quorum (``FaultTolerance.participants``: read from torchft
         once per quorum)."""
@@ -231,10 +237,10 @@ class ManagedChannel:
         over the quorum, on torchft's process group itself. What ``Manager.allreduce`` does
         (no collective after an error, zeros from a group not participating, an error
         reported to the manager, never raised), without its per-call future chain and timeout
-        timer: the process group's own timeout bounds a wait."""
+        timer: the wait ends ``timeout_s`` after the start (``wait_by``)."""
         manager = self.manager
         if manager.errored() is not None:  # the step fails its vote: the result is not used
-            return _QuorumWork(manager, None, tensor, None)
+            return _QuorumWork(manager, None, tensor, None, 0.0)
         if not manager.is_participating():
             tensor.zero_()
         opts = dist.AllreduceOptions()
@@ -245,21 +251,41 @@ class ManagedChannel:
         except Exception as error:
             manager.report_error(error)
             work = None
-        return _QuorumWork(manager, work, tensor, divisor)
+        return _QuorumWork(manager, work, tensor, divisor, time.monotonic() + self.timeout_s)
+
+
+def wait_by(work: Any, deadline: float, what: str) -> None:
+    """``work.wait()``, given up at ``deadline`` (``time.monotonic()``) with ``TimeoutError``.
+
+    Explicit: gloo's own timeout did not end a collective whose peer's link was cut (no reset
+    arrives); on the emulated cluster a 30 s partition held the survivors' step all-reduce
+    until the link was back (33 s with ``timeout_s=20``). Never ``wait(0)``: c10d reads a
+    0 timeout as "none"."""
+    left_ms = int((deadline - time.monotonic()) * 1000)
+    if left_ms > 0:
+        work.wait(datetime.timedelta(milliseconds=left_ms))
+    elif not work.is_completed():
+        raise TimeoutError(f"{what} not done by its deadline")
+    else:
+        work.wait()  # done: raises its error, if any
 
 
 class _QuorumWork:
     """A started quorum all-reduce; ``wait`` reports an error to the manager, never raises."""
 
-    def __init__(self, manager: Any, work: Any, tensor: torch.Tensor, divisor: int | None) -> None:
+    def __init__(
+        self, manager: Any, work: Any, tensor: torch.Tensor, divisor: int | None, deadline: float
+    ) -> None:
         self.manager, self.work, self.tensor, self.divisor = manager, work, tensor, divisor
+        self.deadline = deadline
+        """``timeout_s`` after the all-reduce started, on ``time.monotonic()``."""
 
     def wait(self) -> bool:
         if self.work is None:
             return True
         work, self.work = self.work, None
         try:
-            work.wait()
+            wait_by(work, self.deadline, "cross-group all-reduce")
         except Exception as error:
             self.manager.report_error(error)
             return True
