@@ -220,8 +220,6 @@ class SyncPolicy:
         """Delayed optimizer state: lands at the next sync (or an explicit finish)."""
         self.hidden_wait = 0.0
         """Seconds the last hidden sync waited when it landed; reported by the next sync."""
-        self.lookahead = False
-        """Set by ``look_ahead`` (an early-lookup pipeline drives the model)."""
         self._sampler: DivergenceSampler | None = None
         self._syncs = 0
         self._exposed = 0.0
@@ -372,7 +370,6 @@ class SyncPolicy:
         """A pipeline looks up the next batch before this batch's sync and applies the
         embedding update later (TorchRec's ``TrainPipelineSemiSync``): touched-row engines
         keep those rows pending one more sync."""
-        self.lookahead = True
         if hasattr(self.engine, "lookahead"):
             self.engine.lookahead = True
 
