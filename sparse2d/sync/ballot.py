@@ -1,8 +1,7 @@
 """A ballot: named flags that every rank fills in and one SUM all-reduce totals.
 
-Everything in sparse2d that makes ranks agree on a few flags is a ``Ballot``: the NaN/inf
-guard of a sync (``sync.guard``); the same vote and a fold's "I folded" riding DDP's last
-gradient bucket (``sync.ddp.carried_vote``); a fault-tolerant step's control vector
+Every vote in sparse2d of several flags, or carried by another all-reduce, is a ``Ballot``
+(a sync's own NaN/inf vote is one int, summed by ``sync.guard``): a fault-tolerant step's control vector
 (fingerprint bytes and the NaN/inf flag in the cross-group average), its group's commit vote
 (``ft.step_vote``) and the commit echo across groups (``ft.quorum``); FULLY_SHARDED's votes
 (a kernel's NaN/inf over its replicas, the step's job-wide check, "written" per buffer and
@@ -12,8 +11,8 @@ the carrier sends, is carried by an all-reduce of its own (``Ballot.start``, sev
 in one: ``start_each``) or appended to one that is sent anyway (``Ballot.encode(out=...)``:
 no collective of its own), and is read back once (one ``tolist``) into a ``Tally``.
 
-Why SUM: it is the reduction every carrier runs (DDP sums gradients; torchft averages, a sum
-divided by the participants, which ``scale`` undoes), and a sum answers every meaning: some
+Why SUM: it is the reduction every carrier runs (torchft averages, a sum divided by the
+participants, which ``scale`` undoes), and a sum answers every meaning: some
 rank set the flag (> 0), every rank did (== ranks), or the total itself (a count, or bytes
 that must add up, as the fingerprint's).
 """

@@ -63,8 +63,7 @@ def bad_tables(shards: Sequence[ShardState], weights: bool, states: bool) -> lis
 
 
 class FiniteGuard:
-    """Checks sync payloads for NaN/inf and makes every rank of ``global_pg`` agree (a sync
-    whose vote rode DDP reads it with ``Verdict`` alone)."""
+    """Checks sync payloads for NaN/inf and makes every rank of ``global_pg`` agree."""
 
     def __init__(self, shards: Sequence[ShardState], global_pg: dist.ProcessGroup) -> None:
         self.shards = list(shards)
