@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparse2d.advisor.workload import TableLoad, Workload
-from sparse2d.errors import PlanError
+from sparse2d.errors import ConfigError, PlanError
 
 PROPOSAL = "planner"
 """The one layout per ``L``: the plan ``DMPCollection`` would build."""
@@ -102,7 +102,9 @@ class TorchRecGroupPlanner(GroupLayoutPlanner):
 
     def __init__(self, workers: int = 1) -> None:
         if workers < 1:
-            raise ValueError(f"workers={workers} must be >= 1")
+            raise ConfigError(
+                f"workers={workers} must be >= 1 (processes planning the candidate L; 1 = this one)"
+            )
         self.workers = workers
         self._cache: dict[tuple[object, ...], list[GroupLayout]] = {}
         self._modules: dict[tuple[object, ...], tuple[Any, dict[str, Any]]] = {}
