@@ -6,8 +6,8 @@ step. With ``defer`` the landing waits for the model's next forward, so the vote
 skew between the group's ranks) overlaps the pipeline's next input all-to-all and data
 instead of blocking ``step()``. The sync's blocking parts wait in the step's channel
 (``sparse2d.ft.transport.ManagedChannel``: held, never written into the live shards) until
-``land`` commits (writes them back) or discards (drops them) the step. Every rank of a group decides alike
-when to land: a quorum's step, the job's last step and a step whose sync failed land at
+``land`` commits (writes them back) or discards (drops them) the step. Every rank of a group
+decides alike when to land: a quorum's step, the job's last step and a step whose sync failed land at
 once, and a step never starts a quorum with a vote pending (a heal's capture reads the
 committed state). A step whose vote fails when it lands late was followed by one that kept
 the last quorum: this group sends that step's all-reduce anyway (its managers' error

@@ -1,8 +1,8 @@
 """A ballot: named flags that every rank fills in and one SUM all-reduce totals.
 
 Every vote in sparse2d of several flags, or carried by another all-reduce, is a ``Ballot``
-(a sync's own NaN/inf vote is one int, summed by ``sync.guard``): a fault-tolerant step's control vector
-(fingerprint bytes and the NaN/inf flag in the cross-group average), its group's commit vote
+(a sync's own NaN/inf vote is one int, summed by ``sync.guard``): a fault-tolerant step's
+control vector (fingerprint bytes and the NaN/inf flag in the cross-group average), its group's commit vote
 (``ft.step_vote``) and the commit echo across groups (``ft.quorum``); FULLY_SHARDED's votes
 (a kernel's NaN/inf over its replicas, the step's job-wide check, "written" per buffer and
 "same on every replica" at a settle: ``core.fully_sharded``); and checkpoint load's (files

@@ -3,8 +3,8 @@
 Averaging spreads a non-finite value to every replica of its group (and, through
 the next checkpoint, to every later run). Before a sync sends anything, each
 rank scans the payload it would send, and the whole job agrees on the result
-with one small all-reduce over the *global* group: one flag per rank, summed. If any rank is bad, every rank of the job (not
-only the affected replica group, whose peers would otherwise wait in their next collective)
+with one small all-reduce over the *global* group: one flag per rank, summed. If any rank is
+bad, every rank of the job (not only the affected replica group, whose peers would otherwise wait in their next collective)
 raises ``SyncError`` naming the tables and global ranks, and no averaged value
 has been written back.
 

@@ -50,8 +50,8 @@ __all__ = ["InFlight", "SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 class InFlight:
     """One started part of a sync: started -> landed | dropped.
 
-    ``land`` waits for the sync's NaN/inf vote and its average, writes it back into the live shards (with delayed
-    state's delta correction: ``avg(sent) + (live_now - sent)``, so updates made while the
+    ``land`` waits for the sync's NaN/inf vote and its average, writes it back into the live
+    shards (with delayed state's delta correction: ``avg(sent) + (live_now - sent)``, so updates made while the
     average was in flight survive) and runs ``landed``. ``drop`` waits without writing
     anything: every replica keeps its own values. Landing twice does nothing; landing a
     dropped part or dropping a landed one is a caller's bug (``RuntimeError``).
@@ -203,8 +203,8 @@ class SyncPolicy:
         self.channel: Channel = channel or InWorldChannel(replica_pg)
         self.shards = shards
         self.mc = mc
-        """Managed-collision tables (``sparse2d.managed_collision``): identities merged, rows averaged by id,
-        blocking at every sync; ``shards`` holds the plain tables only."""
+        """Managed-collision tables (``sparse2d.managed_collision``): identities merged, rows
+        averaged by id, blocking at every sync; ``shards`` holds the plain tables only."""
         self.replica_pg = replica_pg
         self.num_replicas = num_replicas
         self.hook = hook
@@ -228,7 +228,8 @@ class SyncPolicy:
 
     # ---- the spine ---------------------------------------------------------------------
     def step(self, step: int) -> SyncReport | None:
-        """Call after optimizer step ``step`` (0-based); syncs when ``step + 1`` is a multiple of N."""
+        """Call after optimizer step ``step`` (0-based); syncs when ``step + 1`` is a multiple
+        of N."""
         opts = self.options
         if (step + 1) % opts.every != 0:
             return None
@@ -303,7 +304,8 @@ class SyncPolicy:
     def _sync_mc(self, step: int) -> int:
         """Managed-collision tables first, blocking: a job-wide NaN/inf vote on every table
         (plain ones too, so nothing moves if any is bad), then identities merged and rows
-        averaged by id (``sparse2d.managed_collision``), handed to the channel like any blocking part."""
+        averaged by id (``sparse2d.managed_collision``), handed to the channel like any
+        blocking part."""
         mc = self.mc
         with torch.no_grad():
             if self.guard is not None:
