@@ -105,11 +105,11 @@ ip link add "$BRIDGE" type bridge 2>/dev/null \
 ip addr add "$BRIDGE_ADDR/24" dev "$BRIDGE"
 ip link set "$BRIDGE" up
 LINK_BITS=$("$PYTHON" -m sparse2d.train.emulated_topology bits "$LINK") || exit 2
-shape() {  # shape <netns or ""> <interface>: tbf at LINK on the interface's egress
+shape() {  # shape <netns or ""> <interface>: up, and tbf at LINK on its egress (LINK=none: up only)
+  ip ${1:+-n "$1"} link set "$2" up
   [[ "$LINK" == none ]] && return 0
   local burst=$(( LINK_BITS / 8 / 100 ))  # 10 ms at the rate, at least 64 KiB (a GSO segment)
   (( burst < 65536 )) && burst=65536
-  ip ${1:+-n "$1"} link set "$2" up
   tc ${1:+-n "$1"} qdisc replace dev "$2" root tbf rate "$LINK" burst "$burst" latency 50ms \
     || refuse "tc could not shape $2 to $LINK (no tbf qdisc support?)"
 }
