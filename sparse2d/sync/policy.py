@@ -43,6 +43,7 @@ from sparse2d.sync.engines.base import Payload, SyncEngine
 from sparse2d.sync.guard import FiniteGuard, Verdict
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState, live_tensors
+from sparse2d.sync.stream import RowSpan, span_payload, split_rows
 
 __all__ = ["InFlight", "SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 
@@ -220,6 +221,9 @@ class SyncPolicy:
         """Delayed optimizer state: lands at the next sync (or an explicit finish)."""
         self.hidden_wait = 0.0
         """Seconds the last hidden sync waited when it landed; reported by the next sync."""
+        self.fragments = split_rows(shards, opts.every) if opts.stream and opts.every > 1 else None
+        """Streamed (``stream``, ``every`` > 1): the rows cut in ``every`` fragments, fragment
+        ``step % every`` averaged after each step (``sync.stream``)."""
         self._sampler: DivergenceSampler | None = None
         self._syncs = 0
         self._exposed = 0.0
@@ -231,22 +235,30 @@ class SyncPolicy:
         """Call after optimizer step ``step`` (0-based); syncs when ``step + 1`` is a multiple
         of N."""
         opts = self.options
-        if (step + 1) % opts.every != 0:
+        fragment = step % opts.every if self.fragments is not None else None
+        if fragment is None and (step + 1) % opts.every != 0:
             return None
         return self._sync(
             step,
             states=opts.include_optimizer_state,
             delayed=opts.delayed_optimizer_state,
             hide=opts.hide,
+            fragment=fragment,
         )
 
     def sync_now(self, step: int = -1, include_optimizer_state: bool = True) -> SyncReport:
         """Average replicas now, regardless of cadence; blocking, replicas identical after."""
         return self._sync(step, states=include_optimizer_state, delayed=False, hide=False)
 
-    def _sync(self, step: int, *, states: bool, delayed: bool, hide: bool) -> SyncReport:
+    def _sync(
+        self, step: int, *, states: bool, delayed: bool, hide: bool, fragment: int | None = None
+    ) -> SyncReport:
         """Land what is in flight, then: divergence (when due), managed-collision tables, the
-        payloads, the NaN/inf vote, the averages started, each part placed where it lands."""
+        payloads, the NaN/inf vote, the averages started, each part placed where it lands.
+
+        ``fragment``: a streamed sync of that fragment's rows only. Hidden, it runs behind the
+        whole next step and lands at the next sync with delta correction (rows updated
+        meanwhile keep their updates, as delayed state's do); else it lands at once."""
         began = time.perf_counter()
         waited = self.finish()
         waited, self.hidden_wait = waited + self.hidden_wait, 0.0
@@ -255,19 +267,30 @@ class SyncPolicy:
         self._syncs += 1
         every = self.options.divergence_every
         divergence = self.measure_divergence() if every and self._syncs % every == 0 else None
-        sent = self._sync_mc(step) if self.mc is not None else 0
-        if self.shards:
+        # managed-collision tables merge every identity at once: under a stream, at the
+        # interval's last step (where a burst would sync them)
+        whole = fragment is None or fragment == self.options.every - 1
+        sent = self._sync_mc(step) if self.mc is not None and whole else 0
+        spans = None if fragment is None or self.fragments is None else self.fragments[fragment]
+        if spans is not None:  # the fragment's rows, behind the next step when hidden
+            delayed, hide = hide, False
+            parts = [(True, states, delayed)]
+        if self.shards and (spans is None or spans):
             # (weights, states, lands in the background): one payload for both kinds unless
             # the state is delayed (it lands at the next sync, with delta correction).
-            parts = [(True, states, False)]
-            if states and delayed:
-                parts = [(True, False, False), (False, True, True)]
-            hide = hide and not delayed
+            if spans is None:
+                parts = [(True, states, False)]
+                if states and delayed:
+                    parts = [(True, False, False), (False, True, True)]
+                hide = hide and not delayed
             copies = self.channel.keeps or delayed  # else payloads may be live views
             built = time.perf_counter()
             with torch.no_grad():  # every payload before any transfer: the guard sees them all
                 payloads = []
                 for weights, kinds, _ in parts:
+                    if spans is not None:
+                        payloads.append(span_payload(self.shards, spans, kinds, self.engine.pool))
+                        continue
                     payloads.append(self.engine.payload(weights, kinds, in_place=not copies))
             verdict = None
             if self.guard is not None:  # the job-wide NaN/inf vote on everything sent
@@ -289,10 +312,11 @@ class SyncPolicy:
                 sent += stats.metadata_bytes if stats is not None else 0
                 if background or hide:  # tracking restarts now: later updates are the next delta
                     self.engine.synced(weights=weights, states=kinds)
-                    part.landed = self._scale if kinds and self.scaler is not None else None
+                    scale = kinds and self.scaler is not None
+                    part.landed = (lambda r=spans: self._scale(r)) if scale else None
                     (self.background if background else self.hidden).append(part)
                     continue
-                part.landed = lambda w=weights, k=kinds: self._landed(w, k)
+                part.landed = lambda w=weights, k=kinds, r=spans: self._landed(w, k, r)
                 self.channel.hand(part)
             exposed = time.perf_counter() - built
             if self.hidden:
@@ -316,17 +340,19 @@ class SyncPolicy:
         self.channel.hand(InFlight([], written, dropped=self.engine.diverged))
         return sent
 
-    def _landed(self, weights: bool, states: bool) -> None:
+    def _landed(self, weights: bool, states: bool, spans: list[RowSpan] | None) -> None:
         """What landing a blocking part does: rows in sync, accumulators scaled."""
         self.engine.synced(weights=weights, states=states)
         if self.scaler is not None and self.channel.size is not None:
             self.scaler.factor = float(self.channel.size)  # c = the replicas averaged
         if states:
-            self._scale()
+            self._scale(spans)
 
-    def _scale(self) -> None:
+    def _scale(self, spans: list[RowSpan] | None = None) -> None:
+        """Scale the accumulators' growth: every row, or a streamed fragment's rows."""
         if self.scaler is not None:
-            self.scaler.apply()
+            rows = None if spans is None else {id(self.shards[s.shard]): s for s in spans}
+            self.scaler.apply(rows)
 
     # ---- landing -----------------------------------------------------------------------
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
