@@ -145,3 +145,43 @@ def test_a_stream_equals_its_semantics_by_hand(
 ) -> None:
     for diffs in world4.run(check_stream_against_hand, every, hide, momentum):
         assert max(diffs) == 0.0
+
+
+def check_save_under_a_stream(root: str) -> list[float]:
+    """Mid-stream the replicas differ; ``checkpoint.save`` averages every row first, so the
+    copy written is the replicas' average, and a fresh model loads exactly that."""
+    from sparse2d import DMPCollection, checkpoint
+    from tests.models import SPARSE_SYNC_TABLES, build_model, constraints_for, train
+    from tests.test_sync_engines_sparse import OPTIMIZERS
+
+    def model() -> DMPCollection:
+        cls, kwargs = OPTIMIZERS["rowwise_adagrad"]
+        module = build_model(SPARSE_SYNC_TABLES, optimizer=cls, **kwargs)
+        options = SyncOptions(every=3, stream=True)
+        return DMPCollection(
+            module,
+            2,
+            device="cpu",
+            constraints=constraints_for(SPARSE_SYNC_TABLES),
+            sync_options=options,
+        )
+
+    streamed = model()
+    train(streamed, SPARSE_SYNC_TABLES, 4, after_step=streamed.maybe_sync)
+    streamed.finish_sync()
+    average = _average(_live(streamed), streamed.replica_pg)
+    apart = max(float((a - b).abs().max()) for a, b in zip(_live(streamed), average))
+    checkpoint.save(root, streamed, step=4)
+    after = max(float((a - b).abs().max()) for a, b in zip(_live(streamed), average))
+    fresh = model()
+    checkpoint.load(root, fresh)
+    loaded = max(float((a - b).abs().max()) for a, b in zip(_live(fresh), average))
+    for m in (streamed, fresh):
+        m.close()
+    return [apart, after, loaded]
+
+
+def test_a_save_under_a_stream_writes_the_replicas_average(world4, tmp_path) -> None:
+    for apart, after, loaded in world4.run(check_save_under_a_stream, str(tmp_path)):
+        assert apart > 0  # mid-stream the replicas differ ...
+        assert after < 1e-6 and loaded < 1e-6  # ... the save writes (and leaves) their average
