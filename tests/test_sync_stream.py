@@ -83,9 +83,7 @@ def check_stream_against_hand(every: int, hide: bool, momentum: bool) -> list[fl
 
     streamed, by_hand = (_model(SPARSE_SYNC_TABLES, "rowwise_adagrad") for _ in range(2))
     options = SyncOptions(every=every, hide=hide, stream=True, momentum_scaling=momentum)
-    policy = SyncPolicy(
-        streamed.shard_states, streamed.replica_pg, streamed.num_replicas, options
-    )
+    policy = SyncPolicy(streamed.shard_states, streamed.replica_pg, streamed.num_replicas, options)
     train(streamed, SPARSE_SYNC_TABLES, STEPS, after_step=policy.step)
     policy.finish()
 
