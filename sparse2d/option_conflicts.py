@@ -224,14 +224,6 @@ RULES: tuple[Rule, ...] = (
         "enable {sync.include_optimizer_state} or drop {sync.momentum_scaling}",
     ),
     Rule(
-        ("stream", "sparse_engine"),
-        ("sync.stream", "sync.engine"),
-        lambda s: s["sync.stream"] and s["sync.engine"] != "dense",
-        "a streamed fragment sends every one of its rows: touched rows are tracked against "
-        "one sync of every row, which a stream never runs (per-fragment tracking is not built)",
-        "use {sync.engine}='dense' or drop {sync.stream}",
-    ),
-    Rule(
         ("stream", "delayed_state"),
         ("sync.stream", "sync.delayed_optimizer_state"),
         lambda s: s["sync.stream"] and s["sync.delayed_optimizer_state"],

@@ -49,7 +49,7 @@ OPTIONS: dict[str, list[str]] = {
     "checkpoints": ["checkpoint.every=4"],
     "auto_group_size": ["parallel.sharding_group_size=auto"],
     "sync_every_4": ["parallel.sync.every=4"],
-    "stream": ["parallel.sync.stream=true", "parallel.sync.engine=dense"],
+    "stream": ["parallel.sync.stream=true"],
     "sparse_engine": ["parallel.sync.engine=sparse"],
     "delayed_state": ["parallel.sync.delayed_optimizer_state=true"],
     "momentum_scaling": ["parallel.sync.momentum_scaling=true"],
@@ -233,7 +233,14 @@ COVERING_RUNS: dict[str, list[str]] = {
         "stream",
         "sync_every_4",
     ],
-    "stream_mch": ["checkpoints", "mch", "pipeline_sparse_dist", "stream", "sync_every_4"],
+    "stream_mch": [
+        "checkpoints",
+        "mch",
+        "pipeline_sparse_dist",
+        "sparse_engine",
+        "stream",
+        "sync_every_4",
+    ],
     "stream_zch": ["mp_zch", "stream", "sync_every_4"],
 }
 """Trainer runs in one world that together cover every working pair without fault

@@ -46,7 +46,6 @@ TRAINER: dict[tuple[str, ...], list[str]] = {
         "parallel.sync.momentum_scaling=true",
         "parallel.sync.include_optimizer_state=false",
     ],
-    ("stream", "sparse_engine"): ["parallel.sync.stream=true", "parallel.sync.engine=auto"],
     ("stream", "delayed_state"): [
         "parallel.sync.stream=true",
         "parallel.sync.delayed_optimizer_state=true",
@@ -198,7 +197,6 @@ def test_node_group_size_must_divide_the_sharding_group() -> None:
             True,
         ),
         ({"momentum_scaling": True, "include_optimizer_state": False}, "momentum_scaling", True),
-        ({"stream": True, "engine": "sparse"}, "stream", True),
         ({"stream": True, "delayed_optimizer_state": True}, "stream", True),
     ],
 )

@@ -72,7 +72,9 @@ def _average(tensors: list[torch.Tensor], pg: dist.ProcessGroup) -> list[torch.T
     return out
 
 
-def check_stream_against_hand(every: int, hide: bool, momentum: bool) -> list[float]:
+def check_stream_against_hand(
+    every: int, hide: bool, momentum: bool, engine: str = "dense"
+) -> list[float]:
     """A streamed policy on one model; on an identical one, the semantics by hand: after step
     ``s`` fragment ``s % every``'s rows are averaged over the replicas; hidden, that average
     lands after the next step as ``avg(sent) + (live - sent)``; with momentum scaling each
@@ -82,7 +84,9 @@ def check_stream_against_hand(every: int, hide: bool, momentum: bool) -> list[fl
     from tests.test_sync_engines_sparse import _assert_same, _model
 
     streamed, by_hand = (_model(SPARSE_SYNC_TABLES, "rowwise_adagrad") for _ in range(2))
-    options = SyncOptions(every=every, hide=hide, stream=True, momentum_scaling=momentum)
+    options = SyncOptions(
+        every=every, hide=hide, stream=True, momentum_scaling=momentum, engine=engine
+    )
     policy = SyncPolicy(streamed.shard_states, streamed.replica_pg, streamed.num_replicas, options)
     train(streamed, SPARSE_SYNC_TABLES, STEPS, after_step=policy.step)
     policy.finish()
@@ -135,13 +139,22 @@ def check_stream_against_hand(every: int, hide: bool, momentum: bool) -> list[fl
 
 
 @pytest.mark.parametrize(
-    ("every", "hide", "momentum"),
-    [(1, True, False), (3, True, False), (3, False, False), (4, True, True), (2, False, True)],
+    ("every", "hide", "momentum", "engine"),
+    [
+        (1, True, False, "dense"),
+        (3, True, False, "dense"),
+        (3, False, False, "dense"),
+        (4, True, True, "dense"),
+        (2, False, True, "dense"),
+        (3, True, False, "sparse"),
+        (4, True, True, "auto"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else str(v),
 )
 def test_a_stream_equals_its_semantics_by_hand(
-    world4, every: int, hide: bool, momentum: bool
+    world4, every: int, hide: bool, momentum: bool, engine: str
 ) -> None:
-    for diffs in world4.run(check_stream_against_hand, every, hide, momentum):
+    for diffs in world4.run(check_stream_against_hand, every, hide, momentum, engine):
         assert max(diffs) == 0.0
 
 

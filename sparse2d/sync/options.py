@@ -75,7 +75,9 @@ class SyncOptions:
     sync with delta correction (``avg(sent) + (live - sent)``: no row is read half-averaged
     and the step's own updates survive); without ``hide`` each fragment blocks. Replicas are
     never identical mid-stream: ``model.sync()`` (the trainer's last step, a checkpoint save)
-    averages every row at once. ``every: 1`` is the ordinary sync. Dense engine only."""
+    averages every row at once. ``every: 1`` is the ordinary sync. With a touched-rows engine
+    (``sparse``, ``auto``) a fragment sends only the rows some replica looked up since its last
+    sync (one small bitmap all-reduce agrees on them)."""
     engine: Literal["dense", "sparse", "auto"] = "dense"
     """Which values a sync covers: ``"dense"`` (every row), ``"sparse"`` (only rows some replica
     looked up since the last sync; never dense) or ``"auto"`` (per sync, whichever of the two

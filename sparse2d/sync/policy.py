@@ -43,7 +43,7 @@ from sparse2d.sync.engines.base import Payload, SyncEngine
 from sparse2d.sync.guard import FiniteGuard, Verdict
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState, live_tensors
-from sparse2d.sync.stream import RowSpan, span_payload, split_rows
+from sparse2d.sync.stream import RowSpan, Stream
 
 __all__ = ["InFlight", "SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 
@@ -221,9 +221,13 @@ class SyncPolicy:
         """Delayed optimizer state: lands at the next sync (or an explicit finish)."""
         self.hidden_wait = 0.0
         """Seconds the last hidden sync waited when it landed; reported by the next sync."""
-        self.fragments = split_rows(shards, opts.every) if opts.stream and opts.every > 1 else None
+        self.stream = (
+            Stream(shards, opts.every, getattr(self.engine, "tracker", None))
+            if opts.stream and opts.every > 1
+            else None
+        )
         """Streamed (``stream``, ``every`` > 1): the rows cut in ``every`` fragments, fragment
-        ``step % every`` averaged after each step (``sync.stream``)."""
+        ``step % every`` averaged after each step (``sparse2d.sync.stream``)."""
         self._sampler: DivergenceSampler | None = None
         self._syncs = 0
         self._exposed = 0.0
@@ -235,7 +239,7 @@ class SyncPolicy:
         """Call after optimizer step ``step`` (0-based); syncs when ``step + 1`` is a multiple
         of N."""
         opts = self.options
-        fragment = step % opts.every if self.fragments is not None else None
+        fragment = step % opts.every if self.stream is not None else None
         if fragment is None and (step + 1) % opts.every != 0:
             return None
         return self._sync(
@@ -271,7 +275,8 @@ class SyncPolicy:
         # interval's last step (where a burst would sync them)
         whole = fragment is None or fragment == self.options.every - 1
         sent = self._sync_mc(step) if self.mc is not None and whole else 0
-        spans = None if fragment is None or self.fragments is None else self.fragments[fragment]
+        stream = self.stream if fragment is not None else None
+        spans = None if stream is None else stream.fragments[fragment]
         if spans is not None:  # the fragment's rows, behind the next step when hidden
             delayed, hide = hide, False
             parts = [(True, states, delayed)]
@@ -288,8 +293,9 @@ class SyncPolicy:
             with torch.no_grad():  # every payload before any transfer: the guard sees them all
                 payloads = []
                 for weights, kinds, _ in parts:
-                    if spans is not None:
-                        payloads.append(span_payload(self.shards, spans, kinds, self.engine.pool))
+                    if stream is not None:
+                        pool, pg = self.engine.pool, self.replica_pg
+                        payloads.append(stream.payload(fragment, kinds, pool, pg))
                         continue
                     payloads.append(self.engine.payload(weights, kinds, in_place=not copies))
             verdict = None
@@ -304,7 +310,8 @@ class SyncPolicy:
             for (weights, kinds, background), payload in zip(parts, payloads, strict=True):
                 snapshot = [b.clone() for b in payload.buffers] if background else None
                 works = self.channel.start(payload.buffers, self.hook)
-                part = InFlight(works, payload, verdict, snapshot, dropped=self.engine.diverged)
+                dropped = self.engine.diverged if stream is None else stream.diverged
+                part = InFlight(works, payload, verdict, snapshot, dropped=dropped)
                 verdict = None  # one vote, waited for by the first part to land
                 for buffer in payload.buffers:
                     sent += buffer.numel() * buffer.element_size()
@@ -400,6 +407,8 @@ class SyncPolicy:
         keep those rows pending one more sync."""
         if hasattr(self.engine, "lookahead"):
             self.engine.lookahead = True
+        if self.stream is not None:
+            self.stream.lookahead = True
 
     def measure_divergence(self) -> float:
         """Relative L2 distance of this replica to the replica mean (a small collective)."""

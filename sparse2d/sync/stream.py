@@ -5,7 +5,9 @@ language model's layers).
 
 A fragment is a list of row ranges (``RowSpan``) of the local shards; a row's weight and its
 optimizer state travel together in the same fragment. Every member of a replica group holds
-the same shards, so each cuts the same fragments: nothing is agreed at run time.
+the same shards, so each cuts the same fragments: nothing is agreed at run time. With a
+touched-rows engine (``sparse``, ``auto``) a fragment sends only the rows some replica looked
+up since that fragment's last sync: the others are identical on every replica already.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 
 from sparse2d.sync.engines.base import BufferPool, Payload
 from sparse2d.sync.engines.rows import row_bytes, row_payload
+from sparse2d.sync.engines.touched import TouchedRows
 from sparse2d.sync.shards import ShardState, flush_caches
 
 
@@ -51,17 +55,62 @@ def split_rows(shards: list[ShardState], count: int) -> list[list[RowSpan]]:
     return fragments
 
 
+class Stream:
+    """One policy's stream: its fragments and, with touched rows, each fragment's base."""
+
+    def __init__(
+        self, shards: list[ShardState], every: int, tracker: TouchedRows | None = None
+    ) -> None:
+        self.shards = shards
+        self.fragments = split_rows(shards, every)
+        self.tracker = tracker
+        """Touched rows (the engine's): a fragment sends the rows touched since its base."""
+        self.bases = [0] * every
+        """Per fragment, the generation its last sync cut (0: since the replicas were aligned;
+        -1: every row, after values diverged)."""
+        self.lookahead = False
+        """Rows were looked up before the last sync and are updated after it (TorchRec's
+        ``TrainPipelineSemiSync``): a base lags one cut so those rows stay pending."""
+        self._last_cut = 0
+
+    def payload(
+        self, index: int, states: bool, pool: BufferPool, pg: dist.ProcessGroup | None
+    ) -> Payload:
+        """Fragment ``index``'s rows (touched ones only with a tracker: one small collective
+        over ``pg`` agrees on them) copied into one pooled buffer per dtype."""
+        spans = self.fragments[index]
+        rows: list[torch.Tensor | None] = [None] * len(spans)
+        if self.tracker is not None and spans:
+            cut = self.tracker.cut()
+            union = self.tracker.union_since(spans, self.bases[index], pg)
+            rows = [r if r.numel() < s.end - s.start else None for r, s in zip(union, spans)]
+            self.bases[index] = self._last_cut if self.lookahead else cut
+            self._last_cut = cut
+        return span_payload(self.shards, spans, states, pool, rows)
+
+    def diverged(self) -> None:
+        """Replica values may differ anywhere (a dropped fragment): each sends every row next."""
+        self.bases = [-1] * len(self.bases)
+
+
 def span_payload(
-    shards: list[ShardState], spans: list[RowSpan], states: bool, pool: BufferPool
+    shards: list[ShardState],
+    spans: list[RowSpan],
+    states: bool,
+    pool: BufferPool,
+    rows: list[torch.Tensor | None] | None = None,
 ) -> Payload:
-    """The rows of ``spans`` (weights, and optimizer state when ``states``) copied into one
-    pooled buffer per dtype; ``scatter`` writes averaged rows back, ``gather`` re-reads them."""
+    """The rows of ``spans`` (weights, and optimizer state when ``states``; per span only
+    ``rows`` from its start where given) copied into one pooled buffer per dtype; ``scatter``
+    writes averaged rows back, ``gather`` re-reads them."""
     flush_caches(shards)
     entries: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-    for span in spans:
+    for span, selected in zip(spans, rows or [None] * len(spans), strict=True):
         shard = shards[span.shard]
-        entries.append((shard.weight[span.start : span.end], None))
+        if selected is not None and selected.numel() == 0:
+            continue
+        entries.append((shard.weight[span.start : span.end], selected))
         if states:
             for state in shard.optimizer_states:
-                entries.append((state[span.start : span.end], None))
+                entries.append((state[span.start : span.end], selected))
     return row_payload(entries, pool=(pool, "stream"))
