@@ -277,8 +277,8 @@ class SyncPolicy:
         sent = self._sync_mc(step) if self.mc is not None and whole else 0
         stream = self.stream if fragment is not None else None
         spans = None if stream is None else stream.fragments[fragment]
-        if spans is not None:  # the fragment's rows, behind the next step when hidden
-            delayed, hide = hide, False
+        if spans is not None:  # the fragment's rows: hidden, in the background (as delayed
+            delayed, hide = hide, False  # state: a copy, landing at the next sync)
             parts = [(True, states, delayed)]
         if self.shards and (spans is None or spans):
             # (weights, states, lands in the background): one payload for both kinds unless
@@ -316,7 +316,8 @@ class SyncPolicy:
                 for buffer in payload.buffers:
                     sent += buffer.numel() * buffer.element_size()
                 stats = getattr(self.engine, "stats", None)  # touched rows: agreeing on the union
-                sent += stats.metadata_bytes if stats is not None else 0
+                agreed = stream if stream is not None else stats
+                sent += agreed.metadata_bytes if agreed is not None else 0
                 if background or hide:  # tracking restarts now: later updates are the next delta
                     self.engine.synced(weights=weights, states=kinds)
                     scale = kinds and self.scaler is not None

@@ -72,6 +72,8 @@ class Stream:
         """Rows were looked up before the last sync and are updated after it (TorchRec's
         ``TrainPipelineSemiSync``): a base lags one cut so those rows stay pending."""
         self._last_cut = 0
+        self.metadata_bytes = 0
+        """Bytes the last payload's agreement on touched rows sent (its bitmap)."""
 
     def payload(
         self, index: int, states: bool, pool: BufferPool, pg: dist.ProcessGroup | None
@@ -83,6 +85,7 @@ class Stream:
         if self.tracker is not None and spans:
             cut = self.tracker.cut()
             union = self.tracker.union_since(spans, self.bases[index], pg)
+            self.metadata_bytes = sum(s.end - s.start for s in spans)
             rows = [r if r.numel() < s.end - s.start else None for r, s in zip(union, spans)]
             self.bases[index] = self._last_cut if self.lookahead else cut
             self._last_cut = cut
