@@ -88,6 +88,7 @@ class Strategy:
                 "parallel.replica_layout=auto",
                 f"parallel.sync.every={self.every}",
                 f"parallel.sync.engine={self.engine}",
+                "parallel.sync.stream=false",
                 *trial,
             ]
         return [
@@ -95,6 +96,9 @@ class Strategy:
             f"parallel.replica_layout={self.layout}",
             f"parallel.sync.every={self.every}",
             f"parallel.sync.engine={self.engine}",
+            # a burst unless the switch streams: every stored run before streams was one
+            # (the shipped config streams now)
+            *([] if self.switch.startswith("stream=") else ["parallel.sync.stream=false"]),
             *([f"parallel.sync.{self.switch}"] if self.switch else []),
         ]
 
