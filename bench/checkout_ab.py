@@ -112,6 +112,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"round {r} {name}: {out['samples_per_s']:.0f} samples/s", flush=True)
     return {
         "job": args.job,
+        "tag": args.tag,
         "config": JOBS[args.job],
         "steps": args.steps,
         "commits": commits,
@@ -126,17 +127,26 @@ def render(result: dict[str, Any]) -> str:
         for b, a in zip(result["runs"]["before"], result["runs"]["after"], strict=True)
     )
     c = result["commits"]
+    tag = result.get("tag", "")
+    stem = stored_name(result["job"], tag)
     return (
-        f"## Before/after a change, {result['job']} job (bench/checkout_ab.py)\n\n"
+        f"## Before/after a change{f' ({tag})' if tag else ''}, {result['job']} job "
+        "(bench/checkout_ab.py)\n\n"
         f"`{result['config']}`, {result['steps']} steps per run, rounds alternating which "
         f"commit runs first; before = `{c['before'][:7]}`, after = `{c['after'][:7]}`. "
-        f"Stored: `bench/results/checkout_ab_{result['job']}.json`. Rerun: `PYTHONPATH=. "
+        f"Stored: `bench/results/{stem}.json`. Rerun: `PYTHONPATH=. "
         f".venv/bin/python bench/checkout_ab.py --job {result['job']} --before "
-        f"{c['before'][:7]} --after {c['after'][:7]}`.\n\n"
+        f"{c['before'][:7]} --after {c['after'][:7]}{f' --tag {tag}' if tag else ''}`.\n\n"
         "| round | before (samples/s) | after (samples/s) |\n|---:|---:|---:|\n"
         f"{rows}| mean | {mean['before']:,.0f} | {mean['after']:,.0f} |\n\n"
         f"After / before: **{mean['after'] / mean['before']:.3f}** (mean of the rounds).\n"
     )
+
+
+def stored_name(job: str, tag: str) -> str:
+    """The stored JSON's stem (and, with ``-``, the RESULTS.md marker) of a job's run: one per
+    ``--tag``, so a later comparison never overwrites an earlier one's evidence."""
+    return f"checkout_ab_{job}" + (f"_{tag}" if tag else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,8 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true")
     parser.add_argument("--render", action="store_true", help="re-render the stored JSON")
+    parser.add_argument(
+        "--tag", default="", help="what the change is (a word): its own JSON and section"
+    )
     args = parser.parse_args(argv)
-    name, marker = f"checkout_ab_{args.job}.json", MARKERS[args.job]
+    stem = stored_name(args.job, args.tag)
+    name = f"{stem}.json"
+    marker = MARKERS[args.job] + (f"-{args.tag}" if args.tag else "")
     if args.render:
         result = json.loads((args.out / name).read_text())
         stamp = stored_stamp(marker, args.out)

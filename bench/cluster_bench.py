@@ -88,6 +88,7 @@ class Strategy:
                 "parallel.replica_layout=auto",
                 f"parallel.sync.every={self.every}",
                 f"parallel.sync.engine={self.engine}",
+                "parallel.sync.stream=false",
                 *trial,
             ]
         return [
@@ -95,6 +96,9 @@ class Strategy:
             f"parallel.replica_layout={self.layout}",
             f"parallel.sync.every={self.every}",
             f"parallel.sync.engine={self.engine}",
+            # a burst unless the switch streams: every stored run before streams was one
+            # (the shipped config streams now)
+            *([] if self.switch.startswith("stream=") else ["parallel.sync.stream=false"]),
             *([f"parallel.sync.{self.switch}"] if self.switch else []),
         ]
 
@@ -268,6 +272,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         )
         for link in args.links:
             cells += [Cell(hosts, nproc, link, s) for s in plan]
+        if args.bounds:  # each 2D strategy once more on unshaped links: its compute bound
+            cells += [Cell(hosts, nproc, "none", s) for s in plan if s.group_size != world]
     load = os.getloadavg()[0]
     scratch = Path(args.scratch)
     for r in range(args.rounds):
@@ -336,6 +342,21 @@ PRESETS["options"] = {
 """Each sync option alone on the shipped 2D layout, on a slow and a fast link: the
 measurement that keeps or retires it (issue 56)."""
 
+PRESETS["stream"] = {
+    **PRESETS["main"],
+    "engines": ["auto"],
+    "group_sizes": [4, 8],
+    "layouts": ["inter_host"],
+    "switches": ["stream=true"],
+    "auto": [],
+    "bounds": True,
+    "rounds": 2,
+    "steps": 300,
+}
+"""The shipped cell (``make train-cluster``'s job, 300 steps as it ships) with its sync as a
+burst every 20 steps and streamed over the 20, against 1D; each 2D cell also on unshaped links
+(its compute bound; issue 63)."""
+
 PRESETS["cadence"] = {
     **PRESETS["main"],
     "every": [1, 10],
@@ -354,6 +375,7 @@ MARKERS = {
     "main_every10": "cluster-main-every10",
     "options": "cluster-options",
     "cadence": "cluster-cadence",
+    "stream": "cluster-stream",
 }
 """Each run's section of bench/RESULTS.md."""
 
@@ -388,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda s: [x for x in s.split(",") if x],
         default=[],
         help="sync options to measure one at a time, key=value each (hide=false)",
+    )
+    parser.add_argument(
+        "--bounds",
+        action="store_true",
+        help="run each 2D strategy on unshaped links too (LINK=none: its compute bound)",
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)

@@ -23,6 +23,7 @@ TOPICS = {
     "main_every10": "main job, 2D vs 1D vs full replication and auto",
     "options": "sync options one at a time",
     "cadence": "sync cadence",
+    "stream": "streamed vs burst sync, with the step's bounds",
 }
 """What each preset's runs compare (``cluster_bench.PRESETS``): the first half of its title."""
 
@@ -146,6 +147,9 @@ def render(result: dict[str, Any], preset: str | None = None) -> str:
                 f"{_fmt(None if predicted is None else predicted * 1e3, '.0f')} |"
             )
         lines += [""] + _verdicts(cells, _mean)
+        unshaped = groups.get((hosts, nproc, "none"), [])
+        if link != "none" and unshaped:
+            lines += bounds_table(cells, unshaped, hosts, link)
         errors = [(c["label"], r["error"]) for c in cells for r in c["runs"] if "error" in r]
         lines += [f"- {label} failed: {error}" for label, error in errors[:5]] + [""]
     if retired_rows:
@@ -213,6 +217,59 @@ def options_reading(result: dict[str, Any]) -> list[str]:
         if parts:
             out.append(f"{link}: " + "; ".join(parts) + ".")
     return out
+
+
+def bounds_table(
+    cells: list[dict[str, Any]], unshaped: list[dict[str, Any]], hosts: int, link: str
+) -> list[str]:
+    """Each strategy's step against its two bounds: compute (the same strategy on unshaped
+    links, measured in the same run) and link (the bytes a host sent per step, from the
+    interface counters, over the link rate); then the streamed sync against the burst."""
+    compute = {c["label"]: _mean(c, "step_s") for c in unshaped}
+    rate = link_bits(link) / 8  # bytes/s, each way
+    out = [
+        "",
+        "| strategy | step ms | compute bound ms | link bound ms | step / larger bound |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for cell in cells:
+        step, nbytes = _mean(cell, "step_s"), _mean(cell, "host_link_bytes_per_step")
+        bound = compute.get(cell["label"])
+        wire = None if nbytes is None else nbytes / hosts / rate
+        larger = max(b for b in (bound, wire) if b is not None) if bound or wire else None
+        out.append(
+            f"| {cell['label']} | {_fmt(None if step is None else step * 1e3, '.0f')} | "
+            f"{_fmt(None if bound is None else bound * 1e3, '.0f')} | "
+            f"{_fmt(None if wire is None else wire * 1e3, '.0f')} | "
+            f"{_fmt(step / larger if step and larger else None, '.2f')} |"
+        )
+    out += [
+        "",
+        "Compute bound: the same strategy with unshaped links (`LINK=none`), this run. Link "
+        "bound: bytes crossing one host's link per step (counters, summed over hosts, / hosts) "
+        "over the link's rate.",
+    ]
+    streamed = [c for c in cells if stored_switch(c["strategy"]) == "stream=true"]
+    for cell in streamed:
+        burst = [
+            c
+            for c in cells
+            if not stored_switch(c["strategy"])
+            and {k: v for k, v in c["strategy"].items() if k != "switch"}
+            == {k: v for k, v in cell["strategy"].items() if k != "switch"}
+        ]
+        one_d = [c for c in cells if c["label"] == "1D"]
+        sps = _mean(cell, "samples_per_s")
+        for other, name in ((burst, "the burst sync"), (one_d, "1D")):
+            if other and sps and _mean(other[0], "samples_per_s"):
+                ratio = sps / _mean(other[0], "samples_per_s")
+                auc = _mean(cell, "eval_auc")
+                delta = None if auc is None else auc - (_mean(other[0], "eval_auc") or auc)
+                out.append(
+                    f"- {cell['label']}: {ratio:.2f}x {name} ({other[0]['label']}) in samples/s; "
+                    f"eval AUC {_fmt(delta, '+.4f')} against it."
+                )
+    return out + [""]
 
 
 def _verdicts(cells: list[dict[str, Any]], mean: Any) -> list[str]:

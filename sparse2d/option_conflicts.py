@@ -223,6 +223,14 @@ RULES: tuple[Rule, ...] = (
         _NEEDS_STATE,
         "enable {sync.include_optimizer_state} or drop {sync.momentum_scaling}",
     ),
+    Rule(
+        ("stream", "delayed_state"),
+        ("sync.stream", "sync.delayed_optimizer_state"),
+        lambda s: s["sync.stream"] and s["sync.delayed_optimizer_state"],
+        "a streamed fragment carries its rows' optimizer state with their weights, behind the "
+        "next step and delta-corrected: delaying the state again leaves no transfer to hide",
+        "drop {sync.delayed_optimizer_state}",
+    ),
     # ---- FULLY_SHARDED replaces the sync ----
     _fs(
         "sync_every_4",
@@ -244,6 +252,13 @@ RULES: tuple[Rule, ...] = (
         bool,
         _NO_SEPARATE_SYNC + "optimizer-state transfer could lag a step",
         "drop {sync.delayed_optimizer_state}",
+    ),
+    _fs(
+        "stream",
+        "sync.stream",
+        bool,
+        _NO_SEPARATE_SYNC + "rows could be streamed",
+        "drop {sync.stream}",
     ),
     _fs(
         "momentum_scaling",
@@ -371,6 +386,16 @@ RULES: tuple[Rule, ...] = (
         "finished before it, and an average spanning two quorums has members that joined or "
         "left in between",
         "drop {sync.delayed_optimizer_state}",
+    ),
+    _ft(
+        "stream",
+        "sync.stream",
+        bool,
+        "a streamed fragment's average runs behind the next step, across the boundary where "
+        "torchft forms the next quorum, and a group healed mid-stream would copy rows a live "
+        "group holds at other phases: a step's commit can only cover collectives that "
+        "finished before it",
+        "drop {sync.stream}",
     ),
     _ft(
         "no_optimizer_state",

@@ -148,3 +148,31 @@ def test_memory_per_rank_is_never_below_the_even_split() -> None:
         c = model.estimate(L)
         assert c.memory_per_rank_bytes >= math.ceil(w.weight_bytes / L)
         assert c.imbalance >= 1.0 and c.memory_imbalance >= 1.0
+
+
+def test_a_streamed_sync_hides_its_wire_time_behind_the_next_step() -> None:
+    """Two hosts joined by a slow link, replicas across it (inter_host): a burst pays the
+    whole interval's bytes at once, a stream one fragment a step whose wire time runs behind
+    the next step's work."""
+    big = (TableLoad("z", 200_000, DIM, sharding="table_wise"),)
+    kw = dict(
+        sync_every=20,
+        replica_layout="inter_host",
+        hide=True,
+        check_finite=False,
+        dense_params=10**5,
+    )
+    slow = topology(4, ranks_per_host=2, host_link_bw=5e6, sync_overhead_s=0.0)
+    burst = AnalyticCostModel(workload(big, **kw), slow, PLANNER).estimate(2)
+    modes = dict(burst.sync_modes)
+    assert burst.sync_s == modes["burst"]  # the workload's own mode is the step's term
+    streamed = AnalyticCostModel(workload(big, stream=True, **kw), slow, PLANNER).estimate(2)
+    assert streamed.sync_s == modes["streamed"] < modes["burst"] / 2
+    beside = streamed.compute_s + streamed.a2a_s + streamed.dense_s
+    # a pair of replicas on two hosts: each rank sends its fragment once; 2 rings per link
+    wire = 2 * burst.sync_bytes / 20 / 5e6
+    assert 0 < wire - beside < wire  # partly hidden
+    assert modes["streamed"] == pytest.approx(wire - beside + 2 * 1e-4, rel=1e-6)
+    # a sync every step: nothing to spread, no modes priced
+    every = AnalyticCostModel(workload(big, hide=True), topology(4), PLANNER).estimate(2)
+    assert every.sync_modes == ()

@@ -80,6 +80,7 @@ def test_json_is_one_object_with_every_candidate() -> None:
         "terms",
         "sync_kind",
         "replica_layout",
+        "sync_modes",
     }
     assert all(set(c) == keys for c in data["candidates"])
 
@@ -90,3 +91,20 @@ def test_more_sync_cadence_favours_smaller_groups() -> None:
     for L in (1, 2, 4):
         assert rare.candidate(L).sync_s < every_step.candidate(L).sync_s
     assert (rare.recommended or 0) <= (every_step.recommended or 0)
+
+
+def test_the_table_says_whether_to_stream_the_sync() -> None:
+    """With a cadence each replicated L's sync is priced as a burst and streamed, and the
+    line under the table names the cheaper setting: here streaming loses at L=1 (its fixed
+    costs paid every step) and wins at L=4."""
+    from sparse2d.advisor.render import sync_mode_lines
+
+    advice = advise(dataclasses.replace(WORKLOAD, sync_every=8, hide=True), TOPO)
+    for size, pick in ((1, "false"), (4, "true")):
+        modes = dict(advice.candidate(size).sync_modes)
+        assert (modes["streamed"] < modes["burst"]) == (pick == "true"), modes
+        (line,) = sync_mode_lines(advice.candidate(size))
+        assert line.startswith(f"sync per step at L={size}: burst ")
+        assert line.endswith(f"parallel.sync.stream={pick} is the cheaper on these links")
+    assert advice.candidate(8).sync_modes == ()  # 1D: nothing to sync
+    assert "sync per step" not in format_table(advise(WORKLOAD, TOPO))  # every step

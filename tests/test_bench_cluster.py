@@ -138,3 +138,48 @@ def test_titles_differ_by_what_the_runs_compare() -> None:
         for preset in MARKERS
     }
     assert len(set(titles.values())) == len(titles), titles
+
+
+def test_bounds_put_each_step_against_the_larger_of_compute_and_link() -> None:
+    burst = {"group_size": 2, "every": 20, "engine": "auto", "switch": ""}
+    stream = {**burst, "switch": "stream=true"}
+
+    def cell(label: str, strategy: dict, link: str, sps: float, nbytes: float, auc: float):
+        run = {
+            "samples_per_s": sps,
+            "step_s": 1024 / sps,
+            "eval_auc": auc,
+            "sharding_group_size": strategy["group_size"],
+            "host_link_bytes_per_step": nbytes,
+        }
+        return {
+            "hosts": 2,
+            "nproc": 2,
+            "link": link,
+            "label": label,
+            "strategy": strategy,
+            "runs": [run],
+        }
+
+    burst_label, stream_label = "L=2 inter every 20 auto", "L=2 inter every 20 auto stream=true"
+    result = {
+        "config": "configs/cluster_cpu.yaml",
+        "steps": 300,
+        "rounds": 1,
+        "overrides": [],
+        "machine": "2 cores",
+        "cells": [
+            cell("1D", {"group_size": 4}, "100mbit", 1024.0, 4e6, 0.70),
+            cell(burst_label, burst, "100mbit", 2048.0, 2.5e6, 0.80),
+            cell(stream_label, stream, "100mbit", 4096.0, 2.5e6, 0.801),
+            # unshaped: the compute bounds, 100 ms and 200 ms
+            cell(burst_label, burst, "none", 10240.0, 2.5e6, 0.8),
+            cell(stream_label, stream, "none", 5120.0, 2.5e6, 0.8),
+        ],
+    }
+    text = render(result, "stream")
+    # link bound: 2.5 MB over 2 hosts at 12.5 MB/s = 100 ms; the stream's compute bound 200 ms
+    assert f"| {stream_label} | 250 | 200 | 100 | 1.25 |" in text
+    assert f"| {burst_label} | 500 | 100 | 100 | 5.00 |" in text
+    assert f"- {stream_label}: 2.00x the burst sync ({burst_label}) in samples/s" in text
+    assert f"- {stream_label}: 4.00x 1D (1D) in samples/s; eval AUC +0.1010" in text

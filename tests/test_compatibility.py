@@ -49,6 +49,7 @@ OPTIONS: dict[str, list[str]] = {
     "checkpoints": ["checkpoint.every=4"],
     "auto_group_size": ["parallel.sharding_group_size=auto"],
     "sync_every_4": ["parallel.sync.every=4"],
+    "stream": ["parallel.sync.stream=true"],
     "sparse_engine": ["parallel.sync.engine=sparse"],
     "delayed_state": ["parallel.sync.delayed_optimizer_state=true"],
     "momentum_scaling": ["parallel.sync.momentum_scaling=true"],
@@ -223,6 +224,24 @@ COVERING_RUNS: dict[str, list[str]] = {
     ],
     "semi_sync_sparse_engine": ["pipeline_semi_sync", "sparse_engine"],
     "semi_sync_defaults": ["pipeline_semi_sync"],
+    "stream_semi_sync": [
+        "auto_group_size",
+        "checkpoints",
+        "inter_host",
+        "momentum_scaling",
+        "pipeline_semi_sync",
+        "stream",
+        "sync_every_4",
+    ],
+    "stream_mch": [
+        "checkpoints",
+        "mch",
+        "pipeline_sparse_dist",
+        "sparse_engine",
+        "stream",
+        "sync_every_4",
+    ],
+    "stream_zch": ["mp_zch", "stream", "sync_every_4"],
 }
 """Trainer runs in one world that together cover every working pair without fault
 tolerance (chosen greedily; ``test_covering_runs_cover_every_working_pair`` checks).

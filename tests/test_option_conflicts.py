@@ -25,7 +25,8 @@ from sparse2d.train.config import load_config
 from sparse2d.train.config.schema import TRAINER_KEYS
 
 TINY = "configs/tiny_cpu.yaml"
-BASE = ["parallel.sync.divergence_every=0"]
+BASE = ["parallel.sync.divergence_every=0", "parallel.sync.engine=dense"]
+"""The main job, plain: no divergence metric, the dense engine (a stream runs it alone)."""
 FT = ["fault_tolerance.enable=true", "fault_tolerance.num_groups=2"]
 MC = ["model.managed_collision.enabled=true"]
 FS = ["parallel.sharding_strategy=fully_sharded"]
@@ -45,6 +46,11 @@ TRAINER: dict[tuple[str, ...], list[str]] = {
         "parallel.sync.momentum_scaling=true",
         "parallel.sync.include_optimizer_state=false",
     ],
+    ("stream", "delayed_state"): [
+        "parallel.sync.stream=true",
+        "parallel.sync.delayed_optimizer_state=true",
+    ],
+    ("fully_sharded", "stream"): [*FS, "parallel.sync.stream=true"],
     ("fully_sharded", "sync_every_4"): [*FS, "parallel.sync.every=4"],
     ("fully_sharded", "sparse_engine"): [*FS, "parallel.sync.engine=sparse"],
     ("fully_sharded", "delayed_state"): [*FS, "parallel.sync.delayed_optimizer_state=true"],
@@ -63,6 +69,7 @@ TRAINER: dict[tuple[str, ...], list[str]] = {
     ("fault_tolerance", "fully_sharded"): [*FT, *FS],
     ("fault_tolerance", "auto_group_size"): [*FT, "parallel.sharding_group_size=auto"],
     ("fault_tolerance", "delayed_state"): [*FT, "parallel.sync.delayed_optimizer_state=true"],
+    ("fault_tolerance", "stream"): [*FT, "parallel.sync.stream=true"],
     ("fault_tolerance", "no_optimizer_state"): [*FT, "parallel.sync.include_optimizer_state=false"],
     ("fault_tolerance", "no_check_finite"): [*FT, "parallel.sync.check_finite=false"],
     ("fault_tolerance", "divergence_metric"): [*FT, "parallel.sync.divergence_every=5"],
@@ -190,6 +197,7 @@ def test_node_group_size_must_divide_the_sharding_group() -> None:
             True,
         ),
         ({"momentum_scaling": True, "include_optimizer_state": False}, "momentum_scaling", True),
+        ({"stream": True, "delayed_optimizer_state": True}, "stream", True),
     ],
 )
 def test_sync_options_refuse_their_own_rules_naming_the_field(
@@ -239,6 +247,7 @@ def test_fully_sharded_accepts_what_does_not_apply() -> None:
         ),
         ({"sync_options": SyncOptions(check_finite=False)}, "sync_options.check_finite=False"),
         ({"sync_options": SyncOptions(divergence_every=3)}, "sync_options.divergence_every=3"),
+        ({"sync_options": SyncOptions(every=4, stream=True)}, "sync_options.stream=True"),
         ({"fully_sharded": True}, "sharding_strategy='FULLY_SHARDED'"),
         ({"custom_all_reduce": True}, "custom_all_reduce=True"),
     ],

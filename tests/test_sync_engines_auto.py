@@ -118,6 +118,34 @@ def check_probe_and_decisions_agree() -> None:
     engine.close()
 
 
+def check_tracking_pauses_while_dense_stays_home() -> dict:
+    """Latency-bound links keep dense home: lookups go unstamped but in the interval before a
+    sampled sync, the samples still count only that interval's rows, and the values stay the
+    dense engine's to the bit."""
+    dense, auto = _model(TABLES, "rowwise_adagrad"), _model(TABLES, "rowwise_adagrad")
+    costs = LinkCosts(1.0, 1e-12, 1e-12, 1e-12, 0.0)
+    engine = AutoEngine(auto.shard_states, auto.replica_pg, costs=costs)
+    dense_policy = _policy(dense, 1, DenseEngine(dense.shard_states, dense.replica_pg))
+    auto_policy = _policy(auto, 1, engine)
+    paused: list[bool] = []
+
+    def auto_step(step: int) -> None:
+        auto_policy.step(step)
+        paused.append(engine.tracker.paused)
+
+    train(dense, TABLES, 40, after_step=dense_policy.step)
+    train(auto, TABLES, 40, after_step=auto_step)
+    _assert_same(dense, auto)
+    _assert_replicas_equal(auto)
+    fractions = [
+        engine._union[(i, kind)] / rows  # noqa: SLF001 (the estimate the samples fed)
+        for i, kind, rows, _ in engine._entries(["weights", "states"])  # noqa: SLF001
+        if rows
+    ]
+    engine.close()
+    return {"paused": paused, "home": engine.chooser.home, "least": min(fractions)}
+
+
 # ---- tests -------------------------------------------------------------------------------
 @pytest.mark.parametrize("every", [1, 2])
 def test_switching_modes_bit_identical_to_dense(world4, every: int) -> None:
@@ -143,3 +171,12 @@ def test_crossover_from_costs() -> None:
     assert LinkCosts(0, 1e-9, 1e-9, 3e-9, 0).crossover() == pytest.approx(0.5)
     assert LinkCosts(0, 1e-9, 1e-9, 1e-9, 0).crossover() == 1.0
     assert LinkCosts(0, 0, 0, 0, 0).crossover() == 1.0
+
+
+def test_tracking_pauses_while_dense_stays_home(world4) -> None:
+    for r in world4.run(check_tracking_pauses_while_dense_stays_home):
+        assert r["home"] == DENSE, r
+        tail = r["paused"][10:]  # once dense is home and both modes were measured
+        assert sum(tail) >= len(tail) // 2, r["paused"]
+        # a sample counts one interval's rows, not the rows marked when tracking resumed
+        assert r["least"] < 0.5, r

@@ -81,6 +81,10 @@ class Candidate:
     ``fully_sharded``."""
     replica_layout: str = "intra_host"
     """The replica layout priced (the faster of both where the workload says ``auto``)."""
+    sync_modes: tuple[tuple[str, float], ...] = ()
+    """The replica sync per step as a ``burst`` (every row at once, every ``sync_every``
+    steps) and ``streamed`` (one fragment per step behind the next step): both priced, so a
+    reader sees which suits the links (``sync_s`` is the workload's own)."""
 
     def term(self, name: str) -> float:
         return dict(self.terms)[name]
@@ -99,6 +103,7 @@ class Candidate:
             "sharding_types": dict(self.sharding_types),
             "terms": dict(self.terms),
             "sync_kind": self.sync_kind,
+            "sync_modes": dict(self.sync_modes),
         }
 
 
@@ -255,6 +260,12 @@ class AnalyticCostModel(CostModel):
         sync_s, sync_kind = self._sync_s(max(synced), max(loads.full), replicas, L)
         if w.hide and sync_kind in ("dense", "sparse"):  # beside the next input dist only:
             sync_s = ct.exposed_s(sync_s, ids_a2a, topo.comm_overlap)  # the dense step is tiny
+        modes: tuple[tuple[str, float], ...] = ()
+        if sync_kind in ("dense", "sparse") and w.sync_every > 1:
+            beside = compute_s + out_a2a + ids_exposed + dense_s if w.hide else 0.0
+            streamed = self._streamed_s(max(synced), replicas, L, beside)
+            modes = (("burst", sync_s), ("streamed", streamed))
+            sync_s = streamed if w.stream else sync_s
         mem = max(loads.memory)
         terms = (
             ("compute", compute_s),
@@ -286,6 +297,7 @@ class AnalyticCostModel(CostModel):
             terms=terms,
             sync_kind=sync_kind,
             replica_layout=w.replica_layout,
+            sync_modes=modes,
         )
 
     def _loads(self, layout: GroupLayout, replicas: int, H: int) -> _RankLoads:
@@ -386,6 +398,20 @@ class AnalyticCostModel(CostModel):
         if w.check_finite:
             per_sync += ct.vote_s(topo.world_size, world_remote, topo)
         return per_sync / w.sync_every, kind
+
+    def _streamed_s(self, shard_bytes: float, replicas: int, L: int, beside_s: float) -> float:
+        """A streamed sync per step: ``1 / sync_every`` of a sync's bytes every step, its wire
+        time behind ``beside_s`` of the next step's work, its fixed cost and NaN/inf vote paid
+        every step."""
+        w, topo = self.workload, self.topology
+        members = replica_groups(topo.world_size, L, w.replica_layout)[0]
+        local, remote = _peers(topo, members)
+        fragment = shard_bytes / w.sync_every
+        step_s = ct.streamed_allreduce_s(fragment, replicas, remote > 0, topo, local + 1, beside_s)
+        step_s += topo.sync_overhead_s
+        if w.check_finite:
+            step_s += ct.vote_s(topo.world_size, topo.world_size > topo.ranks_per_host, topo)
+        return step_s
 
     def _synced_bytes(self, s: PlacedShard, replicas: int) -> float:
         """Bytes of shard ``s`` one sync all-reduces (dense or expected touched rows)."""

@@ -241,6 +241,30 @@ def allreduce_s(
     return per_rank / bw + steps * alpha
 
 
+def streamed_allreduce_s(
+    nbytes: float,
+    members: int,
+    remote: bool,
+    topo: ClusterTopology,
+    members_per_host: int,
+    beside_s: float,
+) -> float:
+    """What a streamed sync's all-reduce of ``nbytes`` per rank adds to a step when it runs
+    behind the whole next step (``beside_s`` of other work): the host link carries it while
+    the cores compute, so only its wire time beyond that step is exposed; the cores' copy and
+    reduce and the latency steps are not hidden where processes share the cores
+    (``topo.comm_overlap``), as ``allreduce_s`` prices them."""
+    total = allreduce_s(nbytes, members, remote, topo, members_per_host)
+    if not (remote and topo.host_link_bw) or total == 0.0:
+        return exposed_s(total, beside_s, topo.comm_overlap)
+    per_rank = 2 * (members - 1) / members * nbytes
+    rings = max(1.0, topo.ranks_per_host / max(1, members_per_host))
+    wire = rings * per_rank / topo.host_link_bw
+    cores = per_rank / topo.intra_host_bw
+    latency = total - max(cores, wire)
+    return max(exposed_s(cores, beside_s, topo.comm_overlap), wire - beside_s) + latency
+
+
 def vote_s(world: int, remote: bool, topo: ClusterTopology) -> float:
     """The NaN/inf vote of a guarded sync: one job-wide all-reduce of a few bytes (latency
     only)."""

@@ -61,7 +61,22 @@ def format_table(advice: Advice) -> str:
         lines.append(
             f"recommended: sharding_group_size={advice.recommended}{where}  ({advice.reason})"
         )
+        lines += sync_mode_lines(advice.candidate(advice.recommended))
     return "\n".join(lines)
+
+
+def sync_mode_lines(c: Candidate) -> list[str]:
+    """The replica sync as a burst and streamed (``SyncOptions.stream``) at candidate ``c``,
+    per step, and which of the two these links favour."""
+    modes = dict(c.sync_modes)
+    if not modes:
+        return []
+    burst, streamed = modes["burst"], modes["streamed"]
+    pick = "true" if streamed < burst else "false"
+    return [
+        f"sync per step at L={c.sharding_group_size}: burst {_ms(burst)}, streamed "
+        f"{_ms(streamed)}: parallel.sync.stream={pick} is the cheaper on these links"
+    ]
 
 
 def explain(advice: Advice, group_size: int) -> str:

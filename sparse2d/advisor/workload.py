@@ -85,6 +85,9 @@ class Workload:
     input all-to-all."""
     check_finite: bool = True
     """``SyncOptions.check_finite``: every sync votes on NaN/inf over the job."""
+    stream: bool = False
+    """``SyncOptions.stream``: the sync spread over its interval, one fragment per step, each
+    behind the next step (``hide``) or blocking."""
 
     def __post_init__(self) -> None:
         if not self.tables:

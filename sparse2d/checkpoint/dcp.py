@@ -194,6 +194,8 @@ def save(
     finish = getattr(model, "finish_sync", None)
     if finish is not None:  # land any hidden/delayed transfer before reading the shards
         finish()
+    if any(p.stream is not None for p in getattr(model, "sync_policies", [])):
+        model.sync()  # a stream never leaves every row averaged at once: write the average
     root, step = save_target(root, step, extra, keep)
     rank = dist.get_rank()
     token = [uuid.uuid4().hex[:8] if rank == 0 else None]

@@ -34,6 +34,9 @@ stage 2 is then dropped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
@@ -98,10 +101,20 @@ class AccumulatorScaler:
         """Take the current accumulators as the reference (after a load or re-alignment)."""
         self.refs = [t.detach().float().clone() for t in self.tensors]
 
-    def apply(self) -> None:
-        """Rescale growth since the last call; call right after states were averaged."""
+    def apply(self, rows: Mapping[int, Any] | None = None) -> None:
+        """Rescale growth since the last call; call right after states were averaged.
+
+        ``rows``: only these rows, by ``id(shard)`` -> a ``(shard, start, end)`` span (a
+        streamed sync's fragment); other shards' accumulators are left as they are."""
         with torch.no_grad():
-            for tensor, ref, within in zip(self.tensors, self.refs, self.within, strict=True):
+            for tensor, ref, within, owner in zip(
+                self.tensors, self.refs, self.within, self._owners, strict=True
+            ):
+                if rows is not None:
+                    if owner not in rows:
+                        continue
+                    span = rows[owner]
+                    tensor, ref = tensor[span.start : span.end], ref[span.start : span.end]
                 scaled = ref + (tensor.float() - ref) / (self.factor * within)
                 tensor.copy_(scaled)
                 ref.copy_(scaled)

@@ -65,6 +65,19 @@ class SyncOptions:
     optimizer step, the next batch's data and its input all-to-all. Exact: nothing updates the
     embeddings in between, so the landed values equal the blocking sync's bit for bit.
     ``False``: each sync blocks until its average has landed."""
+    stream: bool = False
+    """Stream each interval's sync over the interval: the local shards' rows are cut into
+    ``every`` fragments of about equal bytes (weights and optimizer state together) and after
+    step ``s`` fragment ``s % every`` is averaged, so every row is still averaged once every
+    ``every`` steps, at a fixed phase, while the host links carry ``1/every`` of the tables
+    each step instead of all of them in one burst (torchft's Streaming DiLoCo, for tables).
+    With ``hide`` a fragment's average runs behind the whole next step and lands at the next
+    sync with delta correction (``avg(sent) + (live - sent)``: no row is read half-averaged
+    and the step's own updates survive); without ``hide`` each fragment blocks. Replicas are
+    never identical mid-stream: ``model.sync()`` (the trainer's last step, a checkpoint save)
+    averages every row at once. ``every: 1`` is the ordinary sync. With a touched-rows engine
+    (``sparse``, ``auto``) a fragment sends only the rows some replica looked up since its last
+    sync (one small bitmap all-reduce agrees on them)."""
     engine: Literal["dense", "sparse", "auto"] = "dense"
     """Which values a sync covers: ``"dense"`` (every row), ``"sparse"`` (only rows some replica
     looked up since the last sync; never dense) or ``"auto"`` (per sync, whichever of the two
@@ -94,6 +107,7 @@ class SyncOptions:
             "momentum_scaling",
             "check_finite",
             "hide",
+            "stream",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise KeyValueError(name, f"={getattr(self, name)!r} must be True or False.")

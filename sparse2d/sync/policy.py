@@ -43,6 +43,7 @@ from sparse2d.sync.engines.base import Payload, SyncEngine
 from sparse2d.sync.guard import FiniteGuard, Verdict
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState, live_tensors
+from sparse2d.sync.stream import RowSpan, Stream
 
 __all__ = ["InFlight", "SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 
@@ -220,6 +221,13 @@ class SyncPolicy:
         """Delayed optimizer state: lands at the next sync (or an explicit finish)."""
         self.hidden_wait = 0.0
         """Seconds the last hidden sync waited when it landed; reported by the next sync."""
+        self.stream = (
+            Stream(shards, opts.every, getattr(self.engine, "tracker", None))
+            if opts.stream and opts.every > 1
+            else None
+        )
+        """Streamed (``stream``, ``every`` > 1): the rows cut in ``every`` fragments, fragment
+        ``step % every`` averaged after each step (``sparse2d.sync.stream``)."""
         self._sampler: DivergenceSampler | None = None
         self._syncs = 0
         self._exposed = 0.0
@@ -231,22 +239,30 @@ class SyncPolicy:
         """Call after optimizer step ``step`` (0-based); syncs when ``step + 1`` is a multiple
         of N."""
         opts = self.options
-        if (step + 1) % opts.every != 0:
+        fragment = step % opts.every if self.stream is not None else None
+        if fragment is None and (step + 1) % opts.every != 0:
             return None
         return self._sync(
             step,
             states=opts.include_optimizer_state,
             delayed=opts.delayed_optimizer_state,
             hide=opts.hide,
+            fragment=fragment,
         )
 
     def sync_now(self, step: int = -1, include_optimizer_state: bool = True) -> SyncReport:
         """Average replicas now, regardless of cadence; blocking, replicas identical after."""
         return self._sync(step, states=include_optimizer_state, delayed=False, hide=False)
 
-    def _sync(self, step: int, *, states: bool, delayed: bool, hide: bool) -> SyncReport:
+    def _sync(
+        self, step: int, *, states: bool, delayed: bool, hide: bool, fragment: int | None = None
+    ) -> SyncReport:
         """Land what is in flight, then: divergence (when due), managed-collision tables, the
-        payloads, the NaN/inf vote, the averages started, each part placed where it lands."""
+        payloads, the NaN/inf vote, the averages started, each part placed where it lands.
+
+        ``fragment``: a streamed sync of that fragment's rows only. Hidden, it runs behind the
+        whole next step and lands at the next sync with delta correction (rows updated
+        meanwhile keep their updates, as delayed state's do); else it lands at once."""
         began = time.perf_counter()
         waited = self.finish()
         waited, self.hidden_wait = waited + self.hidden_wait, 0.0
@@ -255,19 +271,32 @@ class SyncPolicy:
         self._syncs += 1
         every = self.options.divergence_every
         divergence = self.measure_divergence() if every and self._syncs % every == 0 else None
-        sent = self._sync_mc(step) if self.mc is not None else 0
-        if self.shards:
+        # managed-collision tables merge every identity at once: under a stream, at the
+        # interval's last step (where a burst would sync them)
+        whole = fragment is None or fragment == self.options.every - 1
+        sent = self._sync_mc(step) if self.mc is not None and whole else 0
+        stream = self.stream if fragment is not None else None
+        spans = None if stream is None else stream.fragments[fragment]
+        if spans is not None:  # the fragment's rows: hidden, in the background (as delayed
+            delayed, hide = hide, False  # state: a copy, landing at the next sync)
+            parts = [(True, states, delayed)]
+        if self.shards and (spans is None or spans):
             # (weights, states, lands in the background): one payload for both kinds unless
             # the state is delayed (it lands at the next sync, with delta correction).
-            parts = [(True, states, False)]
-            if states and delayed:
-                parts = [(True, False, False), (False, True, True)]
-            hide = hide and not delayed
+            if spans is None:
+                parts = [(True, states, False)]
+                if states and delayed:
+                    parts = [(True, False, False), (False, True, True)]
+                hide = hide and not delayed
             copies = self.channel.keeps or delayed  # else payloads may be live views
             built = time.perf_counter()
             with torch.no_grad():  # every payload before any transfer: the guard sees them all
                 payloads = []
                 for weights, kinds, _ in parts:
+                    if stream is not None:
+                        pool, pg = self.engine.pool, self.replica_pg
+                        payloads.append(stream.payload(fragment, kinds, pool, pg))
+                        continue
                     payloads.append(self.engine.payload(weights, kinds, in_place=not copies))
             verdict = None
             if self.guard is not None:  # the job-wide NaN/inf vote on everything sent
@@ -281,18 +310,21 @@ class SyncPolicy:
             for (weights, kinds, background), payload in zip(parts, payloads, strict=True):
                 snapshot = [b.clone() for b in payload.buffers] if background else None
                 works = self.channel.start(payload.buffers, self.hook)
-                part = InFlight(works, payload, verdict, snapshot, dropped=self.engine.diverged)
+                dropped = self.engine.diverged if stream is None else stream.diverged
+                part = InFlight(works, payload, verdict, snapshot, dropped=dropped)
                 verdict = None  # one vote, waited for by the first part to land
                 for buffer in payload.buffers:
                     sent += buffer.numel() * buffer.element_size()
                 stats = getattr(self.engine, "stats", None)  # touched rows: agreeing on the union
-                sent += stats.metadata_bytes if stats is not None else 0
+                agreed = stream if stream is not None else stats
+                sent += agreed.metadata_bytes if agreed is not None else 0
                 if background or hide:  # tracking restarts now: later updates are the next delta
                     self.engine.synced(weights=weights, states=kinds)
-                    part.landed = self._scale if kinds and self.scaler is not None else None
+                    scale = kinds and self.scaler is not None
+                    part.landed = (lambda r=spans: self._scale(r)) if scale else None
                     (self.background if background else self.hidden).append(part)
                     continue
-                part.landed = lambda w=weights, k=kinds: self._landed(w, k)
+                part.landed = lambda w=weights, k=kinds, r=spans: self._landed(w, k, r)
                 self.channel.hand(part)
             exposed = time.perf_counter() - built
             if self.hidden:
@@ -316,17 +348,19 @@ class SyncPolicy:
         self.channel.hand(InFlight([], written, dropped=self.engine.diverged))
         return sent
 
-    def _landed(self, weights: bool, states: bool) -> None:
+    def _landed(self, weights: bool, states: bool, spans: list[RowSpan] | None) -> None:
         """What landing a blocking part does: rows in sync, accumulators scaled."""
         self.engine.synced(weights=weights, states=states)
         if self.scaler is not None and self.channel.size is not None:
             self.scaler.factor = float(self.channel.size)  # c = the replicas averaged
         if states:
-            self._scale()
+            self._scale(spans)
 
-    def _scale(self) -> None:
+    def _scale(self, spans: list[RowSpan] | None = None) -> None:
+        """Scale the accumulators' growth: every row, or a streamed fragment's rows."""
         if self.scaler is not None:
-            self.scaler.apply()
+            rows = None if spans is None else {id(self.shards[s.shard]): s for s in spans}
+            self.scaler.apply(rows)
 
     # ---- landing -----------------------------------------------------------------------
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
@@ -374,6 +408,8 @@ class SyncPolicy:
         keep those rows pending one more sync."""
         if hasattr(self.engine, "lookahead"):
             self.engine.lookahead = True
+        if self.stream is not None:
+            self.stream.lookahead = True
 
     def measure_divergence(self) -> float:
         """Relative L2 distance of this replica to the replica mean (a small collective)."""

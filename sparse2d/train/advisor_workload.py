@@ -51,4 +51,5 @@ def workload_from_config(cfg: Config) -> Workload:
         pipeline=cfg.train.pipeline != "none",
         hide=sync.hide,
         check_finite=sync.check_finite,
+        stream=sync.stream,
     )

@@ -114,12 +114,14 @@ class InWorld:
         return {}
 
     def attempt(self, run: Run) -> Attempt:
-        """One step; the last one ends on averaged replicas whatever the sync cadence."""
+        """One step; the last one ends on averaged replicas whatever the sync cadence (a
+        stream never leaves every row averaged at once: its last step syncs them all)."""
         step = self._next
         if self.steps is None:
             raise RuntimeError("InWorld.attempt before attach")
         logits, labels, report = self.steps.run(step, run.device, run.model.maybe_sync)
-        if step == self.cfg.train.steps - 1 and (step + 1) % self.cfg.parallel.sync.every:
+        sync = self.cfg.parallel.sync
+        if step == self.cfg.train.steps - 1 and (sync.stream or (step + 1) % sync.every):
             run.model.finish_sync()
             report = run.model.sync()
         if report is not None:

@@ -27,6 +27,10 @@ replicas, so all take the same branch (no mismatched collectives):
   wait for the others, so its time is the sync's own cost.
 
 Values are the same as the dense engine's to the bit: only which rows travel changes.
+
+Tracking pays for itself: while dense stays home (``ModeChooser.settled``) and no sampled
+sync is due, lookups are not stamped; the interval before a sample or a possible sparse
+sync is stamped again (``_dense_payload``).
 """
 
 from __future__ import annotations
@@ -198,6 +202,7 @@ class AutoEngine(SparseEngine):
     def _sparse_payload(
         self, kinds: list[str], weights: bool, states: bool, previous: tuple[str, float] | None
     ) -> Payload:
+        self.tracker.resume()  # if paused: every row counts as touched (correct, not cheap)
         payload = super().payload(weights, states)
         times = [row[0] for row in self.gathered_extra]
         if times and min(times) > 0:  # the last replica to arrive waited least: no skew
@@ -219,7 +224,20 @@ class AutoEngine(SparseEngine):
         self, kinds: list[str], previous: tuple[str, float] | None, in_place: bool
     ) -> Payload:
         flush_caches(self.shards)
+        # Touched rows are needed in the coming interval only if the next sync may read them:
+        # a sampled dense sync (its tail), or a sparse one (a switch or an exploration).
+        # While dense stays home and no sample is due, lookups are not stamped (their cost
+        # is the tracking's whole cost); resumed before the cut, so the rows it marks all
+        # touched belong to the interval that ends here, not to the next.
+        sample = previous is None or previous[0] != DENSE or self._dense_syncs % SAMPLE_EVERY == 0
+        next_samples = (self._dense_syncs + 1) % SAMPLE_EVERY == 0
+        settled = self.chooser.home == DENSE and self.chooser.settled()
+        tracks = sample or next_samples or not settled  # a sample refines the next choice
+        if tracks:
+            self.tracker.resume()
         cut = self.tracker.cut()
+        if not tracks:
+            self.tracker.pause()
         for kind in kinds:
             self._pending[kind] = cut
         entries = self._entries(kinds)
@@ -227,7 +245,6 @@ class AutoEngine(SparseEngine):
         self.stats = SparseStats(
             rows_total=total, rows_synced=total, dense_shards=sum(r > 0 for _, _, r, _ in entries)
         )
-        sample = previous is None or previous[0] != DENSE or self._dense_syncs % SAMPLE_EVERY == 0
         self._dense_syncs += 1
         if not sample:  # a plain dense sync, exactly the dense engine's: nothing to learn
             return self._plain.payload(WEIGHTS in kinds, STATES in kinds, in_place)

@@ -89,6 +89,7 @@ class ModeChooser:
         self._home_syncs = 0  # home syncs since the last exploration (or switch)
         self._interval = EXPLORE_FIRST
         self._awaiting = False  # an exploration's measurement has not landed yet
+        self._estimate: dict[str, float] = {}  # the last choice's predictions
 
     def estimate(self, cost: dict[str, float]) -> dict[str, float]:
         """Predicted seconds per mode from modelled ``cost``."""
@@ -106,7 +107,7 @@ class ModeChooser:
 
     def choose(self, cost: dict[str, float]) -> str:
         """The mode of the next sync; updates ``home`` and the exploration schedule."""
-        est = self.estimate(cost)
+        est = self._estimate = self.estimate(cost)
         measured = {m for m, fit in self.fits.items() if fit is not None}
         if not measured:  # nothing measured yet: the model alone
             self.home = min(est, key=est.__getitem__)
@@ -129,6 +130,22 @@ class ModeChooser:
             self.explored += 1
             return other
         return self.home
+
+    def settled(self) -> bool:
+        """The next ``choose``, fed the costs it was fed last, returns ``home`` again (no
+        exploration due; costs change only when a measurement lands)."""
+        est = self._estimate
+        measured = {m for m, fit in self.fits.items() if fit is not None}
+        if not est or not measured:
+            return bool(est)  # the model alone: the same costs, the same choice
+        other = DENSE if self.home == SPARSE else SPARSE
+        if self.home not in measured:
+            return False
+        if other in measured:
+            due = self._home_syncs + 1 > self._interval
+        else:
+            due = not self._awaiting or self._home_syncs + 1 > EXPLORE_FIRST
+        return not (due and est[other] < EXPLORE_RATIO * est[self.home])
 
     def refine(self, mode: str, modelled_s: float, measured_s: float) -> None:
         """Fold the agreed measured time of a past ``mode`` sync (modelled ``modelled_s``) in.

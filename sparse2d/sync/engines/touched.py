@@ -136,6 +136,23 @@ class TouchedRows:
             offset += rows
         return bitmap.numel()
 
+    def union_since(
+        self, spans: list[tuple[int, int, int]], base: int, pg: dist.ProcessGroup | None
+    ) -> list[torch.Tensor]:
+        """Per ``(shard index, start, end)`` span: the rows (from ``start``) that any member of
+        ``pg`` touched after generation ``base`` (one MAX all-reduce of a uint8 bitmap; a
+        streamed sync's fragment, ``sparse2d.sync.stream``). Collective over ``pg``."""
+        if not spans:
+            return []
+        parts = [(self._views[i][a:b] > base).to(torch.uint8) for i, a, b in spans]
+        bitmap = torch.cat(parts)
+        dist.all_reduce(bitmap, op=dist.ReduceOp.MAX, group=pg)
+        rows, offset = [], 0
+        for _, a, b in spans:
+            rows.append(torch.nonzero(bitmap[offset : offset + b - a]).squeeze(1))
+            offset += b - a
+        return rows
+
     def rows_since(self, shard_index: int, base: int) -> torch.Tensor:
         """Sorted local row ids (int64) of shard ``shard_index`` touched after generation ``base``."""
         return torch.nonzero(self._views[shard_index] > base).squeeze(1)
