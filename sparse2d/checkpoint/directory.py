@@ -41,6 +41,15 @@ def list_checkpoints(path: str | os.PathLike[str]) -> list[str]:
     return [p for _, p in sorted(found)]
 
 
+def partial_saves(path: str | os.PathLike[str]) -> list[str]:
+    """Saves under ``path`` that never completed (``step_N.tmp-*``: a save killed midway, or
+    one in flight), by name; never loaded, and removed by the next ``prune``."""
+    root = os.fspath(path)
+    if not os.path.isdir(root):
+        return []
+    return sorted(n for n in os.listdir(root) if n.startswith(PREFIX) and ".tmp-" in n)
+
+
 def latest(path: str | os.PathLike[str]) -> str | None:
     """The newest complete checkpoint under ``path``, or ``None``.
 

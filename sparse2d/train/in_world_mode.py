@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from sparse2d import checkpoint
+from sparse2d.checkpoint.directory import partial_saves
 from sparse2d.train.config import Config
 from sparse2d.train.data import DataSource
 from sparse2d.train.metrics import max_over_ranks
@@ -70,10 +71,14 @@ class InWorld:
 
     def _maybe_resume(self, run: Run) -> None:
         """The newest checkpoint that loads (``train.resume=auto``); a damaged one is named
-        and skipped, verified before anything changes."""
+        and skipped, verified before anything changes; a save that never completed is named
+        and never read."""
         if self.cfg.train.resume != "auto":
             return
         where = self.checkpoint_dir
+        if run.is_main:  # a save cut short (every host lost mid-save): named, never loaded
+            for name in partial_saves(where):
+                print(f"[resume] not read: {name}, a save that never completed", flush=True)
         path = checkpoint.latest(where)
         if path is None:
             if run.is_main:
