@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from sparse2d import checkpoint
 from sparse2d.errors import FaultToleranceError
+from sparse2d.ft import commit_log
 from sparse2d.ft.heal_log import HealLog
 from sparse2d.ft.state import digest
 from sparse2d.managed_collision import mc_identity_buffers
@@ -110,6 +111,27 @@ class FaultTolerantMode:
             run.model, run.optimizer, options, config_digest=config_digest(self.cfg)
         )
         self.ft.final_step = self.cfg.train.steps  # the last step syncs whatever the cadence
+        if ft.commit_log and self.rank == 0:
+            launched = os.environ.get("SPARSE2D_FT_LAUNCH_TIME")
+            fresh = commit_log.stale(
+                self.run_dir, float(launched) if launched else None, self.restart
+            )
+            self._commits = commit_log.CommitLog(self.run_dir, fresh)
+            self.ft.on_commit = self._log_commit
+
+    def _log_commit(self, participants: int) -> None:
+        """One line of ``commits.jsonl`` for the step that just committed (rank 0's state)."""
+        ft = self.ft
+        self._commits.append(
+            {
+                "step": ft.manager.current_step(),
+                "quorum_id": int(getattr(ft.manager, "_quorum_id", -1)),
+                "participants": participants,
+                "digest": digest(ft.model, ft.shards, mc_identity_buffers(ft.policy)),
+                "pid": os.getpid(),
+                "time": time.time(),
+            }
+        )
 
     @property
     def completed(self) -> int:
