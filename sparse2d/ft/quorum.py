@@ -110,12 +110,20 @@ def _reported_together(options: FTOptions, failed: int) -> None:
 
 def form(manager: Any, options: FTOptions) -> int:
     """Join this step's quorum (torchft's ``start_quorum``; heals a group that is behind) and
-    return its number of groups. A refused heal (another plan) stays a ``ConfigError``;
-    anything else, one line. The count is read here once per quorum: torchft's
+    return its number of groups. The lighthouse is first waited for (a TCP connect, up to
+    ``quorum_timeout_s``, which the quorum's RPC then finishes). A refused heal (another
+    plan) stays a ``ConfigError``; anything else, one line. The count is read here once per quorum: torchft's
     ``num_participants()`` enters a profiler ``record_function`` at every call, and a step
     asked it ~7 times (~0.9 of 36 profiled main-thread CPU seconds over 1000 steps)."""
     try:
-        manager.start_quorum()
+        started = time.monotonic()
+        # A lighthouse restarted at its address (killed, rescheduled) is waited for here, up
+        # to quorum_timeout_s: a quorum RPC sent while it is down fails on one rank of the
+        # group only and holds the others for the whole timeout, so every group stopped at
+        # once and none was left to heal from (a 2 s lighthouse restart ended the job).
+        check_reachable(options.lighthouse_address(), options.quorum_timeout_s)
+        left = options.quorum_timeout_s - (time.monotonic() - started)
+        manager.start_quorum(timeout=datetime.timedelta(seconds=max(left, START_POLL_S)))
         return int(manager.num_participants())
     except ConfigError:  # a heal refused: the live group runs another plan/config
         raise
