@@ -434,6 +434,10 @@ def markdown(analyses: list[dict], reference_auc: float | None, machine: str) ->
         f"(split brain, committed step redone, replicas bit-identical, AUC within 0.005, "
         f"launcher exit 0, nothing left behind). Reference: {machine}.",
         "",
+        "Regenerate (root, each under `flock /work/cluster.lock` on a shared box): "
+        "`.venv/bin/python bench/chaos.py --reference --seeds 1`, then `--seeds 2` and "
+        "`--seeds 3` (each seed is stored as it ends); `--print-schedule` prints a seed's faults.",
+        "",
     ]
     for a in analyses:
         verdict = (
