@@ -369,7 +369,46 @@ def torchft_manager(
         init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
     )
     bound_quorum_wait(manager, options.quorum_timeout_s)
+    fresh_store_prefix(manager, pg)
     return pg, manager
+
+
+def fresh_store_prefix(manager: Any, pg: Any) -> None:
+    """Key each cross-group process group's rendezvous by the quorum's step as well as its id.
+
+    torchft keys a new process group's rendezvous in the primary group's store by the quorum
+    id alone (``/torchft/{quorum_id}/{rank}``). A lighthouse that restarts counts quorum ids
+    from 1 again, so the next process group met the keys a former quorum of that id left in
+    the same store: gloo dialed the former members' addresses and the setup failed ("Gloo
+    connectFullMesh failed ... Connection refused"), every group stopped after
+    ``quorum_timeout_s`` (``bench/chaos.py``, a 2 s lighthouse restart). Every member of a
+    quorum gets the same ``max_step``, and a lighthouse's ids only grow, so ``(id, step)``
+    names one setup (a restarted lighthouse would have to reach a former id at the same step).
+    Where a restarted lighthouse reuses this group's current id with other members, torchft
+    keeps the old process group; the step's all-reduce then fails and the next quorum builds
+    a fresh one (``drop_process_group``)."""
+    seen = {"max_step": 0}
+    client = manager._client
+
+    class Client:
+        """torchft's manager client, noting each quorum's ``max_step``."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(client, name)
+
+        def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+            result = client._quorum(*args, **kwargs)
+            seen["max_step"] = int(result.max_step)
+            return result
+
+    manager._client = Client()
+    configure = pg.configure
+
+    def configure_at_step(store_addr: str, *args: Any, **kwargs: Any) -> None:
+        address, _, prefix = store_addr.partition("/")
+        configure(f"{address}/step{seen['max_step']}/{prefix}", *args, **kwargs)
+
+    pg.configure = configure_at_step
 
 
 def bound_quorum_wait(manager: Any, limit_s: float) -> None:
