@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -279,6 +280,7 @@ def run(
     if faults is None:
         faults = [] if seed is None else schedule(seed, steps=steps)
     name = cluster_name("chaos", name_key or str(seed))
+    shutil.rmtree(run_dir, ignore_errors=True)  # records of an earlier run would be read
     job = launch(run_dir, steps, hosts=HOSTS, name=name, config=CONFIG, job=(), restarts=RESTARTS)
     events: list[dict] = []
     error = ""
