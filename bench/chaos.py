@@ -472,7 +472,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--print-schedule", action="store_true", help="print and stop")
     parser.add_argument(
-        "--reference", action="store_true", help="run the uninterrupted job again (else stored)"
+        "--reference",
+        action="store_true",
+        help="run the uninterrupted job again, unless seeds measured against the stored one exist",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true", help="do not edit RESULTS.md")
@@ -497,7 +499,7 @@ def main() -> None:
         sys.exit("chaos: needs root (network namespaces, tc), as launch/emulated_hosts.sh")
     # each seed is one run of ~6 min, stored as it ends (a held lock of the shared machine
     # covers one run at a time); the uninterrupted reference is run once per job length
-    fresh = args.reference or stored.get("steps") != args.steps
+    fresh = stored.get("steps") != args.steps or (args.reference and not stored.get("analyses"))
     if fresh:
         stored = {"steps": args.steps, "analyses": {}, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="chaos_") as tmp:
