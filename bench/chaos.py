@@ -495,6 +495,8 @@ def main() -> None:
         text = markdown(analyses, stored["reference_auc"], stored["machine"])
         publish(args, stored, text, "chaos.json", MARKER, stored_stamp(MARKER, args.out))
         return
+    # a timeout's SIGTERM unwinds too: each run's ``finally`` removes its cluster
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("chaos: terminated"))
     if os.geteuid() != 0:
         sys.exit("chaos: needs root (network namespaces, tc), as launch/emulated_hosts.sh")
     # each seed is one run of ~6 min, stored as it ends (a held lock of the shared machine
