@@ -86,6 +86,12 @@ class FaultTolerantMode:
         self.trained_to = _last_train_step(os.path.join(self.run_dir, "metrics.jsonl"))
         """The furthest step this group logged before this process (0: none)."""
         self.had_progress = self.trained_to > 0
+        launched = os.environ.get("SPARSE2D_FT_LAUNCH_TIME")
+        self.rejoins = launched is not None and _trained_since(
+            os.path.join(self.run_dir, "metrics.jsonl"), float(launched)
+        )
+        """This group trained in this job (the launcher's launch time) before this process:
+        a host's relaunch, which rejoins the live groups instead of waiting for all."""
         self.samples_per_group = size * cfg.data.batch_size_per_rank
         self.heal_log = HealLog(self.run_dir, fresh_launch=self.restart == 0) if rank == 0 else None
         self._heals_seen = 0
@@ -104,9 +110,14 @@ class FaultTolerantMode:
         # this module for every run; ``import sparse2d.ft`` itself loads no torchft)
         from sparse2d.ft import FaultTolerance
 
-        # a restarted group rejoins a running job (or finds every group lost): no start wait
+        # a restarted group rejoins a running job (or finds every group lost): no start wait.
+        # A host's relaunch is torchrun restart 0 again, but its group logged steps in this
+        # job: its start wait polled the lighthouse ~120 times, each poll a new quorum that
+        # tore down the live groups' process group, so their steps failed for minutes
+        # (bench/chaos.py: a host killed twice while healing)
         ft = self.cfg.fault_tolerance
-        options = ft.options() if self.restart == 0 else ft.options(start_wait_s=1e-9)
+        fresh = self.restart == 0 and not self.rejoins
+        options = ft.options() if fresh else ft.options(start_wait_s=1e-9)
         self.ft = FaultTolerance(
             run.model, run.optimizer, options, config_digest=config_digest(self.cfg)
         )
@@ -392,3 +403,19 @@ def _last_train_step(metrics: str) -> int:
     with open(metrics) as f:
         steps = [json.loads(line).get("step", 0) for line in f if '"kind": "train"' in line]
     return int(steps[-1]) if steps else 0
+
+
+def _trained_since(metrics: str, since: float) -> bool:
+    """Whether ``metrics`` holds a ``train`` record logged at or after ``since`` (wall time)."""
+    if not os.path.exists(metrics):
+        return False
+    with open(metrics) as f:
+        for line in f:
+            if '"kind": "train"' not in line:
+                continue
+            try:
+                if json.loads(line).get("time", 0) >= since:
+                    return True
+            except json.JSONDecodeError:  # a line cut by a kill
+                continue
+    return False
