@@ -80,6 +80,8 @@ KINDS = (
 )
 RESTARTS = 12
 """Host relaunches and torchrun restarts allowed (a host may be struck several times)."""
+FAULT_KEYS = ("kind", "at", "host", "hosts", "seconds", "factor", "rank", "then")
+"""A scheduled fault's keys (an event adds its times and what it hit)."""
 STARTED: list[subprocess.Popen] = []
 """Lighthouses this process started again (reaped once the cluster is gone)."""
 WHOLE_TIMEOUT_S = 240.0
@@ -390,7 +392,7 @@ def analyse(result: dict, reference_auc: float | None) -> dict:
         hit = struck_hosts(event)
         survivors = [g for g in range(HOSTS) if g not in hit]
         row = {
-            "fault": describe(event),
+            "fault": describe({k: v for k, v in event.items() if k in FAULT_KEYS}),
             "step": event["step"],
             "seconds": event["end"] - event["start"],
             "stall_s": stall(result, event, survivors),
@@ -491,6 +493,9 @@ def main() -> None:
     path = args.out / "chaos.json"
     stored = json.loads(path.read_text()) if path.exists() else {}
     if args.render:
+        for seed, a in stored["analyses"].items():  # each row's fault as scheduled
+            for row, event in zip(a["rows"], stored["runs"][seed]["events"]):
+                row["fault"] = describe({k: v for k, v in event.items() if k in FAULT_KEYS})
         analyses = [stored["analyses"][k] for k in sorted(stored["analyses"], key=int)]
         text = markdown(analyses, stored["reference_auc"], stored["machine"])
         publish(args, stored, text, "chaos.json", MARKER, stored_stamp(MARKER, args.out))
