@@ -438,9 +438,11 @@ def markdown(analyses: list[dict], reference_auc: float | None, machine: str) ->
         f"(split brain, committed step redone, replicas bit-identical, AUC within 0.005, "
         f"launcher exit 0, nothing left behind). Reference: {machine}.",
         "",
-        "Regenerate (root, each under `flock /work/cluster.lock` on a shared box): "
+        "Regenerate (root; on a shared box each run under the cluster lock): "
         "`.venv/bin/python bench/chaos.py --reference --seeds 1`, then `--seeds 2` and "
-        "`--seeds 3` (each seed is stored as it ends); `--print-schedule` prints a seed's faults.",
+        "`--seeds 3` (each seed is stored as it ends); `--print-schedule` prints a seed's faults. "
+        "A survivors' stall counts from a fault's start to timeout_s after its end, so a fault "
+        "struck inside that window shares the stall of the one before.",
         "",
     ]
     for a in analyses:
