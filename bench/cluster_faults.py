@@ -82,11 +82,19 @@ def remove_cluster(name: str) -> None:
 
 
 def launch(
-    run_dir: Path, steps: int = STEPS, *extra: str, hosts: int = 2, name: str = ""
+    run_dir: Path,
+    steps: int = STEPS,
+    *extra: str,
+    hosts: int = 2,
+    name: str = "",
+    config: str = "configs/ft_tiny_cpu.yaml",
+    job: tuple[str, ...] = JOB,
+    restarts: int = 3,
 ) -> subprocess.Popen:
-    """``FT=1 launch/emulated_hosts.sh`` with the fault job, as cluster ``name`` (default: a
-    random one); its output goes to ``run_dir/launcher.log`` (nobody reads a pipe while the
-    faults run)."""
+    """``FT=1 launch/emulated_hosts.sh`` with the fault job (``config`` with ``job``'s
+    overrides), as cluster ``name`` (default: a random one), each host relaunched and each
+    group restarted up to ``restarts`` times; its output goes to ``run_dir/launcher.log``
+    (nobody reads a pipe while the faults run)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {
         k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TORCHFT_LIGHTHOUSE")
@@ -97,15 +105,15 @@ def launch(
         HOSTS=str(hosts),
         NPROC="2",
         LINK=LINK,
-        CONFIG="configs/ft_tiny_cpu.yaml",
-        MAX_RESTARTS="3",
-        HOST_RESTARTS="3",
+        CONFIG=config,
+        MAX_RESTARTS=str(restarts),
+        HOST_RESTARTS=str(restarts),
     )  # noqa
     if name:
         env["CLUSTER_ID"] = name
     log = open(run_dir / "launcher.log", "w")  # noqa: SIM115 (the child holds it)
     return subprocess.Popen(
-        ["bash", str(LAUNCHER), *JOB, f"train.steps={steps}", f"run_dir={run_dir}", *extra],
+        ["bash", str(LAUNCHER), *job, f"train.steps={steps}", f"run_dir={run_dir}", *extra],
         cwd=ROOT,
         env=env,
         stdout=log,

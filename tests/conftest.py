@@ -58,6 +58,7 @@ HEAVY_FIRST = (
     "test_emulated_hosts.py",
     "test_emulated_faults.py",
     "test_emulated_restart.py",
+    "test_bench_chaos.py",
 )
 """The modules with the most CPU seconds (fault-tolerant launches above all: 620 of the
 suite's ~1740, 2026-11-27), collected first: ``make test`` runs the modules on two

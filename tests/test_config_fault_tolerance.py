@@ -50,7 +50,7 @@ def test_section_is_the_library_options_with_their_names() -> None:
     cfg = load_config("configs/ft_tiny_cpu.yaml", ["fault_tolerance.quorum_every=7"])
     ft = cfg.fault_tolerance
     keys = [f.name for f in dataclasses.fields(ft)]
-    assert keys == [f.name for f in dataclasses.fields(FTOptions)] + ["enable"]
+    assert keys == [f.name for f in dataclasses.fields(FTOptions)] + ["enable", "commit_log"]
     options = ft.options()
     assert type(options) is FTOptions and options.num_groups == 2 and options.quorum_every == 7
     assert "sync_every" not in keys  # the cadence is parallel.sync.every, once

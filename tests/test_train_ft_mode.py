@@ -175,3 +175,23 @@ def test_late_votes_keep_every_logged_step_logged_once() -> None:
         want = [d for d in range(1, steps + 1) if d % log_every == 0 or d == steps]
         got = _logged_steps(log_every, eval_every, save_every, steps)
         assert got == want, (log_every, eval_every, save_every, steps, got)
+
+
+def test_a_relaunched_group_is_told_from_a_fresh_one_by_its_steps_in_this_job(tmp_path) -> None:
+    """A host's relaunch (torchrun restart 0 again) rejoins without the start wait when its
+    group logged a train step since the job's launch; a fresh launch, or one whose records
+    predate the launch (another job's run directory), waits for every group."""
+    from sparse2d.train.config import load_config
+    from sparse2d.train.ft_mode import _trained_since
+    from sparse2d.train.recorder import Recorder
+
+    cfg = load_config("bench/inputs/chaos.yaml", ["metrics.tensorboard=false"])
+    recorder = Recorder(cfg, str(tmp_path), is_main=True, wall_time=True)
+    metrics = str(tmp_path / "metrics.jsonl")
+    assert not _trained_since(metrics, 0.0)  # no file: a fresh launch
+    launched = float(int(time.time()))  # as the launcher exports it (date +%s)
+    recorder.log({"kind": "start"}, 0)
+    recorder.log({"kind": "train", "step": 5}, 5)
+    recorder.close()
+    assert _trained_since(metrics, launched)  # trained in this job: a relaunch
+    assert not _trained_since(metrics, time.time() + 10)  # an earlier job's records

@@ -117,6 +117,9 @@ class FaultTolerance:
         self._poison = False
         self.verdicts: list[bool] = []
         """Every landed step's verdict, in order (a loop reads and clears it)."""
+        self.on_commit: Callable[[int], None] | None = None
+        """Called with the step's groups on every rank after each commit, the committed state
+        in place (the trainer's commit log, ``sparse2d.ft.commit_log``); None: nothing."""
         self._land_hook = commit.land_before_reads(model, self.channel, self.land)
 
     # ---- heal state (torchft calls these; sparse2d.ft.state) ------------------------------
@@ -368,6 +371,8 @@ class FaultTolerance:
             self.committed += 1
             self.slices_skipped += opts.num_groups - participants
             self.min_participants = min(self.min_participants or participants, participants)
+            if self.on_commit is not None:
+                self.on_commit(participants)
         else:
             self.failed += 1
         self.optimizer.zero_grad(set_to_none=True)

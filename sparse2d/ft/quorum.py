@@ -110,12 +110,20 @@ def _reported_together(options: FTOptions, failed: int) -> None:
 
 def form(manager: Any, options: FTOptions) -> int:
     """Join this step's quorum (torchft's ``start_quorum``; heals a group that is behind) and
-    return its number of groups. A refused heal (another plan) stays a ``ConfigError``;
-    anything else, one line. The count is read here once per quorum: torchft's
+    return its number of groups. The lighthouse is first waited for (a TCP connect, up to
+    ``quorum_timeout_s``, which the quorum's RPC then finishes). A refused heal (another
+    plan) stays a ``ConfigError``; anything else, one line. The count is read here once per quorum: torchft's
     ``num_participants()`` enters a profiler ``record_function`` at every call, and a step
     asked it ~7 times (~0.9 of 36 profiled main-thread CPU seconds over 1000 steps)."""
     try:
-        manager.start_quorum()
+        started = time.monotonic()
+        # A lighthouse restarted at its address (killed, rescheduled) is waited for here, up
+        # to quorum_timeout_s: a quorum RPC sent while it is down fails on one rank of the
+        # group only and holds the others for the whole timeout, so every group stopped at
+        # once and none was left to heal from (a 2 s lighthouse restart ended the job).
+        check_reachable(options.lighthouse_address(), options.quorum_timeout_s)
+        left = options.quorum_timeout_s - (time.monotonic() - started)
+        manager.start_quorum(timeout=datetime.timedelta(seconds=max(left, START_POLL_S)))
         return int(manager.num_participants())
     except ConfigError:  # a heal refused: the live group runs another plan/config
         raise
@@ -361,7 +369,46 @@ def torchft_manager(
         init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
     )
     bound_quorum_wait(manager, options.quorum_timeout_s)
+    fresh_store_prefix(manager, pg)
     return pg, manager
+
+
+def fresh_store_prefix(manager: Any, pg: Any) -> None:
+    """Key each cross-group process group's rendezvous by the quorum's step as well as its id.
+
+    torchft keys a new process group's rendezvous in the primary group's store by the quorum
+    id alone (``/torchft/{quorum_id}/{rank}``). A lighthouse that restarts counts quorum ids
+    from 1 again, so the next process group met the keys a former quorum of that id left in
+    the same store: gloo dialed the former members' addresses and the setup failed ("Gloo
+    connectFullMesh failed ... Connection refused"), every group stopped after
+    ``quorum_timeout_s`` (``bench/chaos.py``, a 2 s lighthouse restart). Every member of a
+    quorum gets the same ``max_step``, and a lighthouse's ids only grow, so ``(id, step)``
+    names one setup (a restarted lighthouse would have to reach a former id at the same step).
+    Where a restarted lighthouse reuses this group's current id with other members, torchft
+    keeps the old process group; the step's all-reduce then fails and the next quorum builds
+    a fresh one (``drop_process_group``)."""
+    seen = {"max_step": 0}
+    client = manager._client
+
+    class Client:
+        """torchft's manager client, noting each quorum's ``max_step``."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(client, name)
+
+        def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+            result = client._quorum(*args, **kwargs)
+            seen["max_step"] = int(result.max_step)
+            return result
+
+    manager._client = Client()
+    configure = pg.configure
+
+    def configure_at_step(store_addr: str, *args: Any, **kwargs: Any) -> None:
+        address, _, prefix = store_addr.partition("/")
+        configure(f"{address}/step{seen['max_step']}/{prefix}", *args, **kwargs)
+
+    pg.configure = configure_at_step
 
 
 def bound_quorum_wait(manager: Any, limit_s: float) -> None:

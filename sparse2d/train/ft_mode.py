@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from sparse2d import checkpoint
 from sparse2d.errors import FaultToleranceError
+from sparse2d.ft import commit_log
 from sparse2d.ft.heal_log import HealLog
 from sparse2d.ft.state import digest
 from sparse2d.managed_collision import mc_identity_buffers
@@ -85,6 +86,12 @@ class FaultTolerantMode:
         self.trained_to = _last_train_step(os.path.join(self.run_dir, "metrics.jsonl"))
         """The furthest step this group logged before this process (0: none)."""
         self.had_progress = self.trained_to > 0
+        launched = os.environ.get("SPARSE2D_FT_LAUNCH_TIME")
+        self.rejoins = launched is not None and _trained_since(
+            os.path.join(self.run_dir, "metrics.jsonl"), float(launched)
+        )
+        """This group trained in this job (the launcher's launch time) before this process:
+        a host's relaunch, which rejoins the live groups instead of waiting for all."""
         self.samples_per_group = size * cfg.data.batch_size_per_rank
         self.heal_log = HealLog(self.run_dir, fresh_launch=self.restart == 0) if rank == 0 else None
         self._heals_seen = 0
@@ -103,13 +110,39 @@ class FaultTolerantMode:
         # this module for every run; ``import sparse2d.ft`` itself loads no torchft)
         from sparse2d.ft import FaultTolerance
 
-        # a restarted group rejoins a running job (or finds every group lost): no start wait
+        # a restarted group rejoins a running job (or finds every group lost): no start wait.
+        # A host's relaunch is torchrun restart 0 again, but its group logged steps in this
+        # job: its start wait polled the lighthouse ~120 times, each poll a new quorum that
+        # tore down the live groups' process group, so their steps failed for minutes
+        # (bench/chaos.py: a host killed twice while healing)
         ft = self.cfg.fault_tolerance
-        options = ft.options() if self.restart == 0 else ft.options(start_wait_s=1e-9)
+        fresh = self.restart == 0 and not self.rejoins
+        options = ft.options() if fresh else ft.options(start_wait_s=1e-9)
         self.ft = FaultTolerance(
             run.model, run.optimizer, options, config_digest=config_digest(self.cfg)
         )
         self.ft.final_step = self.cfg.train.steps  # the last step syncs whatever the cadence
+        if ft.commit_log and self.rank == 0:
+            launched = os.environ.get("SPARSE2D_FT_LAUNCH_TIME")
+            fresh = commit_log.stale(
+                self.run_dir, float(launched) if launched else None, self.restart
+            )
+            self._commits = commit_log.CommitLog(self.run_dir, fresh)
+            self.ft.on_commit = self._log_commit
+
+    def _log_commit(self, participants: int) -> None:
+        """One line of ``commits.jsonl`` for the step that just committed (rank 0's state)."""
+        ft = self.ft
+        self._commits.append(
+            {
+                "step": ft.manager.current_step(),
+                "quorum_id": int(getattr(ft.manager, "_quorum_id", -1)),
+                "participants": participants,
+                "digest": digest(ft.model, ft.shards, mc_identity_buffers(ft.policy)),
+                "pid": os.getpid(),
+                "time": time.time(),
+            }
+        )
 
     @property
     def completed(self) -> int:
@@ -370,3 +403,19 @@ def _last_train_step(metrics: str) -> int:
     with open(metrics) as f:
         steps = [json.loads(line).get("step", 0) for line in f if '"kind": "train"' in line]
     return int(steps[-1]) if steps else 0
+
+
+def _trained_since(metrics: str, since: float) -> bool:
+    """Whether ``metrics`` holds a ``train`` record logged at or after ``since`` (wall time)."""
+    if not os.path.exists(metrics):
+        return False
+    with open(metrics) as f:
+        for line in f:
+            if '"kind": "train"' not in line:
+                continue
+            try:
+                if json.loads(line).get("time", 0) >= since:
+                    return True
+            except json.JSONDecodeError:  # a line cut by a kill
+                continue
+    return False

@@ -18,11 +18,15 @@ from sparse2d.ft.ft_options import FTOptions
 @dataclass(kw_only=True, slots=True)
 class FaultToleranceConfig(FTOptions):
     """Fault-tolerant 2D on torchft: a lost rank stops one sharding group, not the job. Every
-    key but ``enable`` is ``sparse2d.FTOptions``' own field (one source of truth); the groups'
+    key but ``enable`` and ``commit_log`` is ``sparse2d.FTOptions``' own field (one source of truth); the groups'
     sync cadence is ``parallel.sync.every``."""
 
     enable: bool = False
     """Run this torchrun world as one replica group of a fault-tolerant job (``launch/ft_local.sh``)."""
+    commit_log: bool = False
+    """Append each committed step (step, quorum, SHA-256 of rank 0's state) to
+    ``RUN_DIR/replica_<g>/commits.jsonl``, for the chaos run's invariant checker
+    (``bench/chaos_check.py``). Hashes rank 0's whole state every step: off for real jobs."""
 
     renamed_keys: ClassVar[dict[str, str]] = {"group_size": "num_groups"}
     """Keys this section once had, by their name now (the loader names the new key)."""
