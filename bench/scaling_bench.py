@@ -254,6 +254,7 @@ def figures(cell: dict[str, Any]) -> dict[str, float | None]:
         "predicted_rest_s": None if None in rest else sum(rest),  # type: ignore[arg-type]
         "state_per_rank_bytes": predicted(cell, "state_per_rank_bytes"),
         "peak_rss_bytes": mean(cell, "peak_rss_bytes"),
+        "eval_auc": mean(cell, "eval_auc"),
     }
 
 
@@ -314,9 +315,16 @@ def acceptance(cells: list[dict[str, Any]]) -> list[str]:
         by = {c["kind"]: figures(c) for c in fixed if c["hosts"] == largest}
         if "1d" in by and "2d" in by:
             ratio = by["2d"]["samples_per_s"] / by["1d"]["samples_per_s"]  # type: ignore[operator]
+            auc_2d, auc_1d = by["2d"]["eval_auc"], by["1d"]["eval_auc"]
+            auc = (
+                "eval AUC not recorded"
+                if auc_2d is None or auc_1d is None
+                else f"eval AUC {auc_2d:.4f} vs 1D's {auc_1d:.4f} at equal steps (goal >= "
+                f"1D's - 0.005: {'met' if auc_2d >= auc_1d - 0.005 else '**not met**'})"
+            )
             out.append(
                 f"- Largest cluster measured ({largest} hosts): 2D is {ratio:.2f}x 1D's "
-                f"samples/s (goal >= 2x: {'met' if ratio >= 2 else '**not met**'})."
+                f"samples/s (goal >= 2x: {'met' if ratio >= 2 else '**not met**'}); {auc}."
             )
     missing = [
         f"{c['hosts']}x{c['nproc']} {c['workload']} {c['label']}" for c in cells if not _runs(c)
@@ -359,8 +367,8 @@ def render(result: dict[str, Any]) -> str:
             "| ranks | link | strategy | runs | samples/s | per dilated s | per rank per "
             "dilated s | MB/host/step meas. / model (err) | step ms meas. / model (err) | "
             "sync ms meas. / model | rest ms meas. / model (a2a, compute) | emb/rank MB | "
-            "peak RSS MiB |",
-            "|---:|---|---|---:|---:|---:|---:|---|---|---|---|---:|---:|",
+            "peak RSS MiB | eval AUC |",
+            "|---:|---|---|---:|---:|---:|---:|---|---|---|---|---:|---:|---:|",
         ]
         for c in rows:
             f = figures(c)
@@ -379,7 +387,7 @@ def render(result: dict[str, Any]) -> str:
                 f"({_f(f['predicted_a2a_s'], '.0f', 1e3)}, "
                 f"{_f(f['predicted_compute_s'], '.0f', 1e3)}) | "
                 f"{_f(f['state_per_rank_bytes'], '.0f', 1e-6)} | "
-                f"{_f(f['peak_rss_bytes'], '.0f', 2**-20)} |"
+                f"{_f(f['peak_rss_bytes'], '.0f', 2**-20)} | {_f(f['eval_auc'], '.4f')} |"
             )
         errors = [(c["label"], r["error"]) for c in rows for r in c["runs"] if "error" in r]
         lines += [""] + [f"- {c} failed: {e}" for c, e in errors[:5]]

@@ -113,7 +113,7 @@ def test_render_converts_to_dilated_seconds_and_judges_every_goal() -> None:
     assert "grow 1.79x" in lines[1]
     assert "2 of 4 cells; off: 2x4 fixed L=4 inter every 20 auto (15%), 8x4 fixed L=4" in lines[2]
     assert "Predicted step within 30%: 3 of 4 cells; off: 8x4 fixed L=4" in lines[3]
-    assert "(8 hosts): 2D is 2.17x 1D's samples/s (goal >= 2x: met)" in lines[4]
+    assert "(8 hosts): 2D is 2.17x 1D's samples/s (goal >= 2x: met); eval AUC not" in lines[4]
     assert "Not measured (machine time): 4x4 fixed 1D" in lines[5]
 
 
