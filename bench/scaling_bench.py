@@ -153,6 +153,7 @@ def measure_one(args: argparse.Namespace, cell: dict[str, Any], run_dir: Path) -
         return result
     summary = json.loads((run_dir / "summary.json").read_text())
     result["global_batch_size"] = summary["global_batch_size"]
+    result["sync_bytes_per_step"] = summary.get("sync_bytes_per_step")  # per rank, trainer's
     candidate = predicted_candidate(c, cell_args, run_dir, result)
     if candidate is not None:
         result["predicted"] = {
@@ -161,6 +162,7 @@ def measure_one(args: argparse.Namespace, cell: dict[str, Any], run_dir: Path) -
             "host_link_bytes": candidate.host_link_bytes,
             "host_link_terms": dict(candidate.host_link_terms),
             "state_per_rank_bytes": candidate.state_per_rank_bytes,
+            "sync_bytes_per_step": candidate.sync_bytes / cell["strategy"].every,
             "sync_kind": candidate.sync_kind,
         }
     return result
@@ -255,6 +257,8 @@ def figures(cell: dict[str, Any]) -> dict[str, float | None]:
         "state_per_rank_bytes": predicted(cell, "state_per_rank_bytes"),
         "peak_rss_bytes": mean(cell, "peak_rss_bytes"),
         "eval_auc": mean(cell, "eval_auc"),
+        "sync_bytes": mean(cell, "sync_bytes_per_step"),
+        "predicted_sync_bytes": predicted(cell, "sync_bytes_per_step"),
     }
 
 
@@ -349,7 +353,9 @@ def render(result: dict[str, Any]) -> str:
         "so per dilated second = as measured x hosts / 2. MB/host: bytes crossing host links "
         "per step per host, interface counters (measured) and the cost model's "
         "`Candidate.host_link_bytes` (payload, no framing). Step split: sync = the trainer's "
-        "`sync_s_per_step`; rest = step - sync (lookup all-to-all + compute + dense "
+        "`sync_s_per_step` (the part of the sync the step waits for: a hidden sync overlaps "
+        "the next steps) and `sync_bytes_per_step` (payload one rank sends per step, "
+        "counted by the trainer) against the model's `sync_bytes` / every; rest = step - sync (lookup all-to-all + compute + dense "
         "all-reduce: the trainer does not split them), beside the model's a2a / compute terms. "
         "emb/rank: the model's embedding state of the most loaded rank (weights + optimizer); "
         "RSS: peak resident set of the largest rank. Predictions: the cost model on the "
@@ -366,9 +372,9 @@ def render(result: dict[str, Any]) -> str:
             "",
             "| ranks | link | strategy | runs | samples/s | per dilated s | per rank per "
             "dilated s | MB/host/step meas. / model (err) | step ms meas. / model (err) | "
-            "sync ms meas. / model | rest ms meas. / model (a2a, compute) | emb/rank MB | "
+            "sync ms meas. / model | sync MB/rank/step trainer / model | rest ms meas. / model (a2a, compute) | emb/rank MB | "
             "peak RSS MiB | eval AUC |",
-            "|---:|---|---|---:|---:|---:|---:|---|---|---|---|---:|---:|---:|",
+            "|---:|---|---|---:|---:|---:|---:|---|---|---|---|---|---:|---:|---:|",
         ]
         for c in rows:
             f = figures(c)
@@ -383,6 +389,8 @@ def render(result: dict[str, Any]) -> str:
                 f"{_f(f['step_s'], '.0f', 1e3)} / {_f(f['predicted_step_s'], '.0f', 1e3)} "
                 f"({_err(f['step_s'], f['predicted_step_s'])}) | "
                 f"{_f(f['sync_s'], '.0f', 1e3)} / {_f(f['predicted_sync_s'], '.0f', 1e3)} | "
+                f"{_f(f['sync_bytes'], '.2f', 1e-6)} / "
+                f"{_f(f['predicted_sync_bytes'], '.2f', 1e-6)} | "
                 f"{_f(rest, '.0f', 1e3)} / {_f(f['predicted_rest_s'], '.0f', 1e3)} "
                 f"({_f(f['predicted_a2a_s'], '.0f', 1e3)}, "
                 f"{_f(f['predicted_compute_s'], '.0f', 1e3)}) | "
