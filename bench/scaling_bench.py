@@ -135,6 +135,7 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "kind": kind,
                         "strategy": s,
                         "label": s.label(hosts * args.nproc),
+                        "steps": args.steps,
                         "runs": [],
                     }
                 )
@@ -231,10 +232,27 @@ def predicted(cell: dict[str, Any], *path: str) -> float | None:
     return None
 
 
+def counted_syncs(steps: int, every: int) -> float:
+    """The share of a run's replica syncs (one per ``every`` steps in steady state) whose
+    bytes and wait fall inside the trainer's counting window: the sync started at the last
+    step lands after the trainer stops counting (it is hidden behind a next step that never
+    comes), so ``floor((steps - 1) / every)`` of ``steps / every`` count (1 of 2 at 40 steps
+    and every 20; 4 of 5 at 100)."""
+    return (steps - 1) // every / (steps / every)
+
+
 def figures(cell: dict[str, Any]) -> dict[str, float | None]:
     """Per cell: measured samples/s, per dilated second and per rank per dilated second;
     bytes per host per step measured and predicted; step, sync and the rest, measured and
-    predicted."""
+    predicted. The model's bytes and step are compared as the run counted them
+    (``counted_syncs``); ``steady_*`` are the model's own per-step figures."""
+    every = (
+        cell["strategy"]["every"] if isinstance(cell["strategy"], dict) else cell["strategy"].every
+    )
+    uncounted = 1.0 - counted_syncs(cell["steps"], every)
+    sync_bytes = predicted(cell, "host_link_terms", "sync") or 0.0
+    sync_s = predicted(cell, "terms", "sync") or 0.0
+    steady_bytes, steady_step = predicted(cell, "host_link_bytes"), predicted(cell, "step_s")
     sps, step = mean(cell, "samples_per_s"), mean(cell, "step_s")
     nbytes = mean(cell, "host_link_bytes_per_step")
     world = cell["hosts"] * cell["nproc"]
@@ -246,9 +264,13 @@ def figures(cell: dict[str, Any]) -> dict[str, float | None]:
         "dilated_samples_per_s": dilated,
         "dilated_per_rank": None if dilated is None else dilated / world,
         "bytes_per_host": None if nbytes is None else nbytes / cell["hosts"],
-        "predicted_bytes_per_host": predicted(cell, "host_link_bytes"),
+        "predicted_bytes_per_host": None
+        if steady_bytes is None
+        else steady_bytes - uncounted * sync_bytes,
+        "steady_bytes_per_host": steady_bytes,
         "step_s": step,
-        "predicted_step_s": predicted(cell, "step_s"),
+        "predicted_step_s": None if steady_step is None else steady_step - uncounted * sync_s,
+        "steady_step_s": steady_step,
         "sync_s": mean(cell, "sync_s_per_step"),
         "predicted_sync_s": predicted(cell, "terms", "sync"),
         "predicted_a2a_s": sum(predicted(cell, "terms", t) or 0.0 for t in terms[1:3]),
@@ -341,6 +363,8 @@ def acceptance(cells: list[dict[str, Any]]) -> list[str]:
 def render(result: dict[str, Any]) -> str:
     """The RESULTS.md section: one table per workload, then the acceptance figures."""
     cells = stored_cells(result)
+    for cell in cells:
+        cell.setdefault("steps", result["steps"])
     lines = [
         "## Scaling, measured: 1D, 2D and full replication on 2 to 8 time-dilated emulated "
         "hosts (bench/scaling_bench.py)",
@@ -352,7 +376,10 @@ def render(result: dict[str, Any]) -> str:
         "share of the 2 cores falls as 2 / hosts: `sparse2d.train.emulated_topology.dilation`), "
         "so per dilated second = as measured x hosts / 2. MB/host: bytes crossing host links "
         "per step per host, interface counters (measured) and the cost model's "
-        "`Candidate.host_link_bytes` (payload, no framing). Step split: sync = the trainer's "
+        "`Candidate.host_link_bytes` (payload, no framing), as the run counted it: the sync "
+        "started at a run's last step lands after the trainer stops counting, so the model's "
+        "sync term is taken at the syncs counted (`counted_syncs`: 1 of 2 at 40 steps, sync "
+        "every 20), for the step as for the bytes; [brackets]: the model's steady state. Step split: sync = the trainer's "
         "`sync_s_per_step` (the part of the sync the step waits for: a hidden sync overlaps "
         "the next steps) and `sync_bytes_per_step` (payload one rank sends per step, "
         "counted by the trainer) against the model's `sync_bytes` / every; rest = step - sync (lookup all-to-all + compute + dense "
@@ -385,9 +412,11 @@ def render(result: dict[str, Any]) -> str:
                 f"{_f(f['dilated_per_rank'], '.0f')} | "
                 f"{_f(f['bytes_per_host'], '.2f', 1e-6)} / "
                 f"{_f(f['predicted_bytes_per_host'], '.2f', 1e-6)} "
-                f"({_err(f['bytes_per_host'], f['predicted_bytes_per_host'])}) | "
+                f"({_err(f['bytes_per_host'], f['predicted_bytes_per_host'])}) "
+                f"[{_f(f['steady_bytes_per_host'], '.2f', 1e-6)}] | "
                 f"{_f(f['step_s'], '.0f', 1e3)} / {_f(f['predicted_step_s'], '.0f', 1e3)} "
-                f"({_err(f['step_s'], f['predicted_step_s'])}) | "
+                f"({_err(f['step_s'], f['predicted_step_s'])}) "
+                f"[{_f(f['steady_step_s'], '.0f', 1e3)}] | "
                 f"{_f(f['sync_s'], '.0f', 1e3)} / {_f(f['predicted_sync_s'], '.0f', 1e3)} | "
                 f"{_f(f['sync_bytes'], '.2f', 1e-6)} / "
                 f"{_f(f['predicted_sync_bytes'], '.2f', 1e-6)} | "
