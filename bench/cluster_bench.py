@@ -212,6 +212,15 @@ def predicted_step_s(
     """The cost model's step time for the layout the run trained in, on the topology the
     emulator wrote for it (``RUN_DIR/topology.yaml``: its hosts, cores and links). A row of a
     retired option is priced as its setting without that option."""
+    candidate = predicted_candidate(cell, args, run_dir, summary)
+    return None if candidate is None else candidate.step_s
+
+
+def predicted_candidate(
+    cell: Cell, args: argparse.Namespace, run_dir: Path, summary: dict[str, Any]
+) -> Any:
+    """The cost model's whole estimate (``Candidate``: step, terms, host-link bytes) behind
+    ``predicted_step_s``; None without the run's topology file."""
     import dataclasses
 
     from sparse2d.advisor.search import advise
@@ -229,7 +238,7 @@ def predicted_step_s(
     layout = summary.get("replica_layout") or "intra_host"
     workload = dataclasses.replace(workload_from_config(cfg), replica_layout=layout)
     advice = advise(workload, load_topology(str(topology_file), cell.world))
-    return advice.candidate(int(summary["sharding_group_size"])).step_s
+    return advice.candidate(int(summary["sharding_group_size"]))
 
 
 def repredict(result: dict[str, Any]) -> None:

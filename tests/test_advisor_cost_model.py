@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -176,3 +177,32 @@ def test_a_streamed_sync_hides_its_wire_time_behind_the_next_step() -> None:
     # a sync every step: nothing to spread, no modes priced
     every = AnalyticCostModel(workload(big, hide=True), topology(4), PLANNER).estimate(2)
     assert every.sync_modes == ()
+
+
+TW4 = tuple(TableLoad(name, ROWS, DIM, sharding="table_wise") for name in "abcd")
+
+
+def test_host_link_bytes_by_hand() -> None:
+    """What one host sends across its link per step, the figure the emulated cluster's
+    interface counters check (bench/scaling_bench.py); catches a lost backward, ids or ring
+    factor, or bytes counted per rank instead of per host."""
+    w = workload(TW4, optimizer="sgd", dense_params=100, engine="dense", sync_every=4)
+    two_hosts = topology(4, ranks_per_host=2)
+    # 1D over 2 hosts x 2 ranks, a table per rank: a host serves its 2 tables to the 2
+    # remote ranks (forward) and sends its 2 ranks' gradients for the 2 remote tables back
+    one_d = AnalyticCostModel(w, two_hosts, PLANNER).estimate(4)
+    terms = dict(one_d.host_link_terms)
+    assert terms["output_a2a"] == pytest.approx(2 * 2 * 2 * B * DIM * 4)
+    assert terms["input_a2a"] == pytest.approx(2 * 2 * B * 8)  # 2 ranks' ids, 2 remote tables
+    assert terms["sync"] == 0.0
+    assert terms["dense_allreduce"] == pytest.approx(2 * 3 / 4 * 100 * 4)  # one ring crossing
+    assert one_d.host_link_bytes == pytest.approx(sum(terms.values()))
+    # 2D, each group inside a host: no all-to-all crosses; each rank's 2 tables ring with its
+    # replica on the other host (2 rings per link, 2 (G-1)/G = 1 copy each) every 4 steps
+    inter = dataclasses.replace(w, replica_layout="inter_host")
+    two_d = AnalyticCostModel(inter, two_hosts, PLANNER).estimate(2)
+    terms = dict(two_d.host_link_terms)
+    assert terms["output_a2a"] == terms["input_a2a"] == 0.0
+    assert terms["sync"] == pytest.approx(2 * 2 * ROWS * DIM * 4 / 4)
+    # one host: nothing crosses
+    assert AnalyticCostModel(w, topology(4), PLANNER).estimate(4).host_link_bytes == 0.0

@@ -81,6 +81,8 @@ def test_json_is_one_object_with_every_candidate() -> None:
         "sync_kind",
         "replica_layout",
         "sync_modes",
+        "host_link_bytes",
+        "host_link_terms",
     }
     assert all(set(c) == keys for c in data["candidates"])
 

@@ -115,3 +115,31 @@ def test_plan_qcomm_lowers_the_all_to_all_and_bad_values_are_named(capsys) -> No
     assert "qcomm_forward='fp4'" in capsys.readouterr().err
     assert cli([*base[:-1], "--explain", "3"]) == 1
     assert "--explain 3: not a candidate" in capsys.readouterr().err
+
+
+def test_plan_forecast_prices_the_given_worlds_on_the_same_terms(capsys) -> None:
+    """``--forecast``: 1D and the best L at each world given, from the same cost model as the
+    plan itself (the world of the plan gives the plan's own candidate), on hosts of 4 ranks
+    and a shaped link: 1D's bytes across a host's link grow with the hosts, its link bound is
+    the link's rate over them (catches a forecast priced at the plan's world, or bytes and
+    bounds taken from another candidate)."""
+    base = ["plan", "--config", "configs/cluster_cpu.yaml", "--world-size", "8", "--json"]
+    link = ["--set", "ranks_per_host=4", "--set", "host_link_bw=25000000"]
+    assert cli([*base, *link, "--forecast", "8,32"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    own = {c["sharding_group_size"]: c for c in data["candidates"]}
+    small, large = data["forecast"]
+    assert (small["world_size"], large["world_size"]) == (8, 32)
+    assert small["1d"]["step_s"] == pytest.approx(own[8]["step_s"])
+    assert small["best"]["sharding_group_size"] == data["recommended"]
+    assert small["1d"]["host_link_bytes_per_step"] == pytest.approx(own[8]["host_link_bytes"])
+    assert large["1d"]["host_link_bytes_per_step"] > 1.5 * small["1d"]["host_link_bytes_per_step"]
+    assert large["1d"]["link_bound_per_rank"] == pytest.approx(
+        512 * 25e6 / large["1d"]["host_link_bytes_per_step"]
+    )
+    assert cli([*base[:-1], *link, "--forecast", "32"]) == 0
+    assert "| 32 |" in capsys.readouterr().out.split("Forecast")[1]
+    with pytest.raises(SystemExit) as refused:
+        cli([*base, "--forecast", "0,8"])
+    assert refused.value.code == 2
+    assert "give world sizes >= 1" in capsys.readouterr().err

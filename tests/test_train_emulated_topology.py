@@ -10,7 +10,7 @@ import pytest
 
 from sparse2d.advisor.topology import load_topology
 from sparse2d.errors import ConfigError
-from sparse2d.train.emulated_topology import link_bits, topology_yaml
+from sparse2d.train.emulated_topology import dilated_link, dilation, link_bits, topology_yaml
 
 
 def test_link_rates_read_as_tc_reads_them() -> None:
@@ -40,3 +40,28 @@ def test_the_launchers_command_line_prints_it_and_refuses_a_bad_rate() -> None:
     bad = subprocess.run([*run, "bits", "9zbit"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().startswith("sparse2d: emulated hosts: LINK='9zbit' is not a rate")
+
+
+def test_a_dilated_cluster_keeps_the_base_cells_compute_to_link_ratio(tmp_path) -> None:
+    """Each host's core share falls as 1 / hosts, so its link falls by the same factor: the
+    cluster of 8 hosts is the 2-host cell's hosts, 4x slower (catches a factor inverted or
+    taken per rank instead of per host)."""
+    assert dilation(2) == 1.0 and dilation(4) == 2.0 and dilation(8) == 4.0
+    assert dilated_link("200mbit", 2) == "200000000bit"
+    assert dilated_link("200mbit", 8) == "50000000bit" and dilated_link("none", 8) == "none"
+    for hosts in (2, 4, 6, 8):
+        text = topology_yaml(hosts, 4, dilated_link("200mbit", hosts))
+        fields = dict(line.split(": ") for line in text.splitlines()[1:])
+        per_core = float(fields["host_link_bw"]) / float(fields["cores_per_host"])
+        assert per_core == pytest.approx(25_000_000 / (os.cpu_count() or 1))
+    # priced as the base cell's hosts: the same cluster in dilated seconds
+    base = topology_yaml(8, 4, "200mbit", base_hosts=2)
+    assert f"cores_per_host: {float(os.cpu_count() or 1)}\n" in base
+    with pytest.raises(ConfigError, match="hosts >= 1"):
+        dilation(0)
+    out = subprocess.run(
+        [sys.executable, "-m", "sparse2d.train.emulated_topology", "dilate", "1gbit", "4"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0 and out.stdout == "500000000bit\n"

@@ -85,6 +85,11 @@ class Candidate:
     """The replica sync per step as a ``burst`` (every row at once, every ``sync_every``
     steps) and ``streamed`` (one fragment per step behind the next step): both priced, so a
     reader sees which suits the links (``sync_s`` is the workload's own)."""
+    host_link_bytes: float = 0.0
+    """Payload bytes one host sends across its link per step (lookup all-to-alls, replica
+    sync over ``sync_every``, dense all-reduce): what a host's interface counter reads, less
+    the framing; ``host_link_terms`` splits it."""
+    host_link_terms: tuple[tuple[str, float], ...] = ()
 
     def term(self, name: str) -> float:
         return dict(self.terms)[name]
@@ -104,6 +109,8 @@ class Candidate:
             "terms": dict(self.terms),
             "sync_kind": self.sync_kind,
             "sync_modes": dict(self.sync_modes),
+            "host_link_bytes": self.host_link_bytes,
+            "host_link_terms": dict(self.host_link_terms),
         }
 
 
@@ -267,6 +274,7 @@ class AnalyticCostModel(CostModel):
             modes = (("burst", sync_s), ("streamed", streamed))
             sync_s = streamed if w.stream else sync_s
         mem = max(loads.memory)
+        link_terms = self._host_link_terms(loads, local_peers, remote_peers, replicas, L)
         terms = (
             ("compute", compute_s),
             ("output_a2a", out_a2a),
@@ -298,6 +306,46 @@ class AnalyticCostModel(CostModel):
             sync_kind=sync_kind,
             replica_layout=w.replica_layout,
             sync_modes=modes,
+            host_link_bytes=sum(v for _, v in link_terms),
+            host_link_terms=link_terms,
+        )
+
+    def _host_link_terms(
+        self, loads: _RankLoads, local_peers: int, remote_peers: int, replicas: int, L: int
+    ) -> tuple[tuple[str, float], ...]:
+        """Bytes one host sends across its link per step, by collective: each of its ranks'
+        remote share of the output all-to-all (values forward, gradients backward: what it
+        serves remote ranks plus what it receives from them, sent back) and of its ids; each
+        ring all-reduce whose members span hosts crosses a host's link once per ring,
+        ``2 (n-1)/n`` times its bytes, with ``ranks_per_host / members there`` rings side by
+        side (the replica sync over ``sync_every``; the dense gradients over the world).
+        Mean over the group's ranks (every host holds the same mix of them)."""
+        w, topo = self.workload, self.topology
+        per_host = min(topo.ranks_per_host, topo.world_size)
+        forward, backward = ct.qcomm_bytes(w.qcomm_forward), ct.qcomm_bytes(w.qcomm_backward)
+        a2a = ids = 0.0
+        if L > 1:
+            for r in range(L):
+                lb, sc = loads.links[r], loads.scatters[r]
+                a2a += (lb.send_inter + sc.send_inter) * forward
+                a2a += (lb.recv_inter + sc.recv_inter) * backward
+                ids += (loads.ids_send[r] + loads.ids_total) * remote_peers / (L - 1)
+        sync = 0.0
+        if replicas > 1:
+            members = replica_groups(topo.world_size, L, w.replica_layout)[0]
+            local, remote = _peers(topo, members)
+            if remote:
+                rings = per_host / (local + 1)
+                ring = 2 * (replicas - 1) / replicas * max(loads.synced)
+                sync = rings * ring / w.sync_every
+        dense = 0.0
+        if topo.world_size > per_host:
+            dense = 2 * (topo.world_size - 1) / topo.world_size * w.dense_params * 4
+        return (
+            ("output_a2a", a2a / L * per_host),
+            ("input_a2a", ids / L * per_host),
+            ("sync", sync),
+            ("dense_allreduce", dense),
         )
 
     def _loads(self, layout: GroupLayout, replicas: int, H: int) -> _RankLoads:

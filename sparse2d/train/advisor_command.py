@@ -1,12 +1,17 @@
 """``sparse2d plan``: the group-size advisor for a trainer config (no process group, no GPU).
 
 ``sparse2d plan --config C [--world-size N] [--topology NAME|FILE.yaml] [--set key=value]
-[--qcomm FWD[,BWD]] [--explain L] [--json] [--jobs N] [--measure] [dotted.key=value ...]``
+[--qcomm FWD[,BWD]] [--explain L] [--json] [--jobs N] [--forecast N[,N...]] [--measure]
+[dotted.key=value ...]``
 prints the cost table over every divisor ``L`` of the world size (each candidate's sharding
 types and terms) and the recommended ``parallel.sharding_group_size``; ``--explain L`` says
 term by term why ``L`` loses; ``--json`` prints one object instead; ``--jobs N`` plans the
 candidates in ``N`` processes (the same plans, sooner). Exit status 1 (with numbered fixes)
-when no ``L`` fits device memory. ``--measure`` (under torchrun) runs the measured ``auto``
+when no ``L`` fits device memory. ``--forecast N[,N...]`` adds how the cost grows: at each
+world size given (same topology, same batch per rank), 1D against the recommended ``L``, in
+samples/s per rank with their compute and link bounds and the bytes a host sends across its
+link per step (``sparse2d.advisor.forecast``; how far to trust it: docs/advisor_cost_model.md,
+section 8). ``--measure`` (under torchrun) runs the measured ``auto``
 trial on the launched job instead: each shortlisted ``L`` built and timed, its table printed.
 """
 
@@ -14,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 
+from sparse2d.advisor.forecast import forecast, format_forecast
 from sparse2d.advisor.group_layout import TorchRecGroupPlanner
 from sparse2d.advisor.render import explain, format_table, to_json
 from sparse2d.advisor.search import advise, no_fit_message
@@ -40,6 +47,19 @@ def topology_for(
     cfg: Config, world_size: int, name: str | None = None, overrides: list[str] | None = None
 ) -> ClusterTopology:
     return load_topology(name or default_topology_name(cfg), world_size, overrides or [])
+
+
+def _worlds(text: str) -> list[int]:
+    """``--forecast``'s world sizes: whole numbers >= 1, comma-separated."""
+    try:
+        worlds = [int(x) for x in text.split(",")]
+    except ValueError:
+        worlds = []
+    if not worlds or min(worlds) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give world sizes >= 1, comma-separated (e.g. 1024,4096)"
+        )
+    return worlds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         help="plan the candidate L in N processes (default: the usable cores, at most 4)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--forecast",
+        type=_worlds,
+        default=[],
+        metavar="N[,N...]",
+        help="also forecast 1D and the best L at these world sizes (e.g. 1024,4096)",
+    )
     parser.add_argument(
         "--measure",
         action="store_true",
@@ -102,6 +129,22 @@ def main(argv: list[str] | None = None) -> int:
         text = to_json(advice) if args.json else format_table(advice)
         if args.explain is not None:
             text += "\n" + explain(advice, args.explain)
+        if args.forecast:
+            points = forecast(
+                workload,
+                lambda world: topology_for(cfg, world, args.topology, args.set),
+                args.forecast,
+                TorchRecGroupPlanner(workers=args.jobs),
+            )
+            if args.json:
+                merged = json.loads(text)
+                merged["forecast"] = [p.as_json() for p in points]
+                text = json.dumps(merged)
+            else:
+                text += (
+                    "\n\nForecast (weak scaling, this topology; samples/s per rank, bounds: "
+                    "compute only, host link only):\n" + format_forecast(points)
+                )
     except ConfigError as error:
         print(f"sparse2d plan: {error}", file=sys.stderr)
         return 1

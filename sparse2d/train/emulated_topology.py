@@ -10,6 +10,13 @@ compute), so each host is priced with twice its even share. Fitted on the cluste
 the even share the model's step was 46-52% too long on 2 x 4 ranks; with every core per host
 46% too short on 4 x 2 at 1 Gbit/s; with twice the even share 6-14% off on all six cells it
 was fitted on and 20% on a held-out one (bench/RESULTS.md, cluster sections).
+
+Time dilation (``dilation``, ``dilated_link``): a cluster of more hosts shares the same cores,
+so each host computes ``hosts / base_hosts`` times slower than in the ``base_hosts`` cell;
+shaping its link to ``LINK x base_hosts / hosts`` keeps every host's compute-to-link ratio at
+the base cell's. The result is one cluster of identical hosts, run slower by the factor: its
+step times divided by the factor (samples/s times it) are the dilated seconds that compare
+across sizes (``bench/scaling_bench.py``).
 """
 
 from __future__ import annotations
@@ -40,9 +47,37 @@ def link_bits(rate: str) -> int:
     )
 
 
-def topology_yaml(hosts: int, nproc: int, link: str, run_id: str = "") -> str:
-    """The ``topology.yaml`` of an emulated cluster of ``hosts`` x ``nproc`` ranks."""
+BASE_HOSTS = 2
+"""The cell dilated clusters are scaled to: 2 hosts, each with the whole machine's cores
+(priced as ``cores_per_host``), the cluster benchmark's cells."""
+
+
+def dilation(hosts: int, base_hosts: int = BASE_HOSTS) -> float:
+    """How many times slower every host of a ``hosts``-host emulated cluster computes than one
+    of the ``base_hosts`` cell (same ranks per host): the cores are shared evenly by all ranks,
+    so a host's share of them is ``1 / hosts``. Its links are scaled by ``1 / dilation``."""
+    if hosts < 1 or base_hosts < 1:
+        raise ConfigError(f"dilation needs hosts >= 1 (got hosts={hosts}, base={base_hosts})")
+    return hosts / base_hosts
+
+
+def dilated_link(link: str, hosts: int, base_hosts: int = BASE_HOSTS) -> str:
+    """The tc rate that gives a ``hosts``-host cluster the compute-to-link ratio ``link`` gives
+    the ``base_hosts`` cell (whole bits per second; ``none`` stays unshaped)."""
     bits = link_bits(link)
+    if not bits:
+        return "none"
+    return f"{round(bits / dilation(hosts, base_hosts))}bit"
+
+
+def topology_yaml(
+    hosts: int, nproc: int, link: str, run_id: str = "", base_hosts: int | None = None
+) -> str:
+    """The ``topology.yaml`` of an emulated cluster of ``hosts`` x ``nproc`` ranks. With
+    ``base_hosts``: every host priced as one of the ``base_hosts`` cell (its cores), the
+    dilated cluster in dilated seconds (``link`` then the base cell's rate)."""
+    bits = link_bits(link)
+    cores = 2 * (os.cpu_count() or 1) / (base_hosts or hosts)
     lines = [
         f"# written by launch/emulated_hosts.sh for run {run_id}: {hosts} hosts x {nproc} "
         f"ranks, links {link}",
@@ -50,7 +85,7 @@ def topology_yaml(hosts: int, nproc: int, link: str, run_id: str = "") -> str:
         f"name: emulated_{hosts}x{nproc}_{link}",
         f"world_size: {hosts * nproc}",
         f"ranks_per_host: {nproc}",
-        f"cores_per_host: {2 * (os.cpu_count() or 1) / hosts}",
+        f"cores_per_host: {cores}",
     ]
     if bits:
         lines.append(f"host_link_bw: {bits // 8}")
@@ -58,14 +93,20 @@ def topology_yaml(hosts: int, nproc: int, link: str, run_id: str = "") -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``bits LINK`` or ``yaml HOSTS NPROC LINK ID``, printed; a bad value is one line, rc 2."""
+    """``bits LINK``, ``dilate LINK HOSTS`` or ``yaml HOSTS NPROC LINK ID``, printed; a bad
+    value is one line, rc 2."""
     try:
         if len(argv) == 2 and argv[0] == "bits":
             print(link_bits(argv[1]))
+        elif len(argv) == 3 and argv[0] == "dilate":
+            print(dilated_link(argv[1], int(argv[2])))
         elif len(argv) == 5 and argv[0] == "yaml":
             print(topology_yaml(int(argv[1]), int(argv[2]), argv[3], argv[4]), end="")
         else:
-            print("usage: emulated_topology bits LINK | yaml HOSTS NPROC LINK ID", file=sys.stderr)
+            print(
+                "usage: emulated_topology bits LINK | dilate LINK HOSTS | yaml HOSTS NPROC LINK ID",
+                file=sys.stderr,
+            )
             return 2
     except ConfigError as error:
         print(f"sparse2d: emulated hosts: {error}", file=sys.stderr)
