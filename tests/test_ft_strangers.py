@@ -80,7 +80,7 @@ class Steps:
 def _noise(port: int) -> str:
     """Send ``NOISE`` to ``port``; what the server did with the connection, and when."""
     start = time.monotonic()
-    with socket.create_connection(("localhost", port), timeout=10) as s:
+    with socket.create_connection(("localhost", port), timeout=3) as s:
         try:
             s.sendall(NOISE)
             while s.recv(65536):  # an error page is fine; the connection must end
@@ -89,7 +89,7 @@ def _noise(port: int) -> str:
         except ConnectionResetError:
             how = "reset"
         except TimeoutError:
-            how = "still open after 10 s"
+            how = "still open after 3 s"
     return f"{how} after {1000 * (time.monotonic() - start):.0f} ms"
 
 
