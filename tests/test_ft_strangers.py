@@ -233,11 +233,15 @@ def test_strangers_at_the_ports_are_refused_and_the_job_trains_on(tmp_path: Path
         print(f"{what}: {result}")
     assert job.returncode == 0, "".join(steps.lines[-40:])
     # the stranger reached the job's quorum at the lighthouse (the test's reach) ...
-    assert STRANGER_ID in joined and len(joined) == 3, joined
+    mine = [f"sparse2d_job_{JOB[0]}_group_{g}" for g in (0, 1)]
+    assert STRANGER_ID in joined and set(joined) - {STRANGER_ID} <= set(mine), joined
+    assert len(joined) >= 2, joined
     for g in (0, 1):
-        # ... and every group refused it: never in a committed step, never healed from
+        # ... and each group in that quorum refused it; none ever committed a step with it
+        # or healed from it
         log = (run_dir / f"replica_{g}.log").read_text()
-        assert f"foreign replica ids ['{STRANGER_ID}']" in log, log[-3000:]
+        refused = f"foreign replica ids ['{STRANGER_ID}']" in log
+        assert refused or mine[g] not in joined, log[-3000:]
         s = summary(run_dir, g)
         assert s["final_step"] == STEPS and s["restart_count"] == 0, s
         assert [h for h in s["heals"] if h["step"] > 0] == [], s["heals"]
