@@ -269,3 +269,20 @@ def test_a_lighthouse_bound_to_one_address_is_not_reached_on_another(tmp_path) -
                 socket.create_connection((other, port), timeout=5).close()
     finally:
         _stop(proc)
+
+
+def test_a_strangers_heartbeat_does_not_turn_the_job_away_from_its_marked_lighthouse(
+    tmp_path,
+) -> None:
+    """Another job's group heartbeats at a lighthouse marked for job-a (a stranger at the
+    port): job-a's groups, a restarted one included, still pass the check; job-b's do not."""
+    from torchft._torchft import LighthouseClient
+
+    proc, address = _serve(tmp_path, "--job-id", "job-a")
+    try:
+        LighthouseClient(address, datetime.timedelta(seconds=5)).heartbeat(replica_id(0, "job-b"))
+        check_job(address, "job-a", timeout_s=5)
+        with pytest.raises(FaultToleranceError, match="serves job job-a"):
+            check_job(address, "job-b", timeout_s=5)
+    finally:
+        _stop(proc)

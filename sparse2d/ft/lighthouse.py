@@ -78,7 +78,10 @@ def lighthouse_jobs(address: str, timeout_s: float) -> tuple[set[str], set[str]]
 
 def check_job(address: str, job: str | None, timeout_s: float) -> None:
     """Raise ``FaultToleranceError`` unless the lighthouse at ``address`` may serve a group of
-    ``job`` (module docstring): no other job's mark and no other job's groups there."""
+    ``job`` (module docstring): no other job's mark, and, on a lighthouse with no mark, no other
+    job's groups. A lighthouse marked for ``job`` serves it whoever else heartbeated there: the
+    mark is set before anyone learns the port, and a stranger's one quorum request (listed on
+    the page from then on) would otherwise stop every later restart of the job's groups."""
     try:
         marked, grouped = lighthouse_jobs(address, timeout_s)
     except (OSError, ValueError) as error:
@@ -86,7 +89,7 @@ def check_job(address: str, job: str | None, timeout_s: float) -> None:
             f"{address} answers, but not as a torchft lighthouse (GET /status: {error}); fix "
             "fault_tolerance.lighthouse / TORCHFT_LIGHTHOUSE"
         ) from None
-    others = sorted((marked | grouped) - {job})
+    others = sorted((marked or grouped) - {job})
     if others:
         mine = f"job {job}" if job else f"no job ({JOB_ENV} unset)"
         raise FaultToleranceError(
