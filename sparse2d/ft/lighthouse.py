@@ -11,7 +11,7 @@ and passes ``--job-id``); the lighthouse process then carries the name on torchf
 page (``GET /status`` lists every replica id that ever heartbeated: one heartbeat of
 ``sparse2d_lighthouse_job:<job>`` at start), and each group's torchft replica id carries it too
 (``replica_id``). Before a group registers, ``check_job`` reads that page and refuses a
-lighthouse marked for another job, or one where another job's groups heartbeat: torchft forms
+lighthouse marked for another job, or an unmarked one where another job's groups heartbeat: torchft forms
 a quorum of whatever groups reach a lighthouse, so a group that reached another job's would
 heal from (or into) that job's state. The marker's single heartbeat counts as a live group for
 ``heartbeat_timeout_ms`` after the lighthouse starts, long before a group has imported torch.
