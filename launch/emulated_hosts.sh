@@ -143,7 +143,8 @@ if (( FT == 1 )); then
   # One name for the job on every host and relaunch: the lighthouse refuses another job's
   # groups, and a host's relaunch may write into its group's records again.
   export SPARSE2D_FT_JOB="emulated-$ID"
-  "$PYTHON" -m sparse2d.ft.lighthouse --port 0 --min-replicas "${MIN_REPLICAS:-1}" \
+  # Bound to the bridge's address only: the hosts reach it there, nothing else needs to.
+  "$PYTHON" -m sparse2d.ft.lighthouse --host "$BRIDGE_ADDR" --port 0 --min-replicas "${MIN_REPLICAS:-1}" \
     --job-id "$SPARSE2D_FT_JOB" --port-file "$RUN_DIR/lighthouse.port" >"$RUN_DIR/lighthouse.log" 2>&1 &
   LIGHTHOUSE_PID=$!
   for ((i = 0; i < 600; i++)); do

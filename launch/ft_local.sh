@@ -42,7 +42,9 @@ trap 'exit 130' INT TERM
 if [[ -z "${TORCHFT_LIGHTHOUSE:-}" ]]; then
   export SPARSE2D_FT_JOB="${SPARSE2D_FT_JOB:-ft-$(date +%s)-$$}"
   rm -f "$RUN_DIR/lighthouse.port"
-  "$PYTHON" -m sparse2d.ft.lighthouse --port "$LIGHTHOUSE_PORT" --min-replicas "$MIN_REPLICAS" \
+  # On loopback: every group of this launch is on this host, and torchft's lighthouse answers
+  # anyone who reaches it (docs/fault_tolerance.md, "Strangers at the ports").
+  "$PYTHON" -m sparse2d.ft.lighthouse --host 127.0.0.1 --port "$LIGHTHOUSE_PORT" --min-replicas "$MIN_REPLICAS" \
     --job-id "$SPARSE2D_FT_JOB" --port-file "$RUN_DIR/lighthouse.port" >"$RUN_DIR/lighthouse.log" 2>&1 &
   PIDS+=($!)
   for ((i = 0; i < 600; i++)); do  # the port it serves, once it listens (up to 60 s)
@@ -50,7 +52,7 @@ if [[ -z "${TORCHFT_LIGHTHOUSE:-}" ]]; then
     sleep 0.1
   done
   [[ -s "$RUN_DIR/lighthouse.port" ]] || { echo "sparse2d: ft launch: the lighthouse did not start (LIGHTHOUSE_PORT=$LIGHTHOUSE_PORT): $(tail -1 "$RUN_DIR/lighthouse.log")" >&2; exit 1; }
-  export TORCHFT_LIGHTHOUSE="http://localhost:$(<"$RUN_DIR/lighthouse.port")"
+  export TORCHFT_LIGHTHOUSE="http://127.0.0.1:$(<"$RUN_DIR/lighthouse.port")"
 else  # someone else's lighthouse: it must serve this job (one line here, not one per rank)
   "$PYTHON" -m sparse2d.ft.lighthouse --check "$TORCHFT_LIGHTHOUSE" || exit 1
 fi

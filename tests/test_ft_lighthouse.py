@@ -243,3 +243,46 @@ def test_the_launcher_stops_in_one_line_before_any_group_on_another_jobs_lightho
             assert not (tmp_path / "run" / "replica_0").exists()
     finally:
         _stop(proc)
+
+
+def _addresses() -> list[str]:
+    """This machine's IPv4 addresses other than loopback (``hostname -I``)."""
+    found = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    return [a for a in found if "." in a and not a.startswith("127.")]
+
+
+def test_a_lighthouse_bound_to_one_address_is_not_reached_on_another(tmp_path) -> None:
+    """``--host 127.0.0.1`` (launch/ft_local.sh's): torchft's lighthouse admits whoever reaches
+    it, so it listens on loopback only; the job's mark is still on its status page (marked
+    through the address served, not the host's name, which may resolve elsewhere)."""
+    others = _addresses()
+    if not others:
+        pytest.skip("no address but loopback on this machine")
+    proc, address = _serve(tmp_path, "--host", "127.0.0.1", "--job-id", "job-a")
+    try:
+        check_job(address, "job-a", timeout_s=5)
+        with pytest.raises(FaultToleranceError, match="serves job job-a"):
+            check_job(address, "job-b", timeout_s=5)
+        port = int(address.rsplit(":", 1)[1])
+        for other in others:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection((other, port), timeout=5).close()
+    finally:
+        _stop(proc)
+
+
+def test_a_strangers_heartbeat_does_not_turn_the_job_away_from_its_marked_lighthouse(
+    tmp_path,
+) -> None:
+    """Another job's group heartbeats at a lighthouse marked for job-a (a stranger at the
+    port): job-a's groups, a restarted one included, still pass the check; job-b's do not."""
+    from torchft._torchft import LighthouseClient
+
+    proc, address = _serve(tmp_path, "--job-id", "job-a")
+    try:
+        LighthouseClient(address, datetime.timedelta(seconds=5)).heartbeat(replica_id(0, "job-b"))
+        check_job(address, "job-a", timeout_s=5)
+        with pytest.raises(FaultToleranceError, match="serves job job-a"):
+            check_job(address, "job-b", timeout_s=5)
+    finally:
+        _stop(proc)

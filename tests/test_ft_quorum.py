@@ -17,12 +17,16 @@ at the first step, at multiples of 4 and after the fault.
 
 from __future__ import annotations
 
+import datetime
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 
-from sparse2d.ft.lighthouse import start_lighthouse
+from sparse2d.ft.lighthouse import replica_id, start_lighthouse
+from sparse2d.ft.quorum import JobOnlyQuorums
 from tests.ft_groups import run_groups
 from tests.models import (
     MIXED_TABLES,
@@ -445,3 +449,72 @@ def test_a_stalled_quorum_stops_the_group_within_quorum_timeout_s() -> None:
     seconds, error = out[(0, 0)]
     assert error is not None and "quorum_timeout_s=2 (TimeoutError" in error, error
     assert 1.8 < seconds < 5.0, seconds
+
+
+def test_a_quorum_with_another_jobs_group_is_asked_again_without_it() -> None:
+    """A group of another job asks the job's lighthouse for a quorum, claiming a later step
+    (torchft would heal the job's groups from it): the lighthouse admits it to the job's
+    next quorum, and :class:`JobOnlyQuorums` asks again; the answer holds the job's groups
+    only. Real torchft: its lighthouse, two groups' manager servers and their clients."""
+    from torchft._torchft import LighthouseClient, ManagerClient, ManagerServer
+
+    lighthouse = start_lighthouse(min_replicas=2)
+    address, seconds = lighthouse.address(), datetime.timedelta(seconds=10)
+    servers, guards = [], []
+    try:
+        for g in (0, 1):
+            servers.append(
+                ManagerServer(
+                    replica_id(g, "job-a"),
+                    address,
+                    "localhost",
+                    "[::]:0",
+                    "localhost:1",
+                    1,
+                    datetime.timedelta(milliseconds=100),
+                    seconds,
+                    0,
+                )
+            )
+            guards.append(JobOnlyQuorums(ManagerClient(servers[g].address(), seconds), "job-a"))
+        stranger = ThreadPoolExecutor(1).submit(
+            LighthouseClient(address, seconds).quorum,
+            replica_id=replica_id(0, "job-b"),
+            timeout=datetime.timedelta(seconds=30),
+            address="http://localhost:9",
+            store_address="localhost:9",
+            step=10**6,
+            world_size=1,
+            shrink_only=False,
+        )
+        time.sleep(0.5)  # the stranger asks first: it waits for a second member
+        with ThreadPoolExecutor(2) as pool:
+            asked = [
+                pool.submit(
+                    guards[g]._quorum,
+                    group_rank=0,
+                    step=5,
+                    checkpoint_metadata="",
+                    shrink_only=False,
+                    timeout=datetime.timedelta(seconds=30),
+                    commit_failures=0,
+                    init_sync=True,
+                )
+                for g in (0, 1)
+            ]
+            answers = [a.result(timeout=60) for a in asked]
+        got = sorted(p.replica_id.split(":")[0] for p in stranger.result(timeout=10).participants)
+        assert got == sorted(
+            [replica_id(0, "job-a"), replica_id(1, "job-a"), replica_id(0, "job-b")]
+        )
+        for guard, answer in zip(guards, answers, strict=True):
+            assert guard.refused == [replica_id(0, "job-b")], guard.refused
+            assert sorted(r.split(":")[0] for r in answer.replica_ids) == [
+                replica_id(0, "job-a"),
+                replica_id(1, "job-a"),
+            ]
+            assert answer.max_step == 5 and not answer.heal  # nothing taken from the stranger
+    finally:
+        for server in servers:
+            server.shutdown()
+        lighthouse.shutdown()

@@ -90,3 +90,14 @@ def test_only_one_agent_with_a_shared_store_gets_round_stores(monkeypatch) -> No
                 monkeypatch.setenv(name, value)
         assert rendezvous.owns_round_store() is owns, (shared, agents)
         assert rendezvous.shared_store_across_hosts() is across, (shared, agents)
+
+
+def test_the_round_key_names_the_run(monkeypatch) -> None:
+    """The agent's store answers anyone: a second torchrun run pointed at it (another
+    rendezvous id) publishes its round store under its own key, never over this run's."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    keys = set()
+    for run in ("run-a", "run-b"):
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", run)
+        keys.add(rendezvous.round_key())
+    assert keys == {"sparse2d/run-a/round_2/store_port", "sparse2d/run-b/round_2/store_port"}

@@ -11,7 +11,7 @@ and passes ``--job-id``); the lighthouse process then carries the name on torchf
 page (``GET /status`` lists every replica id that ever heartbeated: one heartbeat of
 ``sparse2d_lighthouse_job:<job>`` at start), and each group's torchft replica id carries it too
 (``replica_id``). Before a group registers, ``check_job`` reads that page and refuses a
-lighthouse marked for another job, or one where another job's groups heartbeat: torchft forms
+lighthouse marked for another job, or an unmarked one where another job's groups heartbeat: torchft forms
 a quorum of whatever groups reach a lighthouse, so a group that reached another job's would
 heal from (or into) that job's state. The marker's single heartbeat counts as a live group for
 ``heartbeat_timeout_ms`` after the lighthouse starts, long before a group has imported torch.
@@ -62,6 +62,11 @@ def replica_id(group: int, job: str | None) -> str:
     return f"sparse2d_job_{job}_group_{group}" if job else f"sparse2d_group_{group}"
 
 
+def job_replica_ids(job: str | None) -> re.Pattern[str]:
+    """What every replica id of ``job``'s groups matches (torchft's ``:uuid`` suffix removed)."""
+    return re.compile(re.escape(replica_id(0, job))[: -len("0")] + "[0-9]+")
+
+
 def lighthouse_jobs(address: str, timeout_s: float) -> tuple[set[str], set[str]]:
     """(jobs the lighthouse is marked for, jobs whose groups ever heartbeated there), read
     from torchft's status page."""
@@ -73,7 +78,10 @@ def lighthouse_jobs(address: str, timeout_s: float) -> tuple[set[str], set[str]]
 
 def check_job(address: str, job: str | None, timeout_s: float) -> None:
     """Raise ``FaultToleranceError`` unless the lighthouse at ``address`` may serve a group of
-    ``job`` (module docstring): no other job's mark and no other job's groups there."""
+    ``job`` (module docstring): no other job's mark, and, on a lighthouse with no mark, no other
+    job's groups. A lighthouse marked for ``job`` serves it whoever else heartbeated there: the
+    mark is set before anyone learns the port, and a stranger's one quorum request (listed on
+    the page from then on) would otherwise stop every later restart of the job's groups."""
     try:
         marked, grouped = lighthouse_jobs(address, timeout_s)
     except (OSError, ValueError) as error:
@@ -81,7 +89,7 @@ def check_job(address: str, job: str | None, timeout_s: float) -> None:
             f"{address} answers, but not as a torchft lighthouse (GET /status: {error}); fix "
             "fault_tolerance.lighthouse / TORCHFT_LIGHTHOUSE"
         ) from None
-    others = sorted((marked | grouped) - {job})
+    others = sorted((marked or grouped) - {job})
     if others:
         mine = f"job {job}" if job else f"no job ({JOB_ENV} unset)"
         raise FaultToleranceError(
@@ -180,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sparse2d.ft.lighthouse", description=__doc__)
     parser.add_argument("--port", type=int, default=29510)
     parser.add_argument(
+        "--host",
+        default="::",
+        help="the address to listen on (default: every interface); torchft's lighthouse has "
+        "no authentication, so a launcher binds the one its groups reach it by "
+        "(launch/ft_local.sh: 127.0.0.1)",
+    )
+    parser.add_argument(
         "--job-id", default=None, help=f"the job this lighthouse serves (default: ${JOB_ENV})"
     )
     parser.add_argument(
@@ -205,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         module = _rust_module_without_torch()
         server: Any = start_lighthouse(
             args.min_replicas,
-            f"[::]:{args.port}",
+            f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}",
             args.heartbeat_timeout_ms,
             args.join_timeout_ms,
             getattr(module, "LighthouseServer", None),
@@ -222,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     stop = {"now": False}  # before anyone learns the port: a SIGTERM then shuts down cleanly
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    address = server.address()
+    address = server.address()  # http://<this host's name>:<port>
+    if args.host != "::":  # the name may not resolve to the one address served
+        address = f"http://{args.host}:{address.rstrip('/').rsplit(':', 1)[1]}"
     if job:  # before anyone learns the port: no group can look before the mark is there
         _mark(address, job, module)
     if args.port_file:  # whole or absent: a reader never sees half a number

@@ -42,7 +42,7 @@ import torch.nn as nn
 
 from sparse2d.errors import ConfigError, FaultToleranceError
 from sparse2d.ft.ft_options import FTOptions
-from sparse2d.ft.lighthouse import check_job, check_reachable, replica_id
+from sparse2d.ft.lighthouse import check_job, check_reachable, job_replica_ids, replica_id
 from sparse2d.ft.transport import wait_by
 from sparse2d.sync.ballot import Ballot, Flag, Meaning
 
@@ -369,7 +369,8 @@ def torchft_manager(
         init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
     )
     bound_quorum_wait(manager, options.quorum_timeout_s)
-    fresh_store_prefix(manager, pg)
+    refuse_strangers(manager, job)
+    fresh_store_prefix(manager, pg)  # wraps the guarded client: notes accepted quorums
     return pg, manager
 
 
@@ -409,6 +410,49 @@ def fresh_store_prefix(manager: Any, pg: Any) -> None:
         configure(f"{address}/step{seen['max_step']}/{prefix}", *args, **kwargs)
 
     pg.configure = configure_at_step
+
+
+class JobOnlyQuorums:
+    """torchft's ``ManagerClient`` (``Manager._client``), answering only quorums of this job's
+    groups: a quorum the lighthouse formed with any other replica id is asked again.
+
+    The lighthouse admits whatever asks it for a quorum (torchft has no authentication): a
+    stranger's request lands in the job's next quorum, and torchft would then build the
+    cross-group process group on the stranger's store, heal from it (when it claims a later
+    step) or send it the job's state. The check runs on the quorum's answer, before torchft
+    uses any of it; the stranger's one quorum passes, and the lighthouse forms the next
+    without it once the stranger stops asking (after its ``join_timeout_ms`` straggler wait).
+    Every rank of a group sees the same answer and asks again alike. ``refused`` lists the
+    foreign replica ids seen, for the trainer's records."""
+
+    def __init__(self, client: Any, job: str | None) -> None:
+        self._client, self._mine, self.refused = client, job_replica_ids(job), []
+
+    def _quorum(self, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + kwargs["timeout"].total_seconds()
+        while True:
+            quorum = self._client._quorum(**kwargs)
+            foreign = sorted(
+                r for r in quorum.replica_ids if not self._mine.fullmatch(r.split(":")[0])
+            )
+            if not foreign:
+                return quorum
+            self.refused.extend(foreign)
+            left = deadline - time.monotonic()
+            logger.warning("quorum %s refused: foreign replica ids %s", quorum.quorum_id, foreign)
+            if left <= 0:
+                raise TimeoutError(f"every quorum held foreign replica ids ({foreign[0]})")
+            kwargs = dict(kwargs, timeout=datetime.timedelta(seconds=left))
+
+    def __getattr__(self, name: str) -> Any:  # should_commit, _checkpoint_metadata, ...
+        return getattr(self._client, name)
+
+
+def refuse_strangers(manager: Any, job: str | None) -> JobOnlyQuorums:
+    """Put :class:`JobOnlyQuorums` between ``manager`` and its quorum RPC; returned."""
+    guard = JobOnlyQuorums(manager._client, job)
+    manager._client = guard
+    return guard
 
 
 def bound_quorum_wait(manager: Any, limit_s: float) -> None:

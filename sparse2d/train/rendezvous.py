@@ -15,7 +15,10 @@ With one agent (a single-host torchrun: ``launch/local.sh``, each group of
 ``launch/ft_local.sh``) the agent's store is shared and every worker has the same
 ``TORCHELASTIC_RESTART_COUNT``. Rank 0 then binds a store of its own on a port the kernel
 gives it (no window), and hands the port out through the agent's store under a key of this
-round only. ``MASTER_PORT`` is set to it, so torchft's manager, which reads the variable,
+round only, and of this torchrun run only (``TORCHELASTIC_RUN_ID``, the rendezvous id): the
+agent's store listens on every interface with no authentication, and a second run pointed at
+the same address (another job's agent, a mistyped endpoint) would otherwise overwrite the key
+and hand this run's ranks its own store. ``MASTER_PORT`` is set to it, so torchft's manager, which reads the variable,
 uses the same fresh store. Anything else (one process, several agents, sharing disabled)
 keeps ``env://``.
 """
@@ -27,8 +30,16 @@ import os
 
 from torch.distributed import Store, TCPStore
 
-ROUND_KEY = "sparse2d/round_{round}/store_port"
+ROUND_KEY = "sparse2d/{run}/round_{round}/store_port"
 """The agent-store key under which rank 0 publishes this round's store port."""
+
+
+def round_key() -> str:
+    """This process's :data:`ROUND_KEY`: its torchrun run (the rendezvous id) and restart round."""
+    return ROUND_KEY.format(
+        run=os.environ.get("TORCHELASTIC_RUN_ID", ""),
+        round=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    )
 
 
 def _agent_store_shared() -> bool:
@@ -47,7 +58,7 @@ def round_store(rank: int, timeout: datetime.timedelta) -> Store:
     the agent's store. Sets ``MASTER_PORT`` to it for whoever reads the variable later."""
     addr, agent_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     agent = TCPStore(addr, agent_port, is_master=False, timeout=timeout)
-    key = ROUND_KEY.format(round=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    key = round_key()
     if rank == 0:
         store = TCPStore(addr, 0, is_master=True, wait_for_workers=False, timeout=timeout)
         agent.set(key, str(store.port))
