@@ -35,7 +35,12 @@ JOBS = {
     "flat": "configs/tiny_cpu.yaml",
     "cluster": "configs/cluster_cpu.yaml",
 }
-MARKERS = {"flat": "checkout-ab-flat", "cluster": "checkout-ab-cluster"}
+MARKERS = {
+    "flat": "checkout-ab-flat",
+    "cluster": "checkout-ab-cluster",
+    "flat-stream": "checkout-ab-flat-stream",
+}
+"""Each job's section of bench/RESULTS.md, and each tagged comparison's (``JOB-TAG``)."""
 """Each job's section of bench/RESULTS.md."""
 KEEP = ("samples_per_s", "sync_s_per_step", "eval_auc", "sharding_group_size")
 
@@ -166,7 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stem = stored_name(args.job, args.tag)
     name = f"{stem}.json"
-    marker = MARKERS[args.job] + (f"-{args.tag}" if args.tag else "")
+    key = f"{args.job}-{args.tag}" if args.tag else args.job
+    if key not in MARKERS:
+        parser.error(
+            f"--tag {args.tag!r} has no section for --job {args.job}: add {key!r} to MARKERS"
+        )
+    marker = MARKERS[key]
     if args.render:
         result = json.loads((args.out / name).read_text())
         stamp = stored_stamp(marker, args.out)
