@@ -16,27 +16,17 @@ import json
 import os
 from typing import Any
 
+from sparse2d.ft.heal_log import JsonLines
+
 FILENAME = "commits.jsonl"
 
 
-class CommitLog:
-    """``DIR/commits.jsonl`` of one group (written by one rank of the group)."""
+class CommitLog(JsonLines):
+    """``DIR/commits.jsonl`` of one group (written by one rank of the group); ``fresh``: the
+    file belongs to another job and starts again."""
 
     def __init__(self, directory: str, fresh: bool) -> None:
-        os.makedirs(directory, exist_ok=True)
-        self.path = os.path.join(directory, FILENAME)
-        if fresh:  # another job's commits are not this job's
-            with open(self.path, "w"):
-                pass
-
-    def append(self, record: dict[str, Any]) -> None:
-        """Add one commit (one line, one ``write``)."""
-        line = (json.dumps(record, sort_keys=True) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+        super().__init__(directory, FILENAME, fresh)
 
 
 def stale(directory: str, launched: float | None, restart: int) -> bool:

@@ -17,19 +17,20 @@ from typing import Any
 FILENAME = "heals.jsonl"
 
 
-class HealLog:
-    """``DIR/heals.jsonl`` of one group (write it from one rank of the group)."""
+class JsonLines:
+    """One group's append-only file of JSON lines (``HealLog``, ``CommitLog``): each record
+    one line written with a single ``write`` on an ``O_APPEND`` descriptor."""
 
-    def __init__(self, directory: str, fresh_launch: bool) -> None:
+    def __init__(self, directory: str, filename: str, fresh: bool) -> None:
         os.makedirs(directory, exist_ok=True)
-        self.path = os.path.join(directory, FILENAME)
-        if fresh_launch:  # an earlier launch's heals are not this launch's
+        self.path = os.path.join(directory, filename)
+        if fresh:  # an earlier launch's (or job's) records are not this one's
             with open(self.path, "w"):
                 pass
 
-    def append(self, heal: dict[str, Any]) -> None:
-        """Add one heal (one line, one ``write``)."""
-        line = (json.dumps(heal, sort_keys=True) + "\n").encode()
+    def append(self, record: dict[str, Any]) -> None:
+        """Add one record (one line, one ``write``)."""
+        line = (json.dumps(record, sort_keys=True) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line)
@@ -37,7 +38,7 @@ class HealLog:
             os.close(fd)
 
     def read(self) -> list[dict[str, Any]]:
-        """Every heal recorded in this launch, oldest first (an unfinished line is skipped)."""
+        """Every record, oldest first (an unfinished line is skipped)."""
         if not os.path.exists(self.path):
             return []
         out = []
@@ -48,3 +49,11 @@ class HealLog:
                 except json.JSONDecodeError:
                     continue
         return out
+
+
+class HealLog(JsonLines):
+    """``DIR/heals.jsonl`` of one group (write it from one rank of the group); a fresh launch
+    of the group starts it again."""
+
+    def __init__(self, directory: str, fresh_launch: bool) -> None:
+        super().__init__(directory, FILENAME, fresh_launch)
