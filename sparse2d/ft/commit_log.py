@@ -12,11 +12,10 @@ spans the job: the trainer starts it again only for a file older than the job's 
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-from sparse2d.ft.heal_log import JsonLines
+from sparse2d.ft.heal_log import JsonLines, read_lines
 
 FILENAME = "commits.jsonl"
 
@@ -40,14 +39,4 @@ def stale(directory: str, launched: float | None, restart: int) -> bool:
 
 def read(directory: str) -> list[dict[str, Any]]:
     """Every commit in ``DIR/commits.jsonl``, oldest first (an unfinished line is skipped)."""
-    path = os.path.join(directory, FILENAME)
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
+    return read_lines(os.path.join(directory, FILENAME))

@@ -39,16 +39,22 @@ class JsonLines:
 
     def read(self) -> list[dict[str, Any]]:
         """Every record, oldest first (an unfinished line is skipped)."""
-        if not os.path.exists(self.path):
-            return []
-        out = []
-        with open(self.path) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-        return out
+        return read_lines(self.path)
+
+
+def read_lines(path: str) -> list[dict[str, Any]]:
+    """Every JSON line of ``path``, oldest first; none if it does not exist; an unfinished
+    line (a writer killed mid-``write``) is skipped."""
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
 
 
 class HealLog(JsonLines):
