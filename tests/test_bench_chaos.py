@@ -64,6 +64,24 @@ def test_a_schedule_needs_room_for_every_kind_and_a_survivor() -> None:
         chaos.schedule(1, hosts=2)
 
 
+def test_a_gap_spanning_the_next_strike_is_the_next_faults_stall() -> None:
+    """A partition of host 1 (survivors 0 and 2), then host 2's rank killed 15 s later: the
+    killed group's 25 s relaunch gap begins inside the partition's window but is the kill's.
+    Breaks if ``stall`` reads gaps past the next strike (CI read 30.5 s that way)."""
+    steady = [100.0 + 0.05 * i for i in range(20)]  # ~101 s: the last commit before the cut
+    after_cut = [114.0 + 0.05 * i for i in range(20)]  # resumed 13 s later
+    commits = {
+        0: [{"time": t} for t in steady + after_cut],
+        2: [{"time": t} for t in steady + after_cut[:5] + [140.0, 140.05]],
+    }
+    partition = {"start": 101.0, "end": 111.0}
+    kill = {"start": 114.3, "end": 114.3}
+    result = {"commits": commits}
+    assert 12.9 < chaos.stall(result, partition, [0, 2], until=kill["start"]) < 13.1
+    assert chaos.stall(result, partition, [0, 2]) > 25  # unbounded: the kill's gap
+    assert chaos.stall(result, kill, [0], until=float("inf")) < 0.1
+
+
 SHORT_STEPS = 1200
 SHORT = [
     {"kind": "partition", "at": 100, "host": 1, "seconds": 10.0},
