@@ -419,7 +419,7 @@ def _stalled_quorum(group: int, lighthouse: str, quorum_timeout_s: float, stall_
         timeout_s=10,
         quorum_timeout_s=quorum_timeout_s,
     )
-    pg, manager, _watch = torchft_manager(options, lambda state: None, lambda: {})
+    pg, manager = torchft_manager(options, lambda state: None, lambda: {})
     configure = pg.configure
 
     def stalled_configure(*args, **kwargs):  # on torchft's quorum thread

@@ -98,15 +98,10 @@ class FaultTolerance:
         self._lease = quorum.QuorumLease(
             options.quorum_every, lambda: self._pg, self._drop_process_group, options.timeout_s
         )
-        self._pg, self.manager, watch = quorum.torchft_manager(
-            options, self._restore, self._capture
-        )
+        self._pg, self.manager = quorum.torchft_manager(options, self._restore, self._capture)
         self.channel = ManagedChannel(
             self.manager, self._pg, lambda: self.participants, options.timeout_s
         )
-        self.channel.lost = self._lease.lost = (
-            watch.lost
-        )  # a partitioned peer: seconds, not timeout_s
         self.policy, self._check_finite = replica_sync.install(
             model, options, self.channel, self.shards, self._has_mc
         )

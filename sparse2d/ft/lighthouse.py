@@ -30,7 +30,6 @@ import socket
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 from sparse2d.errors import ConfigError, FaultToleranceError, Sparse2DError
@@ -75,56 +74,6 @@ def lighthouse_jobs(address: str, timeout_s: float) -> tuple[set[str], set[str]]
     with urllib.request.urlopen(url, timeout=timeout_s) as answer:  # noqa: S310 (http only)
         page = answer.read().decode(errors="replace")
     return set(_MARKED.findall(page)), set(_GROUPED.findall(page))
-
-
-_SEEN = re.compile(r"(\S+): seen ([0-9.eE+-]+)s ago")
-LOST_AFTER_S = 5.0
-"""A quorum member whose last heartbeat is this old is lost (``HeartbeatWatch``): torchft's
-default ``heartbeat_timeout_ms``, 2.5x ours, so a live group's heartbeat late on busy cores
-is not taken for a loss."""
-WATCH_EVERY_S = 0.5
-"""A cross-group wait asks the lighthouse at most this often (only once it lasted this long)."""
-
-
-def heartbeat_ages(address: str, timeout_s: float) -> dict[str, float] | None:
-    """``{replica id: seconds since its last heartbeat}`` from torchft's status page; None when
-    the page cannot be read (the lighthouse is down or out of reach: nothing is known)."""
-    url = address.rstrip("/") + "/status"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as answer:  # noqa: S310 (http only)
-            page = answer.read().decode(errors="replace")
-    except (OSError, ValueError):
-        return None
-    return {replica: float(age) for replica, age in _SEEN.findall(page)}
-
-
-class HeartbeatWatch:
-    """Which group of the current quorum stopped heartbeating at the lighthouse, if any.
-
-    A partitioned peer sends no reset, so a cross-group wait would last its whole
-    ``timeout_s``; the lighthouse knows within ``LOST_AFTER_S`` (every group's manager
-    heartbeats it every 100 ms), and ``sparse2d.ft.transport.wait_by`` asks it while a wait
-    lasts. Nothing is concluded from a page that cannot be read or a member it does not list
-    (a restarted lighthouse): the wait then runs to its deadline, as before."""
-
-    def __init__(self, address: str, own: str, members: Callable[[], list[str]]) -> None:
-        self.address, self._own, self._members = address, own, members
-        self._next = 0.0
-
-    def lost(self) -> str | None:
-        """The first member (not this group) not heard for ``LOST_AFTER_S``; None otherwise,
-        and between polls (at most one every ``WATCH_EVERY_S``)."""
-        now = time.monotonic()
-        if now < self._next:
-            return None
-        self._next = now + WATCH_EVERY_S
-        ages = heartbeat_ages(self.address, WATCH_EVERY_S)
-        if not ages:
-            return None
-        for member in self._members():
-            if member.split(":")[0] != self._own and ages.get(member, 0.0) >= LOST_AFTER_S:
-                return member
-        return None
 
 
 def check_job(address: str, job: str | None, timeout_s: float) -> None:

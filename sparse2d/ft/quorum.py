@@ -42,13 +42,7 @@ import torch.nn as nn
 
 from sparse2d.errors import ConfigError, FaultToleranceError
 from sparse2d.ft.ft_options import FTOptions
-from sparse2d.ft.lighthouse import (
-    HeartbeatWatch,
-    check_job,
-    check_reachable,
-    job_replica_ids,
-    replica_id,
-)
+from sparse2d.ft.lighthouse import check_job, check_reachable, job_replica_ids, replica_id
 from sparse2d.ft.transport import wait_by
 from sparse2d.sync.ballot import Ballot, Flag, Meaning
 
@@ -224,9 +218,6 @@ class QuorumLease:
         there it fails after ``timeout_s`` first; a fresh ``timeout_s`` at the settle then
         stalled the survivors ``2 x timeout_s`` (one deadline for both waits: ``timeout_s``
         plus one step)."""
-        self.lost: Callable[[], str | None] | None = None
-        """Names a quorum member that stopped heartbeating: the echo's wait ends then
-        (``sparse2d.ft.lighthouse.HeartbeatWatch.lost``; None: the deadline only)."""
         self.regroup = True
         """Form a quorum at the next step (first step; a group failed, was lost or is behind)."""
         self.formed = 0
@@ -269,7 +260,7 @@ class QuorumLease:
             return
         (work, flag, committed, participants, deadline), self._echo = self._echo, None
         try:
-            wait_by(work, deadline, "commit echo", self.lost)
+            wait_by(work, deadline, "commit echo")
         except Exception:  # a peer lost after the vote, or its link cut (the deadline)
             self._lost(committed)
             return
@@ -350,11 +341,10 @@ def torchft_manager(
     options: FTOptions,
     restore: Callable[[dict[str, Any]], None],
     capture: Callable[[], dict[str, Any]],
-) -> tuple[Any, Any, HeartbeatWatch]:
-    """This rank's cross-group process group, torchft ``Manager`` and the watch on its
-    quorum's heartbeats, after checking on every rank that the lighthouse answers (one line
-    instead of a hang) and serves this job (``check_job``: a group never joins another job's
-    quorum)."""
+) -> tuple[Any, Any]:
+    """This rank's cross-group process group and torchft ``Manager``, after checking on
+    every rank that the lighthouse answers (one line instead of a hang) and serves this job
+    (``check_job``: a group never joins another job's quorum)."""
     address, job = options.lighthouse_address(), options.job_id()
     check_reachable(address, options.connect_timeout_s)
     check_job(address, job, options.connect_timeout_s)
@@ -379,10 +369,9 @@ def torchft_manager(
         init_sync=True,  # groups at step 0 copy the quorum's first group: one start state
     )
     bound_quorum_wait(manager, options.quorum_timeout_s)
-    guard = refuse_strangers(manager, job)
+    refuse_strangers(manager, job)
     fresh_store_prefix(manager, pg)  # wraps the guarded client: notes accepted quorums
-    watch = HeartbeatWatch(address, replica_id(options.replica_id, job), lambda: guard.members)
-    return pg, manager, watch
+    return pg, manager
 
 
 def fresh_store_prefix(manager: Any, pg: Any) -> None:
@@ -438,8 +427,6 @@ class JobOnlyQuorums:
 
     def __init__(self, client: Any, job: str | None) -> None:
         self._client, self._mine, self.refused = client, job_replica_ids(job), []
-        self.members: list[str] = []
-        """The replica ids of the last quorum answered (``HeartbeatWatch`` watches them)."""
 
     def _quorum(self, **kwargs: Any) -> Any:
         deadline = time.monotonic() + kwargs["timeout"].total_seconds()
@@ -449,7 +436,6 @@ class JobOnlyQuorums:
                 r for r in quorum.replica_ids if not self._mine.fullmatch(r.split(":")[0])
             )
             if not foreign:
-                self.members = list(quorum.replica_ids)
                 return quorum
             self.refused.extend(foreign)
             left = deadline - time.monotonic()

@@ -32,7 +32,6 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from sparse2d.ft.lighthouse import WATCH_EVERY_S
 from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.policy import InFlight
 from sparse2d.sync.shards import by_dtype
@@ -53,9 +52,6 @@ class ManagedChannel:
         self.manager = manager
         self.timeout_s = timeout_s
         """Each collective's deadline from its start (``fault_tolerance.timeout_s``; ``wait_by``)."""
-        self.lost: Callable[[], str | None] | None = None
-        """Names a quorum member that stopped heartbeating: a wait ends then, before its
-        deadline (``sparse2d.ft.lighthouse.HeartbeatWatch.lost``; None: the deadline only)."""
         self._participants = participants
         """Groups in the current quorum (``FaultTolerance.participants``: read from torchft
         once per quorum)."""
@@ -255,64 +251,41 @@ class ManagedChannel:
         except Exception as error:
             manager.report_error(error)
             work = None
-        deadline = time.monotonic() + self.timeout_s
-        return _QuorumWork(manager, work, tensor, divisor, deadline, self.lost)
+        return _QuorumWork(manager, work, tensor, divisor, time.monotonic() + self.timeout_s)
 
 
-def wait_by(
-    work: Any, deadline: float, what: str, lost: Callable[[], str | None] | None = None
-) -> None:
-    """``work.wait()``, given up at ``deadline`` (``time.monotonic()``) with ``TimeoutError``,
-    or as soon as ``lost()`` names a quorum member that stopped heartbeating
-    (``sparse2d.ft.lighthouse.HeartbeatWatch``; asked between slices of the wait).
+def wait_by(work: Any, deadline: float, what: str) -> None:
+    """``work.wait()``, given up at ``deadline`` (``time.monotonic()``) with ``TimeoutError``.
 
     Explicit: gloo's own timeout did not end a collective whose peer's link was cut (no reset
     arrives); on the emulated cluster a 30 s partition held the survivors' step all-reduce
     until the link was back (33 s with ``timeout_s=20``). Never ``wait(0)``: c10d reads a
     0 timeout as "none"."""
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            if not work.is_completed():
-                raise TimeoutError(f"{what} not done by its deadline")
-            work.wait()  # done: raises its error, if any
-            return
-        piece = left if lost is None else min(left, WATCH_EVERY_S)
-        try:
-            work.wait(datetime.timedelta(milliseconds=max(1, int(piece * 1000))))
-            return
-        except RuntimeError:
-            if work.is_completed() or lost is None:  # failed (not a slice ending): its error
-                raise
-        member = lost()
-        if member is not None:
-            raise TimeoutError(f"{what}: quorum member {member} stopped heartbeating")
+    left_ms = int((deadline - time.monotonic()) * 1000)
+    if left_ms > 0:
+        work.wait(datetime.timedelta(milliseconds=left_ms))
+    elif not work.is_completed():
+        raise TimeoutError(f"{what} not done by its deadline")
+    else:
+        work.wait()  # done: raises its error, if any
 
 
 class _QuorumWork:
     """A started quorum all-reduce; ``wait`` reports an error to the manager, never raises."""
 
     def __init__(
-        self,
-        manager: Any,
-        work: Any,
-        tensor: torch.Tensor,
-        divisor: int | None,
-        deadline: float,
-        lost: Callable[[], str | None] | None = None,
+        self, manager: Any, work: Any, tensor: torch.Tensor, divisor: int | None, deadline: float
     ) -> None:
         self.manager, self.work, self.tensor, self.divisor = manager, work, tensor, divisor
         self.deadline = deadline
         """``timeout_s`` after the all-reduce started, on ``time.monotonic()``."""
-        self.lost = lost
-        """Names a quorum member that stopped heartbeating (the wait ends then; ``wait_by``)."""
 
     def wait(self) -> bool:
         if self.work is None:
             return True
         work, self.work = self.work, None
         try:
-            wait_by(work, self.deadline, "cross-group all-reduce", self.lost)
+            wait_by(work, self.deadline, "cross-group all-reduce")
         except Exception as error:
             self.manager.report_error(error)
             return True
