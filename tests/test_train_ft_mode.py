@@ -195,3 +195,13 @@ def test_a_relaunched_group_is_told_from_a_fresh_one_by_its_steps_in_this_job(tm
     recorder.close()
     assert _trained_since(metrics, launched)  # trained in this job: a relaunch
     assert not _trained_since(metrics, time.time() + 10)  # an earlier job's records
+
+
+def test_every_fault_tolerant_launcher_exports_the_launch_time() -> None:
+    """A host relaunched into a running job rejoins at once only when its launcher exported
+    ``SPARSE2D_FT_LAUNCH_TIME`` (``FTMode.rejoins``); without it the relaunch ran the fresh
+    job's start wait and its polls tore down the live groups' process group for minutes."""
+    for launcher in ("launch/ft_local.sh", "launch/emulated_hosts.sh", "launch/ft_slurm.sbatch"):
+        with open(os.path.join(ROOT, launcher)) as f:
+            text = f.read()
+        assert 'export SPARSE2D_FT_LAUNCH_TIME="$(date +%s)"' in text, launcher
