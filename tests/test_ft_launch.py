@@ -190,11 +190,15 @@ def relaunch_resumes_from_checkpoints(run_dir) -> None:
     steps on the kill test's uninterrupted run instead of two launches of their own: each
     launch's start-up (imports, a lighthouse, two torchruns) is most of a short job's CPU
     seconds, and the suite is CPU-bound on 2 cores."""
+    # a save of group 0 cut short after the last complete one: named, never read
+    partial = run_dir / "replica_0" / "checkpoints" / f"step_{STEPS + 10}.tmp-cut"
+    partial.mkdir()
     again = launch(
         run_dir, 2, *PIPELINE_MC, CHECKPOINTS, f"train.steps={STEPS + 20}", "train.resume=auto"
     )
     out, _ = again.communicate(timeout=300)
     assert again.returncode == 0, out[-3000:]
+    assert f"[resume] not read: {partial.name}, a save that never completed" in out, out[-3000:]
     resumed = [line for line in out.splitlines() if line.startswith("[resume] replica=")]
     assert any(f" step={STEPS} " in f"{line} " for line in resumed), out[-3000:]
     s = [summary(run_dir, g) for g in (0, 1)]

@@ -34,7 +34,7 @@ from sparse2d.managed_collision import mc_identity_buffers
 from sparse2d.train.config import Config
 from sparse2d.train.data import DataSource
 from sparse2d.train.pipeline import PipelineSteps
-from sparse2d.train.step_mode import Attempt, Run
+from sparse2d.train.step_mode import Attempt, Run, name_partial_saves
 
 
 def config_digest(cfg: Config) -> dict[str, str]:
@@ -265,6 +265,8 @@ class FaultTolerantMode:
         storage."""
         if self.cfg.train.resume != "auto" or self.ft.step != 0 or self._healed_from_live():
             return False
+        if self.rank == 0:
+            name_partial_saves(self.checkpoint_dir)
         path = checkpoint.latest(self.checkpoint_dir)
         if path is None:
             return False

@@ -14,12 +14,11 @@ import os
 from typing import Any
 
 from sparse2d import checkpoint
-from sparse2d.checkpoint.directory import partial_saves
 from sparse2d.train.config import Config
 from sparse2d.train.data import DataSource
 from sparse2d.train.metrics import max_over_ranks
 from sparse2d.train.pipeline import PipelineSteps, PlainSteps, make_steps
-from sparse2d.train.step_mode import Attempt, Run
+from sparse2d.train.step_mode import Attempt, Run, name_partial_saves
 
 
 class InWorld:
@@ -76,9 +75,8 @@ class InWorld:
         if self.cfg.train.resume != "auto":
             return
         where = self.checkpoint_dir
-        if run.is_main:  # a save cut short (every host lost mid-save): named, never loaded
-            for name in partial_saves(where):
-                print(f"[resume] not read: {name}, a save that never completed", flush=True)
+        if run.is_main:
+            name_partial_saves(where)
         path = checkpoint.latest(where)
         if path is None:
             if run.is_main:

@@ -24,8 +24,16 @@ from typing import Any, Protocol
 
 import torch
 
+from sparse2d.checkpoint.directory import partial_saves
 from sparse2d.train.data import DataSource
 from sparse2d.train.recorder import Recorder
+
+
+def name_partial_saves(where: str) -> None:
+    """Print each save under ``where`` that never completed (every host lost mid-save): a
+    resume never reads one, and says so (either mode, on its main rank)."""
+    for name in partial_saves(where):
+        print(f"[resume] not read: {name}, a save that never completed", flush=True)
 
 
 @dataclass
