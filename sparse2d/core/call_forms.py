@@ -93,10 +93,6 @@ class CollectionArgs:
     sync_options: Any = None
     plan_store: Any = None
 
-    def as_kwargs(self) -> dict[str, Any]:
-        """Every argument by keyword (the same objects, not copies): the call made again."""
-        return {name: getattr(self, name) for name in _NAMES}
-
 
 _NAMES = frozenset(CollectionArgs.__dataclass_fields__)
 

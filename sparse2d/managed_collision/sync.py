@@ -13,7 +13,6 @@ always travels with its row: an id that moves must take its state along.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -79,7 +78,6 @@ class ManagedCollisionSync:
         """A managed channel (``sparse2d.ft.transport.ManagedChannel``: torchft's quorum)
         instead of ``replica_pg``; None: the replica process group."""
         self.baselines: list[Identity | None] = [None] * len(tables)
-        self.last_seconds = 0.0
 
     @property
     def shards(self) -> list[ShardState]:
@@ -119,7 +117,6 @@ class ManagedCollisionSync:
         call that writes the merged identities and averaged rows into the live tables).
         The policy hands that call to its channel, which lands it like any blocking part
         (``sync.landing``)."""
-        begin = time.perf_counter()
         mine = [local_identity(t) for t in self.tables]
         mch_packed = torch.cat(
             [_pack(i, t) for i, t in zip(mine, self.tables, strict=True)]
@@ -161,7 +158,6 @@ class ManagedCollisionSync:
                 for table, merged in zip(self.tables, merges, strict=True):
                     _adopt(table, merged.identity)
             self.baselines = [m.identity for m in merges]
-            self.last_seconds = time.perf_counter() - begin
 
         return sent, land
 

@@ -34,8 +34,6 @@ from sparse2d.train.model_builder import measure_only, resolve_device
 from sparse2d.train.rendezvous import owns_round_store, round_store, shared_store_across_hosts
 from sparse2d.train.torchrun import final_failure
 
-SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
-
 
 def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
