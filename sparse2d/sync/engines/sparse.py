@@ -21,11 +21,9 @@ from sparse2d.sync.engines.touched import TouchedRows
 from sparse2d.sync.shards import ShardState, flush_caches
 
 DEFAULT_CROSSOVER = 0.5
-"""Union fraction of a shard's rows above which it is synced densely. Measured with
-``bench/sparse_sync_bench.py`` (2 replicas, gloo, CPU): sparse time equals dense time at a
-union of about 0.6-0.85 (across runs) for 10^5- and 10^6-row tables; below ~0.3 sparse is
->2x faster.
-Set a little below the crossover: near it the two cost the same and timings are noisy."""
+"""Union fraction of a shard's rows above which it is synced densely: a little below the
+measured crossover (bench/RESULTS.md, sparse replica sync: 0.69-0.75 for 10^5- and 10^6-row
+tables), where the two cost the same and timings are noisy."""
 
 WEIGHTS, STATES = "weights", "states"
 
