@@ -1,14 +1,10 @@
 """Sync MCH tables over a replica group: agree on identities, then average rows by id.
 
-Averaging slot by slot is wrong for a managed-collision table: between syncs each replica
-inserts and evicts its own ids, so the same slot holds different ids on different replicas.
-One sync here: all-gather every replica's identity table (ids, rows, metadata); every
-replica computes the same merge (``managed_collision.merge``); each replica contributes, for
-every new row, the row it holds that id in (zeros where it does not hold it); one SUM
-all-reduce per dtype; each row divided by the number of replicas holding its id. A row held
-by one replica keeps that replica's values bit for bit; rows whose id no replica keeps are
-zeroed, weights and optimizer state alike (as TorchRec zeroes evicted rows). Optimizer state
-always travels with its row: an id that moves must take its state along.
+Between syncs each replica inserts and evicts its own ids, so slot-by-slot averaging would mix
+different ids. One sync: all-gather the identity tables, merge them identically everywhere
+(``managed_collision.merge``), one SUM all-reduce per dtype of each replica's row for every
+new id (zeros where it lacks it), divided by the replicas holding it. Optimizer state always
+travels with its row; rows whose id no replica keeps are zeroed.
 """
 
 from __future__ import annotations
