@@ -299,11 +299,11 @@ def check_paused_tracker() -> dict:
     model = _model(tables, "sgd")
     engine = SparseEngine(model.shard_states, model.replica_pg)
     tracker = engine.tracker
-    engine.track_rows(False)
+    tracker.pause()
     train(model, tables, 1)
     paused = sum(tracker.count_since(i, 0) for i in range(len(model.shard_states)))
     base = tracker.cut()
-    engine.track_rows(True)
+    tracker.resume()
     everything = [tracker.count_since(i, 0) for i in range(len(model.shard_states))]
     after = tracker.cut()
     train(model, tables, 1)

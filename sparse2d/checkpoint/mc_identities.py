@@ -1,28 +1,13 @@
 """Identity tables of managed-collision (MC) tables in checkpoints.
 
 An MC table's rows mean nothing without its identity table (raw id -> row), so a checkpoint
-carries, beside the rows and optimizer state ``layout`` writes, each shard's identity state
-under these keys (global tensors, each shard's chunk at its row offset, as TorchRec's own
-``ShardedManagedCollisionCollection`` state dict lays them out):
-
-* MCH (``MCHManagedCollisionModule``): ``mc.T.ids`` ``(Z,)`` sorted raw ids (``INT64_MAX``:
-  empty or sentinel), ``mc.T.rows`` ``(Z,)`` the global row of each, ``mc.T.meta.K`` ``(Z,)``
-  per eviction metadata (``counts``, ``last_access_iter``), and ``mc.T.iter`` ``(S, 3)``:
-  each of the ``S`` shards' ``(current_iter, last_eviction_iter, history buffer size)``. The
-  ids seen since the last eviction round are not saved (nor in TorchRec's state dict): with
-  ``eviction_interval > 1`` save at a multiple of it. The history buffer's size is (TorchRec
-  sizes it from the first batch and drops ids past it), so a resumed run drops the same ids.
-* MP-ZCH (``HashZchManagedCollisionModule``): ``mc.T.ids`` ``(Z, 1)`` identities (-1 empty)
-  and ``mc.T.meta`` ``(Z, 1)`` its TTL metadata. An id's slot is fixed by its hash inside its
-  bucket, and buckets do not depend on the group size: any ``L`` loads these by row range.
-
-``COMPLETE.json`` describes each MC table (kind, zch_size, input_hash_size, policy or
-buckets, the shards' row segments); ``check_identities`` compares that with the model on
-every rank before any collective. An MCH table loaded into other shard segments (another
-``L``) is rebuilt by id: each new shard takes the saved ids it owns (TorchRec routes id ``x``
-to shard ``(x // ceil(H / B)) // (B / S)``), the best ``rows - 1`` by the module's own
-eviction score if they do not fit, and their rows and optimizer state, so an id reads the
-same values before and after.
+carries each shard's identity state as global tensors laid out like TorchRec's own state
+dict (the ``mc.T.*`` keys: docs/checkpoints.md). MCH ids seen since the last eviction round
+are not saved (nor by TorchRec): with ``eviction_interval > 1`` save at a multiple of it.
+``check_identities`` compares ``COMPLETE.json`` with the model on every rank before any
+collective. An MCH table loaded at another ``L`` is rebuilt by id: each new shard takes the
+saved ids TorchRec routes to it (the best ``rows - 1`` by the eviction score if they do not
+fit) with their rows and optimizer state; MP-ZCH buckets do not depend on ``L``.
 """
 
 from __future__ import annotations

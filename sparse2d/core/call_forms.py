@@ -1,20 +1,10 @@
 """TorchRec's ``DMPCollection`` call, accepted unchanged next to sparse2d's short form.
 
-Two call forms share one constructor, told apart by the second positional argument:
-
-* sparse2d: ``DMPCollection(module, L, *, device=..., constraints=..., ...)``: an ``int``
-  (or ``"auto"``) second argument is the sharding group size;
-* TorchRec: ``DMPCollection(module, device, plan, world_size, sharding_group_size,
-  global_pg, sharding_strategy, ...)``: a ``torch.device``/``str`` (or ``None``) second
-  argument is the device and the rest follows TorchRec's order (1.8.0 and 1.9.2 agree).
-
-Keywords are the union of both; TorchRec's names keep TorchRec's meaning
-(``use_inter_host_allreduce=True`` is ``replica_layout="inter_host"``), and each all-reduce
-hook is called as the installed TorchRec calls it, read from its annotations: the
-constructor's ``custom_all_reduce`` as ``hook(tensors)`` (1.8.0 and 1.9.2),
-``set_all_reduce_hook``'s as ``hook(tensors)`` (1.8.0) or ``hook(pg, tensors)`` (1.9.2).
-Everything here is pure, so a bad call raises the same ``ConfigError`` on every rank
-before any collective.
+The second positional argument tells the forms apart: an ``int`` (or ``"auto"``) is sparse2d's
+sharding group size, a ``torch.device``/``str``/``None`` is TorchRec's device with TorchRec's
+order after it. Keywords are the union of both, TorchRec's names with TorchRec's meaning, and
+each all-reduce hook is called as the installed TorchRec calls it, read from its annotations.
+Pure, so a bad call raises the same ``ConfigError`` on every rank before any collective.
 """
 
 from __future__ import annotations
@@ -92,10 +82,6 @@ class CollectionArgs:
     planner_batch_size: int | None = None
     sync_options: Any = None
     plan_store: Any = None
-
-    def as_kwargs(self) -> dict[str, Any]:
-        """Every argument by keyword (the same objects, not copies): the call made again."""
-        return {name: getattr(self, name) for name in _NAMES}
 
 
 _NAMES = frozenset(CollectionArgs.__dataclass_fields__)

@@ -1,38 +1,15 @@
 """``DMPCollection``: TorchRec's ``DistributedModelParallel`` over one sharding group, replicated.
 
-Construction is one straight line, each step called once and logged in one line (torchtitan's
-``parallelize`` is the model), in ``DMPCollection.__init__`` and ``_build``:
+Construction is one straight line in ``__init__`` and ``_build``, each step once with one log
+line: validate (``collection_setup``), L and layout (``_choose_group_size``, overridden by the
+public class for ``"auto"``), plan (``contexts.plan_contexts``), mesh, shard (TorchRec's DMP
+with ``ShardingEnv2D``), sync policy (docs/architecture.md walks it). Each module type of
+``submodule_configs`` gets its own context; collaborators never hold the model.
 
-1. validate: every argument that does not depend on ``L``, pure
-   (``sparse2d.core.collection_setup.resolve_setup``);
-2. L and layout of every context: ``L`` as given (``_choose_group_size``, which the public
-   ``sparse2d.DMPCollection`` overrides for ``"auto"``: the advisor's choice, so the core never
-   imports the advisor), then each context's layout checked at it (``choose_layout``);
-3. plan for ``L`` ranks (``sparse2d.core.contexts.plan_contexts``);
-4. mesh: the 2D ``DeviceMesh`` and its groups (``build_meshes``);
-5. shard: TorchRec's DMP with the plan remapped to this rank's group, ``ShardingEnv2D``;
-6. sync policy: the replica sync, replicas aligned, FULLY_SHARDED slices kept.
-
-Each configured module type of TorchRec's ``submodule_configs`` gets its own context (group
-size, mesh, plan, replica sync). The model delegates to collaborators that hold what they
-need and never the model (no reference cycle through them): one ``SyncPolicy`` per context
-(``sparse2d.sync.policy``: the sync itself), ``SurfaceGuard``
-(``sparse2d.core.fully_sharded.surfaces``) and its contexts (geometry attributes).
-
-Why a subclass of TorchRec's own ``DMPCollection``: TorchRec's train pipelines
-(``TrainPipelineSparseDist``, ``TrainPipelineSemiSync``, ...) sync replicas in
-``TrainPipeline.sync_embeddings``, which calls ``model.sync()`` every
-``dmp_collection_sync_interval_batches`` batches only if ``isinstance(model,
-torchrec.distributed.model_parallel.DMPCollection)``. Being an instance is the one
-hook-up that needs no change to a user's loop, and it routes the pipeline through
-*our* ``sync()`` (policy, engines, hook). TorchRec's constructor is never
-run: it asserts a CUDA/MTIA device and builds TorchRec's own groups and sync caches.
-``__init__`` calls ``DistributedModelParallel.__init__`` itself, and every method of
-TorchRec's class reachable after construction is overridden here (``sync``,
-``set_all_reduce_hook``, ``ensure_reduce_scatter_complete``, ``device_mesh``,
-``_shard_modules_impl``); TorchRec's private sync helpers (``_sync``,
-``_allreduce_tensors``, ...) are only called by those and stay unreached.
-``tests/test_core_call_forms.py`` checks that public surface for the installed TorchRec.
+A subclass of TorchRec's ``DMPCollection`` because TorchRec's train pipelines call
+``model.sync()`` only on an instance of it. TorchRec's constructor (CUDA-only, its own groups)
+is never run, and every method of it reachable after construction is overridden here;
+``tests/test_core_call_forms.py`` checks that surface for the installed TorchRec.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Sharding contexts: one 2D layout per group of embedding modules.
 
-A ``DMPCollection`` holds a default context (every shardable module) and, with
-TorchRec's ``submodule_configs=[DMPCollectionConfig(module=EmbeddingCollection, ...)]``,
-one more context per configured module *type* (matched exactly, as TorchRec does).
-Each context has its own sharding group size, replica layout, mesh, plan, shards and
-sync policy; ``DMPCollection.sync()`` syncs every context over its own replica group.
-
-``describe_contexts`` is pure (every rank gets the same answer or the same error);
-planning (``plan_contexts``) and building meshes (``build_meshes``) are collective.
+A default context holds every shardable module; each ``submodule_configs`` entry adds one per
+module type (matched exactly, as TorchRec does), with its own group size, layout, mesh, plan
+and sync policy. ``describe_contexts`` is pure; ``plan_contexts`` and ``build_meshes`` are
+collective.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """TorchRec pipelines that look up the next batch before this batch's sync.
 
-``TrainPipelineSemiSync`` and ``TrainPipelineFusedSparseDist`` start batch ``i+1``'s
-embedding lookup before batch ``i``'s backward and ``sync_embeddings``; batch ``i+1``'s fused
-update then lands after that sync. When such a pipeline is built over a sparse2d model:
-
-- managed-collision tables are refused: a sync of them moves ids between rows, so the
-  early lookup would have read, and its backward would update, rows that now hold other ids
-  (``TrainPipelineSparseDist`` pipelines only the input all-to-all of raw ids and is fine);
-- touched-row sync engines are told to keep rows pending one more sync
-  (``SyncPolicy.look_ahead``): rows looked up before sync ``i`` are updated after it.
-
-The check runs when the pipeline is built: pure, on every rank, before any collective.
+Under ``TrainPipelineSemiSync`` and ``TrainPipelineFusedSparseDist`` batch ``i+1``'s fused
+update lands after batch ``i``'s sync: managed-collision tables are refused (a sync moves ids
+between rows under the early lookup) and touched-row engines keep rows pending one more sync
+(``SyncPolicy.look_ahead``). Checked when the pipeline is built, before any collective.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Ownership of what a ``DMPCollection`` creates: process groups, hooks, in-flight work.
 
-Why it matters: every idle gloo process group keeps a TCP event-loop thread that wakes up
-on a short poll timeout, plus two work threads. Measured on 2 cores (2 processes, torch
-2.13): 200 idle groups cost 607 threads and 22% of a core per process doing nothing;
-after ``destroy_process_group`` 10 threads and 0.6% remain. A model that never releases its
-groups turns a sweep, a notebook, an evaluation loop or a test suite into hundreds of
-busy-polling threads (the suite reached a load average of 200-400 this way).
-
-``GroupRecorder`` notes the process groups registered while a block runs (the 2D mesh's
-groups, TorchRec's TWRW/grid groups), so exactly those, never the user's or the default
-group, are destroyed at ``close()``. ``Resources`` runs release callbacks in reverse order,
-once. Destroying a group is local to the rank (no collective), so ``close()`` never hangs,
-also while an error unwinds on some ranks only.
+Every idle gloo group busy-polls (bench/RESULTS.md, section resources), so a model must
+release its own. ``GroupRecorder`` notes the groups registered while a block runs, so exactly
+those are destroyed at ``close()``; ``Resources`` runs release callbacks in reverse order,
+once. Destroying a group is local (no collective), so ``close()`` never hangs.
 """
 
 from __future__ import annotations

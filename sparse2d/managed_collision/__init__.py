@@ -2,13 +2,7 @@
 averaging.
 
 ``tables`` finds them and refuses what cannot be synced, ``merge`` is the pure MCH identity
-merge, ``sync`` the collective that applies it, ``zch_sync`` the MP-ZCH merge. The sync
-policy and the model's construction import this package; it imports only ground pieces
-(``errors``, ``comm_device``, ``sync.shards``) and ``patches``. What builds on other packages stays there:
-checkpoints' identity tables in ``sparse2d.checkpoint.mc_identities`` (on checkpoint's
-layout), the trainer's MC front of the DLRM in ``sparse2d.train.mc_embeddings``, FBGEMM's
-missing CPU row reset and MP-ZCH insert in ``sparse2d.patches``, and the refusal of
-replicated MC tables under early-lookup pipelines in ``sparse2d.core.pipeline_guard``.
+merge, ``sync`` the collective that applies it, ``zch_sync`` the MP-ZCH merge.
 """
 
 from __future__ import annotations

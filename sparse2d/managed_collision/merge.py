@@ -1,23 +1,10 @@
 """Merge the identity tables of one MCH shard's replicas into one (pure, no collectives).
 
-An ``MCHManagedCollisionModule`` shard of ``Z`` slots keeps its raw ids sorted in
-``_mch_sorted_raw_ids`` (empty slots hold ``INT64_MAX``), the embedding row of each in
-``_mch_remapped_ids_mapping`` and the eviction policy's metadata alongside
-(``_mch_counts`` / ``_mch_last_access_iter``). The last sorted position is TorchRec's
-sentinel: raw id ``INT64_MAX`` on the shard's last row, which every unknown id reads.
-
-Every replica computes ``merge`` on the same gathered inputs, so all agree on the result:
-
-* metadata per id combined over the replicas holding it: counts are the baseline agreed at
-  the previous sync plus each replica's increase since (a count below the baseline means
-  the id was evicted and re-inserted there: all of it is new); last access is the max;
-* the ``Z - 1`` ids with the best eviction score survive (the policy's own score: counts
-  for LFU, recency for LRU, counts over weighted distance for distance-LFU; ties to the
-  smaller raw id);
-* each survivor keeps the row it held on the lowest replica where that row is still free,
-  the rest fill the free rows in ascending order (few rows move);
-* ``sources[g, r]``: the row replica ``g`` holds new row ``r``'s id in, or -1; the sentinel
-  row is held by every replica (it is trained by every miss, like a plain table's row).
+Every replica computes ``merge`` on the same gathered inputs, so all agree: metadata combined
+per id (counts as the agreed baseline plus each replica's increase; last access the max), the
+``Z - 1`` ids with the best eviction score survive, survivors keep a row they held where they
+can (few rows move), and ``sources[g, r]`` says where replica ``g`` holds new row ``r``'s id
+(-1: nowhere). The rules in full: docs/managed_collision.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Sync MCH tables over a replica group: agree on identities, then average rows by id.
 
-Averaging slot by slot is wrong for a managed-collision table: between syncs each replica
-inserts and evicts its own ids, so the same slot holds different ids on different replicas.
-One sync here: all-gather every replica's identity table (ids, rows, metadata); every
-replica computes the same merge (``managed_collision.merge``); each replica contributes, for
-every new row, the row it holds that id in (zeros where it does not hold it); one SUM
-all-reduce per dtype; each row divided by the number of replicas holding its id. A row held
-by one replica keeps that replica's values bit for bit; rows whose id no replica keeps are
-zeroed, weights and optimizer state alike (as TorchRec zeroes evicted rows). Optimizer state
-always travels with its row: an id that moves must take its state along.
+Between syncs each replica inserts and evicts its own ids, so slot-by-slot averaging would mix
+different ids. One sync: all-gather the identity tables, merge them identically everywhere
+(``managed_collision.merge``), one SUM all-reduce per dtype of each replica's row for every
+new id (zeros where it lacks it), divided by the replicas holding it. Optimizer state always
+travels with its row; rows whose id no replica keeps are zeroed.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -79,7 +74,6 @@ class ManagedCollisionSync:
         """A managed channel (``sparse2d.ft.transport.ManagedChannel``: torchft's quorum)
         instead of ``replica_pg``; None: the replica process group."""
         self.baselines: list[Identity | None] = [None] * len(tables)
-        self.last_seconds = 0.0
 
     @property
     def shards(self) -> list[ShardState]:
@@ -119,7 +113,6 @@ class ManagedCollisionSync:
         call that writes the merged identities and averaged rows into the live tables).
         The policy hands that call to its channel, which lands it like any blocking part
         (``sync.landing``)."""
-        begin = time.perf_counter()
         mine = [local_identity(t) for t in self.tables]
         mch_packed = torch.cat(
             [_pack(i, t) for i, t in zip(mine, self.tables, strict=True)]
@@ -161,7 +154,6 @@ class ManagedCollisionSync:
                 for table, merged in zip(self.tables, merges, strict=True):
                     _adopt(table, merged.identity)
             self.baselines = [m.identity for m in merges]
-            self.last_seconds = time.perf_counter() - begin
 
         return sent, land
 

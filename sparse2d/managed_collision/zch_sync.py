@@ -1,15 +1,9 @@
 """Sync MP-ZCH tables (TorchRec's ``HashZchManagedCollisionModule``) over a replica group.
 
-The semantics are TorchRec 1.8's ``DMPCollection._sync_mcc_modules``: replica 0's identity
-table is the start, every other replica's ids are inserted into it in replica order with
-their metadata and an always-met eviction threshold (``sync_identities``), each replica
-looks its ids up in the merged table (``rank_to_global``), rows move to the agreed slots,
-slots no replica keeps are zeroed and the rest are averaged over the replicas that hold
-their id (``sync_hash_zch_weights``). Differences, each on purpose: every replica computes
-the merge itself from an all-gather (no gather/broadcast through a root), so it works on CPU
-through ``zch_insert`` (``sparse2d.patches.torchrec_hash_mc_modules``); rows are rebuilt from zeros rather than moved in place (TorchRec's
-in-place move leaves a stale row in a slot whose id moved away); and **every** optimizer
-state moves and is averaged with its row, not only ``sum``.
+TorchRec 1.8's ``DMPCollection._sync_mcc_modules`` semantics (replica 0's identities first,
+the others inserted in replica order, rows averaged over the replicas that hold their id),
+computed by every replica from an all-gather (so it runs on CPU through ``zch_insert``), rows
+rebuilt from zeros, and every optimizer state moved with its row: docs/managed_collision.md.
 """
 
 from __future__ import annotations

@@ -1,52 +1,10 @@
 """TorchRec's planner, configured to plan one 2D sharding group in seconds at ``L=256``.
 
-``EmbeddingShardingPlanner``'s defaults run four proposers (grid search, two greedy walks,
-uniform) that together make hundreds of proposals for a group of 64 ranks and 64 tables;
-its ``GreedyPerfPartitioner`` deep-copies every proposal and, for table-row-wise and grid
-options, the whole device list per option. At 1,024 ranks (``L=64``) that was ~40-60 s of
-one core, at 4,096 (``L=256``, 128 tables) ~395 s. The proposals that decide the plan are
-few: each table's fastest option (``GreedyProposer``'s first proposal, by the deepest shard
-and by the sum over shards) and one plan per sharding type (``UniformProposer``). The greedy
-walks stop once their plans stop improving (``threshold=1``) instead of walking every
-option; while proposals do not fit memory they keep walking as before, so a model that
-only fits with its larger tables row-wise still gets that plan. The grid-search proposer
-is dropped. Planning statistics (a large table logged per plan) are off.
-
-Past the proposals, the enumerator's estimates dominate (at ``L=256`` TorchRec's estimator
-ran 66k times, once per shard of every option of every table, ~140 s of one core).
-Identical tables (shape, dtype, features, constraints, optimizer) get identical estimates,
-so ``SharedEstimateEnumerator`` estimates one table of each kind and gives its shards'
-perf and storage objects to the others (TorchRec's planner replaces an estimate, it never
-edits one in place; copying them took 11 of 37 s at ``L=4096``); ``tests/test_planner_fast.py``
-checks them equal to TorchRec's own estimates.
-
-With fewer tables than ranks (128 tables on a group of 256), every option TorchRec offers
-a 32-wide table is one shard (its column-wise shards are at least 128 wide by default), so
-half the group holds a table and half holds nothing: twice total / L bytes on the busy
-ranks, and a replica sync as long as theirs. ``spread_constraints`` lets such tables split
-into narrower column shards (``min_partition``), enough for every rank to get one; TorchRec's
-own perf model then rates the column-wise plan faster than the table-wise one (half the
-lookup work per rank) and picks it. Tables the caller constrained are left as given.
-
-When a proposal does not fit, the greedy walks move one table at a time to its next option,
-and each failed proposal costs the planner about a second at ``L=256`` (partitioning, and
-hashing and summing every shard). Groups whose row-wise options carry large output buffers
-(4,096 ranks in groups of 256, a batch of 4,096: 512 MiB per table on every rank) failed 550
-of 558 proposals (~500 s). ``FitCheckedProposer`` answers a proposal whose shards need more
-storage than the group can give them (row-wise shards summed on their ranks, the rest
-against the room left) as the planner would (not partitionable) without handing it to the
-planner: such a proposal can never be placed, so the walk, and the plan it ends with, are
-unchanged; only the proposals that may fit are partitioned.
-
-Each time a proposal rates better than the best so far, the planner deep-copies it, every
-shard's perf and storage estimate field by field (at 4,096 ranks, ``L=4096`` and 832 tables,
-about a third of the advisor's time). ``GroupShardingPlanner`` makes that copy structurally
-(``copy_plan``): new options and shards, their size and offset lists and estimates copied,
-every other attribute deep-copied as before; the copy compares equal to TorchRec's.
-
-The plan is still TorchRec's: same enumerator, estimators, storage reservation,
-partitioner and perf rating; only fewer candidates are rated. ``tests/test_planner_fast.py``
-checks its per-rank perf and memory balance against TorchRec's defaults.
+Same enumerator, estimators, storage reservation, partitioner and perf rating as TorchRec's
+``EmbeddingShardingPlanner``; only fewer candidates are rated: few proposals, one estimate
+per kind of identical table, proposals that cannot fit answered without partitioning, a
+structural copy of the best plan, and column splits when there are fewer tables than ranks.
+Where the time went and what each change saves: docs/training.md, "Start-up at scale".
 """
 
 from __future__ import annotations

@@ -71,20 +71,43 @@ def plan_for_group(
     the dry run's path, where a fake process group moves no objects.
     """
 
+    def _obtain() -> GroupPlan:
+        args = (module, sharding_group_size, device_type, sharders, constraints, node_group_size)
+        if store is None:
+            return GroupPlan(_plan_locally(*args, batch_size))
+        context = describe_context(
+            module,
+            paths if paths is not None else [""],
+            sharders,
+            constraints,
+            sharding_group_size,
+            node_group_size,
+            device_type,
+            batch_size,
+        )
+        found = store.lookup(name, context)
+        if found.plan is not None:
+            logger.info(
+                "[sparse2d] %s plan for L=%d loaded from %s", name, sharding_group_size, found.file
+            )
+            return GroupPlan(found.plan, "hit", found.file)
+        if found.cache == "stale":
+            logger.warning(
+                "[sparse2d] stored plan %s was made for another setup (%s); planning afresh",
+                found.file,
+                found.reason,
+            )
+        plan = _plan_locally(*args, batch_size)
+        try:
+            file = store.save(name, context, plan)
+        except OSError as error:  # a read-only run dir costs the next start its planning only
+            logger.warning("[sparse2d] could not store the plan in %s: %s", found.file, error)
+            file = None
+        return GroupPlan(plan, found.cache, file, found.reason)
+
     def obtain() -> GroupPlan | Exception:
         try:
-            return _obtain(
-                module,
-                sharding_group_size,
-                device_type,
-                sharders,
-                constraints,
-                node_group_size,
-                batch_size,
-                store,
-                name,
-                paths,
-            )
+            return _obtain()
         except StoredPlanError as error:
             return error
         except Exception as error:  # forwarded to every rank below
@@ -104,52 +127,6 @@ def plan_for_group(
     if isinstance(result[0], Exception):
         raise result[0]
     return result[0]
-
-
-def _obtain(
-    module: nn.Module,
-    sharding_group_size: int,
-    device_type: str,
-    sharders: list[ModuleSharder[nn.Module]],
-    constraints: dict[str, ParameterConstraints] | None,
-    node_group_size: int,
-    batch_size: int | None,
-    store: PlanStore | None,
-    name: str,
-    paths: list[str] | None,
-) -> GroupPlan:
-    args = (module, sharding_group_size, device_type, sharders, constraints, node_group_size)
-    if store is None:
-        return GroupPlan(_plan_locally(*args, batch_size))
-    context = describe_context(
-        module,
-        paths if paths is not None else [""],
-        sharders,
-        constraints,
-        sharding_group_size,
-        node_group_size,
-        device_type,
-        batch_size,
-    )
-    found = store.lookup(name, context)
-    if found.plan is not None:
-        logger.info(
-            "[sparse2d] %s plan for L=%d loaded from %s", name, sharding_group_size, found.file
-        )
-        return GroupPlan(found.plan, "hit", found.file)
-    if found.cache == "stale":
-        logger.warning(
-            "[sparse2d] stored plan %s was made for another setup (%s); planning afresh",
-            found.file,
-            found.reason,
-        )
-    plan = _plan_locally(*args, batch_size)
-    try:
-        file = store.save(name, context, plan)
-    except OSError as error:  # a read-only run dir costs the next start its planning only
-        logger.warning("[sparse2d] could not store the plan in %s: %s", found.file, error)
-        file = None
-    return GroupPlan(plan, found.cache, file, found.reason)
 
 
 def _plan_locally(

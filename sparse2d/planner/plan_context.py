@@ -1,13 +1,9 @@
 """What a plan for ``L`` ranks depends on, as plain data with a hash.
 
-A stored plan may be reused only when everything the planner read is unchanged: the
-tables (rows, dim, pooling, features, dtype, in-backward optimizer), the sharders (their
-sharding types, kernels and fused params), the constraints, the planner's topology
-(``L``, ranks per host, device type), the batch size, the planner variant and the
-TorchRec version. ``PlanContext.hash`` is a digest of all of it; ``changes`` names the
-parts that differ between two contexts so a replan can say why in one line. TorchRec's
-own ``hash_planner_context_inputs`` covers topology, batch size and constraints but not
-the tables (its ``PlanLoader`` checks those per table later), hence a context of our own.
+Everything the planner read: tables, sharders, constraints, topology, batch size, planner
+variant and TorchRec version. ``PlanContext.hash`` digests it; ``changes`` names the parts
+that differ so a replan says why in one line. TorchRec's ``hash_planner_context_inputs``
+leaves the tables out, hence a context of our own.
 """
 
 from __future__ import annotations

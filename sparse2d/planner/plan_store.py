@@ -1,18 +1,11 @@
 """Plans made once per job and reused: a restart, a relaunch, a dry run and every
 fault-tolerant replica group load the stored plan for ``L`` instead of planning again.
 
-A store is either a directory (``RUN_DIR/plans``: the trainer's) or one file passed on
-purpose. In a directory, each sharding context keeps ``plan_<context>_L<L>.json`` holding
-the plan (``plan_codec``), the ``PlanContext`` it was made for and a checksum. A stored plan
-whose context matches is used as is; one made for another context is replanned with one
-log line naming what changed; a damaged file is refused naming it (files are written
-atomically, so only an outside hand damages one). A file given explicitly must match:
-using it for another model, ``L``, topology or TorchRec version raises ``StoredPlanError``.
-
-TorchRec's ``PlanLoader`` (``EmbeddingShardingPlanner(plan_loader=...)``) skips proposal
-search but still enumerates every sharding option and rebuilds the planner's stats for a
-loaded plan (seconds at ``L=256``), and its context hash leaves the tables out; this store
-skips the planner altogether and checks the tables itself.
+A directory store keeps ``plan_<context>_L<L>.json`` per context (the plan, its
+``PlanContext`` and a checksum); a file given on purpose must match (``StoredPlanError``).
+TorchRec's ``PlanLoader`` still enumerates every option for a loaded plan (seconds at
+``L=256``) and its context hash leaves the tables out; this store skips the planner and
+checks the tables itself. Behaviour: docs/training.md, "Start-up at scale".
 """
 
 from __future__ import annotations

@@ -1,35 +1,15 @@
 """Momentum-scaled row-wise AdaGrad: make the 2D accumulator grow like 1D's.
 
-Derivation. TorchRec divides the embedding gradient by the size of the group
-its all-to-all spans (``comm_ops.GRADIENT_DIVISION``). In 1D over T ranks the
-TBE sees ``g = (1/T) sum_T grad_r``; in 2D, replica group j of L ranks sees
-``g_j = (1/L) sum_{r in j} grad_r``, and ``g = mean_j g_j`` over the G = T/L
-replicas, which is why averaged SGD equals 1D exactly. AdaGrad accumulates
-squares: 1D adds ``g**2``, averaged 2D adds ``mean_j g_j**2``. Their ratio is
+Averaged 2D AdaGrad accumulators grow about G times faster than 1D's on sparse rows (the
+derivation and the measured factor: docs/sync_strategies.md, momentum scaling). On the fused
+FBGEMM state, with no kernel change: keep an fp32 copy ``ref`` of each accumulator at the last
+sync; after states are averaged set ``acc = ref + (acc - ref) / c`` with ``c = G``.
 
-* 1 when the replicas' gradients agree (``g_j = g``: dense, signal-dominated rows);
-* G when a row is hit by one replica group in the interval (``g_j = G g`` there,
-  0 elsewhere: ``mean_j g_j**2 = G g**2``) or when the g_j are independent noise.
-
-Embedding rows are sparse, so most updates are the second kind: the averaged 2D
-accumulator grows about G times faster than 1D's, shrinking the effective
-learning rate. Dividing the averaged increment since the last sync by
-``c = G`` (the number of replica groups, as the 2D paper reports) restores 1D
-growth, exactly for rows touched by one group per interval. Measured ratios on
-the test model are in ``docs/sync_strategies.md`` (momentum scaling).
-
-Implementation on the fused FBGEMM state (no kernel change): keep an fp32 copy
-``ref`` of each accumulator at the last sync; after states are averaged set
-``acc = ref + (acc - ref) / c`` and ``ref = acc``. Each increment is scaled once.
-
-Two-stage averages (fault tolerance with a module that has ``n`` replicas inside each
-world, ``sparse2d.ft.in_world``): stage 1 averages the ``n`` in-world replicas exactly and
-unscaled, stage 2 averages the ``G`` worlds, then its scaler divides that module's growth
-by ``c = G x n`` (``within``): ``ref + (mean_G(mean_n(acc)) - ref) / (G n)``, which is
-in-world 2D's ``ref + (mean_Gn(acc) - ref) / (G n)`` since equal-weight means nest. One
-reference (the last landed sync's) serves both stages: scaling stage 1 by ``n`` too would
-give the same number once stage 2 lands, but its reference would advance at a sync whose
-stage 2 is then dropped.
+Two-stage averages (fault tolerance with ``n`` replicas inside each world,
+``sparse2d.ft.in_world``): stage 1 averages in-world unscaled, stage 2 divides by
+``c = G x n`` (``within``), which equals in-world 2D's scaling since equal-weight means nest.
+One reference (the last landed sync's) serves both stages, so a dropped stage 2 never
+advances it.
 """
 
 from __future__ import annotations

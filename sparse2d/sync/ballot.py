@@ -1,20 +1,11 @@
 """A ballot: named flags that every rank fills in and one SUM all-reduce totals.
 
-Every vote in sparse2d of several flags, or carried by another all-reduce, is a ``Ballot``
-(a sync's own NaN/inf vote is one int, summed by ``sync.guard``): a fault-tolerant step's
-control vector (fingerprint bytes and the NaN/inf flag in the cross-group average), its group's commit vote
-(``ft.step_vote``) and the commit echo across groups (``ft.quorum``); FULLY_SHARDED's votes
-(a kernel's NaN/inf over its replicas, the step's job-wide check, "written" per buffer and
-"same on every replica" at a settle: ``core.fully_sharded``); and checkpoint load's (files
-intact, DCP read on every rank). A ballot encodes this rank's flags into a slot of any dtype
-the carrier sends, is carried by an all-reduce of its own (``Ballot.start``, several copies
-in one: ``start_each``) or appended to one that is sent anyway (``Ballot.encode(out=...)``:
-no collective of its own), and is read back once (one ``tolist``) into a ``Tally``.
-
-Why SUM: it is the reduction every carrier runs (torchft averages, a sum divided by the
-participants, which ``scale`` undoes), and a sum answers every meaning: some
-rank set the flag (> 0), every rank did (== ranks), or the total itself (a count, or bytes
-that must add up, as the fingerprint's).
+Every vote of several flags is a ``Ballot`` (fault tolerance's control vector, commit vote and
+echo; FULLY_SHARDED's votes; checkpoint load's). It encodes this rank's flags into a slot of
+the carrier's dtype, travels in an all-reduce of its own (``start``, ``start_each``) or
+appended to one sent anyway (``encode(out=...)``), and is read back once into a ``Tally``.
+SUM because every carrier runs it (torchft averages; ``scale`` undoes that) and a sum answers
+"some rank" (> 0), "every rank" (== ranks) and totals.
 """
 
 from __future__ import annotations

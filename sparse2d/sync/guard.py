@@ -1,23 +1,12 @@
 """The NaN/inf guard of replica sync: one bad replica must never poison the others.
 
-Averaging spreads a non-finite value to every replica of its group (and, through
-the next checkpoint, to every later run). Before a sync sends anything, each
-rank scans the payload it would send, and the whole job agrees on the result
-with one small all-reduce over the *global* group: one flag per rank, summed. If any rank is
-bad, every rank of the job (not only the affected replica group, whose peers would otherwise wait in their next collective)
-raises ``SyncError`` naming the tables and global ranks, and no averaged value
-has been written back.
-
-The vote is hidden where it can be: it runs in the background while the payload is averaged
-into its copy buffers (harmless, nothing live changes), and the policy waits for it before
-writing back (a payload of live views waits for it before sending). Carrying the vote in
-DDP's gradient all-reduce instead was measured and retired (``bench/RESULTS.md``,
-section ddp-riding): it did not win 5% of samples/s on the main job.
-
-The scan is one ``sum`` per payload buffer: a finite sum proves every element
-finite (a NaN or inf always makes the sum non-finite). Only a non-finite sum,
-which may also be a harmless overflow of huge finite values, pays for the exact
-check ``(x * 0).sum()`` (``0 * inf`` and ``0 * nan`` are NaN, never overflows).
+Averaging would spread a non-finite value to every replica (and, through a checkpoint, to
+later runs). Before a sync sends anything each rank scans its payload and the whole job sums
+one flag per rank over the global group, so every rank (not only the bad replica group, whose
+peers would hang) raises ``SyncError`` and no averaged value is written back. The vote runs
+behind the payload's average and is waited for before write-back. The scan is one ``sum`` per
+buffer (a finite sum proves every element finite); only a non-finite sum pays for the exact
+check ``(x * 0).sum()``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
 """The replica sync, top to bottom: when replicas are averaged, how, and where each average lands.
 
-One ``SyncPolicy`` per sharding context (``DMPCollection`` holds them). A sync reads as one
-straight line, like TorchRec's ``sync -> _sync -> _allreduce_tensors -> collective``:
+One ``SyncPolicy`` per sharding context, read as one straight line like TorchRec's
+``sync -> _sync -> _allreduce_tensors -> collective``:
 
     DMPCollection.maybe_sync -> SyncPolicy.step -> SyncPolicy._sync -> channel.start -> all_reduce
 
-``_sync`` lands what is still in flight, measures divergence when due, merges managed-collision
-identities, asks the engine (``sync.engines``) for the payloads, starts the job-wide NaN/inf vote
-(``sync.guard``), starts each average, and places each started part (``InFlight``) where it
-lands: now (handed to the channel), before the next lookup (``hide``) or at the next sync
-(delayed optimizer state). A part lands at one of four points and nowhere else:
-
-- the sync that started it, before it returns (a blocking part handed to its channel:
-  ``InWorldChannel.hand`` lands it at once, a committing channel when its step commits);
-- the next sync, as it begins (``finish``): everything still in flight;
-- the fused kernels' forward pre-hook, before the next lookup (``land``): hidden parts only,
-  delayed optimizer state runs on to the next sync;
-- an explicit ``finish`` (a surface that reads or replaces the tables, the trainer before it
-  evaluates, a checkpoint, a repair, ``close``, ``reset``): everything in flight.
-
-The channel is where averages travel: ``InWorldChannel`` (this world's replica group, below)
-or fault tolerance's managed channel (``sparse2d.ft.transport``), which keeps the parts it is
-handed until its step commits. The sync knows nothing of commits: a channel lands or drops
-what it was handed.
+A started part (``InFlight``) lands at one of four points and nowhere else: the sync that
+started it (a blocking part handed to its channel), the next sync as it begins, the fused
+kernels' forward pre-hook before the next lookup (hidden parts), or an explicit ``finish``.
+The channel (``InWorldChannel`` here, or fault tolerance's, which holds parts until its step
+commits) lands or drops what it was handed; the sync knows nothing of commits.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Find the fused embedding kernels of a sharded model and expose their shards.
 
-FBGEMM's TBE modules are not registered submodules of TorchRec's sharded
-modules: they hang under each sharded module's ``_lookups``. This module walks
-there once and returns one ``ShardState`` per local table shard, holding views
-into the flat host/device buffers (no copies), so sync, repair and checkpoint
-code read and write the live weights and optimizer state in place.
-
-The views are taken with ``.data``: they share the kernel's storage but not its
-autograd version counter. The fused kernel updates its weights outside autograd, and
-so must a sync: TorchRec's semi-sync pipeline looks up batch ``i+1`` before batch
-``i``'s backward and sync, and a version bump from a sync's in-place write would make
-batch ``i+1``'s backward fail ("modified by an inplace operation").
+FBGEMM's TBE modules hang under each sharded module's ``_lookups``, not as submodules: this
+walks there once and returns one ``ShardState`` per local table shard, views into the live
+buffers (no copies). The views are taken with ``.data`` (the kernel's storage, not its autograd
+version counter): a sync writes outside autograd like the fused kernel, and a version bump
+would fail the semi-sync pipeline's backward of the batch it already looked up.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """``sparse2d plan``: the group-size advisor for a trainer config (no process group, no GPU).
 
-``sparse2d plan --config C [--world-size N] [--topology NAME|FILE.yaml] [--set key=value]
-[--qcomm FWD[,BWD]] [--explain L] [--json] [--jobs N] [--forecast N[,N...]] [--measure]
-[dotted.key=value ...]``
-prints the cost table over every divisor ``L`` of the world size (each candidate's sharding
-types and terms) and the recommended ``parallel.sharding_group_size``; ``--explain L`` says
-term by term why ``L`` loses; ``--json`` prints one object instead; ``--jobs N`` plans the
-candidates in ``N`` processes (the same plans, sooner). Exit status 1 (with numbered fixes)
-when no ``L`` fits device memory. ``--forecast N[,N...]`` adds how the cost grows: at each
-world size given (same topology, same batch per rank), 1D against the recommended ``L``, in
-samples/s per rank with their compute and link bounds and the bytes a host sends across its
-link per step (``sparse2d.advisor.forecast``; how far to trust it: docs/advisor_cost_model.md,
-section 8). ``--measure`` (under torchrun) runs the measured ``auto``
-trial on the launched job instead: each shortlisted ``L`` built and timed, its table printed.
+Prints the cost table over every divisor ``L`` of the world size and the recommended
+``parallel.sharding_group_size`` (the options below; docs/advisor.md). Exit status 1, with
+numbered fixes, when no ``L`` fits device memory.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The ``sparse2d`` command: ``sparse2d config ...`` and ``sparse2d train ...``.
+"""The ``sparse2d`` command: ``train``, ``config``, ``report``, ``plan`` and ``dryrun``.
 
-``sparse2d train --config C [overrides]`` is ``python -m sparse2d.train`` (run it under
-torchrun for more than one process: see ``launch/``); ``sparse2d config --reference``
-prints the configuration reference, ``sparse2d config --check C [--world-size N]``
-validates a config; ``sparse2d report RUN_DIR [RUN_DIR ...] [-o out.png]`` compares
-runs (a table and loss / AUC / samples/s curves); ``sparse2d plan`` is the group-size
-advisor; ``sparse2d dryrun --config C --world-size N [--rank r]`` builds one rank of an
-``N``-rank job on torch's fake process group and describes it (``sparse2d.train.dryrun``).
+``sparse2d train`` is ``python -m sparse2d.train`` (under torchrun for more than one process:
+``launch/``); the others are single-process tools (``sparse2d --help``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """``sparse2d dryrun``: one rank of an ``N``-rank training job, built on this machine.
 
-``sparse2d dryrun --config C --world-size N [--rank r] [--local-world-size K] [--out FILE]
-[--no-step] [dotted.key=value ...]`` builds the trainer's real model and ``DMPCollection``
-for rank ``r`` of ``N`` on torch's fake process group (``sparse2d.fake_world``) and prints one
-JSON object (also written to ``--out``, default ``RUN_DIR/dryrun/rank<r>_of_<N>.json``):
-the rank's embedding and optimizer-state bytes, its shards, sharding and replica groups,
-the process groups built, seconds per construction phase, the plan's source, and whether
-one forward and backward ran through the fake collectives (their outputs carry no data:
-this checks shapes and code paths, not numbers; it runs in a fresh interpreter, bounded by
-``--step-timeout``) and the peak RSS. A rank whose shards need more than ``--max-storage``
-bytes is described from its plan alone, with no embedding storage allocated. The plan goes through the same plan
-store as a launch of that config (``RUN_DIR/plans``), so a dry run before a launch saves
-the launch its planning. A bad config, group size or plan exits 1 with the one-line error
-a launch would print.
-
-torch, TorchRec and the model are imported inside the functions that build the rank, not
-at the top: ``sparse2d dryrun`` parses its arguments and checks the config before their
-seconds of import.
+Builds the trainer's real model and ``DMPCollection`` for rank ``r`` of ``N`` on torch's fake
+process group (``sparse2d.fake_world``) and prints what the rank holds; its flags and report:
+docs/training.md, "Start-up at scale". torch, TorchRec and the model are imported inside the
+functions, so a bad config is refused before their seconds of import.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """What the advisor prices under ``launch/emulated_hosts.sh``: one writer of its ``topology.yaml``.
 
-The launcher runs ``python -m sparse2d.train.emulated_topology`` (``bits LINK`` for tc's rate,
-``yaml HOSTS NPROC LINK ID`` for the file) and the cluster bench imports the same functions to
-price stored runs again, so the two can never describe different clusters.
-
-Cores: every host's ranks run on all of this machine's cores (no cpuset), and ranks of
-different hosts rarely compute at once (one host's ranks wait on its link while another's
-compute), so each host is priced with twice its even share. Fitted on the cluster bench: with
-the even share the model's step was 46-52% too long on 2 x 4 ranks; with every core per host
-46% too short on 4 x 2 at 1 Gbit/s; with twice the even share 6-14% off on all six cells it
-was fitted on and 20% on a held-out one (bench/RESULTS.md, cluster sections).
-
-Time dilation (``dilation``, ``dilated_link``): a cluster of more hosts shares the same cores,
-so each host computes ``hosts / base_hosts`` times slower than in the ``base_hosts`` cell;
-shaping its link to ``LINK x base_hosts / hosts`` keeps every host's compute-to-link ratio at
-the base cell's. The result is one cluster of identical hosts, run slower by the factor: its
-step times divided by the factor (samples/s times it) are the dilated seconds that compare
-across sizes (``bench/scaling_bench.py``).
+The launcher runs ``python -m sparse2d.train.emulated_topology`` (``bits LINK``, ``yaml HOSTS
+NPROC LINK ID``) and the cluster bench imports the same functions, so the two never describe
+different clusters. Each host is priced with twice its even share of the cores (why, and the
+fit: docs/advisor_cost_model.md, section 8). ``dilation``/``dilated_link``: a cluster of more
+hosts on the same cores computes ``hosts / base_hosts`` slower, so its link is shaped to
+``LINK x base_hosts / hosts`` to keep the base cell's compute-to-link ratio.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """A lost rank becomes one line on every survivor, never a hang or a wall of tracebacks.
 
-When a worker dies (SIGKILL, OOM, a host going away), its peers learn it in their next
-collective: gloo/NCCL report a closed connection at once, or the process-group timeout
-(``parallel.timeout_s``) fires for ranks that only wait. ``describe`` turns that error
-into one line naming the step and, where it can be known, the lost rank: every rank
-records each peer's (host, pid) at start, so a survivor on the same host can tell which
-peer process is gone. Survivors stop too, so each first leaves a mark (a file named by
-its pid, ``stopped_mark``) before it looks: a peer that ended without a mark is the lost
-one. Peers on other hosts cannot be probed; the line says so.
+``describe`` turns a peer's failure into one line naming the step and, where it can be known,
+the lost rank: every rank records each peer's (host, pid) at start and leaves a mark
+(``stopped_mark``) before it stops, so a same-host peer gone without a mark is the lost one.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The trainer's fault-tolerant mode (``fault_tolerance.enable``): this torchrun world is one
 sharding group of a torchft job, driven by ``sparse2d.ft.FaultTolerance``.
 
-Data: at data position ``p`` the job's global batch is ``G x L x B`` samples; group ``g``'s
-rank ``r`` reads slice ``g*L + r`` (the same slices a 1D run of ``G*L`` ranks reads). The
-position advances on every attempted step and is healed with the rest of the state, so a
-restarted group continues at the live groups' position: the slices of the steps it was
-down for are skipped (counted in ``samples_skipped``), never trained twice.
-
-A step is an attempt: quorum (a group behind heals here), forward, backward, vote; a failed
-commit moves nothing. Plain steps call ``FaultTolerance`` directly; ``train.pipeline`` runs
-TorchRec's pipeline over ``FTOptimizer``, built after the first quorum so that a restarted
-group has healed before the pipeline's first prefetch. Everything a group writes goes to
-``RUN_DIR/replica_<g>/``; its heals, across torchrun restarts, to ``heals.jsonl`` there
-(``sparse2d.ft.heal_log``), which the summary lists.
+Group ``g``'s rank ``r`` reads slice ``g*L + r`` of each global batch (a 1D run's slices). The
+data position advances on every attempted step and heals with the state, so a restarted group
+skips the steps it was down for (``samples_skipped``), never trains them twice. A step is an
+attempt (quorum, forward, backward, vote); a failed commit moves nothing. A pipeline is built
+after the first quorum, so a restarted group heals before its first prefetch. A group writes
+to ``RUN_DIR/replica_<g>/``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Bytes that crossed host links during training, read from the network interfaces' counters.
 
-Where ``GLOO_SOCKET_IFNAME`` names the interface gloo uses, that interface is this host's link
-to the others (on an emulated cluster, ``launch/emulated_hosts.sh``, exactly so: the traffic
-between a host's own ranks stays on its loopback). One rank per host (local rank 0) reads the
-kernel's counter of bytes sent (``/sys/class/net/IF/statistics/tx_bytes``, what ``ip -s link``
-prints); summed over hosts, each byte that crossed a link is counted once, by the host that sent
-it. Counting runs only while steps run (paused around evaluation and checkpoints), so the
-per-step figure is the training step's own traffic, not an estimate.
+The interface ``GLOO_SOCKET_IFNAME`` names is this host's link (on an emulated cluster a
+host's own ranks talk over loopback). Local rank 0 reads the kernel's ``tx_bytes`` counter, so
+summed over hosts each byte that crossed a link counts once; counting pauses around evaluation
+and checkpoints, so the per-step figure is the step's own traffic.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The trainer's entry point: ``python -m sparse2d.train --config configs/NAME.yaml [dotted.key=value ...]``.
 
-Launched by ``torchrun`` (see ``launch/``). Builds TorchRec's DLRM over an
-``EmbeddingBagCollection`` on ``meta``, shards it with ``DMPCollection`` (groups of
-``parallel.sharding_group_size`` ranks, replicated), trains with the fused sparse
-optimizer and a dense torch optimizer, syncs replicas on the configured cadence,
-evaluates, and writes ``RUN_DIR/metrics.jsonl`` and ``RUN_DIR/summary.json``.
-Any rank's failure prints one line (``sparse2d.train: rank R: ...``; a traceback only
-for unexpected errors) and exits 1, which makes torchrun stop the other ranks.
+Launched by ``torchrun`` (see ``launch/``): builds the model, shards it with ``DMPCollection``,
+trains, syncs, evaluates and writes ``RUN_DIR/metrics.jsonl`` and ``summary.json``. Any rank's
+failure prints one line (``sparse2d.train: rank R: ...``) and exits 1.
 """
 
 from __future__ import annotations
@@ -33,8 +29,6 @@ from sparse2d.train.failure import describe, is_peer_failure
 from sparse2d.train.model_builder import measure_only, resolve_device
 from sparse2d.train.rendezvous import owns_round_store, round_store, shared_store_across_hosts
 from sparse2d.train.torchrun import final_failure
-
-SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 
 
 def _env_int(name: str, default: int) -> int:

@@ -1,13 +1,10 @@
 """Loss, AUC and normalized entropy (NE), identical on every rank.
 
-Evaluation gathers every rank's logits and labels (``all_gather``) and computes the exact
-AUC (rank statistic) and NE (TorchRec's ``compute_ne`` formula), so all ranks report the
-same numbers. Both are written here rather than imported: ``torchrec.metrics`` (which pulls
-torchmetrics) added 0.9 CPU-seconds to every trainer process's start-up;
-``tests/test_metrics.py`` holds them equal to torchmetrics' ``binary_auroc`` and TorchRec's
-``compute_ne``. The training window is reduced instead of gathered (it runs every ``log_every``
-steps at any scale): sums for loss/NE and a 1024-bin score histogram for the AUC.
-NE = mean log loss / entropy of the base rate (1.0 = no better than predicting the CTR).
+Evaluation gathers every rank's logits and labels for the exact AUC and NE (TorchRec's
+``compute_ne`` formula); written here because importing ``torchrec.metrics`` cost every trainer
+0.9 CPU-seconds at start-up (``tests/test_metrics.py`` holds them equal to torchmetrics' and
+TorchRec's). The training window is reduced instead: sums for loss/NE and a 1024-bin score
+histogram for the AUC. NE 1.0 = no better than predicting the CTR.
 """
 
 from __future__ import annotations

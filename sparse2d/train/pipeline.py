@@ -1,13 +1,9 @@
 """How one training step runs: plainly, or through a TorchRec train pipeline.
 
-``train.pipeline`` picks TorchRec's ``TrainPipelineSparseDist`` (the input all-to-all of
-the next batches overlaps this step) or ``TrainPipelineSemiSync`` (the next batch's
-embedding lookup too). The pipelines' own 2D hook (``dmp_collection_sync_interval_batches``)
-is left off: the loop syncs through ``model.maybe_sync(step)`` right after each step, so
-every ``parallel.sync`` option (hide, delayed state, engines) and the per-sync reports
-keep working, at the same cadence and phase with or without a pipeline. (A pipeline's
-hook would call the blocking ``model.sync()`` after batches ``0, N, 2N, ...``, one batch
-off the policy's ``N-1, 2N-1, ...`` that checkpoints align to.)
+``train.pipeline`` picks ``TrainPipelineSparseDist`` or ``TrainPipelineSemiSync``. Their own 2D
+hook is left off: the loop calls ``model.maybe_sync(step)`` after each step, so every sync
+option and report works at the same cadence and phase with or without a pipeline (the hook
+would sync one batch off the phase checkpoints align to).
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """The workers' store for one torchrun restart round, with no port race and no stale keys.
 
-torchrun hands its workers ``MASTER_ADDR:MASTER_PORT`` in one of two ways, and both fail
-under restarts:
-
-- **Agent store shared** (torchrun's default): the workers use the agent's store, which
-  lives across restart rounds, without a per-round prefix. Restarted workers read the dead
-  workers' gloo addresses and torchft manager address left in it ("Connection refused").
-- **Not shared** (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): the agent picks a free port,
-  closes it, and worker rank 0 binds it later. On a busy host another process can take the
-  port in between: rank 0 dies with EADDRINUSE and the round is lost (a restart spent on
-  nothing; seen in the suite).
-
-With one agent (a single-host torchrun: ``launch/local.sh``, each group of
-``launch/ft_local.sh``) the agent's store is shared and every worker has the same
-``TORCHELASTIC_RESTART_COUNT``. Rank 0 then binds a store of its own on a port the kernel
-gives it (no window), and hands the port out through the agent's store under a key of this
-round only, and of this torchrun run only (``TORCHELASTIC_RUN_ID``, the rendezvous id): the
-agent's store listens on every interface with no authentication, and a second run pointed at
-the same address (another job's agent, a mistyped endpoint) would otherwise overwrite the key
-and hand this run's ranks its own store. ``MASTER_PORT`` is set to it, so torchft's manager, which reads the variable,
-uses the same fresh store. Anything else (one process, several agents, sharing disabled)
+torchrun's shared agent store lives across restart rounds with no per-round prefix (restarted
+workers read the dead workers' addresses), and with sharing disabled the agent's free port can
+be taken before rank 0 binds it (EADDRINUSE, a lost round). With one agent, rank 0 binds a
+store of its own on a port the kernel gives it and hands the port out through the agent's store
+under a key of this round and this run only (``TORCHELASTIC_RUN_ID``: the agent's store is
+unauthenticated, and another run at the same address must not hand this run's ranks its
+store). ``MASTER_PORT`` is set to it, so torchft's manager uses the same store. Anything else
 keeps ``env://``.
 """
 

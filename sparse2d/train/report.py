@@ -1,11 +1,8 @@
 """``sparse2d report RUN_DIR [RUN_DIR ...] [-o out.png]``: compare runs without a script.
 
-Reads each run's ``metrics.jsonl`` (and ``summary.json`` when the run finished), draws
-loss, AUC and samples/s over steps for all runs on one figure (train solid, eval dashed;
-the AUC the synthetic data's planted model reaches dotted; samples/s from zero, so runs'
-throughputs compare by height) and prints one table: the runs' shape (world, L, replicas, sync cadence), final quality,
-throughput, sync cost and the code that made them (environment stamp). A resumed run
-appends to ``metrics.jsonl``; the latest value logged for a step wins.
+Draws loss, AUC and samples/s over steps for every run on one figure and prints one table of
+the runs' shape, quality, throughput, sync cost and environment stamp. A resumed run appends
+to ``metrics.jsonl``; the latest value logged for a step wins.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """What the trainer's one loop (``sparse2d.train.loop``) asks of its mode.
 
-The loop owns everything both modes share: model and optimizer start-up, the run recorder,
-train windows and their logs, evaluation, checkpoint cadence and the summary. A mode owns
-how a step is attempted and what it counts:
-
-- ``InWorld`` (``sparse2d.train.in_world_mode``): one torchrun world holds every replica; a
-  step always completes; the replica sync's reports (seconds, bytes, modes) are counted.
-- ``FaultTolerantMode`` (``sparse2d.train.ft_mode``): this world is one replica group of a
-  torchft job; a step is an attempt that commits or fails (quorum, heal, vote through
-  ``sparse2d.ft``), and the mode counts commits, failed commits, heals and skipped samples.
-
-A mode never sees the loop: it gets the rank and world size for its data, then a ``Run``
-(the model, its optimizer, the data, the device, the recorder) for everything after. When
-the loop logs, evaluates and saves is the config's (``Config.logs_after``,
-``Config.evaluates_after``, ``Config.saves_after``).
+The loop owns what both modes share (start-up, recorder, logs, evaluation, checkpoints,
+summary); a mode owns how a step is attempted and what it counts: ``InWorld`` (one torchrun
+world holds every replica) or ``FaultTolerantMode`` (this world is one replica group of a
+torchft job; a step commits or fails). A mode never sees the loop: it gets the rank and world
+size for its data, then a ``Run`` for everything after.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """TensorBoard event files from the trainer's records (``metrics.tensorboard``, rank 0).
 
-Every record the loop logs (``Loop.log``: ``train``, ``eval``, ``balance``, ``checkpoint``
-and whatever later features log) goes through ``TensorBoardLog.write``, which turns each
-number in it into a scalar ``KIND/KEY`` at the record's step, nested dicts into
-``KIND/KEY/SUBKEY`` (e.g. ``train/sync_modes/sparse``). A new feature that logs
-``{"kind": "ft", "step": s, "heals": 1}`` therefore shows up as ``ft/heals`` without code
-here. A key repeating its kind loses the prefix: ``train_loss`` in a ``train`` record is
-``train/loss``. Strings (paths, devices) are left out; the ``start`` record (job shape,
-environment stamp) becomes one text entry.
+Each number of a logged record becomes a scalar ``KIND/KEY`` (nested dicts ``KIND/KEY/SUB``;
+``train_loss`` in a ``train`` record is ``train/loss``), so a new record kind shows up with no
+code here. Strings are left out; the ``start`` record becomes one text entry.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """torchrun for the launchers, whose workers can end the job on an error a restart cannot cure.
 
-``python -m sparse2d.train.torchrun ARGS`` is ``python -m torch.distributed.run ARGS`` with
-one addition. torchrun restarts the whole worker group after any failure, up to
-``--max-restarts`` times, and its agent has no notion of a failure not worth retrying (an exit
-code or error file does not change that: torch 2.13's ``_invoke_run`` restarts every FAILED
-group). A bad setting found on a rank (a ``ConfigError``: an unwritable ``checkpoint.dir`` the
-launching shell could not see, ``device=cuda`` on a host without CUDA) failed the same way
-MAX_RESTARTS more times, then ended in torchrun's ``ChildFailedError`` report: ~60 s and ~70
-lines for one line of news.
-
-So this agent tells its workers (``SPARSE2D_NO_RESTART``, a file in a private directory,
-and the agent's pid) where to say that a failure is final. The rank that reports the error
-(``sparse2d.train.main``) writes its line there and sends the agent SIGTERM, the signal
-torchrun's agent already handles by stopping every worker without a restart. The agent sees
-the file, drops its own shutdown log records and exits 1, leaving the rank's one line as the
-launch's whole output. Without this agent (a plain ``torchrun``) the variable is unset and
-workers fail as before.
+``python -m sparse2d.train.torchrun ARGS`` is ``python -m torch.distributed.run ARGS`` plus
+one thing: torchrun restarts the worker group after any failure, so a bad setting found on a
+rank (a ``ConfigError``) failed ``--max-restarts`` more times and ended in ~70 lines of
+``ChildFailedError``. This agent tells its workers (``SPARSE2D_NO_RESTART``) where to write a
+final failure; the reporting rank writes its line there and sends the agent SIGTERM (stop
+without restart); the agent exits 1 with that line as the launch's whole output.
 """
 
 from __future__ import annotations

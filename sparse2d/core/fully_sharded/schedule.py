@@ -1,39 +1,14 @@
 """FULLY_SHARDED 2D: between steps each replica holds 1/G of its group's fused embedding buffers.
 
-With ``G`` replicas of a sharding group, every FBGEMM TBE flat buffer (the weights and each
-fused optimizer-state buffer, e.g. row-wise AdaGrad's accumulator) is cut into ``G`` equal
-slices (the last one zero-padded); replica ``i`` keeps slice ``i`` in a small tensor of its
-own and the TBE's own buffer has its storage resized to 0. The TBE's parameter objects stay
-the same (autograd and every per-table view keep pointing at them); only their bytes come
-and go. One training step, per TBE::
-
-    forward   all-gather weights     (prefetched at DMPCollection.forward, waited before the lookup)
-              lookup                 (full weights, transient)
-              free weights           (the forward->backward window holds 1/G)
-    backward  all-gather weights+state  (blocking: hook on the lookup output's gradient)
-              fused update           (FBGEMM, full shard, transient)
-              reduce-scatter(AVG) weights+state  (started right after the update, waited and
-                                      freed at the end of the backward: overlaps the other TBEs'
-                                      gathers/updates)
-
-The update of each replica uses its own gradient; the reduce-scatter averages the updated
-values, which is exactly DEFAULT with ``sync()`` after every step (weights *and* optimizer
-state), hence with EXACT_SGD exactly TorchRec 1D. TorchRec's own order (reduce-scatter after
-the lookup, all-gather before the backward) leaves a full copy at rest and lets lookups see
-un-averaged weights; this schedule does neither.
-
-Optimizer state is sharded and averaged every step like the weights (decision for issue 14):
-replicas can never diverge, at rest state costs 1/G too, and ``sync()`` has nothing left to
-average. Blocking parts: the backward all-gather (the update needs the values) and the
-end-of-backward wait for the reduce-scatters; the forward gather blocks only if no prefetch
-was started (e.g. a train pipeline calling the sharded modules directly).
-
-Between steps the per-table views (``state_dict()``, ``named_parameters()``, the fused
-optimizer's state) point at freed storage. Every public surface that hands them out
-materializes first (``materialize``: the full buffers come back, collective over each replica
-group, and stay until the next forward re-slices them with ``settle``); see
-``sparse2d.core.fully_sharded.surfaces``. Library code (checkpoint, repair) uses
-``gathered()``, which restores the full buffers for one block.
+Every FBGEMM TBE flat buffer (weights and fused optimizer state) is cut into ``G`` slices;
+replica ``i`` keeps slice ``i`` and the TBE's own storage is resized to 0 (its parameter
+objects stay, so autograd and per-table views keep pointing at them). Per step and TBE:
+all-gather the weights (prefetched at ``forward``) -> lookup -> free -> all-gather weights and
+state on the lookup output's gradient -> FBGEMM's fused update -> reduce-scatter(AVG), waited
+at the end of the backward. Averaging the updated values is exactly DEFAULT with ``sync()``
+every step, optimizer state included, so replicas never diverge (docs/fully_sharded.md).
+Surfaces that hand out per-table views materialize first (``surfaces``); library code uses
+``gathered()``.
 """
 
 from __future__ import annotations

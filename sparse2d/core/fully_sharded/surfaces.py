@@ -1,14 +1,10 @@
 """Every ``nn.Module`` surface of a FULLY_SHARDED model stays valid between steps.
 
-Between steps a FULLY_SHARDED replica keeps 1/G of each fused TBE buffer and frees the
-TBE's own storage, so each per-table view TorchRec hands out (the ``state_dict()`` shards,
-``named_parameters()``, the fused optimizer's state) would read freed memory: a segfault,
-not a Python error. Each surface here first materializes the full buffers (collective over
-the replica group, like ``torch.distributed.checkpoint``: every rank calls it); they stay
-until the next forward re-slices them and keeps what was written meanwhile
-(``FullyShardedEmbeddings.settle``). Surfaces that read no embedding storage (``print``,
-``train()``/``eval()``) need nothing; pickling and ``copy.deepcopy`` are refused by
-``DMPCollection.__getstate__`` for every strategy (process groups cannot be copied).
+Between steps the TBEs' own storage is freed, so a per-table view (``state_dict()`` shards,
+``named_parameters()``, the fused optimizer's state) would read freed memory: a segfault, not
+an error. Each surface here first materializes the full buffers (collective over the replica
+group); they stay until the next forward re-slices them, keeping what was written
+(``FullyShardedEmbeddings.settle``).
 """
 
 from __future__ import annotations

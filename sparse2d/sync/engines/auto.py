@@ -1,36 +1,8 @@
 """``engine="auto"``: per sync, the cheaper of a dense and a touched-rows sync, by measured cost.
 
-The touched-rows engine pays fixed costs a dense sync does not: one all-gather
-of per-shard counts and usually one union exchange before the payload
-all-reduce, plus a scan of the row stamps and indexed copies. On small shards
-those collectives cost more than the bytes they save (the main job: 14.4 ms vs
-6.9 ms per sync); on large, sparsely touched shards they save 60x.
-
-How it decides (``sync.engines.choice``): the start-up ``LinkCosts`` and the expected union per
-shard give each mode's modelled seconds; per mode, a fit of its own measured syncs turns
-that into a prediction (``fixed + slope x modelled``); the cheaper mode is home, switched with
-hysteresis; the other mode is re-measured now and then while predicted within 2x.
-
-The measured time of a sync is its exposed time: build, waits and write-back
-(``observe``, from the policy; with ``hide`` the landing wait is included), else
-``payload`` to ``synced``. Every input of a decision is identical on all
-replicas, so all take the same branch (no mismatched collectives):
-
-* the probe's constants are MAX-reduced over the replica group;
-* union sizes come from the last touched-rows sync (agreed by construction) or,
-  in dense mode, from the local touched counts riding at the end of the dense
-  fp32 all-reduce (their average is the same on every replica; the union is
-  estimated as replicas x mean count x the overlap seen in the last sparse sync);
-* each sync carries every replica's measured time of the previous sync (ints along
-  with the counts; seconds and squared seconds in the dense tail, whose averages
-  give the fastest replica's time). The fastest replica arrived last and did not
-  wait for the others, so its time is the sync's own cost.
-
-Values are the same as the dense engine's to the bit: only which rows travel changes.
-
-Tracking pays for itself: while dense stays home (``ModeChooser.settled``) and no sampled
-sync is due, lookups are not stamped; the interval before a sample or a possible sparse
-sync is stamped again (``_dense_payload``).
+Every input of a decision is agreed by all replicas, so all take the same branch; values
+are the dense engine's to the bit. How it prices and samples the two modes:
+docs/sync_strategies.md, "How the touched-rows engines agree on rows".
 """
 
 from __future__ import annotations

@@ -40,13 +40,9 @@ class Payload:
 
 
 IN_PLACE_MIN_BYTES = 4 << 20
-"""Dense payloads from this size on are averaged in place when the policy allows it: they
-wait for the NaN/inf vote, then send. Smaller ones go through copies so the vote runs beside
-the transfer. Measured crossover on the 2-core gloo box (``bench/sync_alone.py
---crossover``, 4 ranks, two runs): copies win at 1.1 MB per rank (1.2-1.6 ms), the runs
-disagree at 2.1-2.6 MB (within 2 ms either way), in place wins from 5.3 MB (1.8-2.6 ms, 7-12%)
-and beyond (8-18 ms at 11-21 MB): there the vote beside a transfer contends with it for the
-cores and two copies cost more than the vote's wait."""
+"""Dense payloads from this size on are averaged in place (they wait for the NaN/inf vote,
+then send); smaller ones go through copies so the vote runs beside the transfer. The measured
+crossover: docs/advisor_cost_model.md (copies win at 1.1 MB per rank, in place from 5.3 MB)."""
 
 
 def flat_views(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:

@@ -1,18 +1,12 @@
 """Which mode the next sync of ``engine="auto"`` runs: the decision alone.
 
-No tensors and no collectives: fed the same agreed numbers, every replica makes the same
-choice (``sync.engines.auto`` makes sure the numbers are agreed). Per mode, a ``CostFit`` learns the
-measured seconds as ``fixed + slope x modelled``: the start-up probe prices bytes well but
-fixed costs (collective latency on a busy host, Python, small kernels) badly, and those do not
-scale with the bytes; a single measured/modelled ratio learnt at one union size was off by
-50x at another (the sparse-sync bench after its workload changed).
-
-* **choice**: ``home`` switches when the other mode is predicted ``HYSTERESIS`` cheaper;
-* **exploration**: the other mode runs once after ``EXPLORE_FIRST`` home syncs, then after
-  twice as many each time it confirms home (up to ``EXPLORE_LAST``), only while predicted
-  within ``EXPLORE_RATIO`` of home: at most one sync of ``EXPLORE_RATIO`` x home per interval
-  (< 2% of sync time over 300 syncs); a mode predicted 60x dearer is never tried. A mode
-  never measured borrows the other's fit, optimistically.
+No tensors and no collectives: fed the same agreed numbers, every replica chooses the same.
+Per mode a ``CostFit`` learns measured seconds as ``fixed + slope x modelled`` (the probe
+prices bytes well but fixed costs badly; one measured/modelled ratio was off by 50x at another
+union size). ``home`` switches when the other mode is predicted ``HYSTERESIS`` cheaper; the
+other mode is explored after ``EXPLORE_FIRST`` home syncs, then at doubling intervals up to
+``EXPLORE_LAST``, only while predicted within ``EXPLORE_RATIO`` of home. A mode never
+measured borrows the other's fit.
 """
 
 from __future__ import annotations

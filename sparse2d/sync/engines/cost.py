@@ -1,17 +1,10 @@
 """What a replica sync costs: constants measured over the replica group, and the model.
 
-A sync's time is modelled as
-
-    collectives x latency + wire bytes x seconds-per-byte + copy bytes x copy cost
-    + stamp-scan rows x scan cost
-
-with one copy cost for contiguous gather/scatter (dense shards) and one for
-indexed gather/scatter (sparse rows). ``probe`` measures the constants at
-start-up with a few small collectives and local copies, then takes the MAX over
-the replica group, so every replica holds the *same* numbers and any decision
-made from them (and from other agreed numbers) is the same on every replica:
-a replica that picked a different engine would issue different collectives
-and hang the group.
+A sync's time is modelled as ``collectives x latency + wire bytes x seconds-per-byte + copy
+bytes x copy cost + stamp-scan rows x scan cost`` (one copy cost for contiguous, one for
+indexed copies). ``probe`` measures the constants at start-up and takes the MAX over the
+replica group, so every replica decides from the same numbers: a replica that picked another
+engine would issue other collectives and hang the group.
 """
 
 from __future__ import annotations

@@ -1,45 +1,9 @@
 """Sparse replica sync: average only the rows some replica touched since the last sync.
 
-Rows nobody looked up since the last sync of a kind (weights or optimizer state)
-are bit-identical on every replica, so averaging them changes nothing; skipping
-them makes a sync's cost follow the rows touched instead of the table size.
-
-Per shard, at each ``payload``:
-
-1. local rows: touched after the kind's last completed sync (``TouchedRows``);
-2. one all-gather of the per-shard counts over the replica group, so every
-   replica makes the same choice per shard: *dense* (the whole shard) when
-   some replica alone touched more than ``crossover`` of its rows, else the
-   union, agreed by an all-gather of padded id lists when that is smaller
-   than a ``uint8`` bitmap of the shard (``4 * max_count * replicas < rows``),
-   else by a MAX all-reduce of bitmaps — both give the same sorted union;
-3. dense again when the union exceeds ``crossover`` of the rows;
-4. the union rows of the weight and of every optimizer state (row-wise
-   ``(rows,)`` or element-wise ``(rows, cols)``, full width) are copied into one
-   contiguous buffer per dtype; ``scatter`` writes averaged rows back.
-
-``crossover`` is the touched fraction above which a shard is synced densely
-(``DEFAULT_CROSSOVER``, measured by ``bench/sparse_sync_bench.py``; see
-``bench/RESULTS.md``). ``SyncOptions.engine="sparse"`` means ``crossover=1.0``
-(never dense); ``"auto"`` is ``sync.engines.auto.AutoEngine``, which derives the crossover
-from measured costs and also picks a plain dense sync when that is cheaper.
-
-Delayed optimizer state: each kind keeps its own ``base``
-generation, advanced in ``synced()`` to the generation cut at its ``payload``;
-rows looked up after that cut (e.g. while a delayed all-reduce runs) stay
-pending for the next sync.
-
-Exactness: with a power-of-two number of replicas, the average of identical
-values is exact, so sparse sync is bit-identical to dense sync.
-
-Under fault tolerance (``channel``: torchft's managed group, all-reduce only) the
-all-gathers are SUM all-reduces over a zeroed slot per quorum member (counts first,
-so ids are padded to an agreed length) and the bitmap MAX is a SUM then ``> 0``.
-A collective there may fail without raising (torchft records it, the step's vote
-fails): after each agreement the engine checks the channel and, on failure, sends
-nothing (it never indexes with what came back). Rows are in sync only between groups
-that landed the same syncs, so a dropped sync part or a heal (``diverged``) makes the
-next agreement dense everywhere: the flag rides with the counts.
+Untouched rows are identical on every replica, so a sync's cost follows the rows touched,
+not the table size. How replicas agree on the rows (counts, id lists or bitmaps, the dense
+fallback above ``crossover``, delayed state's bases, fault tolerance's channel):
+docs/sync_strategies.md, "How the touched-rows engines agree on rows".
 """
 
 from __future__ import annotations
@@ -52,16 +16,14 @@ import torch.distributed as dist
 
 from sparse2d.errors import ConfigError
 from sparse2d.sync.engines.base import Payload, SyncEngine
-from sparse2d.sync.engines.rows import row_bytes, row_payload
+from sparse2d.sync.engines.rows import row_payload
 from sparse2d.sync.engines.touched import TouchedRows
 from sparse2d.sync.shards import ShardState, flush_caches
 
 DEFAULT_CROSSOVER = 0.5
-"""Union fraction of a shard's rows above which it is synced densely. Measured with
-``bench/sparse_sync_bench.py`` (2 replicas, gloo, CPU): sparse time equals dense time at a
-union of about 0.6-0.85 (across runs) for 10^5- and 10^6-row tables; below ~0.3 sparse is
->2x faster.
-Set a little below the crossover: near it the two cost the same and timings are noisy."""
+"""Union fraction of a shard's rows above which it is synced densely: a little below the
+measured crossover (bench/RESULTS.md, sparse replica sync: 0.69-0.75 for 10^5- and 10^6-row
+tables), where the two cost the same and timings are noisy."""
 
 WEIGHTS, STATES = "weights", "states"
 
@@ -133,28 +95,6 @@ class SparseEngine(SyncEngine):
         the next agreement syncs every shard densely on every replica."""
         self._diverged = True
 
-    # ---- cheap local estimates (no collective) ----------------------------------------
-    def touched_fraction(self, states: bool = False) -> float:
-        """Fraction of local rows touched since the last sync of weights (or states).
-
-        A lower bound of the replica union's fraction, which is at most ``replicas`` times it.
-        """
-        base = self._base[STATES if states else WEIGHTS]
-        total = sum(s.rows for s in self.shards)
-        touched = sum(self.tracker.count_since(i, base) for i in range(len(self.shards)))
-        return touched / total if total else 0.0
-
-    def estimate_bytes(self, weights: bool = True, states: bool = True) -> int:
-        """Payload bytes if the union equalled the local touched rows (a lower bound)."""
-        total = 0
-        for i, shard in enumerate(self.shards):
-            for kind, tensors in self._kinds(shard, weights, states):
-                rows = self.tracker.count_since(i, self._base[kind])
-                if shard.rows and rows > self.crossover * shard.rows:
-                    rows = shard.rows
-                total += sum(rows * row_bytes(t) for t in tensors)
-        return total
-
     # ---- SyncEngine ---------------------------------------------------------------------
     def payload(self, weights: bool, states: bool, in_place: bool = False) -> Payload:
         flush_caches(self.shards)
@@ -210,14 +150,6 @@ class SparseEngine(SyncEngine):
     def piggyback(self) -> list[int]:
         """Integers sent along with the touched-row counts (none here; see ``AutoEngine``)."""
         return []
-
-    def track_rows(self, on: bool) -> None:
-        """Stamp lookups (``on``) or pause: resumed, every row counts as touched (the rows
-        looked up meanwhile are unknown)."""
-        if on:
-            self.tracker.resume()
-        else:
-            self.tracker.pause()
 
     def close(self) -> None:
         """Stop tracking (removes the forward hooks)."""

@@ -1,18 +1,10 @@
 """Which embedding rows were looked up (and so updated) since a given sync.
 
-A forward pre-hook on every FBGEMM TBE stamps the rows it is about to look up
-with the current *generation*. The hook sees the ids after TorchRec's input
-all-to-all and bucketization, i.e. exactly the ids this rank's fused backward
-will update, already local to each shard (row-wise shards get local row ids).
-Rows are the unit: a row's optimizer state (row-wise or element-wise) is
-updated together with its weight.
-
-Stamps instead of bitmaps let several consumers ask "touched since my last
-sync?" independently: the sync engine keeps one ``base`` generation per kind
-(weights, optimizer state), so delayed optimizer-state sync (rows touched while
-its all-reduce is in flight) needs no extra copies. The cost
-is one ``int32`` per row (1/64 of a 64-dim fp32 row) and a few vector ops over
-the looked-up ids per forward, with no host synchronization.
+A forward pre-hook on every FBGEMM TBE stamps the rows it is about to look up with the
+current generation: the ids after TorchRec's input all-to-all, local to each shard, exactly
+the rows the fused backward updates (a row's optimizer state with it). Stamps rather than
+bitmaps let each consumer keep its own base generation (weights and delayed optimizer state)
+at the cost of one ``int32`` per row and no host synchronization.
 """
 
 from __future__ import annotations

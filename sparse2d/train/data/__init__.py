@@ -1,14 +1,9 @@
 """Data sources: each rank reads its own contiguous slice of every global batch.
 
-Global batch ``G = world_size x batch_size_per_rank``. At step ``s`` the global batch
-is samples ``[s*G, (s+1)*G)`` of the stream, and rank ``r`` reads
-``[s*G + r*B, s*G + (r+1)*B)``. Which sharding group or replica a rank belongs to does
-not matter: the global batch (and so the data a 1D and a 2D run see) depends only on
-the step. Inside a sharding group the group's ``L`` slices are exchanged by the
-embedding all-to-all; across replicas the slices differ, and the replica sync
-averages what each replica learned from its part of the global batch.
-Evaluation reads a fixed held-out set: ``eval_batches`` global batches of a separate
-stream (synthetic) or of the eval files (Criteo), split the same way.
+At step ``s`` the global batch is samples ``[s*G, (s+1)*G)`` (``G = world_size x B``) and rank
+``r`` reads ``[s*G + r*B, s*G + (r+1)*B)``, so the data a 1D and a 2D run see depends only on
+the step. Evaluation reads ``eval_batches`` global batches of a held-out stream or files,
+split the same way.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Criteo 1TB / Kaggle TSV data through TorchRec's Criteo utilities.
 
-Each TSV file (label, 13 integers, 26 hex categoricals; empty fields allowed) is
-converted once to TorchRec's npy triplet with ``BinaryCriteoUtils.tsv_to_npys``
-(dense ``log(x - min + 2)`` float32, sparse int64, labels) and cached; files already
-in that form (``*_dense.npy`` with ``*_sparse.npy``/``*_labels.npy`` beside) are read
-as they are. Rows are then addressed by global sample index like the synthetic data:
-step ``s`` covers rows ``[s * G, (s + 1) * G)`` (``G`` = global batch, wrapping around
-at the end of the files) and rank ``r`` reads the ``r``-th contiguous slice of ``B``
-rows. Categorical ids are hashed into each table by ``id % rows``. (TorchRec's own
-``InMemoryBinaryCriteoIterDataPipe`` deals batches round-robin and cannot restart at
-a step, so the indexing here is ours.)
+Each TSV file is converted once to TorchRec's npy triplet (``BinaryCriteoUtils.tsv_to_npys``)
+and cached; triplets already on disk are read as they are. Rows are addressed by global sample
+index like the synthetic data (wrapping at the end of the files), because TorchRec's own
+datapipe deals batches round-robin and cannot restart at a step. Categorical ids are hashed
+into each table by ``id % rows``.
 """
 
 from __future__ import annotations

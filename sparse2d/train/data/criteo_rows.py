@@ -1,12 +1,8 @@
 """Row checks for Criteo TSV files: bad rows are skipped, counted and reported, never fatal.
 
-Real click logs carry the odd broken line (a truncated write, a stray tab, a non-hex
-id). TorchRec's converter stops the whole job at the first one with a bare
-``ValueError``/``IndexError``; here every row is matched against the Criteo schema
-(label ``0|1``, 13 optional integers, 26 optional hex ids, tab-separated) with one
-compiled regex, and only a file with bad rows is rewritten without them before
-conversion. A file with no usable row at all is an error naming the file and the
-first problem.
+TorchRec's converter stops at the first broken line with a bare error; here each row is matched
+against the Criteo schema with one compiled regex, and only a file with bad rows is rewritten
+without them. A file with no usable row is an error naming it and its first problem.
 """
 
 from __future__ import annotations
