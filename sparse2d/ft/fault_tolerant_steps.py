@@ -381,6 +381,7 @@ class FaultTolerance:
 
     def _drop_process_group(self) -> None:
         quorum.drop_process_group(self._pg, self.manager)
+        self.channel.arena.forget()  # the abandoned all-reduce may still write into it
 
     def resume(self, step: int, position: int, slices_skipped: int = 0) -> None:
         """Continue from a checkpoint (every group was lost): set the step and data position.
