@@ -518,3 +518,27 @@ def test_a_quorum_with_another_jobs_group_is_asked_again_without_it() -> None:
         for server in servers:
             server.shutdown()
         lighthouse.shutdown()
+
+
+def check_no_echo_after_a_failed_vote() -> tuple[bool, int, bool]:
+    """Each rank's lease after its group failed the step's vote (its own process group
+    fine): (an echo is in flight, process-group teardowns asked, regroup next step)."""
+    from sparse2d.ft.quorum import QuorumLease
+
+    cut = dist.new_group([0, 1])
+    dropped: list[int] = []
+    lease = QuorumLease(4, lambda: cut, lambda: dropped.append(1), 20.0)
+    lease.after_vote(committed=False, pg_failed=False, participants=2)
+    out = (lease._echo is not None, len(dropped), lease.regroup)
+    lease.settle()  # nothing in flight: returns at once
+    dist.barrier()
+    dist.destroy_process_group(cut)
+    return out
+
+
+def test_a_group_that_did_not_commit_drops_its_process_group_instead_of_echoing(world2) -> None:
+    """It regroups whatever the echo says; an echo it waited for held the next quorum until
+    the echo's deadline or a cut link's return (33.6 s for a 30 s cut, the emulated
+    partition test). Breaks if a failed vote starts the echo again."""
+    out, _ = world2.run(check_no_echo_after_a_failed_vote)
+    assert out == (False, 1, True), out

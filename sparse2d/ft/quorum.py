@@ -250,10 +250,19 @@ class QuorumLease:
     def after_vote(self, committed: bool, pg_failed: bool, participants: int) -> None:
         """Start the commit echo (class docstring). It lands when the next step decides
         (``settle``), so its latency hides behind the write-back, the dense optimizer step
-        and the loop's work before the next step."""
+        and the loop's work before the next step.
+
+        A group that did not commit regroups whatever the echo says, so it sends none and
+        drops its process group instead: its peers' echoes fail at once and they regroup a
+        step later (``_lost``). Echoed, it was waited for: a rank whose own all-reduce had
+        gone through while its group's failed on a cut link held the next quorum until the
+        echo's deadline or the link's return (33.6 s for a 30 s cut, timeout_s=20)."""
         self.settle()
         self.regroup = True
         if pg_failed or self.every == 1:
+            return
+        if not committed:
+            self._drop()
             return
         flag = ECHO.encode({"committed": committed}, dtype=torch.float32)
         opts = dist.AllreduceOptions()
