@@ -247,29 +247,29 @@ class QuorumLease:
         self.formed += not reuse
         return reuse
 
-    def after_vote(self, committed: bool, pg_failed: bool, participants: int) -> None:
+    def after_vote(
+        self, committed: bool, pg_failed: bool, participants: int, cut_off: bool = False
+    ) -> None:
         """Start the commit echo (class docstring). It lands when the next step decides
         (``settle``), so its latency hides behind the write-back, the dense optimizer step
         and the loop's work before the next step.
 
-        A group that did not commit regroups whatever the echo says, so it sends none and
-        drops its process group instead: its peers' echoes fail at once and they regroup a
-        step later (``_lost``). Echoed, it was waited for: a rank whose own all-reduce had
-        gone through while its group's failed on a cut link held the next quorum until the
-        echo's deadline or the link's return (33.6 s for a 30 s cut, timeout_s=20)."""
+        ``cut_off``: another rank of this group had its cross-group all-reduce fail (the
+        group's vote says so): a peer is lost or cut off and this group regroups whatever
+        the echo says. The echo is still sent, for the peers that hear it, but not waited
+        for: a rank whose own all-reduce had gone through waited for its echo to a cut peer
+        and held the group's next quorum until the link was back (33.6 s for a 30 s cut,
+        timeout_s=20, the emulated partition test)."""
         self.settle()
         self.regroup = True
         if pg_failed or self.every == 1:
-            return
-        if not committed:
-            self._drop()
             return
         flag = ECHO.encode({"committed": committed}, dtype=torch.float32)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
         try:
             work = self._pg().allreduce([flag], opts)
-            deadline = time.monotonic() + self.timeout_s
+            deadline = time.monotonic() + (0.0 if cut_off else self.timeout_s)
             self._echo = (work, flag, committed, participants, deadline)
         except Exception:  # the process group went away after the vote (``_lost``)
             self._lost(committed)
