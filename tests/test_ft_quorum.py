@@ -99,10 +99,10 @@ def _train(
             seen["restore_threads"].append(threading.current_thread().name)
         restore(state)
 
-    def failing_vote(*args):  # group 1's rank 0 hits a local error at the vote
+    def failing_vote(*args, **kwargs):  # group 1's rank 0 hits a local error at the vote
         if group == 1 and fail_at.get(seen["attempt"], "echo") != "echo" and dist.get_rank() == 0:
             ft.manager.report_error(RuntimeError("injected local fault"))
-        return group_vote(*args)
+        return group_vote(*args, **kwargs)
 
     after_vote = ft._lease.after_vote
 
@@ -110,14 +110,14 @@ def _train(
         def allreduce(self, *args):
             raise RuntimeError("Connection closed by peer")
 
-    def losing_echo(committed, pg_failed, participants):  # group 1's rank 1 loses its peer
+    def losing_echo(committed, pg_failed, participants, cut_off=False):  # group 1 rank 1's peer
         if group == 1 and dist.get_rank() == 1 and fail_at.get(seen["attempt"]) == "echo":
             pg, ft._lease._pg = ft._lease._pg, LostPeer
             try:
-                return after_vote(committed, pg_failed, participants)
+                return after_vote(committed, pg_failed, participants, cut_off)
             finally:
                 ft._lease._pg = pg
-        return after_vote(committed, pg_failed, participants)
+        return after_vote(committed, pg_failed, participants, cut_off)
 
     ft._lease.after_vote = losing_echo
     ft._overlap.start, ft_vote.GroupVote = counting_start, failing_vote
@@ -518,3 +518,43 @@ def test_a_quorum_with_another_jobs_group_is_asked_again_without_it() -> None:
         for server in servers:
             server.shutdown()
         lighthouse.shutdown()
+
+
+def check_cut_off_echo() -> tuple[float, int, bool] | None:
+    """Rank 0's group saw another rank's cross-group all-reduce fail (``cut_off``); rank 1,
+    its echo peer, is cut off and sends nothing. Rank 0 returns (seconds the next step's
+    settle took, process-group teardowns asked, regroup); rank 1 then sends its echo."""
+    import datetime
+    import time
+
+    from sparse2d.ft.quorum import QuorumLease
+
+    cut = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=60))
+    store = dist.distributed_c10d._get_default_store()
+    dist.barrier()
+    out = None
+    if dist.get_rank() == 0:
+        dropped: list[float] = []
+        lease = QuorumLease(4, lambda: cut, lambda: dropped.append(time.monotonic()), 20.0)
+        lease.after_vote(committed=False, pg_failed=False, participants=2, cut_off=True)
+        started = time.monotonic()
+        lease.settle()  # the next step's start
+        out = (time.monotonic() - started, len(dropped), lease.regroup)
+        store.set(ECHO_DONE_KEY, "1")
+    else:
+        store.wait([ECHO_DONE_KEY], datetime.timedelta(seconds=120))
+        cut.allreduce([torch.ones(1)]).wait()  # the echo, once rank 0 is done
+    dist.barrier()
+    if dist.get_rank() == 0:
+        store.delete_key(ECHO_DONE_KEY)
+    dist.destroy_process_group(cut)
+    return out
+
+
+def test_a_rank_whose_group_was_cut_off_does_not_wait_for_its_echo(world2) -> None:
+    """Its own all-reduce went through, another rank's failed on a cut link: the group
+    regroups whatever the echo says, so the echo is sent but not waited for (it held the
+    next quorum until the link was back: 33.6 s for a 30 s cut, the emulated partition
+    test). Breaks if ``cut_off`` no longer shortens the echo's deadline."""
+    (seconds, dropped, regroup), _ = world2.run(check_cut_off_echo)
+    assert seconds < 2.0 and dropped == 1 and regroup, (seconds, dropped, regroup)

@@ -43,6 +43,20 @@ def test_copies_are_sent_in_place_from_the_second_step_with_room_for_the_tail() 
     assert arena.placed == 3
 
 
+def test_a_forgotten_arena_hands_out_new_buffers() -> None:
+    """After an abandoned send (``quorum.drop_process_group``) the next payload must not sit
+    in the old buffer, which the abandoned all-reduce may still write into."""
+    arena = SendArena()
+    grads = [torch.ones(4)]
+    _step(arena, [8], grads)
+    old, _ = _step(arena, [8], grads)
+    arena.forget()
+    new, placed = _step(arena, [8], grads)
+    assert placed is not None  # still sent in place, with room for the tail it knew
+    assert new[0].data_ptr() != old[0].data_ptr()
+    assert old[0].eq(1).all()  # the old buffer is left as it was (only dropped)
+
+
 def test_anything_not_exactly_the_regions_is_not_placed() -> None:
     arena = SendArena()
     grads = [torch.ones(6)]
@@ -144,3 +158,44 @@ def test_an_all_reduce_whose_peer_went_silent_ends_timeout_s_after_its_start(tmp
     seconds, errored = out[(0, 0)]
     assert errored
     assert timeout_s * 0.9 < seconds < timeout_s * 1.5, seconds
+
+
+def _late_peer(group: int, lighthouse: str, timeout_s: float, delay_s: float):
+    """Two groups of one rank; group 1 joins the second all-reduce ``delay_s`` late. Group 0
+    returns whether its manager saw an error (the step would fail its vote)."""
+    from sparse2d.ft.ft_options import FTOptions
+    from sparse2d.ft.quorum import form, torchft_manager
+    from sparse2d.ft.transport import ManagedChannel
+
+    options = FTOptions(
+        replica_id=group,
+        num_groups=2,
+        min_replica_size=2,
+        lighthouse=lighthouse,
+        timeout_s=timeout_s,
+        quorum_timeout_s=60,
+    )
+    pg, manager = torchft_manager(options, lambda state: None, lambda: {})
+    participants = form(manager, options)
+    channel = ManagedChannel(manager, pg, lambda: participants, timeout_s)
+    channel.start_tensors([torch.ones(4)])()
+    if group == 1:
+        time.sleep(delay_s)
+    healthy = torch.full((4,), float(group))
+    channel.start_tensors([healthy])()
+    return manager.errored() is not None
+
+
+def test_an_all_reduce_done_late_in_its_timeout_fails_the_step() -> None:
+    """Done after ``TRUSTED_SHARE`` of ``timeout_s``, an all-reduce fails its step even
+    though it completed: a peer that started it earlier may have given up on it at its own
+    deadline and committed the step without this group. Done well inside, it commits.
+    Breaks if the late rule is removed (the late run then commits)."""
+    timeout_s = 4.0
+    lighthouse = start_lighthouse(min_replicas=2)
+    try:
+        late = run_groups(2, 1, _late_peer, lighthouse.address(), timeout_s, 3.5, timeout=150)
+        early = run_groups(2, 1, _late_peer, lighthouse.address(), timeout_s, 0.5, timeout=150)
+    finally:
+        lighthouse.shutdown()
+    assert late[(0, 0)] and not early[(0, 0)], (late, early)

@@ -320,7 +320,7 @@ class FaultTolerance:
         self._position += 1  # the attempt used up its batch, committed or not
         self._open = False
         self._pending = commit.PendingCommit(
-            step_vote.GroupVote(m, self._pg, opts, bad_here, participants),
+            step_vote.GroupVote(m, self._pg, opts, bad_here, participants, cut_off=pg_failed),
             pg_failed,
             participants,
             mismatch,
@@ -346,13 +346,13 @@ class FaultTolerance:
         if pending is None:
             return None
         voting = time.perf_counter()
-        committed, group_bad = pending.vote.land()
+        committed, group_bad, cut_off = pending.vote.land()
         self.waited["vote_s"] += time.perf_counter() - voting
         if self._open and not committed:  # the next step kept the quorum: all groups refuse
             self._poison = True  # it, and this rank sends it (its peers wait for it)
             if not pending.pg_failed:
                 self.manager._errored = None
-        self._lease.after_vote(committed, pending.pg_failed, pending.participants)
+        self._lease.after_vote(committed, pending.pg_failed, pending.participants, cut_off)
         self._may_lag = not committed  # a group that committed is at the next quorum's step
         self.last_committed = committed
         self.verdicts.append(committed)
@@ -381,6 +381,7 @@ class FaultTolerance:
 
     def _drop_process_group(self) -> None:
         quorum.drop_process_group(self._pg, self.manager)
+        self.channel.arena.forget()  # the abandoned all-reduce may still write into it
 
     def resume(self, step: int, position: int, slices_skipped: int = 0) -> None:
         """Continue from a checkpoint (every group was lost): set the step and data position.

@@ -140,19 +140,32 @@ def form(manager: Any, options: FTOptions) -> int:
 
 
 def drop_process_group(pg: Any, manager: Any) -> None:
-    """Tear the cross-group process group down at once after a failed collective.
+    """Tear the cross-group process group down after a failed collective, without waiting.
 
     Peers still blocked in that collective then fail immediately instead of after the
     gloo timeout: with 3 groups, a survivor waiting on another survivor (who already gave
     up and waits for the next quorum) would otherwise hold both until the timeout. The
     next quorum must build a fresh group even if its members did not change, so the
     manager's quorum id is forgotten (torchft 0.2 reconfigures only on a new id).
+
+    The abort runs on a thread of its own, on the process group taken out of torchft's
+    wrapper (which builds a fresh one at the next quorum): gloo's abort waits for the
+    collective in flight, and one whose peer's link is cut ends only when the link is back,
+    so survivors stalled for a whole partition (33.4 s for a 31.8 s cut, ``bench/chaos.py``
+    seed 1). The abandoned collective may still finish later: its buffers are never reused
+    (``SendArena.forget``), and a peer cannot commit it alone (``transport.TRUSTED_SHARE``).
     """
+    stuck, pg._pg = getattr(pg, "_pg", None), None  # torchft's gloo wrapper: a new one next
+    if stuck is not None:
+        threading.Thread(target=_abort, args=(stuck,), name="sparse2d_abort", daemon=True).start()
+    manager._quorum_id = -1
+
+
+def _abort(pg: Any) -> None:
     try:
         pg.abort()
     except Exception as error:  # already torn down: nothing left to release
         logger.info("process group abort: %s", error)
-    manager._quorum_id = -1
 
 
 class ShortQuorums:
@@ -234,10 +247,19 @@ class QuorumLease:
         self.formed += not reuse
         return reuse
 
-    def after_vote(self, committed: bool, pg_failed: bool, participants: int) -> None:
+    def after_vote(
+        self, committed: bool, pg_failed: bool, participants: int, cut_off: bool = False
+    ) -> None:
         """Start the commit echo (class docstring). It lands when the next step decides
         (``settle``), so its latency hides behind the write-back, the dense optimizer step
-        and the loop's work before the next step."""
+        and the loop's work before the next step.
+
+        ``cut_off``: another rank of this group had its cross-group all-reduce fail (the
+        group's vote says so): a peer is lost or cut off and this group regroups whatever
+        the echo says. The echo is still sent, for the peers that hear it, but not waited
+        for: a rank whose own all-reduce had gone through waited for its echo to a cut peer
+        and held the group's next quorum until the link was back (33.6 s for a 30 s cut,
+        timeout_s=20, the emulated partition test)."""
         self.settle()
         self.regroup = True
         if pg_failed or self.every == 1:
@@ -247,7 +269,7 @@ class QuorumLease:
         opts.reduceOp = dist.ReduceOp.SUM
         try:
             work = self._pg().allreduce([flag], opts)
-            deadline = time.monotonic() + self.timeout_s
+            deadline = time.monotonic() + (0.0 if cut_off else self.timeout_s)
             self._echo = (work, flag, committed, participants, deadline)
         except Exception:  # the process group went away after the vote (``_lost``)
             self._lost(committed)

@@ -140,7 +140,10 @@ a late failed commit; ``tests/test_ft_step_vote.py`` fails if a release renames 
 
 CANNOT_COMMIT = Flag("cannot_commit")
 """This rank's cross-group process group or manager saw an error, or the quorum is short."""
-GROUP = Ballot(CANNOT_COMMIT, NON_FINITE)
+CUT_OFF = Flag("cut_off")
+"""This rank's cross-group all-reduce failed: a peer of the quorum is lost or cut off, and no
+rank of this group waits for its commit echo (``QuorumLease.after_vote``)."""
+GROUP = Ballot(CANNOT_COMMIT, NON_FINITE, CUT_OFF)
 """The group's commit vote."""
 
 
@@ -164,7 +167,13 @@ class GroupVote:
     ``participants``: groups in the step's quorum (torchft's ``num_participants()``)."""
 
     def __init__(
-        self, manager: Any, pg: Any, options: FTOptions, bad_here: bool, participants: int
+        self,
+        manager: Any,
+        pg: Any,
+        options: FTOptions,
+        bad_here: bool,
+        participants: int,
+        cut_off: bool = False,
     ) -> None:
         from torchft.utils import synchronize
 
@@ -173,7 +182,7 @@ class GroupVote:
         if (error := pg.errored()) is not None:
             manager.report_error(error)
         here = participants >= options.min_replica_size and manager.errored() is None
-        marks = {CANNOT_COMMIT.name: not here, NON_FINITE.name: bad_here}
+        marks = {CANNOT_COMMIT.name: not here, NON_FINITE.name: bad_here, CUT_OFF.name: cut_off}
         self._manager, self._options, self._participants = manager, options, participants
         self._counting: Counting | None = None
         try:  # over this torchrun world, the group
@@ -181,9 +190,9 @@ class GroupVote:
         except Exception as error:
             self._failed = error
 
-    def land(self) -> tuple[bool, bool]:
+    def land(self) -> tuple[bool, bool, bool]:
         """Wait for the vote; returns ``(committed, some rank of this group holds a
-        non-finite value)``."""
+        non-finite value, some rank's cross-group all-reduce failed)``."""
         try:
             if self._counting is None:
                 raise self._failed
@@ -195,6 +204,7 @@ class GroupVote:
                 f"{str(error).splitlines()[0] if str(error) else ''}"
             ) from None
         committed, group_bad = not tally[CANNOT_COMMIT], bool(tally[NON_FINITE])
+        cut_off = bool(tally[CUT_OFF])
         manager, participants = self._manager, self._participants
         manager._checkpoint_transport.disallow_checkpoint()
         if committed:
@@ -203,4 +213,4 @@ class GroupVote:
             manager._commit_failures = 0
         else:
             manager._commit_failures += 1
-        return committed, group_bad
+        return committed, group_bad, cut_off

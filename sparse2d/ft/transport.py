@@ -240,7 +240,7 @@ class ManagedChannel:
         timer: the wait ends ``timeout_s`` after the start (``wait_by``)."""
         manager = self.manager
         if manager.errored() is not None:  # the step fails its vote: the result is not used
-            return _QuorumWork(manager, None, tensor, None, 0.0)
+            return _QuorumWork(manager, None, tensor, None, 0.0, self.timeout_s)
         if not manager.is_participating():
             tensor.zero_()
         opts = dist.AllreduceOptions()
@@ -251,7 +251,16 @@ class ManagedChannel:
         except Exception as error:
             manager.report_error(error)
             work = None
-        return _QuorumWork(manager, work, tensor, divisor, time.monotonic() + self.timeout_s)
+        deadline = time.monotonic() + self.timeout_s
+        return _QuorumWork(manager, work, tensor, divisor, deadline, self.timeout_s)
+
+
+TRUSTED_SHARE = 0.75
+"""A cross-group all-reduce done later than this share of ``timeout_s`` fails its step. A
+peer that started it up to ``timeout_s`` x (1 - share) earlier may have reached its own
+deadline and gone on without this group (``quorum.drop_process_group`` leaves the
+abandoned collective running); completed here later, it would commit a step the peer then
+commits again with other weights (split brain). Steps are in lockstep within milliseconds."""
 
 
 def wait_by(work: Any, deadline: float, what: str) -> None:
@@ -274,10 +283,16 @@ class _QuorumWork:
     """A started quorum all-reduce; ``wait`` reports an error to the manager, never raises."""
 
     def __init__(
-        self, manager: Any, work: Any, tensor: torch.Tensor, divisor: int | None, deadline: float
+        self,
+        manager: Any,
+        work: Any,
+        tensor: torch.Tensor,
+        divisor: int | None,
+        deadline: float,
+        timeout_s: float,
     ) -> None:
         self.manager, self.work, self.tensor, self.divisor = manager, work, tensor, divisor
-        self.deadline = deadline
+        self.deadline, self.timeout_s = deadline, timeout_s
         """``timeout_s`` after the all-reduce started, on ``time.monotonic()``."""
 
     def wait(self) -> bool:
@@ -288,6 +303,11 @@ class _QuorumWork:
             wait_by(work, self.deadline, "cross-group all-reduce")
         except Exception as error:
             self.manager.report_error(error)
+            return True
+        left = self.deadline - time.monotonic()
+        if left < self.timeout_s * (1 - TRUSTED_SHARE):  # a peer may have given up on it
+            late = TimeoutError(f"cross-group all-reduce done {left:.1f} s before its deadline")
+            self.manager.report_error(late)
             return True
         if self.divisor is not None:
             self.tensor.div_(self.divisor)
@@ -373,4 +393,10 @@ class SendArena:
 
     def reset(self) -> None:
         """The step's send started: the next payload's regions start at the front again."""
+        self._cursor.clear()
+
+    def forget(self) -> None:
+        """A send failed and was abandoned (``quorum.drop_process_group``): it may still write
+        into its buffer when a cut link comes back, so the next payload gets new buffers."""
+        self._flat.clear()
         self._cursor.clear()
