@@ -38,6 +38,7 @@ from cluster_bench import Cell, Strategy, predicted_candidate, repo_path, run_on
 
 from sparse2d.train.config import load_config
 from sparse2d.train.emulated_topology import BASE_HOSTS, dilated_link, dilation
+from sparse2d.train.link_bytes import FRAME_HEADER_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "scaling_bench"
@@ -155,6 +156,8 @@ def measure_one(args: argparse.Namespace, cell: dict[str, Any], run_dir: Path) -
     summary = json.loads((run_dir / "summary.json").read_text())
     result["global_batch_size"] = summary["global_batch_size"]
     result["sync_bytes_per_step"] = summary.get("sync_bytes_per_step")  # per rank, trainer's
+    for field in ("host_link_packets_per_step", "host_link_landing_bytes"):
+        result[field] = summary.get(field)  # summed over hosts; absent before landing counted
     candidate = predicted_candidate(c, cell_args, run_dir, result)
     if candidate is not None:
         result["predicted"] = {
@@ -241,20 +244,32 @@ def counted_syncs(steps: int, every: int) -> float:
     return (steps - 1) // every / (steps / every)
 
 
+def lands_counted(cell: dict[str, Any]) -> bool:
+    """Whether every run of ``cell`` counted the bytes of the sync started at its last step
+    (the trainer lands it while counting and reports ``host_link_landing_bytes``; runs
+    before that did not)."""
+    runs = _runs(cell)
+    return bool(runs) and all(r.get("host_link_landing_bytes") is not None for r in runs)
+
+
 def figures(cell: dict[str, Any]) -> dict[str, float | None]:
     """Per cell: measured samples/s, per dilated second and per rank per dilated second;
     bytes per host per step measured and predicted; step, sync and the rest, measured and
-    predicted. The model's bytes and step are compared as the run counted them
-    (``counted_syncs``); ``steady_*`` are the model's own per-step figures."""
+    predicted. The model's step is compared as the run timed it (``counted_syncs``: no step
+    waits for the last step's sync); its bytes so too where the run did not count that sync
+    (``lands_counted``), else at the model's steady state. ``steady_*`` are the model's own
+    per-step figures; ``framing_per_host``: the counted packets' headers."""
     every = (
         cell["strategy"]["every"] if isinstance(cell["strategy"], dict) else cell["strategy"].every
     )
     uncounted = 1.0 - counted_syncs(cell["steps"], every)
+    bytes_uncounted = 0.0 if lands_counted(cell) else uncounted
     sync_bytes = predicted(cell, "host_link_terms", "sync") or 0.0
     sync_s = predicted(cell, "terms", "sync") or 0.0
     steady_bytes, steady_step = predicted(cell, "host_link_bytes"), predicted(cell, "step_s")
     sps, step = mean(cell, "samples_per_s"), mean(cell, "step_s")
     nbytes = mean(cell, "host_link_bytes_per_step")
+    packets = mean(cell, "host_link_packets_per_step")
     world = cell["hosts"] * cell["nproc"]
     dilated = None if sps is None else sps * cell["dilation"]
     terms = ("compute", "output_a2a", "input_a2a", "dense_allreduce", "overhead")
@@ -266,7 +281,10 @@ def figures(cell: dict[str, Any]) -> dict[str, float | None]:
         "bytes_per_host": None if nbytes is None else nbytes / cell["hosts"],
         "predicted_bytes_per_host": None
         if steady_bytes is None
-        else steady_bytes - uncounted * sync_bytes,
+        else steady_bytes - bytes_uncounted * sync_bytes,
+        "framing_per_host": None
+        if packets is None
+        else packets * FRAME_HEADER_BYTES / cell["hosts"],
         "steady_bytes_per_host": steady_bytes,
         "step_s": step,
         "predicted_step_s": None if steady_step is None else steady_step - uncounted * sync_s,
@@ -490,8 +508,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             new = {key(c): c for c in result["cells"]}
             for c in old["cells"]:
-                if key(c) in new:  # more rounds of a stored cell
-                    new[key(c)]["runs"] = c["runs"] + new[key(c)]["runs"]
+                if key(c) in new and lands_counted(c) == lands_counted(new[key(c)]):
+                    new[key(c)]["runs"] = c["runs"] + new[key(c)]["runs"]  # more rounds
+                elif key(c) in new:  # counted another way: the new runs replace them
+                    print(
+                        f"scaling_bench: {key(c)}: stored runs counted the last sync "
+                        "otherwise; replaced"
+                    )
             kept = [c for c in old["cells"] if key(c) not in new]
             order = {k: i for i, k in enumerate(key(c) for c in plan_all(args))}
             result["cells"] = sorted(kept + result["cells"], key=lambda c: order.get(key(c), 0))

@@ -3,15 +3,23 @@
 Where ``GLOO_SOCKET_IFNAME`` names the interface gloo uses, that interface is this host's link
 to the others (on an emulated cluster, ``launch/emulated_hosts.sh``, exactly so: the traffic
 between a host's own ranks stays on its loopback). One rank per host (local rank 0) reads the
-kernel's counter of bytes sent (``/sys/class/net/IF/statistics/tx_bytes``, what ``ip -s link``
-prints); summed over hosts, each byte that crossed a link is counted once, by the host that sent
-it. Counting runs only while steps run (paused around evaluation and checkpoints), so the
-per-step figure is the training step's own traffic, not an estimate.
+kernel's counters of bytes and packets sent (``/sys/class/net/IF/statistics/tx_bytes`` and
+``tx_packets``, what ``ip -s link`` prints); summed over hosts, each byte that crossed a link is
+counted once, by the host that sent it. Counting runs only while steps run (paused around
+evaluation and checkpoints) and while the sync started at the last step lands (``landing``:
+those bytes belong to the steps, though no step waits for them), so the per-step figure is the
+training steps' own traffic, not an estimate. Bytes include each packet's Ethernet, IP and TCP
+headers (``FRAME_HEADER_BYTES`` per packet: the packet count says how much of them is framing).
 """
 
 from __future__ import annotations
 
 import os
+
+FRAME_HEADER_BYTES = 66
+"""Headers the counter includes per packet of a TCP/IPv4 stream: Ethernet 14, IPv4 20, TCP 20
+plus Linux's default timestamp option 12. A segmentation-offload packet carries one set for
+all its payload, so ``bytes - FRAME_HEADER_BYTES x packets`` is the payload either way."""
 
 
 class LinkBytes:
@@ -22,10 +30,13 @@ class LinkBytes:
         self.enabled = interface is not None
         """The same on every rank (one launcher sets the variable for all): the job-wide
         sum is a collective every rank must join."""
-        counter = f"/sys/class/net/{interface}/statistics/tx_bytes"
+        counter = f"/sys/class/net/{interface}/statistics/tx_"
         self._path = counter if reads and interface is not None else None
-        self._since: int | None = None
+        self._since: tuple[int, int] | None = None
         self.total = 0
+        self.packets = 0
+        self.landing = 0
+        """Of ``total``: bytes sent while the last step's sync landed (``pause(landing=True)``)."""
 
     @classmethod
     def from_env(cls) -> LinkBytes:
@@ -34,12 +45,13 @@ class LinkBytes:
             interface = None
         return cls(interface, reads=os.environ.get("LOCAL_RANK", "0") == "0")
 
-    def _read(self) -> int | None:
+    def _read(self) -> tuple[int, int] | None:
+        """(bytes, packets) sent so far, None where this rank does not read."""
         if self._path is None:
             return None
         try:
-            with open(self._path) as f:
-                return int(f.read())
+            with open(self._path + "bytes") as f, open(self._path + "packets") as g:
+                return int(f.read()), int(g.read())
         except (OSError, ValueError):
             return None
 
@@ -47,9 +59,13 @@ class LinkBytes:
         """Start (or go on) counting."""
         self._since = self._read()
 
-    def pause(self) -> None:
-        """Stop counting; what was sent since :meth:`resume` is added to :attr:`total`."""
+    def pause(self, landing: bool = False) -> None:
+        """Stop counting; what was sent since :meth:`resume` is added to :attr:`total` (and
+        to :attr:`landing` when it was the last step's sync landing)."""
         now = self._read()
         if self._since is not None and now is not None:
-            self.total += now - self._since
+            sent = now[0] - self._since[0]
+            self.total += sent
+            self.packets += now[1] - self._since[1]
+            self.landing += sent if landing else 0
         self._since = None
