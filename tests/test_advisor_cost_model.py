@@ -206,3 +206,14 @@ def test_host_link_bytes_by_hand() -> None:
     assert terms["sync"] == pytest.approx(2 * 2 * ROWS * DIM * 4 / 4)
     # one host: nothing crosses
     assert AnalyticCostModel(w, topology(4), PLANNER).estimate(4).host_link_bytes == 0.0
+
+
+def test_a_hosts_sync_bytes_are_its_ranks_shards_summed() -> None:
+    """3 tables on a group of 2 hold 2 and 1: the host's two rings carry 3 tables' bytes, not
+    twice the larger shard's 2 (the sync's time still waits for the larger ring). Catches
+    ``rings x max(shard)`` in ``_host_link_terms``: 4 tables' bytes, +33%."""
+    w = workload(TW4[:3], optimizer="sgd", dense_params=100, engine="dense", sync_every=4)
+    inter = dataclasses.replace(w, replica_layout="inter_host")
+    c = AnalyticCostModel(inter, topology(4, ranks_per_host=2), PLANNER).estimate(2)
+    assert c.sync_bytes == 2 * ROWS * DIM * 4  # the larger shard: what the slowest ring sends
+    assert dict(c.host_link_terms)["sync"] == pytest.approx(3 * ROWS * DIM * 4 / 4)

@@ -319,7 +319,11 @@ class AnalyticCostModel(CostModel):
         ring all-reduce whose members span hosts crosses a host's link once per ring,
         ``2 (n-1)/n`` times its bytes, with ``ranks_per_host / members there`` rings side by
         side (the replica sync over ``sync_every``; the dense gradients over the world).
-        Mean over the group's ranks (every host holds the same mix of them)."""
+        Mean over the group's ranks (every host holds the same mix of them): each ring
+        carries its own member's shard, so a host's sync bytes are the sum of its ranks'
+        shards, not ``rings`` times the largest (which prices the sync's time: the slowest
+        ring; 26 tables over 4 ranks hold 7, 7, 6, 6: the largest overstates a host's bytes
+        by 8%)."""
         w, topo = self.workload, self.topology
         per_host = min(topo.ranks_per_host, topo.world_size)
         forward, backward = ct.qcomm_bytes(w.qcomm_forward), ct.qcomm_bytes(w.qcomm_backward)
@@ -336,7 +340,7 @@ class AnalyticCostModel(CostModel):
             local, remote = _peers(topo, members)
             if remote:
                 rings = per_host / (local + 1)
-                ring = 2 * (replicas - 1) / replicas * max(loads.synced)
+                ring = 2 * (replicas - 1) / replicas * sum(loads.synced) / L
                 sync = rings * ring / w.sync_every
         dense = 0.0
         if topo.world_size > per_host:
