@@ -312,6 +312,12 @@ def _err(measured: float | None, model: float | None) -> str:
     return f"{(model - measured) / measured:+.0%}"
 
 
+def ring_factor(hosts: int) -> float:
+    """Bytes per host of a bandwidth-optimal all-reduce over ``hosts`` hosts, per byte of its
+    payload: ``2 (H-1) / H`` (1.0 at 2 hosts, 1.75 at 8); the least any exact all-reduce sends."""
+    return 2 * (hosts - 1) / hosts
+
+
 def acceptance(cells: list[dict[str, Any]]) -> list[str]:
     """The issue's acceptance figures from the measured cells alone; cells not measured are
     named, never filled in."""
@@ -323,13 +329,23 @@ def acceptance(cells: list[dict[str, Any]]) -> list[str]:
             first, last = series[0], series[-1]
             growth = last[1]["bytes_per_host"] / first[1]["bytes_per_host"]  # type: ignore[operator]
             model = last[1]["predicted_bytes_per_host"] / first[1]["predicted_bytes_per_host"]  # type: ignore[operator]
-            verdict = ""
+            verdict = bound = ""
             if kind == "2d":
                 verdict = " (goal <= 1.2x: " + ("met" if growth <= 1.2 else "**not met**") + ")"
+                per = [f["bytes_per_host"] / ring_factor(h) for h, f in (first, last)]  # type: ignore[operator]
+                bound = (
+                    f" The goal cannot hold for an exact all-reduce: a bandwidth-optimal one "
+                    f"sends 2(H-1)/H x its payload per host ({ring_factor(first[0]):.2f} at "
+                    f"{first[0]} hosts, {ring_factor(last[0]):.2f} at {last[0]}). Per unit of "
+                    f"that bound: {per[0] / 1e6:.2f} and {per[1] / 1e6:.2f} MB/host/step, "
+                    f"{per[1] / per[0]:.2f}x ("
+                    + ("flat within 1.2x" if per[1] / per[0] <= 1.2 else "**not flat**")
+                    + ")."
+                )
             out.append(
                 f"- {name}, fixed workload: bytes per host per step grow {growth:.2f}x from "
                 f"{first[0]} to {last[0]} hosts"
-                f"{verdict}; the model says {model:.2f}x."
+                f"{verdict}; the model says {model:.2f}x.{bound}"
             )
     bad_bytes, bad_step, priced = [], [], 0
     for c in cells:
