@@ -37,7 +37,7 @@ from bench_util import RESULTS_DIR, machine_note, publish, stored_stamp
 from cluster_bench import Cell, Strategy, predicted_candidate, repo_path, run_once
 
 from sparse2d.train.config import load_config
-from sparse2d.train.emulated_topology import BASE_HOSTS, dilated_link, dilation
+from sparse2d.train.emulated_topology import BASE_HOSTS, dilated_link, dilation, topology_yaml
 from sparse2d.train.link_bytes import FRAME_HEADER_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,16 +160,46 @@ def measure_one(args: argparse.Namespace, cell: dict[str, Any], run_dir: Path) -
         result[field] = summary.get(field)  # summed over hosts; absent before landing counted
     candidate = predicted_candidate(c, cell_args, run_dir, result)
     if candidate is not None:
-        result["predicted"] = {
-            "step_s": candidate.step_s,
-            "terms": dict(candidate.terms),
-            "host_link_bytes": candidate.host_link_bytes,
-            "host_link_terms": dict(candidate.host_link_terms),
-            "state_per_rank_bytes": candidate.state_per_rank_bytes,
-            "sync_bytes_per_step": candidate.sync_bytes / cell["strategy"].every,
-            "sync_kind": candidate.sync_kind,
-        }
+        result["predicted"] = as_predicted(candidate, cell["strategy"].every)
     return result
+
+
+def as_predicted(candidate: Any, every: int) -> dict[str, Any]:
+    """The stored figures of the model's ``Candidate`` for a cell."""
+    return {
+        "step_s": candidate.step_s,
+        "terms": dict(candidate.terms),
+        "host_link_bytes": candidate.host_link_bytes,
+        "host_link_terms": dict(candidate.host_link_terms),
+        "state_per_rank_bytes": candidate.state_per_rank_bytes,
+        "sync_bytes_per_step": candidate.sync_bytes / every,
+        "sync_kind": candidate.sync_kind,
+    }
+
+
+def repredict(result: dict[str, Any]) -> None:
+    """Every stored run's ``predicted`` again, by today's model on the topology the emulator
+    writes for its cell (``emulated_topology.topology_yaml``): a change of the model checked
+    on the measurements already made, without measuring again."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        for raw in stored_cells(result):
+            c = Cell(raw["hosts"], raw["nproc"], raw["link"], raw["strategy"])
+            run_dir = Path(folder) / f"{c.hosts}x{c.nproc}_{raw['workload']}_{raw['kind']}"
+            run_dir.mkdir()
+            (run_dir / "topology.yaml").write_text(topology_yaml(c.hosts, c.nproc, c.link))
+            args = argparse.Namespace(
+                config=result["config"],
+                set=[
+                    *result.get("overrides", []),
+                    *workload_overrides(result["config"], raw["workload"], raw["hosts"]),
+                ],
+            )
+            for run in _runs(raw):
+                candidate = predicted_candidate(c, args, run_dir, run)
+                if candidate is not None:
+                    run["predicted"] = as_predicted(candidate, c.strategy.every)
 
 
 def measure(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
@@ -306,6 +336,10 @@ def _f(value: float | None, spec: str, scale: float = 1.0) -> str:
     return "-" if value is None else format(value * scale, spec)
 
 
+def _share(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else part / whole
+
+
 def _err(measured: float | None, model: float | None) -> str:
     if measured is None or model is None or not measured:
         return "-"
@@ -410,16 +444,23 @@ def render(result: dict[str, Any]) -> str:
         "share of the 2 cores falls as 2 / hosts: `sparse2d.train.emulated_topology.dilation`), "
         "so per dilated second = as measured x hosts / 2. MB/host: bytes crossing host links "
         "per step per host, interface counters (measured) and the cost model's "
-        "`Candidate.host_link_bytes` (payload, no framing), as the run counted it: the sync "
-        "started at a run's last step lands after the trainer stops counting, so the model's "
-        "sync term is taken at the syncs counted (`counted_syncs`: 1 of 2 at 40 steps, sync "
-        "every 20), for the step as for the bytes; [brackets]: the model's steady state. Step split: sync = the trainer's "
+        "`Candidate.host_link_bytes` (payload, no framing: the packets' headers, "
+        "`link_bytes.FRAME_HEADER_BYTES` each, are under 1% of these counters), as the run "
+        "counted it: the trainer lands the sync started at the last step while counting "
+        "(`host_link_landing_bytes`), so the model's steady state is compared; runs made "
+        "before it did (the 1D cells, which have no sync, and cells not measured again) "
+        "counted 1 of their 2 syncs, and the model's sync term is taken at the syncs counted "
+        "(`counted_syncs`). The step is compared at the syncs counted in every run (no step "
+        "waits for the last step's sync); [brackets]: the model's steady state. Step split: "
+        "sync = the trainer's "
         "`sync_s_per_step` (the part of the sync the step waits for: a hidden sync overlaps "
         "the next steps) and `sync_bytes_per_step` (payload one rank sends per step, "
         "counted by the trainer) against the model's `sync_bytes` / every; rest = step - sync (lookup all-to-all + compute + dense "
         "all-reduce: the trainer does not split them), beside the model's a2a / compute terms. "
         "emb/rank: the model's embedding state of the most loaded rank (weights + optimizer); "
-        "RSS: peak resident set of the largest rank. Predictions: the cost model on the "
+        "RSS: peak resident set of the largest rank; headers %: the counted packets' "
+        "Ethernet/IP/TCP headers in the counters (`host_link_packets_per_step`, runs that "
+        "counted packets). Predictions: the cost model on the "
         "topology the emulator writes for the cell, no constant refitted on these cells.",
         "",
     ]
@@ -434,8 +475,8 @@ def render(result: dict[str, Any]) -> str:
             "| ranks | link | strategy | runs | samples/s | per dilated s | per rank per "
             "dilated s | MB/host/step meas. / model (err) | step ms meas. / model (err) | "
             "sync ms meas. / model | sync MB/rank/step trainer / model | rest ms meas. / model (a2a, compute) | emb/rank MB | "
-            "peak RSS MiB | eval AUC |",
-            "|---:|---|---|---:|---:|---:|---:|---|---|---|---|---|---:|---:|---:|",
+            "peak RSS MiB | eval AUC | headers % |",
+            "|---:|---|---|---:|---:|---:|---:|---|---|---|---|---|---:|---:|---:|---:|",
         ]
         for c in rows:
             f = figures(c)
@@ -458,7 +499,8 @@ def render(result: dict[str, Any]) -> str:
                 f"({_f(f['predicted_a2a_s'], '.0f', 1e3)}, "
                 f"{_f(f['predicted_compute_s'], '.0f', 1e3)}) | "
                 f"{_f(f['state_per_rank_bytes'], '.0f', 1e-6)} | "
-                f"{_f(f['peak_rss_bytes'], '.0f', 2**-20)} | {_f(f['eval_auc'], '.4f')} |"
+                f"{_f(f['peak_rss_bytes'], '.0f', 2**-20)} | {_f(f['eval_auc'], '.4f')} | "
+                f"{_f(_share(f['framing_per_host'], f['bytes_per_host']), '.1f', 100)} |"
             )
         errors = [(c["label"], r["error"]) for c in rows for r in c["runs"] if "error" in r]
         lines += [""] + [f"- {c} failed: {e}" for c, e in errors[:5]]
@@ -485,6 +527,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true")
     parser.add_argument("--render", action="store_true", help="re-render the stored JSON")
+    parser.add_argument(
+        "--repredict", action="store_true", help="price the stored cells again, then render"
+    )
     parser.add_argument("--merge", action="store_true", help="add to the stored JSON's cells")
     args = parser.parse_args(argv)
     for kind in args.strategies:
@@ -494,9 +539,12 @@ def main(argv: list[str] | None = None) -> int:
         if workload not in WORKLOADS:
             parser.error(f"--workloads: {workload!r} is not one of {WORKLOADS}")
     stored = args.out / f"{NAME}.json"
-    if args.render:
+    if args.render or args.repredict:
         result = json.loads(stored.read_text())
         stamp = stored_stamp(MARKER, args.out)
+        if args.repredict:
+            repredict(result)
+            result["cells"] = [as_json(c) for c in result["cells"]]
     else:
         if os.geteuid() != 0:
             print("scaling_bench: needs root (launch/emulated_hosts.sh makes namespaces)")
