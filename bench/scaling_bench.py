@@ -445,7 +445,7 @@ def render(result: dict[str, Any]) -> str:
         "so per dilated second = as measured x hosts / 2. MB/host: bytes crossing host links "
         "per step per host, interface counters (measured) and the cost model's "
         "`Candidate.host_link_bytes` (payload, no framing: the packets' headers, "
-        "`link_bytes.FRAME_HEADER_BYTES` each, are under 1% of these counters), as the run "
+        "`link_bytes.FRAME_HEADER_BYTES` each, are the column headers %), as the run "
         "counted it: the trainer lands the sync started at the last step while counting "
         "(`host_link_landing_bytes`), so the model's steady state is compared; runs made "
         "before it did (the 1D cells, which have no sync, and cells not measured again) "
