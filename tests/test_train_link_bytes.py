@@ -86,7 +86,7 @@ def test_the_sync_started_at_the_last_step_is_counted(tmp_path: Path) -> None:
         CLUSTER_ID=cluster_id,
     )
     overrides = [
-        "model.tables=[{name: t, count: 4, rows: 8000, dim: 16, sharding: table_wise}]",
+        "model.tables=[{name: t, count: 4, rows: 40000, dim: 16, sharding: table_wise}]",
         "data.batch_size_per_rank=64",
         "train.steps=10",
         "train.eval_every=0",
@@ -118,7 +118,7 @@ def test_the_sync_started_at_the_last_step_is_counted(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     world, steps = 4, summary["steps"]
     synced = world * summary["sync_bytes_per_step"] * steps  # every rank's shard, each sync
-    assert synced >= 2 * world * 2 * 8000 * 17 * 4  # 2 syncs of 2 tables per rank, w + state
+    assert synced >= 2 * world * 2 * 40000 * 17 * 4  # 2 syncs of 2 tables per rank, w + state
     counted = summary["host_link_bytes_per_step"] * steps
     assert counted >= synced, (counted, synced)
     assert summary["host_link_landing_bytes"] > 0
