@@ -438,7 +438,8 @@ def render(result: dict[str, Any]) -> str:
         "hosts (bench/scaling_bench.py)",
         "",
         f"Command: `sudo .venv/bin/python bench/scaling_bench.py` (pieces: `--sizes 2 "
-        "--merge --first-round N`; `--render` re-renders). "
+        "--merge --first-round N`; `--render` re-renders; `--repredict` prices the stored "
+        "cells again with the model of the day). "
         f"`{result['config']}`, {result['steps']} steps a run, rounds alternating in order; "
         f"{result['machine']}. Links dilated to {result['link']} x 2 / hosts (each host's "
         "share of the 2 cores falls as 2 / hosts: `sparse2d.train.emulated_topology.dilation`), "
