@@ -37,7 +37,8 @@ from bench_util import RESULTS_DIR, machine_note, publish, stored_stamp
 from cluster_bench import Cell, Strategy, predicted_candidate, repo_path, run_once
 
 from sparse2d.train.config import load_config
-from sparse2d.train.emulated_topology import BASE_HOSTS, dilated_link, dilation
+from sparse2d.train.emulated_topology import BASE_HOSTS, dilated_link, dilation, topology_yaml
+from sparse2d.train.link_bytes import FRAME_HEADER_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "scaling_bench"
@@ -155,18 +156,50 @@ def measure_one(args: argparse.Namespace, cell: dict[str, Any], run_dir: Path) -
     summary = json.loads((run_dir / "summary.json").read_text())
     result["global_batch_size"] = summary["global_batch_size"]
     result["sync_bytes_per_step"] = summary.get("sync_bytes_per_step")  # per rank, trainer's
+    for field in ("host_link_packets_per_step", "host_link_landing_bytes"):
+        result[field] = summary.get(field)  # summed over hosts; absent before landing counted
     candidate = predicted_candidate(c, cell_args, run_dir, result)
     if candidate is not None:
-        result["predicted"] = {
-            "step_s": candidate.step_s,
-            "terms": dict(candidate.terms),
-            "host_link_bytes": candidate.host_link_bytes,
-            "host_link_terms": dict(candidate.host_link_terms),
-            "state_per_rank_bytes": candidate.state_per_rank_bytes,
-            "sync_bytes_per_step": candidate.sync_bytes / cell["strategy"].every,
-            "sync_kind": candidate.sync_kind,
-        }
+        result["predicted"] = as_predicted(candidate, cell["strategy"].every)
     return result
+
+
+def as_predicted(candidate: Any, every: int) -> dict[str, Any]:
+    """The stored figures of the model's ``Candidate`` for a cell."""
+    return {
+        "step_s": candidate.step_s,
+        "terms": dict(candidate.terms),
+        "host_link_bytes": candidate.host_link_bytes,
+        "host_link_terms": dict(candidate.host_link_terms),
+        "state_per_rank_bytes": candidate.state_per_rank_bytes,
+        "sync_bytes_per_step": candidate.sync_bytes / every,
+        "sync_kind": candidate.sync_kind,
+    }
+
+
+def repredict(result: dict[str, Any]) -> None:
+    """Every stored run's ``predicted`` again, by today's model on the topology the emulator
+    writes for its cell (``emulated_topology.topology_yaml``): a change of the model checked
+    on the measurements already made, without measuring again."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        for raw in stored_cells(result):
+            c = Cell(raw["hosts"], raw["nproc"], raw["link"], raw["strategy"])
+            run_dir = Path(folder) / f"{c.hosts}x{c.nproc}_{raw['workload']}_{raw['kind']}"
+            run_dir.mkdir()
+            (run_dir / "topology.yaml").write_text(topology_yaml(c.hosts, c.nproc, c.link))
+            args = argparse.Namespace(
+                config=result["config"],
+                set=[
+                    *result.get("overrides", []),
+                    *workload_overrides(result["config"], raw["workload"], raw["hosts"]),
+                ],
+            )
+            for run in _runs(raw):
+                candidate = predicted_candidate(c, args, run_dir, run)
+                if candidate is not None:
+                    run["predicted"] = as_predicted(candidate, c.strategy.every)
 
 
 def measure(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
@@ -241,20 +274,32 @@ def counted_syncs(steps: int, every: int) -> float:
     return (steps - 1) // every / (steps / every)
 
 
+def lands_counted(cell: dict[str, Any]) -> bool:
+    """Whether every run of ``cell`` counted the bytes of the sync started at its last step
+    (the trainer lands it while counting and reports ``host_link_landing_bytes``; runs
+    before that did not)."""
+    runs = _runs(cell)
+    return bool(runs) and all(r.get("host_link_landing_bytes") is not None for r in runs)
+
+
 def figures(cell: dict[str, Any]) -> dict[str, float | None]:
     """Per cell: measured samples/s, per dilated second and per rank per dilated second;
     bytes per host per step measured and predicted; step, sync and the rest, measured and
-    predicted. The model's bytes and step are compared as the run counted them
-    (``counted_syncs``); ``steady_*`` are the model's own per-step figures."""
+    predicted. The model's step is compared as the run timed it (``counted_syncs``: no step
+    waits for the last step's sync); its bytes so too where the run did not count that sync
+    (``lands_counted``), else at the model's steady state. ``steady_*`` are the model's own
+    per-step figures; ``framing_per_host``: the counted packets' headers."""
     every = (
         cell["strategy"]["every"] if isinstance(cell["strategy"], dict) else cell["strategy"].every
     )
     uncounted = 1.0 - counted_syncs(cell["steps"], every)
+    bytes_uncounted = 0.0 if lands_counted(cell) else uncounted
     sync_bytes = predicted(cell, "host_link_terms", "sync") or 0.0
     sync_s = predicted(cell, "terms", "sync") or 0.0
     steady_bytes, steady_step = predicted(cell, "host_link_bytes"), predicted(cell, "step_s")
     sps, step = mean(cell, "samples_per_s"), mean(cell, "step_s")
     nbytes = mean(cell, "host_link_bytes_per_step")
+    packets = mean(cell, "host_link_packets_per_step")
     world = cell["hosts"] * cell["nproc"]
     dilated = None if sps is None else sps * cell["dilation"]
     terms = ("compute", "output_a2a", "input_a2a", "dense_allreduce", "overhead")
@@ -266,7 +311,10 @@ def figures(cell: dict[str, Any]) -> dict[str, float | None]:
         "bytes_per_host": None if nbytes is None else nbytes / cell["hosts"],
         "predicted_bytes_per_host": None
         if steady_bytes is None
-        else steady_bytes - uncounted * sync_bytes,
+        else steady_bytes - bytes_uncounted * sync_bytes,
+        "framing_per_host": None
+        if packets is None
+        else packets * FRAME_HEADER_BYTES / cell["hosts"],
         "steady_bytes_per_host": steady_bytes,
         "step_s": step,
         "predicted_step_s": None if steady_step is None else steady_step - uncounted * sync_s,
@@ -288,10 +336,20 @@ def _f(value: float | None, spec: str, scale: float = 1.0) -> str:
     return "-" if value is None else format(value * scale, spec)
 
 
+def _share(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else part / whole
+
+
 def _err(measured: float | None, model: float | None) -> str:
     if measured is None or model is None or not measured:
         return "-"
     return f"{(model - measured) / measured:+.0%}"
+
+
+def ring_factor(hosts: int) -> float:
+    """Bytes per host of a bandwidth-optimal all-reduce over ``hosts`` hosts, per byte of its
+    payload: ``2 (H-1) / H`` (1.0 at 2 hosts, 1.75 at 8); the least any exact all-reduce sends."""
+    return 2 * (hosts - 1) / hosts
 
 
 def acceptance(cells: list[dict[str, Any]]) -> list[str]:
@@ -305,13 +363,23 @@ def acceptance(cells: list[dict[str, Any]]) -> list[str]:
             first, last = series[0], series[-1]
             growth = last[1]["bytes_per_host"] / first[1]["bytes_per_host"]  # type: ignore[operator]
             model = last[1]["predicted_bytes_per_host"] / first[1]["predicted_bytes_per_host"]  # type: ignore[operator]
-            verdict = ""
+            verdict = bound = ""
             if kind == "2d":
                 verdict = " (goal <= 1.2x: " + ("met" if growth <= 1.2 else "**not met**") + ")"
+                per = [f["bytes_per_host"] / ring_factor(h) for h, f in (first, last)]  # type: ignore[operator]
+                bound = (
+                    f" The goal cannot hold for an exact all-reduce: a bandwidth-optimal one "
+                    f"sends 2(H-1)/H x its payload per host ({ring_factor(first[0]):.2f} at "
+                    f"{first[0]} hosts, {ring_factor(last[0]):.2f} at {last[0]}). Per unit of "
+                    f"that bound: {per[0] / 1e6:.2f} and {per[1] / 1e6:.2f} MB/host/step, "
+                    f"{per[1] / per[0]:.2f}x ("
+                    + ("flat within 1.2x" if per[1] / per[0] <= 1.2 else "**not flat**")
+                    + ")."
+                )
             out.append(
                 f"- {name}, fixed workload: bytes per host per step grow {growth:.2f}x from "
                 f"{first[0]} to {last[0]} hosts"
-                f"{verdict}; the model says {model:.2f}x."
+                f"{verdict}; the model says {model:.2f}x.{bound}"
             )
     bad_bytes, bad_step, priced = [], [], 0
     for c in cells:
@@ -370,22 +438,30 @@ def render(result: dict[str, Any]) -> str:
         "hosts (bench/scaling_bench.py)",
         "",
         f"Command: `sudo .venv/bin/python bench/scaling_bench.py` (pieces: `--sizes 2 "
-        "--merge --first-round N`; `--render` re-renders). "
+        "--merge --first-round N`; `--render` re-renders; `--repredict` prices the stored "
+        "cells again with the model of the day). "
         f"`{result['config']}`, {result['steps']} steps a run, rounds alternating in order; "
         f"{result['machine']}. Links dilated to {result['link']} x 2 / hosts (each host's "
         "share of the 2 cores falls as 2 / hosts: `sparse2d.train.emulated_topology.dilation`), "
         "so per dilated second = as measured x hosts / 2. MB/host: bytes crossing host links "
         "per step per host, interface counters (measured) and the cost model's "
-        "`Candidate.host_link_bytes` (payload, no framing), as the run counted it: the sync "
-        "started at a run's last step lands after the trainer stops counting, so the model's "
-        "sync term is taken at the syncs counted (`counted_syncs`: 1 of 2 at 40 steps, sync "
-        "every 20), for the step as for the bytes; [brackets]: the model's steady state. Step split: sync = the trainer's "
+        "`Candidate.host_link_bytes` (payload, no framing: the packets' headers, "
+        "`link_bytes.FRAME_HEADER_BYTES` each, are the column headers %), as the run "
+        "counted it: the trainer lands the sync started at the last step while counting "
+        "(`host_link_landing_bytes`), so the model's steady state is compared; runs made "
+        "before it did (the 1D cells, which have no sync, and cells not measured again) "
+        "counted 1 of their 2 syncs, and the model's sync term is taken at the syncs counted "
+        "(`counted_syncs`). The step is compared at the syncs counted in every run (no step "
+        "waits for the last step's sync); [brackets]: the model's steady state. Step split: "
+        "sync = the trainer's "
         "`sync_s_per_step` (the part of the sync the step waits for: a hidden sync overlaps "
         "the next steps) and `sync_bytes_per_step` (payload one rank sends per step, "
         "counted by the trainer) against the model's `sync_bytes` / every; rest = step - sync (lookup all-to-all + compute + dense "
         "all-reduce: the trainer does not split them), beside the model's a2a / compute terms. "
         "emb/rank: the model's embedding state of the most loaded rank (weights + optimizer); "
-        "RSS: peak resident set of the largest rank. Predictions: the cost model on the "
+        "RSS: peak resident set of the largest rank; headers %: the counted packets' "
+        "Ethernet/IP/TCP headers in the counters (`host_link_packets_per_step`, runs that "
+        "counted packets). Predictions: the cost model on the "
         "topology the emulator writes for the cell, no constant refitted on these cells.",
         "",
     ]
@@ -400,8 +476,8 @@ def render(result: dict[str, Any]) -> str:
             "| ranks | link | strategy | runs | samples/s | per dilated s | per rank per "
             "dilated s | MB/host/step meas. / model (err) | step ms meas. / model (err) | "
             "sync ms meas. / model | sync MB/rank/step trainer / model | rest ms meas. / model (a2a, compute) | emb/rank MB | "
-            "peak RSS MiB | eval AUC |",
-            "|---:|---|---|---:|---:|---:|---:|---|---|---|---|---|---:|---:|---:|",
+            "peak RSS MiB | eval AUC | headers % |",
+            "|---:|---|---|---:|---:|---:|---:|---|---|---|---|---|---:|---:|---:|---:|",
         ]
         for c in rows:
             f = figures(c)
@@ -424,7 +500,8 @@ def render(result: dict[str, Any]) -> str:
                 f"({_f(f['predicted_a2a_s'], '.0f', 1e3)}, "
                 f"{_f(f['predicted_compute_s'], '.0f', 1e3)}) | "
                 f"{_f(f['state_per_rank_bytes'], '.0f', 1e-6)} | "
-                f"{_f(f['peak_rss_bytes'], '.0f', 2**-20)} | {_f(f['eval_auc'], '.4f')} |"
+                f"{_f(f['peak_rss_bytes'], '.0f', 2**-20)} | {_f(f['eval_auc'], '.4f')} | "
+                f"{_f(_share(f['framing_per_host'], f['bytes_per_host']), '.1f', 100)} |"
             )
         errors = [(c["label"], r["error"]) for c in rows for r in c["runs"] if "error" in r]
         lines += [""] + [f"- {c} failed: {e}" for c, e in errors[:5]]
@@ -451,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--no-results-md", action="store_true")
     parser.add_argument("--render", action="store_true", help="re-render the stored JSON")
+    parser.add_argument(
+        "--repredict", action="store_true", help="price the stored cells again, then render"
+    )
     parser.add_argument("--merge", action="store_true", help="add to the stored JSON's cells")
     args = parser.parse_args(argv)
     for kind in args.strategies:
@@ -460,9 +540,12 @@ def main(argv: list[str] | None = None) -> int:
         if workload not in WORKLOADS:
             parser.error(f"--workloads: {workload!r} is not one of {WORKLOADS}")
     stored = args.out / f"{NAME}.json"
-    if args.render:
+    if args.render or args.repredict:
         result = json.loads(stored.read_text())
         stamp = stored_stamp(MARKER, args.out)
+        if args.repredict:
+            repredict(result)
+            result["cells"] = [as_json(c) for c in result["cells"]]
     else:
         if os.geteuid() != 0:
             print("scaling_bench: needs root (launch/emulated_hosts.sh makes namespaces)")
@@ -490,8 +573,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             new = {key(c): c for c in result["cells"]}
             for c in old["cells"]:
-                if key(c) in new:  # more rounds of a stored cell
-                    new[key(c)]["runs"] = c["runs"] + new[key(c)]["runs"]
+                if key(c) in new and lands_counted(c) == lands_counted(new[key(c)]):
+                    new[key(c)]["runs"] = c["runs"] + new[key(c)]["runs"]  # more rounds
+                elif key(c) in new:  # counted another way: the new runs replace them
+                    print(
+                        f"scaling_bench: {key(c)}: stored runs counted the last sync "
+                        "otherwise; replaced"
+                    )
             kept = [c for c in old["cells"] if key(c) not in new]
             order = {k: i for i, k in enumerate(key(c) for c in plan_all(args))}
             result["cells"] = sorted(kept + result["cells"], key=lambda c: order.get(key(c), 0))

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from sparse2d.advisor.cost_model import AnalyticCostModel, zipf_unique
+from sparse2d.advisor.cost_model import ID_BYTES, AnalyticCostModel, zipf_unique
 from sparse2d.advisor.group_layout import TorchRecGroupPlanner
 from sparse2d.advisor.topology import ClusterTopology
 from sparse2d.advisor.workload import TableLoad, Workload
@@ -206,3 +206,31 @@ def test_host_link_bytes_by_hand() -> None:
     assert terms["sync"] == pytest.approx(2 * 2 * ROWS * DIM * 4 / 4)
     # one host: nothing crosses
     assert AnalyticCostModel(w, topology(4), PLANNER).estimate(4).host_link_bytes == 0.0
+
+
+def test_a_hosts_sync_bytes_are_its_ranks_shards_summed() -> None:
+    """3 tables on a group of 2 hold 2 and 1: the host's two rings carry 3 tables' bytes, not
+    twice the larger shard's 2 (the sync's time still waits for the larger ring). Catches
+    ``rings x max(shard)`` in ``_host_link_terms``: 4 tables' bytes, +33%."""
+    w = workload(TW4[:3], optimizer="sgd", dense_params=100, engine="dense", sync_every=4)
+    inter = dataclasses.replace(w, replica_layout="inter_host")
+    c = AnalyticCostModel(inter, topology(4, ranks_per_host=2), PLANNER).estimate(2)
+    assert c.sync_bytes == 2 * ROWS * DIM * 4  # the larger shard: what the slowest ring sends
+    assert dict(c.host_link_terms)["sync"] == pytest.approx(3 * ROWS * DIM * 4 / 4)
+
+
+def test_auto_syncs_the_touched_rows_where_the_ring_crosses_a_host_link() -> None:
+    """``engine="auto"`` picks the cheaper mode by measured cost; on a host link the wire
+    dominates, so a shard whose replicas touched 84% of its rows travels as those rows (with
+    their agreement), not whole; on one host the loopback crossover (1/2) keeps it dense.
+    Catches the host-link crossover removed (the 8-rank cluster cell's sync over by 13%)."""
+    w = workload(
+        TW4[:2], optimizer="sgd", engine="auto", sync_every=80, replica_layout="inter_host"
+    )
+    union = zipf_unique(ROWS, 4 * B * 80, 1.1)
+    assert 0.8 * ROWS < union < 0.9 * ROWS
+    linked = topology(4, ranks_per_host=2, host_link_bw=5e6)
+    c = AnalyticCostModel(w, linked, PLANNER).estimate(2)
+    assert c.sync_bytes == pytest.approx(union * (DIM * 4 + ID_BYTES), abs=1)  # int bytes
+    flat = AnalyticCostModel(w, topology(4, ranks_per_host=2), PLANNER).estimate(2)
+    assert flat.sync_bytes == ROWS * DIM * 4

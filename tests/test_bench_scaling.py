@@ -13,7 +13,16 @@ import pytest
 import tests.bench_path  # noqa: F401  (bench/ on sys.path)
 
 # isort: split
-from scaling_bench import acceptance, counted_syncs, main, plan, render, workload_overrides
+from scaling_bench import (
+    acceptance,
+    counted_syncs,
+    figures,
+    main,
+    plan,
+    render,
+    ring_factor,
+    workload_overrides,
+)
 
 
 def _args(**kw: object) -> object:
@@ -97,6 +106,28 @@ def test_the_sync_of_the_last_step_is_not_counted() -> None:
     assert counted_syncs(40, 20) == 0.5 and counted_syncs(100, 20) == 0.8
     assert counted_syncs(41, 20) == pytest.approx(2 / (41 / 20))
     assert counted_syncs(10, 1) == pytest.approx(0.9)
+
+
+def test_a_run_that_counted_the_last_sync_is_compared_at_the_steady_state() -> None:
+    """Runs that landed the last step's sync while counting (``host_link_landing_bytes``)
+    compare with the model's own bytes per step, their step still at the syncs timed; runs
+    before that at the syncs counted. Catches the last sync taken off twice (or never)."""
+    old = _cell(8, "2d", 2600, 5.2e6, 7.9e6, sync=5.4e6)
+    assert figures(old)["predicted_bytes_per_host"] == pytest.approx(7.9e6 - 2.7e6)
+    new = _cell(8, "2d", 2600, 7.6e6, 7.9e6, sync=5.4e6)
+    new["runs"][0].update(host_link_landing_bytes=8e8, host_link_packets_per_step=20000)
+    f = figures(new)
+    assert f["predicted_bytes_per_host"] == pytest.approx(7.9e6)
+    assert f["predicted_step_s"] == pytest.approx(f["steady_step_s"] - 0.5 * 0.01)
+    assert f["framing_per_host"] == pytest.approx(20000 * 66 / 8)
+
+
+def test_2d_bytes_per_unit_of_the_all_reduce_bound() -> None:
+    """2(H-1)/H: 1 at 2 hosts, 1.75 at 8; the acceptance line divides by it."""
+    assert ring_factor(2) == 1.0 and ring_factor(8) == 1.75
+    cells = [_cell(2, "2d", 10000, 4e6, 4e6), _cell(8, "2d", 2600, 7.7e6, 7.7e6)]
+    (line,) = acceptance(json.loads(json.dumps(cells)))[:1]
+    assert "Per unit of that bound: 4.00 and 4.40 MB/host/step, 1.10x (flat within 1.2x)" in line
 
 
 def test_render_converts_to_dilated_seconds_and_judges_every_goal() -> None:

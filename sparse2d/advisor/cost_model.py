@@ -319,7 +319,11 @@ class AnalyticCostModel(CostModel):
         ring all-reduce whose members span hosts crosses a host's link once per ring,
         ``2 (n-1)/n`` times its bytes, with ``ranks_per_host / members there`` rings side by
         side (the replica sync over ``sync_every``; the dense gradients over the world).
-        Mean over the group's ranks (every host holds the same mix of them)."""
+        Mean over the group's ranks (every host holds the same mix of them): each ring
+        carries its own member's shard, so a host's sync bytes are the sum of its ranks'
+        shards, not ``rings`` times the largest (which prices the sync's time: the slowest
+        ring; 26 tables over 4 ranks hold 7, 7, 6, 6: the largest overstates a host's bytes
+        by 8%)."""
         w, topo = self.workload, self.topology
         per_host = min(topo.ranks_per_host, topo.world_size)
         forward, backward = ct.qcomm_bytes(w.qcomm_forward), ct.qcomm_bytes(w.qcomm_backward)
@@ -336,7 +340,7 @@ class AnalyticCostModel(CostModel):
             local, remote = _peers(topo, members)
             if remote:
                 rings = per_host / (local + 1)
-                ring = 2 * (replicas - 1) / replicas * max(loads.synced)
+                ring = 2 * (replicas - 1) / replicas * sum(loads.synced) / L
                 sync = rings * ring / w.sync_every
         dense = 0.0
         if topo.world_size > per_host:
@@ -353,6 +357,7 @@ class AnalyticCostModel(CostModel):
         w = self.workload
         L, B, eb = layout.group_size, w.batch_size_per_rank, w.element_bytes
         loads = _RankLoads.empty(L)
+        crossover = self._auto_crossover(L)
         for rank, shards in enumerate(layout.per_rank()):
             for s in shards:
                 t, n = self._by_name[s.table], s.count
@@ -360,7 +365,7 @@ class AnalyticCostModel(CostModel):
                 weights, opt = shard_state_bytes(s, w, replicas)
                 loads.state[rank] += n * (weights + opt)
                 loads.memory[rank] += n * (weights + opt + s.io_bytes)
-                loads.synced[rank] += n * self._synced_bytes(s, replicas)
+                loads.synced[rank] += n * self._synced_bytes(s, replicas, crossover)
                 loads.full[rank] += n * s.rows * (s.cols + w.row_state_values(s.cols)) * eb
                 share = s.rows / t.rows  # 0 for a row-wise shard left empty (rows < L)
                 table_ids = L * B * t.features * t.pooling_factor  # the group's ids into t
@@ -461,7 +466,23 @@ class AnalyticCostModel(CostModel):
             step_s += ct.vote_s(topo.world_size, topo.world_size > topo.ranks_per_host, topo)
         return step_s
 
-    def _synced_bytes(self, s: PlacedShard, replicas: int) -> float:
+    def _auto_crossover(self, L: int) -> float:
+        """Union fraction of a shard above which ``engine="auto"`` syncs it whole. The
+        engine takes the cheaper mode by its measured costs, ``(wire + copy) / (wire +
+        index)`` per byte (``sync.engines.cost.LinkCosts.crossover``): where the replica
+        ring crosses a host link the wire dominates both copies, and the cheaper mode is the
+        one that sends fewer bytes, touched rows (each with ``ID_BYTES`` of agreement)
+        against the whole shard. Elsewhere ``Workload.sparse_crossover`` (measured on
+        loopback, where the indexed copies weigh: ``bench/sparse_sync_bench.py``)."""
+        w, topo = self.workload, self.topology
+        if not topo.host_link_bw or topo.world_size // L <= 1:
+            return w.sparse_crossover
+        members = replica_groups(topo.world_size, L, w.replica_layout)[0]
+        if not _peers(topo, members)[1]:
+            return w.sparse_crossover
+        return 1.0  # a row's agreement is priced in the sparse bytes: compared there
+
+    def _synced_bytes(self, s: PlacedShard, replicas: int, crossover: float) -> float:
         """Bytes of shard ``s`` one sync all-reduces (dense or expected touched rows)."""
         w = self.workload
         if replicas <= 1:
@@ -475,6 +496,7 @@ class AnalyticCostModel(CostModel):
         t = self._by_name[s.table]
         draws = self.topology.world_size * w.batch_size_per_rank * t.features * t.pooling_factor
         union = zipf_unique(t.rows, draws * w.sync_every, w.zipf_exponent) * s.rows / t.rows
-        if w.engine == "auto" and union > w.sparse_crossover * s.rows:
+        sparse = union * (row * w.element_bytes + ID_BYTES)
+        if w.engine == "auto" and (union > crossover * s.rows or sparse >= dense):
             return float(dense)
-        return union * (row * w.element_bytes + ID_BYTES)
+        return sparse

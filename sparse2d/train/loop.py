@@ -221,7 +221,7 @@ class Loop:
         self.link.pause()
         bar.close()
         profiler.close()
-        self.model.finish_sync()
+        self._land_counted()
         last_eval = self.evaluate()
         self.log({"kind": "eval", "step": mode.completed, **last_eval, **self.planted})
         return self._finish(last_train, last_eval, trial)
@@ -289,16 +289,38 @@ class Loop:
         self.mode.close()
         return summary
 
+    def _land_counted(self) -> None:
+        """Land the syncs still in flight, counting their link bytes: the sync started at the
+        last step is the steps' traffic (one in every ``sync.every`` steps), though no step
+        waits for it. A barrier after it, so no host stops counting before every replica
+        ring of it (another rank's) has finished crossing its link. Not timed as a step."""
+        if not self.link.enabled:
+            self.model.finish_sync()
+            return
+        self.link.resume()
+        self.model.finish_sync()
+        dist.barrier()
+        self.link.pause(landing=True)
+
     def _link_summary(self) -> dict[str, Any]:
         """``host_link_bytes_per_step``: bytes that crossed host links per training step,
-        summed over hosts (collective; only where ``GLOO_SOCKET_IFNAME`` names the link)."""
+        summed over hosts, the last step's sync included; ``host_link_packets_per_step``
+        (their framing: ``link_bytes.FRAME_HEADER_BYTES`` each) and
+        ``host_link_landing_bytes`` (the part sent while that sync landed). Collective; only
+        where ``GLOO_SOCKET_IFNAME`` names the link."""
         if not self.link.enabled:
             return {}
-        t = torch.tensor([float(self.link.total)], dtype=torch.float64, device=flag_device())
+        link = self.link
+        counts = [float(link.total), float(link.packets), float(link.landing)]
+        t = torch.tensor(counts, dtype=torch.float64, device=flag_device())
         dist.all_reduce(t)
+        total, packets, landing = t.tolist()
+        steps = max(self.trained_steps, 1)
         return {
-            "host_link_interface": self.link.interface,
-            "host_link_bytes_per_step": t.item() / max(self.trained_steps, 1),
+            "host_link_interface": link.interface,
+            "host_link_bytes_per_step": total / steps,
+            "host_link_packets_per_step": packets / steps,
+            "host_link_landing_bytes": landing,
         }
 
 
