@@ -158,9 +158,11 @@ def test_a_stream_equals_its_semantics_by_hand(
         assert max(diffs) == 0.0
 
 
-def check_save_under_a_stream(root: str) -> list[float]:
+def check_save_under_a_stream(root: str, engine: str) -> list[float]:
     """Mid-stream the replicas differ; ``checkpoint.save`` averages every row first, so the
-    copy written is the replicas' average, and a fresh model loads exactly that."""
+    copy written is the replicas' average, and a fresh model loads exactly that. With a
+    touched-rows engine that full sync must send every row touched since the last full
+    sync, not since the last fragment's (it did: rows stayed apart)."""
     from sparse2d import DMPCollection, checkpoint
     from tests.models import SPARSE_SYNC_TABLES, build_model, constraints_for, train
     from tests.test_sync_engines_sparse import OPTIMIZERS
@@ -168,7 +170,7 @@ def check_save_under_a_stream(root: str) -> list[float]:
     def model() -> DMPCollection:
         cls, kwargs = OPTIMIZERS["rowwise_adagrad"]
         module = build_model(SPARSE_SYNC_TABLES, optimizer=cls, **kwargs)
-        options = SyncOptions(every=3, stream=True)
+        options = SyncOptions(every=3, stream=True, engine=engine)
         return DMPCollection(
             module,
             2,
@@ -192,7 +194,8 @@ def check_save_under_a_stream(root: str) -> list[float]:
     return [apart, after, loaded]
 
 
-def test_a_save_under_a_stream_writes_the_replicas_average(world4, tmp_path) -> None:
-    for apart, after, loaded in world4.run(check_save_under_a_stream, str(tmp_path)):
+@pytest.mark.parametrize("engine", ["dense", "sparse"])
+def test_a_save_under_a_stream_writes_the_replicas_average(world4, tmp_path, engine) -> None:
+    for apart, after, loaded in world4.run(check_save_under_a_stream, str(tmp_path), engine):
         assert apart > 0  # mid-stream the replicas differ ...
         assert after < 1e-6 and loaded < 1e-6  # ... the save writes (and leaves) their average

@@ -306,7 +306,8 @@ class SyncPolicy:
                 agreed = stream if stream is not None else stats
                 sent += agreed.metadata_bytes if agreed is not None else 0
                 if background or hide:  # tracking restarts now: later updates are the next delta
-                    self.engine.synced(weights=weights, states=kinds)
+                    if spans is None:  # a fragment's base is the stream's own
+                        self.engine.synced(weights=weights, states=kinds)
                     scale = kinds and self.scaler is not None
                     part.landed = (lambda r=spans: self._scale(r)) if scale else None
                     (self.background if background else self.hidden).append(part)
@@ -336,8 +337,13 @@ class SyncPolicy:
         return sent
 
     def _landed(self, weights: bool, states: bool, spans: list[RowSpan] | None) -> None:
-        """What landing a blocking part does: rows in sync, accumulators scaled."""
-        self.engine.synced(weights=weights, states=states)
+        """What landing a blocking part does: rows in sync, accumulators scaled. A streamed
+        fragment leaves the engine's base where the last full sync put it: advanced to the
+        fragment's cut, a later full sync (``model.sync()``, a save, the job's last step)
+        sent only rows touched since, and rows of fragments synced earlier and touched after
+        stayed apart (8 replicas, 60 steps: eval AUC 0.8426 against the dense stream's 0.8723)."""
+        if spans is None:
+            self.engine.synced(weights=weights, states=states)
         if self.scaler is not None and self.channel.size is not None:
             self.scaler.factor = float(self.channel.size)  # c = the replicas averaged
         if states:
