@@ -311,10 +311,12 @@ class FaultTolerantMode:
         return done[0]
 
     def _check_not_all_lost(self, run: Run) -> bool:
-        """A restarted group that finds the job at step 0 with nothing to heal from while it
-        had trained before: either the job finished without it (return True: stop cleanly)
-        or every group was lost (nothing to resume from without checkpoints: raise)."""
-        if not (self.restart and self.had_progress and self.ft.step == 0):
+        """A restarted or relaunched group that finds the job at step 0 with nothing to heal
+        from while it had trained before: either the job finished without it (return True:
+        stop cleanly) or every group was lost (nothing to resume from without checkpoints:
+        raise). A host's relaunch is torchrun restart 0 (``rejoins``): it trained the whole
+        job again alone from step 0 when the others had finished before it was back."""
+        if not ((self.restart or self.rejoins) and self.had_progress and self.ft.step == 0):
             return False
         if self._healed_from_live():
             return False
