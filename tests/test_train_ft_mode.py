@@ -19,13 +19,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _group(
-    *overrides: str, timeout: float = 240, job: str | None = None
+    *overrides: str, timeout: float = 240, job: str | None = None, launched: str | None = None
 ) -> tuple[subprocess.CompletedProcess, float]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     env.pop("TORCHFT_LIGHTHOUSE", None)
     env.pop(JOB_ENV, None)
+    env.pop("SPARSE2D_FT_LAUNCH_TIME", None)
     if job is not None:
         env[JOB_ENV] = job
+    if launched is not None:  # the job's launch time, as the launchers export it
+        env["SPARSE2D_FT_LAUNCH_TIME"] = launched
     cmd = [
         sys.executable,
         "-m",
@@ -195,6 +198,43 @@ def test_a_relaunched_group_is_told_from_a_fresh_one_by_its_steps_in_this_job(tm
     recorder.close()
     assert _trained_since(metrics, launched)  # trained in this job: a relaunch
     assert not _trained_since(metrics, time.time() + 10)  # an earlier job's records
+
+
+def test_a_relaunch_that_finds_the_job_finished_stops_instead_of_training_it_again(
+    tmp_path,
+) -> None:
+    """Host 1 lost and relaunched (torchrun restart 0) after group 0 finished the job alone:
+    its first quorum finds nobody, and it stops with the finished-job line. Breaks if the
+    check is left to torchrun restarts (the relaunch then trained the whole job again
+    alone from step 0, seen in the emulated host-loss test under load)."""
+    import json
+
+    from sparse2d.train.config import load_config
+    from sparse2d.train.recorder import Recorder
+
+    launched = str(int(time.time()) - 5)
+    cfg = load_config("configs/ft_tiny_cpu.yaml", ["metrics.tensorboard=false"])
+    group1 = tmp_path / "replica_1"
+    recorder = Recorder(cfg, str(group1), is_main=True, wall_time=True)
+    recorder.log({"kind": "start", "job": "relaunch-test"}, 0)  # this job's own records
+    recorder.log({"kind": "train", "step": 3}, 3)  # trained in this job before it was lost
+    recorder.close()
+    (tmp_path / "replica_0").mkdir()
+    (tmp_path / "replica_0" / "summary.json").write_text(json.dumps({"final_step": 5}))
+    lighthouse = start_lighthouse(min_replicas=1)
+    try:
+        run, _ = _group(
+            f"fault_tolerance.lighthouse={lighthouse.address()}",
+            "fault_tolerance.replica_id=1",
+            f"run_dir={tmp_path}",
+            job="relaunch-test",
+            launched=launched,
+        )
+    finally:
+        lighthouse.shutdown()
+    assert run.returncode == 0, _ours(run.stderr)[-6000:]
+    ended = json.loads((group1 / "summary.json").read_text())
+    assert ended.get("finished_by_group") == 0 and "nothing to rejoin" in ended["ended"], ended
 
 
 def test_every_fault_tolerant_launcher_exports_the_launch_time() -> None:
