@@ -99,12 +99,10 @@ def test_a_step_without_copies_sends_its_tail_from_the_buffer() -> None:
     assert placed is not None and placed[1] == 0 and placed[0].numel() == 8
 
 
-def _silent_peer(group: int, lighthouse: str, timeout_s: float, done: str):
-    """Two groups of one rank form a real quorum; then group 1 goes silent (its link cut) and
-    group 0 averages a tensor over the channel. The process group's gloo timeout is 60 s: it
-    does not fire within the test, as it did not on a cut link. Group 0 returns (seconds the
-    all-reduce held it, whether its manager saw the error) once it wrote ``done`` and group
-    1, which waited for it, sent its side (the link is back): no gloo operation stays open."""
+def _quorum_channel(group: int, lighthouse: str, timeout_s: float, pg_timeout_s: float = 0):
+    """Group ``group`` of two (one rank each) in a real quorum: (its torchft process group,
+    its manager, the channel over them). ``pg_timeout_s``: the process group's own gloo
+    timeout, set at its setup (0: ``timeout_s``)."""
     from sparse2d.ft.ft_options import FTOptions
     from sparse2d.ft.quorum import form, torchft_manager
     from sparse2d.ft.transport import ManagedChannel
@@ -118,9 +116,19 @@ def _silent_peer(group: int, lighthouse: str, timeout_s: float, done: str):
         quorum_timeout_s=60,
     )
     pg, manager = torchft_manager(options, lambda state: None, lambda: {})
-    pg.set_timeout(datetime.timedelta(seconds=60))  # the process group's own, at its setup
+    if pg_timeout_s:
+        pg.set_timeout(datetime.timedelta(seconds=pg_timeout_s))
     participants = form(manager, options)
-    channel = ManagedChannel(manager, pg, lambda: participants, timeout_s)
+    return pg, manager, ManagedChannel(manager, pg, lambda: participants, timeout_s)
+
+
+def _silent_peer(group: int, lighthouse: str, timeout_s: float, done: str):
+    """Two groups of one rank form a real quorum; then group 1 goes silent (its link cut) and
+    group 0 averages a tensor over the channel. The process group's gloo timeout is 60 s: it
+    does not fire within the test, as it did not on a cut link. Group 0 returns (seconds the
+    all-reduce held it, whether its manager saw the error) once it wrote ``done`` and group
+    1, which waited for it, sent its side (the link is back): no gloo operation stays open."""
+    pg, manager, channel = _quorum_channel(group, lighthouse, timeout_s, pg_timeout_s=60)
     healthy = torch.full((4,), float(group))
     channel.start_tensors([healthy])()  # both groups: the channel averages
     assert torch.equal(healthy, torch.full((4,), 0.5)) and manager.errored() is None
@@ -163,21 +171,7 @@ def test_an_all_reduce_whose_peer_went_silent_ends_timeout_s_after_its_start(tmp
 def _late_peer(group: int, lighthouse: str, timeout_s: float, delay_s: float):
     """Two groups of one rank; group 1 joins the second all-reduce ``delay_s`` late. Group 0
     returns whether its manager saw an error (the step would fail its vote)."""
-    from sparse2d.ft.ft_options import FTOptions
-    from sparse2d.ft.quorum import form, torchft_manager
-    from sparse2d.ft.transport import ManagedChannel
-
-    options = FTOptions(
-        replica_id=group,
-        num_groups=2,
-        min_replica_size=2,
-        lighthouse=lighthouse,
-        timeout_s=timeout_s,
-        quorum_timeout_s=60,
-    )
-    pg, manager = torchft_manager(options, lambda state: None, lambda: {})
-    participants = form(manager, options)
-    channel = ManagedChannel(manager, pg, lambda: participants, timeout_s)
+    _, manager, channel = _quorum_channel(group, lighthouse, timeout_s)
     channel.start_tensors([torch.ones(4)])()
     if group == 1:
         time.sleep(delay_s)
