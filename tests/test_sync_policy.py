@@ -196,6 +196,45 @@ def test_a_delayed_part_keeps_the_updates_made_while_in_flight() -> None:
     assert live.tolist() == [8.0, 8.0]  # the average plus the update made meanwhile
 
 
+def test_landing_runs_on_the_average_and_adds_the_updates_after() -> None:
+    live = torch.tensor([1.0, 2.0])
+    seen: list[list[float]] = []
+    part = _in_flight(live, [7.0, 8.0], delayed=True, landed=lambda: seen.append(live.tolist()))
+    live.add_(torch.tensor([1.0, 0.0]))
+    part.land()
+    assert seen == [[7.0, 8.0]]  # what landing does sees one value on every replica
+    assert live.tolist() == [8.0, 8.0]
+
+
+def check_overlapped_scaling_ends_identical(options: dict, engine: str) -> float:
+    """Momentum scaling's reference must be one value on every replica: parts that land
+    after training went on (delayed state, a stream's fragments) took it with each replica's
+    own updates, and a later full sync left replicas apart (1.7e-05, a covering run)."""
+    from tests.models import SPARSE_SYNC_TABLES, train
+    from tests.test_sync_engines_sparse import _model
+
+    model = _model(SPARSE_SYNC_TABLES, "rowwise_adagrad")
+    sync = SyncOptions(every=4, hide=True, momentum_scaling=True, engine=engine, **options)
+    policy = SyncPolicy(model.shard_states, model.replica_pg, model.num_replicas, sync)
+    train(model, SPARSE_SYNC_TABLES, 7, after_step=policy.step)
+    policy.sync_now()
+    worst = 0.0
+    for tensor in live_tensors(model.shard_states, True, True):
+        average = tensor.clone()
+        dist.all_reduce(average, dist.ReduceOp.AVG, group=model.replica_pg)
+        worst = max(worst, float((tensor - average).abs().max()) if tensor.numel() else 0.0)
+    policy.close()
+    return worst
+
+
+@pytest.mark.parametrize("engine", ["dense", "sparse", "auto"])
+@pytest.mark.parametrize(
+    "options", [{"delayed_optimizer_state": True}, {"stream": True}], ids=["delayed", "stream"]
+)
+def test_overlapped_momentum_scaling_ends_identical(world4, options: dict, engine: str) -> None:
+    assert world4.run(check_overlapped_scaling_ends_identical, options, engine) == [0.0] * 4
+
+
 # ---- real syncs on the 2x2 gloo mesh: every landing point, and a keeping channel ---------
 
 

@@ -78,7 +78,9 @@ def check_stream_against_hand(
     """A streamed policy on one model; on an identical one, the semantics by hand: after step
     ``s`` fragment ``s % every``'s rows are averaged over the replicas; hidden, that average
     lands after the next step as ``avg(sent) + (live - sent)``; with momentum scaling each
-    landed accumulator row becomes ``ref + (acc - ref) / replicas``. Bit for bit."""
+    landed accumulator row becomes ``ref + (avg - ref) / replicas`` (plus, hidden, its own
+    ``live - sent``), the same reference on every replica. Bit for bit. Then a full sync:
+    replicas identical (with the updates folded into the reference they were not)."""
     from sparse2d.sync.policy import SyncPolicy
     from tests.models import SPARSE_SYNC_TABLES, train
     from tests.test_sync_engines_sparse import _assert_same, _model
@@ -99,8 +101,9 @@ def check_stream_against_hand(
     def land(spans, sent, averaged) -> None:  # noqa: ANN001
         views = _rows(by_hand, spans)
         with torch.no_grad():
-            for view, s, a in zip(views, sent, averaged, strict=True):
-                view.copy_(a + (view - s) if hide else a)
+            meanwhile = [view - s for view, s in zip(views, sent, strict=True)]
+            for view, a in zip(views, averaged, strict=True):
+                view.copy_(a)
             if momentum:
                 for span in spans:
                     acc = by_hand.shard_states[span.shard].optimizer_states[0]
@@ -110,6 +113,9 @@ def check_stream_against_hand(
                     )
                     rows.copy_(scaled)
                     ref[span.start : span.end] = scaled
+            if hide:
+                for view, d in zip(views, meanwhile, strict=True):
+                    view.add_(d)
 
     def hand_step(step: int) -> None:
         while pending:
@@ -134,6 +140,9 @@ def check_stream_against_hand(
     diffs = []
     for a, b in zip(_live(streamed), _live(by_hand), strict=True):
         diffs.append(float((a - b).abs().max()))
+    policy.sync_now()
+    for a, b in zip(_live(streamed), _average(_live(streamed), pg), strict=True):
+        diffs.append(float((a - b).abs().max()))  # every replica holds the average
     policy.close()
     return diffs
 

@@ -15,12 +15,12 @@ advances it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 from sparse2d.errors import ConfigError
+from sparse2d.sync.engines.base import RowSelection
 from sparse2d.sync.shards import ShardState
 
 ACCUMULATING = (
@@ -81,20 +81,36 @@ class AccumulatorScaler:
         """Take the current accumulators as the reference (after a load or re-alignment)."""
         self.refs = [t.detach().float().clone() for t in self.tensors]
 
-    def apply(self, rows: Mapping[int, Any] | None = None) -> None:
+    def apply(self, rows: Mapping[int, list[RowSelection]] | None = None) -> None:
         """Rescale growth since the last call; call right after states were averaged.
 
-        ``rows``: only these rows, by ``id(shard)`` -> a ``(shard, start, end)`` span (a
-        streamed sync's fragment); other shards' accumulators are left as they are."""
+        ``rows``: only these rows, by ``id(shard)`` (what a streamed fragment or a touched-rows
+        payload averaged); other rows are left as they are."""
         with torch.no_grad():
             for tensor, ref, within, owner in zip(
                 self.tensors, self.refs, self.within, self._owners, strict=True
             ):
-                if rows is not None:
-                    if owner not in rows:
-                        continue
-                    span = rows[owner]
-                    tensor, ref = tensor[span.start : span.end], ref[span.start : span.end]
-                scaled = ref + (tensor.float() - ref) / (self.factor * within)
-                tensor.copy_(scaled)
-                ref.copy_(scaled)
+                factor = self.factor * within
+                if rows is None:
+                    _rescale(tensor, ref, factor)
+                    continue
+                for selection in rows.get(owner, ()):
+                    start, end, selected = selection.start, selection.end, selection.rows
+                    _rescale(tensor[start:end], ref[start:end], factor, selected)
+
+
+def _rescale(
+    tensor: torch.Tensor, ref: torch.Tensor, factor: float, rows: torch.Tensor | None = None
+) -> None:
+    """``tensor = ref = ref + (tensor - ref) / factor`` on ``rows`` (every row where None)."""
+    if rows is None:
+        scaled = ref + (tensor.float() - ref) / factor
+        tensor.copy_(scaled)
+        ref.copy_(scaled)
+        return
+    if rows.numel() == 0:
+        return
+    base = ref.index_select(0, rows)
+    scaled = base + (tensor.index_select(0, rows).float() - base) / factor
+    tensor.index_copy_(0, rows, scaled.to(tensor.dtype))
+    ref.index_copy_(0, rows, scaled)

@@ -26,11 +26,11 @@ from sparse2d.sync.accumulator_scaling import AccumulatorScaler
 from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.divergence import DivergenceSampler
 from sparse2d.sync.engines.auto import make_engine
-from sparse2d.sync.engines.base import Payload, SyncEngine
+from sparse2d.sync.engines.base import Payload, RowSelection, SyncEngine
 from sparse2d.sync.guard import FiniteGuard, Verdict
 from sparse2d.sync.options import SyncOptions, SyncReport
 from sparse2d.sync.shards import ShardState, live_tensors
-from sparse2d.sync.stream import RowSpan, Stream
+from sparse2d.sync.stream import Stream
 
 __all__ = ["InFlight", "SyncOptions", "SyncPolicy", "SyncReport", "make_engine"]
 
@@ -39,10 +39,13 @@ class InFlight:
     """One started part of a sync: started -> landed | dropped.
 
     ``land`` waits for the sync's NaN/inf vote and its average, writes it back into the live
-    shards (with delayed state's delta correction: ``avg(sent) + (live_now - sent)``, so updates made while the
-    average was in flight survive) and runs ``landed``. ``drop`` waits without writing
-    anything: every replica keeps its own values. Landing twice does nothing; landing a
-    dropped part or dropping a landed one is a caller's bug (``RuntimeError``).
+    shards and runs ``landed``. Delayed state's delta correction, ``avg(sent) + (live_now -
+    sent)``, keeps the updates made while the average was in flight; they are added after
+    ``landed`` ran on the average alone, so momentum scaling's reference is the same on every
+    replica (taken with them, replicas ended 1.7e-05 apart after a later full sync). ``drop``
+    waits without writing anything: every replica keeps its own values. Landing twice does
+    nothing; landing a dropped part or dropping a landed one is a caller's bug
+    (``RuntimeError``).
     """
 
     __slots__ = ("dropped", "landed", "payload", "snapshot", "state", "verdict", "works")
@@ -84,15 +87,21 @@ class InFlight:
         for work in self.works:
             work.wait()
         waited = time.perf_counter() - begin
-        values = self.payload.buffers
+        values, meanwhile = self.payload.buffers, None
         with torch.no_grad():
             if self.snapshot is not None:
                 live = self.payload.gather()
-                values = [a + (n - s) for a, n, s in zip(values, live, self.snapshot, strict=True)]
+                meanwhile = [n - s for n, s in zip(live, self.snapshot, strict=True)]
+                if self.landed is None:
+                    values, meanwhile = [a + d for a, d in zip(values, meanwhile)], None
             self.payload.scatter(values)
         self.state = "landed"
         if self.landed is not None:
             self.landed()
+        if meanwhile is not None:  # landing ran on the average alone (one value on every
+            with torch.no_grad():  # replica); each replica's own updates are added after
+                landed = self.payload.gather()
+                self.payload.scatter([v + d for v, d in zip(landed, meanwhile, strict=True)])
         return waited
 
     def drop(self) -> None:
@@ -309,10 +318,12 @@ class SyncPolicy:
                     if spans is None:  # a fragment's base is the stream's own
                         self.engine.synced(weights=weights, states=kinds)
                     scale = kinds and self.scaler is not None
-                    part.landed = (lambda r=spans: self._scale(r)) if scale else None
+                    part.landed = (lambda p=payload: self._scale(p.state_rows)) if scale else None
                     (self.background if background else self.hidden).append(part)
                     continue
-                part.landed = lambda w=weights, k=kinds, r=spans: self._landed(w, k, r)
+                part.landed = lambda w=weights, k=kinds, f=spans is not None, p=payload: (
+                    self._landed(w, k, f, p.state_rows)
+                )
                 self.channel.hand(part)
             exposed = time.perf_counter() - built
             if self.hidden:
@@ -336,24 +347,31 @@ class SyncPolicy:
         self.channel.hand(InFlight([], written, dropped=self.engine.diverged))
         return sent
 
-    def _landed(self, weights: bool, states: bool, spans: list[RowSpan] | None) -> None:
+    def _landed(
+        self, weights: bool, states: bool, fragment: bool, rows: list[RowSelection] | None
+    ) -> None:
         """What landing a blocking part does: rows in sync, accumulators scaled. A streamed
         fragment leaves the engine's base where the last full sync put it: advanced to the
         fragment's cut, a later full sync (``model.sync()``, a save, the job's last step)
         sent only rows touched since, and rows of fragments synced earlier and touched after
         stayed apart (8 replicas, 60 steps: eval AUC 0.8426 against the dense stream's 0.8723)."""
-        if spans is None:
+        if not fragment:
             self.engine.synced(weights=weights, states=states)
         if self.scaler is not None and self.channel.size is not None:
             self.scaler.factor = float(self.channel.size)  # c = the replicas averaged
         if states:
-            self._scale(spans)
+            self._scale(rows)
 
-    def _scale(self, spans: list[RowSpan] | None = None) -> None:
-        """Scale the accumulators' growth: every row, or a streamed fragment's rows."""
-        if self.scaler is not None:
-            rows = None if spans is None else {id(self.shards[s.shard]): s for s in spans}
-            self.scaler.apply(rows)
+    def _scale(self, rows: list[RowSelection] | None = None) -> None:
+        """Scale the growth of the accumulator rows just averaged (None: every row)."""
+        if self.scaler is None:
+            return
+        by_shard: dict[int, list[RowSelection]] | None = None
+        if rows is not None:
+            by_shard = {}
+            for selection in rows:
+                by_shard.setdefault(id(self.shards[selection.shard]), []).append(selection)
+        self.scaler.apply(by_shard)
 
     # ---- landing -----------------------------------------------------------------------
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from sparse2d.sync.engines.base import BufferPool, Payload
+from sparse2d.sync.engines.base import BufferPool, Payload, RowSelection
 from sparse2d.sync.engines.rows import row_bytes, row_payload
 from sparse2d.sync.engines.touched import TouchedRows
 from sparse2d.sync.shards import ShardState, flush_caches
@@ -89,7 +89,10 @@ class Stream:
             rows = [r if r.numel() < s.end - s.start else None for r, s in zip(union, spans)]
             self.bases[index] = self._last_cut if self.lookahead else cut
             self._last_cut = cut
-        return span_payload(self.shards, spans, states, pool, rows)
+        payload = span_payload(self.shards, spans, states, pool, rows)
+        if states:
+            payload.state_rows = [RowSelection(*s, r) for s, r in zip(spans, rows, strict=True)]
+        return payload
 
     def diverged(self) -> None:
         """Replica values may differ anywhere (a dropped fragment): each sends every row next."""

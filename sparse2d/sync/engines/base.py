@@ -13,11 +13,22 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from sparse2d.sync.shards import ShardState
+
+
+class RowSelection(NamedTuple):
+    """Rows ``start:end`` of local shard ``shard`` (an index into the engine's shards); only
+    ``rows`` (counted from ``start``) where given."""
+
+    shard: int
+    start: int
+    end: int
+    rows: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -30,6 +41,10 @@ class Payload:
     """Write tensors shaped like ``buffers`` back into the live shards."""
     gather: Callable[[], list[torch.Tensor]]
     """Fresh copies of the live values at the positions of ``buffers``."""
+    state_rows: list[RowSelection] | None = None
+    """The optimizer-state rows averaged (None: every row). Momentum scaling rescales exactly
+    these: when a part lands after training went on, the other rows may hold updates made
+    meanwhile, which are no average's growth."""
     in_place: bool = False
     """``buffers`` are views of the live shards: averaging writes them directly (no copies),
     so the NaN/inf vote must pass before anything is sent (``SyncPolicy`` waits for it)."""

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from sparse2d.errors import ConfigError
-from sparse2d.sync.engines.base import Payload, SyncEngine
+from sparse2d.sync.engines.base import Payload, RowSelection, SyncEngine
 from sparse2d.sync.engines.rows import row_payload
 from sparse2d.sync.engines.touched import TouchedRows
 from sparse2d.sync.shards import ShardState, flush_caches
@@ -117,7 +117,14 @@ class SparseEngine(SyncEngine):
                     if selected is None or selected.numel() > 0:
                         entries += [(t, selected) for t in tensors]
         self.stats = stats
-        return row_payload(entries, pool=(self.pool, tuple(kinds)))
+        payload = row_payload(entries, pool=(self.pool, tuple(kinds)))
+        if states:
+            base = self._base[STATES]
+            payload.state_rows = [
+                RowSelection(i, 0, shard.rows, rows[(i, base)])
+                for i, shard in enumerate(self.shards)
+            ]
+        return payload
 
     def synced(self, weights: bool, states: bool) -> None:
         """Advance each synced kind's base to the cut of its payload; under ``lookahead``
