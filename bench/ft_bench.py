@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_util import RESULTS_DIR, machine_note, publish, stored_stamp  # noqa: E402
-from bench.ft_report import clean_markdown, markdown  # noqa: E402
+from bench.ft_report import clean_markdown, markdown, overlap_quorum_markdown  # noqa: E402
 from bench.ft_workers import workers  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -69,22 +69,16 @@ def _std(run_dir: Path, steps: int, kill: bool) -> list[str]:
     ]
 
 
-FT_OVERLAP: tuple[str, ...] = ()
-"""Extra keys of the ``ft`` runs: with ``--compare-blocking`` they overlap the quorum
-(``overlap_quorum=true``, opt-in) and ``ft_blocking`` runs the default."""
-
-
 FT_VARIANTS: dict[str, tuple[str, ...]] = {
     "ft": (),
-    "ft_blocking": ("fault_tolerance.overlap_quorum=false",),
     "ft_every1": ("fault_tolerance.quorum_every=1",),
 }
-"""Keys of each fault-tolerant variant: ``ft_blocking`` (``--compare-blocking``: every quorum
-blocks) and ``ft_every1`` (``--compare-every1``: a quorum every step, as before the lease)."""
+"""Keys of each fault-tolerant variant: ``ft_every1`` (``--compare-every1``: a quorum every
+step, as before the lease)."""
 
 
 def _ft(run_dir: Path, steps: int, variant: str = "ft", kill: bool = False) -> list[str]:
-    quorum = FT_VARIANTS[variant] if variant != "ft" else FT_OVERLAP
+    quorum = FT_VARIANTS[variant]
     return [
         "launch/ft_local.sh",
         f"train.steps={steps}",
@@ -268,12 +262,6 @@ def main() -> None:
         help="only the alternated no-failure rounds (section ft-pipeline with --pipeline)",
     )
     parser.add_argument(
-        "--compare-blocking",
-        action="store_true",
-        help="run fault tolerance with the quorum overlapped (overlap_quorum=true) and also "
-        "alternate it with every quorum blocking (overlap_quorum=false, the default)",
-    )
-    parser.add_argument(
         "--compare-every1",
         action="store_true",
         help="also alternate fault tolerance with a quorum every step (quorum_every=1)",
@@ -291,7 +279,19 @@ def main() -> None:
     parser.add_argument(
         "--render-only", action="store_true", help="rewrite the section from --out/ft.json"
     )
+    parser.add_argument(
+        "--render-overlap-quorum",
+        action="store_true",
+        help="rewrite section ft-overlap-quorum from --out/ft_overlap_quorum.json (the run "
+        "that retired fault_tolerance.overlap_quorum)",
+    )
     args = parser.parse_args()
+    if args.render_overlap_quorum:
+        name, marker = "ft_overlap_quorum.json", "ft-overlap-quorum"
+        res = json.loads((args.out / name).read_text())
+        text = overlap_quorum_markdown(res)
+        publish(args, res, text, name, marker, stored_stamp(marker, args.out))
+        return
     # with --set: a supplementary section, not the config's own
     section = {
         (False, False): "ft-pipeline",
@@ -318,13 +318,9 @@ def main() -> None:
     load = os.getloadavg()[0]
     kinds = (
         "ft",
-        *(("ft_blocking",) if args.compare_blocking else ()),
         *(("ft_every1",) if args.compare_every1 else ()),
         "std",
     )
-    if args.compare_blocking:
-        global FT_OVERLAP
-        FT_OVERLAP = ("fault_tolerance.overlap_quorum=true",)
     res: dict = {
         "clean": {kind: [] for kind in kinds},
         "pipeline": args.pipeline,
@@ -353,18 +349,6 @@ def main() -> None:
                     entry["quorums"] = summary["quorums"]
                 res["clean"][kind].append(entry)
                 print(kind, res["clean"][kind][-1], flush=True)
-            if args.compare_blocking:
-                print(
-                    "round",
-                    i,
-                    "ft/std",
-                    res["clean"]["ft"][-1]["samples_per_s"]
-                    / res["clean"]["std"][-1]["samples_per_s"],
-                    "ft_blocking/std",
-                    res["clean"]["ft_blocking"][-1]["samples_per_s"]
-                    / res["clean"]["std"][-1]["samples_per_s"],
-                    flush=True,
-                )
         if args.clean_only:
             args.machine = res["machine"] = machine_note(load)
             publish(args, res, clean_markdown(res, args), clean_json, section)

@@ -16,7 +16,9 @@ raised and nothing else. Below it, by cause:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 __all__ = [
     "CheckpointError",
@@ -55,6 +57,27 @@ class KeyValueError(ConfigError):
     def __init__(self, key: str, detail: str) -> None:
         self.key, self.detail = key, detail
         super().__init__(f"{key}{detail}")
+
+
+Options = TypeVar("Options", bound=type)
+
+
+def refuse_retired_keywords(cls: Options) -> Options:
+    """``cls(...)`` naming a field of ``cls.retired_keys`` (fields removed after measurement:
+    field -> what it was and why it went) raises ``KeyValueError`` with that line instead of
+    Python's bare "unexpected keyword argument"; the config loader writes the same line."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        for name in kwargs:
+            why = cls.retired_keys.get(name)
+            if why is not None:
+                raise KeyValueError(name, f" was retired: {why}.")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = checked
+    return cls
 
 
 class NotARunError(ConfigError):

@@ -114,3 +114,27 @@ def test_send_buffer_section_reports_the_means_and_their_ratio() -> None:
     assert "| 1 | 60.00 | 100.00 | 120.00 | 240.00 |" in text
     assert "at least 29 of 30 steps" in text and "0.1 MB" in text  # (1000*16 + 1000) * 4 bytes
     assert ft_sync_bytes._median([3.0, 1.0, 2.0]) == 2.0
+
+
+def test_the_overlapped_quorum_section_renders_its_stored_run() -> None:
+    """The run that retired ``overlap_quorum``: ratios from the stored samples/s, and the
+    section the retired option's refusal names is the one this renders."""
+    import json
+
+    from bench.ft_report import overlap_quorum_markdown
+    from sparse2d.ft.ft_options import RETIRED
+
+    res = json.loads((ft_bench.RESULTS_DIR / "ft_overlap_quorum.json").read_text())
+    text = overlap_quorum_markdown(res)
+    ft, blocking = res["clean"]["ft"], res["clean"]["ft_blocking"]
+    ratio = statistics.fmean(r["samples_per_s"] for r in ft) / statistics.fmean(
+        r["samples_per_s"] for r in blocking
+    )
+    assert f"ratio of the mean samples/s: {ratio:.3f}" in text
+    first = ft[0]["samples_per_s"] / blocking[0]["samples_per_s"]
+    assert (
+        f"| 0 | {ft[0]['samples_per_s']:.0f} | {blocking[0]['samples_per_s']:.0f} | {first:.3f} |"
+        in text
+    )
+    assert "section ft-overlap-quorum" in RETIRED["overlap_quorum"]
+    assert "<!-- ft-overlap-quorum:begin -->" in (ft_bench.HERE / "RESULTS.md").read_text()

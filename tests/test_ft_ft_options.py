@@ -37,3 +37,16 @@ def test_lighthouse_address_from_option_or_environment(monkeypatch) -> None:
     )
     with pytest.raises(ConfigError, match="is not http://HOST:PORT"):
         FTOptions(replica_id=0, num_groups=1, lighthouse="http://nohost").lighthouse_address()
+
+
+def test_the_retired_overlapped_quorum_is_refused_with_why() -> None:
+    """``overlap_quorum`` was retired by measurement: naming it says so, in one line naming
+    the section with the run, from the library and from the trainer's config alike."""
+    from sparse2d.train.config import load_config
+
+    match = "overlap_quorum was retired: .*section ft-overlap-quorum"
+    with pytest.raises(ConfigError, match=rf"^{match}") as info:
+        FTOptions(replica_id=0, num_groups=2, overlap_quorum=True)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match=rf"^fault_tolerance\.{match}"):
+        load_config("configs/ft_tiny_cpu.yaml", ["fault_tolerance.overlap_quorum=true"])

@@ -1,13 +1,10 @@
-"""``sparse2d.ft.quorum``: the step's quorum overlapped with the work before the forward.
+"""``sparse2d.ft.quorum``: when the step's quorum is formed, and how long its waits last.
 
 Two torchft groups of two gloo ranks, an in-process lighthouse, TorchRec's
-``TrainPipelineSparseDist`` over ``FTOptimizer`` (quorum started in ``zero_grad``, joined by
-the model's forward pre-hook). Group 1 fails two commits (a rank reports an error to torchft
-just before the vote, as a local fault would): after the first it heals at the next quorum
-the synchronous way; after the second it is made to believe it cannot lag (as a group left out
-of quorums while alive would), so its heal arrives at an overlapped quorum, is held and
-applied before the forward. Both groups end bit-identical, group 1 never reads a data position
-twice, one heal per failure, and every other step ran the quorum overlapped.
+``TrainPipelineSparseDist`` over ``FTOptimizer``. Group 1 fails two commits (a rank reports an
+error to torchft just before the vote, as a local fault would) and heals at the next quorum,
+in ``start_step`` on the main thread, before the forward: both groups end bit-identical, group
+1 never reads a data position twice, one heal per failure.
 
 With ``quorum_every=4`` (the lease, ``FTOptions.quorum_every``) steps reuse the last quorum's
 groups: group 1's local fault still makes every group form a quorum at the next step (the
@@ -39,8 +36,9 @@ from tests.models import (
 )
 
 GROUPS, SIZE, STEPS, EVERY = 2, 2, 9, 3
-FAIL_AT = {3: "sync", 6: "held"}
-"""Attempt index -> how group 1 heals after failing that attempt's commit."""
+FAIL_AT = {3: "sync", 6: "sync"}
+"""Attempt index -> the fault group 1 takes there: its commit fails at the vote ("sync") or
+one rank loses its commit echo ("echo")."""
 
 
 def _train(
@@ -78,21 +76,16 @@ def _train(
         timeout_s=20,
         quorum_timeout_s=60,
         quorum_every=quorum_every,
-        overlap_quorum=quorum_every == 1,
     )
     ft = FaultTolerance(model, dense, options)
     ft.final_step = STEPS  # the last step syncs: the groups end averaged
-    seen = {"overlapped": 0, "restore_threads": [], "attempt": 0, "quorum_rpcs": []}
-    start, restore, group_vote = ft._overlap.start, ft._restore, ft_vote.GroupVote
+    seen = {"restore_threads": [], "attempt": 0, "quorum_rpcs": []}
+    restore, group_vote = ft._restore, ft_vote.GroupVote
     start_quorum = ft.manager.start_quorum
 
     def counting_quorum(*args, **kwargs):  # torchft's quorum RPC, by attempt
         seen["quorum_rpcs"].append(seen["attempt"])
         return start_quorum(*args, **kwargs)
-
-    def counting_start(quorum):
-        seen["overlapped"] += 1
-        start(quorum)
 
     def recording_restore(state):
         if ft.manager.current_step() > 0:  # not init_sync's copy at step 0 (either group)
@@ -120,7 +113,7 @@ def _train(
         return after_vote(committed, pg_failed, participants, cut_off)
 
     ft._lease.after_vote = losing_echo
-    ft._overlap.start, ft_vote.GroupVote = counting_start, failing_vote
+    ft_vote.GroupVote = failing_vote
     ft.manager.start_quorum = counting_quorum
     ft.manager._load_state_dict_fns["default"] = recording_restore  # torchft's load hook
     ft.start_step()  # join (and heal) before the pipeline's first prefetch
@@ -143,8 +136,6 @@ def _train(
         pipeline.progress(it)
         committed += ft.verdicts  # with defer: the previous attempt's, landed at the forward
         ft.verdicts.clear()
-        if group == 1 and fail_at.get(seen["attempt"]) == "held":
-            ft._may_lag = False  # as if it had committed: the next quorum is overlapped
         seen["attempt"] += 1
     summary = ft.summary()  # lands the last vote, if pending
     committed += ft.verdicts
@@ -155,7 +146,6 @@ def _train(
         "committed": committed,
         "summary": summary,
         "read": read,
-        "overlapped": seen["overlapped"],
         "restores": seen["restore_threads"],
         "quorum_rpcs": sorted(set(seen["quorum_rpcs"])),
     }
@@ -197,21 +187,14 @@ def _check_identical_and_healed(out: dict, fail_at: dict[int, str]) -> None:
                 assert heal["step"] == failed_at + 1, (failed_at, heal)  # at the next attempt
 
 
-def test_heals_under_the_overlapped_quorum_end_identical_and_train_no_batch_twice() -> None:
+def test_heals_under_a_pipeline_end_identical_and_train_no_batch_twice() -> None:
     out = _run(1, FAIL_AT)
     _check_identical_and_healed(out, FAIL_AT)
     for (g, r), got in out.items():
         attempts = len(got["committed"])
         assert got["quorum_rpcs"] == list(range(attempts)), (g, r, got["quorum_rpcs"])
-        if g == 1:
-            # after the first failure the heal runs in start_step (main thread); after the
-            # second it arrives on the overlapped quorum's helper thread and is held there
-            threads = got["restores"]
-            assert threads[0] == "MainThread" and len(threads) == 2, threads
-            assert threads[1].startswith("sparse2d_quorum"), threads
-        # every step but the first and those after a synchronous heal's cause overlapped
-        sync_steps = 1 + (sum(1 for v in FAIL_AT.values() if v == "sync") if g == 1 else 0)
-        assert got["overlapped"] == attempts - sync_steps, (g, r, got["overlapped"], attempts)
+        if g == 1:  # each heal applied in start_step, on the main thread, before the forward
+            assert got["restores"] == ["MainThread"] * len(FAIL_AT), got["restores"]
 
 
 LEASE_FAULT = {5: "sync"}

@@ -12,9 +12,7 @@ backward, before anyone knows whether the step commits. So:
   there (before its forward, so nothing it computes is lost). While every group commits, a
   quorum is formed only every ``quorum_every`` committed steps and the steps between reuse
   its groups (each step ends with a one-float echo of the commit flags over the quorum, so
-  every group regroups at the next step when any failed). When the group cannot be behind
-  (its last step committed) the quorum RPC can run on a helper thread until the model's
-  forward starts (``overlap_quorum``, ``sparse2d.ft.quorum``).
+  every group regroups at the next step when any failed).
 - ``finish_step`` averages the dense gradients over the live groups (every step) and, on the
   sync cadence, the embedding weights and every fused optimizer state tensor, into copies.
 - Commit (the group's ranks vote: torchft's ``should_commit`` without its RPC, ``GroupVote``;
@@ -40,7 +38,7 @@ from sparse2d.errors import FaultToleranceError, SyncError
 from sparse2d.ft import commit, in_world, quorum, replica_sync, step_vote
 from sparse2d.ft import state as heal_state
 from sparse2d.ft.ft_options import FTOptions
-from sparse2d.ft.quorum import START_POLL_S, OverlappedQuorum
+from sparse2d.ft.quorum import START_POLL_S
 from sparse2d.ft.transport import ManagedChannel
 from sparse2d.managed_collision.tables import sharded_mc_table_names
 from sparse2d.sync.shards import live_tensors
@@ -87,13 +85,10 @@ class FaultTolerance:
         self.heals: list[dict[str, Any]] = []
         self._heal_bytes, self._heal_from = 0, None  # bytes and source of the step's heal
         self._started = False
-        self._may_lag = True  # behind the next quorum? (first step, after a failed commit)
-        self._held: dict[str, Any] | None = None  # a heal that arrived at an overlapped quorum
-        self._expect: int | None = None  # data position of the batch the loop read ahead
         self._opened_at = (0.0, 0)  # (time, step) the step's quorum started
         self.waited = {"quorum_s": 0.0, "vote_s": 0.0, "echo_s": 0.0}
-        """Main-thread seconds spent blocked on the quorum (whole RPC when it blocks, only the
-        join when it is overlapped), on the commit vote and on its echo, past the first step."""
+        """Seconds spent blocked on the quorum, on the commit vote and on its echo, past the
+        first step."""
         self._short = quorum.ShortQuorums(options, lambda: self.participants)
         self._lease = quorum.QuorumLease(
             options.quorum_every, lambda: self._pg, self._drop_process_group, options.timeout_s
@@ -112,7 +107,6 @@ class FaultTolerance:
         self._controls = step_vote.ControlVectors(self.fingerprint)
         self.last_committed: bool | None = None
         """Whether the latest ``finish_step`` committed (a pipeline's ``step()`` hides it)."""
-        self._overlap = OverlappedQuorum(model, lambda: self.wait_quorum(in_forward=True))
         self._pending: commit.PendingCommit | None = None
         self._poison = False
         self.verdicts: list[bool] = []
@@ -127,16 +121,9 @@ class FaultTolerance:
         return heal_state.capture_group(self)
 
     def _restore(self, state: dict[str, Any]) -> None:
-        """torchft's load hook. On the overlapped quorum's helper thread the state is held
-        and applied by ``wait_quorum`` before the forward (the main thread may be running
-        the pipeline's input all-to-all right now); otherwise it is applied at once."""
+        """torchft's load hook: a heal, applied at once (in ``start_step``, before the
+        forward)."""
         heal_state.check_source(self, state["extra"])
-        if self._overlap.on_helper():
-            self._held = state
-            return
-        self._apply_heal(state)
-
-    def _apply_heal(self, state: dict[str, Any]) -> None:
         self._heal_bytes = heal_state.restore_group(self, state)
         extra = state["extra"]
         self._heal_from = int(extra["from_group"])
@@ -147,20 +134,16 @@ class FaultTolerance:
     @property
     def step(self) -> int:
         """Committed steps of the job (torchft's step: the quorum's max, healed on join)."""
-        self.wait_quorum()
         return self.manager.current_step()
 
     @property
     def participants(self) -> int:
         """Groups in the current quorum (as ``quorum.form`` found it)."""
-        self.wait_quorum()
         return self._participants
 
     @property
     def position(self) -> int:
-        """Data position: advances on every attempted step (committed or not). Reading it
-        joins an overlapped quorum first (a held heal may move it)."""
-        self.wait_quorum()
+        """Data position: advances on every attempted step (committed or not)."""
         return self._position
 
     def start_step(self, expect_position: int | None = None) -> None:
@@ -168,8 +151,6 @@ class FaultTolerance:
 
         ``expect_position``: the data position of the batch the loop already read (a
         pipeline prefetches); a heal that moves the group elsewhere is then refused.
-        When the group cannot be behind, the quorum only starts here and is joined before
-        the model's forward (``wait_quorum``; ``sparse2d.ft.quorum``).
 
         At the first call the quorum is asked again (every ``START_POLL_S``, up to
         ``start_wait_s``) until every planned group is in it, so that groups launched
@@ -183,18 +164,12 @@ class FaultTolerance:
             self._lease.settle()  # the state); the group's decision: no rank's own verdict
             if self._lease.regroup or (self.step + 1) % self.options.quorum_every == 0:
                 self.land()
-        self._heal_from, self._expect = None, expect_position
+        self._heal_from = None
         self._opened_at = (time.perf_counter(), self.manager.current_step())
-        overlap = self.options.overlap_quorum and not self._may_lag and self._overlap.forward_seen
-        self._overlap.arm()
         reuse = self._lease.reuses(self._started, self.step + (self._pending is not None))
         self.waited["echo_s"] += time.perf_counter() - echoing - (self.waited["vote_s"] - voted)
         if reuse:
             self._open = True
-            return
-        if overlap:
-            self._open = True
-            self._overlap.start(self._quorum)
             return
         self._quorum()
         if self._started:
@@ -206,33 +181,13 @@ class FaultTolerance:
                 self._quorum()
                 polls -= 1
         self._started = self._open = True
-        self._after_heal()
-
-    def wait_quorum(self, in_forward: bool = False) -> None:
-        """Join an overlapped quorum and apply a heal that arrived there; nothing when none is
-        pending. ``in_forward``: called by the model's forward pre-hook, so the loop already
-        read this step's batch (a heal must not move the data position then)."""
-        if not self._overlap.pending or self._overlap.on_helper():  # the common case: none
-            return
-        self.waited["quorum_s"] += self._overlap.wait()
-        held, self._held = self._held, None
-        if held is not None:
-            keep = in_forward and self._expect is None
-            expected = self._position if keep else self._expect
-            self._apply_heal(held)
-            self._expect = expected
-        self._after_heal()
-
-    def _after_heal(self) -> None:
-        """Record this step's heal, if any, and refuse one that moved the data position away
-        from the batch the loop already holds (the group restarts and heals before reading)."""
         if self._heal_from is not None:
             self._record_heal()
-        if self._expect is not None and self._position != self._expect:
-            raise FaultToleranceError(
+        if expect_position is not None and self._position != expect_position:
+            raise FaultToleranceError(  # the group restarts and heals before reading a batch
                 f"group {self.options.replica_id}: healed to data position "
                 f"{self._position} while the loop (its pipeline) already read the batch of "
-                f"position {self._expect}; the group restarts and heals before reading a batch"
+                f"position {expect_position}; the group restarts and heals before reading a batch"
             )
 
     def _record_heal(self) -> None:
@@ -251,24 +206,10 @@ class FaultTolerance:
     def _quorum(self) -> None:
         self._participants = quorum.form(self.manager, self.options)
 
-    def _require_joined(self) -> None:
-        """The backward ran: an overlapped quorum must have been joined by the forward."""
-        if not self._overlap.pending:
-            return
-        self.wait_quorum()
-        raise FaultToleranceError(
-            f"group {self.options.replica_id}: the step's quorum was still open after the "
-            "backward: the loop ran no forward of the model passed to FaultTolerance "
-            "between zero_grad()/start_step() and the backward (its forward pre-hook joins "
-            "the quorum before a heal's capture could read a changing state); call that "
-            "model, or set FTOptions.overlap_quorum=False"
-        )
-
     def sync_embeddings(self) -> None:
         """The replica sync of this step, into copies (``model.sync()`` does the same; a
         second call in one step does nothing). A non-finite value found by the sync's guard
         is remembered: the step's vote then refuses the average in every group."""
-        self._require_joined()
         if self.channel.holding or self._sync_error is not None:
             return
         try:
@@ -283,7 +224,6 @@ class FaultTolerance:
         ``model.sync()`` already ran this step (TorchRec's pipelines call it there), the
         dense gradients always. Returns whether the step committed, or None with ``defer``:
         the vote then lands before the model's next forward (``sparse2d.ft.commit``)."""
-        self._require_joined()
         self.land()
         m, opts, step, participants = self.manager, self.options, self.step, self.participants
         last = self.final_step is not None and step + 1 >= self.final_step
@@ -353,7 +293,6 @@ class FaultTolerance:
             if not pending.pg_failed:
                 self.manager._errored = None
         self._lease.after_vote(committed, pending.pg_failed, pending.participants, cut_off)
-        self._may_lag = not committed  # a group that committed is at the next quorum's step
         self.last_committed = committed
         self.verdicts.append(committed)
         if committed:
@@ -413,6 +352,5 @@ class FaultTolerance:
         """Stop this group's manager server and checkpoint server."""
         self.land()
         self._lease.settle()  # the last step's echo: every group is still there for it
-        self._overlap.close()
         self._land_hook.remove()
         self.manager.shutdown(wait=False)

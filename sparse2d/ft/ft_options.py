@@ -18,12 +18,24 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
-from sparse2d.errors import ConfigError
+from sparse2d.errors import ConfigError, refuse_retired_keywords
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 
 
+RETIRED: dict[str, str] = {
+    "overlap_quorum": (
+        "overlap_quorum (the step's quorum RPC on a helper thread until the model's forward) "
+        "ran no faster than the blocking quorum: bench/RESULTS.md, section ft-overlap-quorum, "
+        "gives the run. Drop it: the quorum blocks in start_step, every quorum_every steps"
+    ),
+}
+"""``FTOptions`` fields retired by measurement: field -> what it was and why it went."""
+
+
+@refuse_retired_keywords
 @dataclass(kw_only=True, slots=True)
 class FTOptions:
     """How this sharding group takes part in fault-tolerant training (torchft).
@@ -32,6 +44,10 @@ class FTOptions:
     ``sync_options``; the trainer's ``parallel.sync.every``), one cadence whether the replicas
     sit inside one world or across torchft groups. torchft likewise keeps ``sync_every`` on the
     sync algorithm (``LocalSGD``/``DiLoCo``), not on the ``Manager``."""
+
+    retired_keys: ClassVar[dict[str, str]] = RETIRED
+    """Fields removed after measurement (``refuse_retired_keywords``; the config loader
+    refuses them with the same line)."""
 
     replica_id: int
     """This group's index ``g`` in ``0..num_groups-1`` (selects its data slice)."""
@@ -62,11 +78,6 @@ class FTOptions:
     the next one forms a quorum. A restarted group joins the live groups' next quorum, at most
     N steps later. 1: a quorum every step, as torchft's ``OptimizerWrapper``. 32 rather than 8:
     the quorum's wait fell from 1.0-1.9 to 0.3-0.4 ms a step (docs/fault_tolerance.md)."""
-    overlap_quorum: bool = False
-    """Run the step's quorum RPC on a helper thread from ``zero_grad()`` until the model's
-    forward starts (``sparse2d.ft.quorum``) when this group cannot be behind; False (the
-    default): every quorum blocks in ``start_step``. Off by default: on a quiet 2-core CPU
-    box it measured no faster (0.80-0.85x vs 0.84x the standard launcher, bench/RESULTS.md)."""
 
     def __post_init__(self) -> None:
         for name in ("num_groups", "min_replica_size", "quorum_every"):

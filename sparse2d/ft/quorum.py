@@ -1,28 +1,13 @@
 """The step's quorum: when one is formed (``QuorumLease``: every ``quorum_every`` committed
-steps, and after any step a group did not commit), and overlapping it with the work before
-the forward (``OverlappedQuorum``).
+steps, and after any step a group did not commit), how it is formed (``form``), and the
+bounds on its waits.
 
-torchft's quorum is an RPC to the lighthouse (plus, for a group behind, the heal transfer).
-Run synchronously it costs every step its whole latency. ``OverlappedQuorum`` runs it on a
-helper thread from ``zero_grad()`` (``FaultTolerance.start_step``) and joins it in a forward
-pre-hook on the model, so the RPC overlaps what a loop does in between (a TorchRec
-pipeline: the wait for this batch, the next batch's input all-to-all and data loading).
-
-Why the join is *before* the forward, not before the backward (docs/fault_tolerance.md):
-
-- a live group that is asked for a heal captures its state on torchft's quorum thread;
-  the forward already mutates captured state (FBGEMM's ``iter`` counter for Adam-like
-  kernels, managed-collision remaps and evictions, BatchNorm statistics), so the capture
-  must finish before the forward starts;
-- a heal applied before the forward is the synchronous heal (the group trains the step with
-  the healed state and counts fully); applied later, the group's forward would have run on
-  stale weights and FBGEMM's fused backward would land that update on the healed rows.
-
-The overlap is only used when this group cannot be behind the next quorum (its last step
-committed: every group that committed is at the quorum's step); the first step and the step
-after a failed commit run the quorum synchronously. A heal arriving at an overlapped quorum
-anyway (a group left out of quorums while alive) is held and applied at the join, before the
-forward, and refused if it moves the data position of a batch the loop already read.
+torchft's quorum is an RPC to the lighthouse (plus, for a group behind, the heal transfer),
+run in ``FaultTolerance.start_step`` before the forward: a heal applied there is the
+synchronous heal (the group trains the step with the healed state and counts fully). Running
+it on a helper thread until the forward (``overlap_quorum``) measured no faster on the
+2-core host (0.80-0.85x vs 0.84x the standard launcher's samples/s) and was retired: most of
+the quorum's wait is the cross-group barrier, not the RPC.
 """
 
 from __future__ import annotations
@@ -33,12 +18,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 from sparse2d.errors import ConfigError, FaultToleranceError
 from sparse2d.ft.ft_options import FTOptions
@@ -298,65 +281,6 @@ class QuorumLease:
         group regroups at the step after."""
         self._drop()
         self.regroup = not committed
-
-
-class OverlappedQuorum:
-    """Run a blocking quorum call on a helper thread; join it before the model's forward."""
-
-    def __init__(self, model: nn.Module, join: Callable[[], None]) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparse2d_quorum")
-        self._future: Future[None] | None = None
-        self._helper = threading.local()
-        self.forward_seen = False
-        """The model's forward ran since ``arm()`` (the step's start): the evidence, from
-        the step before, that the loop calls the model between ``zero_grad()`` and the
-        backward, which the overlap needs (its pre-hook is where the quorum is joined)."""
-        self._hook = model.register_forward_pre_hook(self._before_forward)
-        self._join = join
-
-    @property
-    def pending(self) -> bool:
-        """A quorum was started and not joined yet."""
-        return self._future is not None
-
-    def on_helper(self) -> bool:
-        """Whether the caller runs on the helper thread (a heal arriving here is held)."""
-        return bool(getattr(self._helper, "inside", False))
-
-    def arm(self) -> None:
-        """A step starts: watch for the model's forward."""
-        self.forward_seen = False
-
-    def start(self, quorum: Callable[[], None]) -> None:
-        """Start ``quorum()`` on the helper thread."""
-        self._future = self._pool.submit(self._run, quorum)
-
-    def _run(self, quorum: Callable[[], None]) -> None:
-        self._helper.inside = True
-        try:
-            quorum()
-        finally:
-            self._helper.inside = False
-
-    def wait(self) -> float:
-        """Join the quorum (its error re-raised here); the seconds waited (0 when none was
-        pending)."""
-        joined = time.perf_counter()
-        future, self._future = self._future, None
-        if future is None:
-            return 0.0
-        future.result()
-        return time.perf_counter() - joined
-
-    def _before_forward(self, module: nn.Module, args: Any) -> None:
-        self.forward_seen = True
-        if self._future is not None:
-            self._join()
-
-    def close(self) -> None:
-        """Remove the hook and stop the helper thread (a quorum in flight is abandoned)."""
-        self._hook.remove()
-        self._pool.shutdown(wait=False)
 
 
 def torchft_manager(

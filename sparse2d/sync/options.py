@@ -5,12 +5,10 @@ Kept apart from the policy so configs and reports can be read without the machin
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from sparse2d.errors import KeyValueError
+from sparse2d.errors import KeyValueError, refuse_retired_keywords
 from sparse2d.option_conflicts import first_conflict, sync_settings
 
 ENGINES = ("dense", "sparse", "auto")
@@ -33,12 +31,7 @@ why it went. Naming one (a config key or a keyword) is refused with that line,
 never ignored."""
 
 
-def retired(name: str) -> str:
-    """The one-line refusal of the retired option ``name``, after the key itself (the config
-    loader writes the same line for ``retired_keys``)."""
-    return f" was retired: {RETIRED[name]}."
-
-
+@refuse_retired_keywords
 @dataclass(kw_only=True, slots=True)
 class SyncOptions:
     """How and when replicas are synchronized. Bad values raise ``KeyValueError`` naming the
@@ -46,7 +39,8 @@ class SyncOptions:
     defaults are these: one default everywhere."""
 
     retired_keys: ClassVar[dict[str, str]] = RETIRED
-    """Fields removed after measurement; the config loader refuses them with ``retired``."""
+    """Fields removed after measurement (``refuse_retired_keywords``; the config loader
+    refuses them with the same line)."""
 
     every: int = 1
     """Average replicas every N optimizer steps (local SGD in between)."""
@@ -116,23 +110,6 @@ class SyncOptions:
         conflict = first_conflict(sync_settings(self), {"sync.": ""})  # e.g. delay, no state
         if conflict is not None:
             raise KeyValueError(conflict.key, conflict.detail)
-
-
-def _refuse_retired(init: Callable[..., None]) -> Callable[..., None]:
-    """``SyncOptions.__init__`` that names a retired field with ``retired`` (a ``KeyValueError``)
-    instead of Python's bare "unexpected keyword argument"."""
-
-    @functools.wraps(init)
-    def checked(self: SyncOptions, *args: Any, **kwargs: Any) -> None:
-        for name in kwargs:
-            if name in RETIRED:
-                raise KeyValueError(name, retired(name))
-        init(self, *args, **kwargs)
-
-    return checked
-
-
-SyncOptions.__init__ = _refuse_retired(SyncOptions.__init__)  # type: ignore[method-assign]
 
 
 def _check_int(name: str, value: object, low: int, meaning: str) -> None:
