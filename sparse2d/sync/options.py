@@ -129,7 +129,10 @@ class SyncReport:
     divergence: float | None = None
     """Relative L2 distance to the replica mean just before this sync, when measured."""
     wait_seconds: float = 0.0
-    """Time spent waiting for transfers started at the previous sync (delay/hide)."""
+    """Time spent landing earlier syncs outside any sync call since the previous report: a
+    lookup held by a hidden sync's landing (``hide``, a stream), ``finish_sync``. Sync time
+    that ``seconds`` does not hold (a hidden burst's 2.1 s landing wait on the emulated
+    cluster was in no report the trainer read)."""
 
 
 def merge_reports(reports: list[SyncReport]) -> SyncReport:

@@ -215,8 +215,10 @@ class SyncPolicy:
         """Parts that land before the next lookup (``hide``)."""
         self.background: list[InFlight] = []
         """Delayed optimizer state: lands at the next sync (or an explicit finish)."""
-        self.hidden_wait = 0.0
-        """Seconds the last hidden sync waited when it landed; reported by the next sync."""
+        self.outside_s = 0.0
+        """Seconds spent landing outside a sync call since the last report (the lookup held
+        by its hook, ``finish_sync``, a surface read): the next sync reports them as
+        ``wait_seconds``, beside its own call's ``seconds``."""
         self.stream = (
             Stream(shards, opts.every, getattr(self.engine, "tracker", None))
             if opts.stream and opts.every > 1
@@ -260,8 +262,8 @@ class SyncPolicy:
         whole next step and lands at the next sync with delta correction (rows updated
         meanwhile keep their updates, as delayed state's do); else it lands at once."""
         began = time.perf_counter()
-        waited = self.finish()
-        waited, self.hidden_wait = waited + self.hidden_wait, 0.0
+        self._land_all()  # inside this call: in its ``seconds``
+        waited, self.outside_s = self.outside_s, 0.0
         if self.num_replicas == 1:
             return SyncReport(step=step, bytes=0, seconds=0.0)
         self._syncs += 1
@@ -376,7 +378,9 @@ class SyncPolicy:
     # ---- landing -----------------------------------------------------------------------
     def _land_hook(self, module: torch.nn.Module, args: object) -> None:
         if self.hidden:
+            began = time.perf_counter()
             self.land()
+            self.outside_s += time.perf_counter() - began
 
     def land(self) -> float:
         """Land the hidden sync now, as the next lookup would: wait
@@ -386,14 +390,20 @@ class SyncPolicy:
         waited = 0.0
         for part in hidden:
             waited += part.land()
-        self.hidden_wait += waited
         if hidden:
             self.engine.observe(self._exposed + time.perf_counter() - begin)
         return waited
 
     def finish(self) -> float:
         """Land everything in flight (a keeping channel settles what it keeps first); return
-        seconds spent waiting."""
+        seconds spent waiting. Called from outside a sync (``finish_sync``, a surface read,
+        a save): the time counts toward the next sync's ``wait_seconds``."""
+        began = time.perf_counter()
+        waited = self._land_all()
+        self.outside_s += time.perf_counter() - began
+        return waited
+
+    def _land_all(self) -> float:
         if self.channel.keeps:
             self.channel.settle()
         waited = self.land()

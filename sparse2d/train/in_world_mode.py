@@ -128,7 +128,7 @@ class InWorld:
             run.model.finish_sync()
             report = run.model.sync()
         if report is not None:
-            self._win_sync_s += report.seconds
+            self._win_sync_s += report.seconds + report.wait_seconds
             self._win_bytes += report.bytes
             if report.divergence is not None:
                 self._divergence = report.divergence
