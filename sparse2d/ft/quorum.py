@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import datetime
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -131,24 +132,55 @@ def drop_process_group(pg: Any, manager: Any) -> None:
     next quorum must build a fresh group even if its members did not change, so the
     manager's quorum id is forgotten (torchft 0.2 reconfigures only on a new id).
 
-    The abort runs on a thread of its own, on the process group taken out of torchft's
-    wrapper (which builds a fresh one at the next quorum): gloo's abort waits for the
-    collective in flight, and one whose peer's link is cut ends only when the link is back,
-    so survivors stalled for a whole partition (33.4 s for a 31.8 s cut, ``bench/chaos.py``
-    seed 1). The abandoned collective may still finish later: its buffers are never reused
-    (``SendArena.forget``), and a peer cannot commit it alone (``transport.TRUSTED_SHARE``).
+    The process group is taken out of torchft's wrapper (which builds a fresh one at the
+    next quorum) and handed to one daemon thread (``_Reaper``) that aborts it and drops the
+    last reference to it: gloo's abort, and its destructor, wait for the collective in
+    flight, and one whose peer's link is cut ends only when the link is back. Aborted here,
+    survivors stalled for a whole partition (33.4 s for a 31.8 s cut, ``bench/chaos.py`` seed
+    1); aborted on a thread but freed here, when that thread ended first, a survivor froze in
+    the destructor at its next quorum and held every group there (36.9 s for a 36.1 s cut,
+    a partition just after a heal). The abandoned collective may still finish later: its
+    buffers are never reused (``SendArena.forget``), and a peer cannot commit it alone
+    (``transport.TRUSTED_SHARE``).
     """
-    stuck, pg._pg = getattr(pg, "_pg", None), None  # torchft's gloo wrapper: a new one next
-    if stuck is not None:
-        threading.Thread(target=_abort, args=(stuck,), name="sparse2d_abort", daemon=True).start()
+    handoff = [getattr(pg, "_pg", None)]  # the wrapper's reference moves into the box ...
+    pg._pg = None  # ... and torchft's wrapper builds a new group at the next quorum
+    if handoff[0] is not None:
+        _REAPER.take(handoff)
     manager._quorum_id = -1
 
 
-def _abort(pg: Any) -> None:
-    try:
-        pg.abort()
-    except Exception as error:  # already torn down: nothing left to release
-        logger.info("process group abort: %s", error)
+class _Reaper:
+    """One daemon thread that aborts abandoned process groups and frees them, so that no
+    wait of theirs (abort, destructor) ever runs on a training thread."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def take(self, handoff: list[Any]) -> None:
+        """Own ``handoff``'s one process group from now on (the caller keeps no other
+        reference: the thread empties the box, so its own is the last)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="sparse2d_abort", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(handoff)
+
+    def _run(self) -> None:
+        while True:
+            stuck = self._queue.get().pop()
+            try:
+                stuck.abort()
+            except Exception as error:  # already torn down: nothing left to release
+                logger.info("process group abort: %s", error)
+            del stuck  # the last reference: its destructor waits here, never in training
+
+
+_REAPER = _Reaper()
 
 
 class ShortQuorums:
