@@ -174,11 +174,12 @@ def test_reference_header_says_where_it_comes_from() -> None:
         assert f.read() == out
 
 
-def test_cli_config_subcommand(capsys) -> None:
+def test_cli_config_subcommand(capsys, tmp_path) -> None:
     from sparse2d.train.cli import main
 
-    assert main(["config", "--check", TINY, "--world-size", "4"]) == 0
-    assert main(["config", "--check", TINY, "--world-size", "3"]) == 1
+    fresh = f"run_dir={tmp_path / 'run'}"  # not runs/tiny_cpu: `make train` may have run there
+    assert main(["config", "--check", TINY, "--world-size", "4", fresh]) == 0
+    assert main(["config", "--check", TINY, "--world-size", "3", fresh]) == 1
     assert "does not divide world_size=3" in capsys.readouterr().err
 
 

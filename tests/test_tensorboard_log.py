@@ -99,9 +99,10 @@ def test_library_and_trainer_import_without_tensorboard() -> None:
         "import sys; sys.modules['tensorboard'] = None; sys.modules['torch.utils.tensorboard'] = None\n"
         "import sparse2d, sparse2d.core.collection, sparse2d.train.loop, sparse2d.train.cli, sparse2d.train.report\n"
         "from sparse2d.train.config import load_config\n"
-        "load_config('configs/tiny_cpu.yaml', ['metrics.tensorboard=false']).check_runtime(4)\n"
+        "fresh = 'run_dir=' + __import__('tempfile').mkdtemp()  # not `make train`'s\n"
+        "load_config('configs/tiny_cpu.yaml', ['metrics.tensorboard=false', fresh]).check_runtime(4)\n"
         "try:\n"
-        "    load_config('configs/tiny_cpu.yaml').check_runtime(4)\n"
+        "    load_config('configs/tiny_cpu.yaml', [fresh]).check_runtime(4)\n"
         "except Exception as e:\n"
         "    print(type(e).__name__, e)\n"
     )
