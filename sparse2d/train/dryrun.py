@@ -91,8 +91,20 @@ def _step_here(cfg: Any, model: Any, device: Any, rank: int, world: int) -> dict
 
 def _exit_with_parent() -> None:
     """The step's child ends when the dry run that started it is gone (killed with SIGKILL,
-    say), instead of running on as an orphan."""
+    say), instead of running on as an orphan. On Linux the kernel kills it (``prctl``'s
+    parent-death signal): garbage ids can corrupt the heap so that the main thread hangs in
+    ``free()`` holding the GIL, and a watcher thread then never runs (an orphan found
+    18 minutes after its test had timed out, 2026-11-29)."""
     parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
 
     def watch() -> None:
         while os.getppid() == parent:
