@@ -382,35 +382,31 @@ class SyncPolicy:
             self.land()
             self.outside_s += time.perf_counter() - began
 
-    def land(self) -> float:
+    def land(self) -> None:
         """Land the hidden sync now, as the next lookup would: wait
-        for its vote and average, write it back (exact). Returns seconds spent waiting."""
+        for its vote and average, write it back (exact)."""
         begin = time.perf_counter()
         hidden, self.hidden = self.hidden, []
-        waited = 0.0
         for part in hidden:
-            waited += part.land()
+            part.land()
         if hidden:
             self.engine.observe(self._exposed + time.perf_counter() - begin)
-        return waited
 
-    def finish(self) -> float:
-        """Land everything in flight (a keeping channel settles what it keeps first); return
-        seconds spent waiting. Called from outside a sync (``finish_sync``, a surface read,
-        a save): the time counts toward the next sync's ``wait_seconds``."""
+    def finish(self) -> None:
+        """Land everything in flight (a keeping channel settles what it keeps first). Called
+        from outside a sync (``finish_sync``, a surface read, a save): the time counts
+        toward the next sync's ``wait_seconds``."""
         began = time.perf_counter()
-        waited = self._land_all()
+        self._land_all()
         self.outside_s += time.perf_counter() - began
-        return waited
 
-    def _land_all(self) -> float:
+    def _land_all(self) -> None:
         if self.channel.keeps:
             self.channel.settle()
-        waited = self.land()
+        self.land()
         background, self.background = self.background, []
         for part in background:
-            waited += part.land()
-        return waited
+            part.land()
 
     # ---- around the spine --------------------------------------------------------------
     @property
