@@ -105,8 +105,9 @@ def _exit_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before the signal was armed
             os._exit(1)
+        return
 
-    def watch() -> None:
+    def watch() -> None:  # elsewhere: a thread that watches the parent
         while os.getppid() == parent:
             time.sleep(0.5)
         os._exit(1)
