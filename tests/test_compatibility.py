@@ -251,43 +251,6 @@ COVERING_RUNS: dict[str, list[str]] = {
     ],
     "fully_sharded_semi_sync": ["checkpoints", "fully_sharded", "inter_host", "pipeline_semi_sync"],
     "semi_sync_defaults": ["pipeline_semi_sync"],
-    "auto_stream_mch": [
-        "auto_group_size",
-        "checkpoints",
-        "inter_host",
-        "mch",
-        "pipeline_sparse_dist",
-        "sparse_engine",
-        "stream",
-        "sync_every_4",
-    ],
-    "auto_stream_zch": [
-        "auto_group_size",
-        "checkpoints",
-        "inter_host",
-        "mp_zch",
-        "pipeline_sparse_dist",
-        "sparse_engine",
-        "stream",
-        "sync_every_4",
-    ],
-    "auto_delayed_scaling": [
-        "auto_group_size",
-        "checkpoints",
-        "delayed_state",
-        "inter_host",
-        "momentum_scaling",
-        "pipeline_sparse_dist",
-        "sparse_engine",
-        "sync_every_4",
-    ],
-    "auto_fully_sharded_semi_sync": [
-        "auto_group_size",
-        "checkpoints",
-        "fully_sharded",
-        "inter_host",
-        "pipeline_semi_sync",
-    ],
 }
 """Trainer runs in one world that together cover every working pair without fault
 tolerance (chosen greedily; ``test_covering_runs_cover_every_working_pair`` checks). A pair
@@ -298,6 +261,15 @@ the trial picked 1D). ``semi_sync_defaults`` guards a bug these runs found: unde
 ``TrainPipelineSemiSync`` the embedding update lands after DDP's backward and after the next
 batch's lookup, and replicas ended 0.5 apart (syncs run inside DDP's backward; touched rows
 stamped before a sync)."""
+COVERING_RUNS |= {  # measured auto beside the options of these runs: every (auto, option) pair
+    f"auto_{name}": ["auto_group_size", *COVERING_RUNS[name]]
+    for name in (
+        "stream_mch",
+        "stream_zch",
+        "scaling_delayed_sparse_dist",
+        "fully_sharded_semi_sync",
+    )
+}
 
 
 def test_covering_runs_cover_every_working_pair() -> None:
