@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from sparse2d.errors import ConfigError
 
@@ -21,7 +21,6 @@ if TYPE_CHECKING:  # torch is imported lazily: rank_layout and the config checke
 
 logger = logging.getLogger(__name__)
 
-ReplicaLayout = Literal["intra_host", "inter_host"]
 REPLICA_LAYOUTS: tuple[str, ...] = ("intra_host", "inter_host")
 
 

@@ -33,11 +33,6 @@ ACCUMULATING = (
 STATELESS = (EmbOptimType.SGD, EmbOptimType.EXACT_SGD, EmbOptimType.NONE)
 
 
-def accumulators(shards: list[ShardState]) -> list[torch.Tensor]:
-    """The sum-of-squares state of every shard; reject optimizers it does not apply to."""
-    return [tensor for _, tensor in _owned_accumulators(shards)]
-
-
 def _owned_accumulators(shards: list[ShardState]) -> list[tuple[ShardState, torch.Tensor]]:
     found = []
     for shard in shards:
