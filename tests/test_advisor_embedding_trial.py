@@ -25,19 +25,16 @@ def _auto_measures() -> dict[str, object]:
     explicitly; both trained 3 steps. Returns the report and how far the two are apart."""
     import torch.distributed as dist
 
-    from sparse2d.advisor.auto_pick import auto_candidates
+    from sparse2d.advisor.auto_pick import auto_candidates, workload_from_module
 
     tables = MIXED_TABLES
     kwargs = {"device": "cpu", "constraints": constraints_for(tables), "planner_batch_size": 32}
+    module = build_model(tables, device="meta")
     _, shortlist = auto_candidates(
-        build_model(tables, device="meta"),
+        lambda: workload_from_module(module, 32, None, "intra_host", kwargs["constraints"]),
         dist.get_world_size(),
         torch.device("cpu"),
         dist.group.WORLD,
-        32,
-        None,
-        "intra_host",
-        kwargs["constraints"],
         QUICK,
     )
     states, rng = [], []

@@ -120,31 +120,26 @@ def topology_for_device(device: torch.device, world_size: int) -> ClusterTopolog
 
 
 def auto_candidates(
-    module: nn.Module,
+    workload: Callable[[], Workload],
     world_size: int,
     device: torch.device,
     pg: dist.ProcessGroup,
-    batch_size_per_rank: int | None = None,
-    sync_options: Any = None,
-    replica_layout: str = "intra_host",
-    constraints: dict[str, Any] | None = None,
     options: TrialOptions | None = None,
 ) -> tuple[int, list[tuple[int, float]]]:
-    """The advisor's ``L`` for this job and its shortlist (``(L, predicted s)``, the pick
-    first, ``options`` as the trainer's), decided on rank 0 of ``pg`` and broadcast to all;
-    ``NoFitError`` on every rank when nothing fits."""
+    """The advisor's ``L`` for the job ``workload()`` describes (called on rank 0 only) and
+    its shortlist (``(L, predicted s)``, the pick first, ``options`` as the trainer's),
+    decided on rank 0 of ``pg`` and broadcast to all; ``NoFitError`` on every rank when
+    nothing fits."""
     from sparse2d.advisor.search import advise, no_fit_message
     from sparse2d.advisor.trial import shortlist
     from sparse2d.errors import NoFitError
 
     def decide() -> tuple[int, list[tuple[int, float]]]:
-        workload = workload_from_module(
-            module, batch_size_per_rank, sync_options, replica_layout, constraints
-        )
+        job = workload()
         topology = topology_for_device(device, world_size)
-        advice = advise(workload, topology)
+        advice = advise(job, topology)
         if advice.recommended is None:
-            raise NoFitError(no_fit_message(advice, workload, topology))
+            raise NoFitError(no_fit_message(advice, job, topology))
         return advice.recommended, shortlist(advice, options or TrialOptions())
 
     pick, candidates = share_from_rank0(decide, pg)

@@ -40,7 +40,12 @@ import torch.distributed as dist
 import torch.nn as nn
 from torchrec import EmbeddingBagCollection, EmbeddingCollection, KeyedJaggedTensor
 
-from sparse2d.advisor.auto_pick import AUTO, DEFAULT_BATCH_SIZE, auto_candidates
+from sparse2d.advisor.auto_pick import (
+    AUTO,
+    DEFAULT_BATCH_SIZE,
+    auto_candidates,
+    workload_from_module,
+)
 from sparse2d.advisor.trial import TrialReport, measure_group_sizes
 from sparse2d.advisor.trial_options import TrialOptions
 from sparse2d.core.collection import DMPCollection
@@ -211,14 +216,16 @@ def choose_group_size(
     skipped by the trial; the chosen ``L`` is checked by the construction's step 2."""
     call = setup.call
     pick, candidates = auto_candidates(
-        module,
+        lambda: workload_from_module(
+            module,
+            call.planner_batch_size,
+            call.sync_options,
+            setup.replica_layout,
+            call.constraints,
+        ),
         setup.world_size,
         setup.device,
         setup.pg,
-        call.planner_batch_size,
-        call.sync_options,
-        setup.replica_layout,
-        call.constraints,
         options,
     )
     period = getattr(call.sync_options, "every", 1)

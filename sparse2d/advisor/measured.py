@@ -13,12 +13,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparse2d.advisor.auto_pick import share_from_rank0, topology_for_device, workload_from_module
-from sparse2d.advisor.search import advise, no_fit_message
-from sparse2d.advisor.trial import TrialReport, measure_group_sizes, rng_preserved, shortlist
+from sparse2d.advisor.auto_pick import auto_candidates, workload_from_module
+from sparse2d.advisor.trial import TrialReport, measure_group_sizes, rng_preserved
 from sparse2d.advisor.trial_options import TrialOptions
+from sparse2d.advisor.workload import Workload
 from sparse2d.core.collection import DMPCollection
-from sparse2d.errors import NoFitError
 
 
 def measured_group_size(
@@ -42,22 +41,17 @@ def measured_group_size(
     pg = global_pg if global_pg is not None else dist.group.WORLD
     world = dist.get_world_size(pg)
 
-    def rank_candidates() -> tuple[int, list[tuple[int, float]]]:
+    def workload() -> Workload:
         with rng_preserved():
-            workload = workload_from_module(
+            return workload_from_module(
                 make_module(),
                 batch_size_per_rank,
                 dmp_kwargs.get("sync_options"),
                 dmp_kwargs.get("replica_layout") or "intra_host",
                 dmp_kwargs.get("constraints"),
             )
-        topology = topology_for_device(resolved, world)
-        advice = advise(workload, topology)
-        if advice.recommended is None:
-            raise NoFitError(no_fit_message(advice, workload, topology))
-        return advice.recommended, shortlist(advice, options)
 
-    pick, candidates = share_from_rank0(rank_candidates, pg)
+    pick, candidates = auto_candidates(workload, world, resolved, pg, options)
     sync_options = dmp_kwargs.get("sync_options")
     period = sync_options.every if sync_options is not None else 1
     if options.candidates == 0:
