@@ -10,14 +10,8 @@ at another ``L``; the MC sync itself is ``sparse2d.managed_collision``);
 diverged replica from a healthy one, without a checkpoint.
 """
 
-from sparse2d.checkpoint.dcp import (
-    build_save_state,
-    latest,
-    list_checkpoints,
-    load,
-    prune,
-    save,
-)
+from sparse2d.checkpoint.dcp import build_save_state, load, save
+from sparse2d.checkpoint.directory import latest, list_checkpoints, prune
 from sparse2d.core.replica_repair import plan_repair, repair_from_replicas
 from sparse2d.errors import CheckpointError, CorruptCheckpointError
 

@@ -42,8 +42,6 @@ from sparse2d.checkpoint.directory import (
     MARKER,
     PREFIX,
     latest,
-    list_checkpoints,
-    prune,
     publish,
     resolve_checkpoint,
     save_target,
@@ -67,15 +65,6 @@ FORMAT_VERSION = 1
 READ_FAILED = Flag("read_failed")
 """DCP's read failed on this rank; any rank: every rank raises before a live value changes."""
 READ = Ballot(READ_FAILED)
-
-__all__ = [
-    "build_save_state",
-    "latest",
-    "list_checkpoints",
-    "load",
-    "prune",
-    "save",
-]
 
 
 def _one_line(error: BaseException) -> str:
