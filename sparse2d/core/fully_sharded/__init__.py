@@ -9,6 +9,5 @@ shards, collectives).
 """
 
 from sparse2d.core.fully_sharded.schedule import FullyShardedEmbeddings, materialized
-from sparse2d.core.fully_sharded.slices import FlatSlice
 
-__all__ = ["FlatSlice", "FullyShardedEmbeddings", "materialized"]
+__all__ = ["FullyShardedEmbeddings", "materialized"]
