@@ -2,7 +2,7 @@
 
 Construction is one straight line in ``__init__`` and ``_build``, each step once with one log
 line: validate (``collection_setup``), L and layout (``_choose_group_size``, overridden by the
-public class for ``"auto"``), plan (``contexts.plan_contexts``), mesh, shard (TorchRec's DMP
+public class for ``"auto"``), plan and mesh (``collection_setup.Setup``), shard (TorchRec's DMP
 with ``ShardingEnv2D``), sync policy (docs/architecture.md walks it). Each module type of
 ``submodule_configs`` gets its own context; collaborators never hold the model.
 

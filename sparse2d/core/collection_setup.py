@@ -1,10 +1,11 @@
-"""Steps 1-2 of the construction (``sparse2d.core.collection``): validate, then L and layout.
+"""Steps 1-4 of the construction (``sparse2d.core.collection``): validate, L and layout, plan, mesh.
 
-Both are pure and identical on every rank, so a bad argument raises the same error everywhere
+Steps 1-2 are pure and identical on every rank, so a bad argument raises the same error everywhere
 before the first collective. Step 1 checks every argument that does not depend on ``L``;
 step 2 takes ``L`` (``fixed_group_size``: the call's ``int``; for ``"auto"`` the public
 ``sparse2d.DMPCollection`` asks the advisor instead, whose advice is a collective) and checks
-what depends on it while describing each context's layout (``choose_layout``).
+what depends on it while describing each context's layout (``choose_layout``). Steps 3-4
+(``Setup.plan``, ``Setup.mesh``) are the first collectives.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torchrec.distributed.types import ModuleSharder, ShardingStrategy
+from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingStrategy
 
 from sparse2d import validation
 from sparse2d.core.call_forms import (
@@ -27,17 +28,14 @@ from sparse2d.core.call_forms import (
     resolve_strategy,
 )
 from sparse2d.core.construction import ConstructionReport
-from sparse2d.core.contexts import (
-    ShardingContext,
-    build_meshes,
-    describe_contexts,
-    plan_contexts,
-)
+from sparse2d.core.contexts import ShardingContext, describe_contexts, sharders_for
+from sparse2d.core.fully_sharded.checks import check_fully_sharded_plan
 from sparse2d.errors import ConfigError
 from sparse2d.managed_collision.tables import check_managed_collision
-from sparse2d.mesh import validate_group_size, validate_layout
+from sparse2d.mesh import Mesh2D, build_mesh, validate_group_size, validate_layout
 from sparse2d.option_conflicts import check_collection
 from sparse2d.planner import default_sharders
+from sparse2d.planner.group_plan import GroupPlan, plan_for_group
 from sparse2d.planner.plan_store import as_plan_store
 from sparse2d.sync.collectives import AllReduceHook
 from sparse2d.sync.options import SyncOptions
@@ -70,23 +68,45 @@ class Setup:
         self, module: nn.Module, contexts: list[ShardingContext], report: ConstructionReport
     ) -> None:
         """Step 3, for the model and a dry run alike: every context's plan for ranks
-        ``0..L-1`` (collective: rank 0 plans and all receive, or the stored plan is loaded)."""
+        ``0..L-1``. Collective: rank 0 plans for ``L`` ranks and all receive (under the fake
+        backend of a dry run each rank plans alone), or the stored plan is loaded; a given
+        plan is used as it is."""
         call = self.call
-        plan_contexts(
-            contexts,
-            module,
-            self.sharders,
-            self.device.type,
-            self.pg,
-            call.constraints,
-            call.planner_batch_size,
-            call.plan_store,
-            report,
-        )
+        plan_pg = None if dist.get_backend(self.pg) == "fake" else self.pg
+        for ctx in contexts:
+            if ctx.plan is None:
+                with report.phase("plan"):
+                    made = GroupPlan(ShardingPlan(plan={}))  # a context with no modules
+                    if ctx.paths:
+                        made = plan_for_group(
+                            module,
+                            ctx.sharding_group_size,
+                            self.device.type,
+                            sharders_for(ctx, contexts, self.sharders),
+                            call.constraints,
+                            ctx.node_group_size,
+                            plan_pg,
+                            call.planner_batch_size,
+                            store=call.plan_store,
+                            name=ctx.name,
+                            paths=ctx.paths,
+                        )
+                ctx.plan = made.plan
+                report.note_plan(ctx.name, made.cache, made.file, made.reason)
+            else:
+                report.note_plan(ctx.name, "given")
+            check_fully_sharded_plan(ctx.strategy, ctx.plan)  # the same plan on every rank
 
     def mesh(self, contexts: list[ShardingContext], report: ConstructionReport) -> None:
-        """Step 4: every context's 2D mesh and its two process groups (collective)."""
-        build_meshes(contexts, self.world_size, self.device.type, self.rank, report)
+        """Step 4: every context's 2D mesh and its two process groups (collective); contexts
+        of one geometry share a mesh."""
+        meshes: dict[tuple[int, str], Mesh2D] = {}
+        for ctx in contexts:
+            key = (ctx.sharding_group_size, ctx.replica_layout)
+            if key not in meshes:
+                with report.phase("mesh"):
+                    meshes[key] = build_mesh(self.world_size, *key, self.device.type, self.rank)
+            ctx.mesh = meshes[key]
 
 
 def resolve_setup(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> Setup:

@@ -2,8 +2,8 @@
 
 A default context holds every shardable module; each ``submodule_configs`` entry adds one per
 module type (matched exactly, as TorchRec does), with its own group size, layout, mesh, plan
-and sync policy. ``describe_contexts`` is pure; ``plan_contexts`` and ``build_meshes`` are
-collective.
+and sync policy. ``describe_contexts`` is pure; each context is planned and meshed by the
+construction's steps 3-4 (``sparse2d.core.collection_setup.Setup``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import (
     DMPCollectionConfig,
     ModuleSharder,
@@ -24,13 +23,9 @@ from torchrec.distributed.types import (
 )
 
 from sparse2d.core.call_forms import resolve_strategy
-from sparse2d.core.construction import ConstructionReport
-from sparse2d.core.fully_sharded.checks import check_fully_sharded_plan
 from sparse2d.errors import ConfigError
-from sparse2d.mesh import Mesh2D, build_mesh, validate_group_size, validate_layout
-from sparse2d.planner import plan_for_group, remap_plan, validate_plan
-from sparse2d.planner.group_plan import GroupPlan
-from sparse2d.planner.plan_store import PlanStore
+from sparse2d.mesh import Mesh2D, validate_group_size, validate_layout
+from sparse2d.planner import remap_plan, validate_plan
 from sparse2d.sync.shards import ShardState, collect_shard_states
 from sparse2d.validation import resolve_node_group_size
 
@@ -197,36 +192,6 @@ def sharders_for(
     return [s for s in sharders if s.module_type not in claimed]
 
 
-def plan_context(
-    ctx: ShardingContext,
-    contexts: list[ShardingContext],
-    module: nn.Module,
-    sharders: list[ModuleSharder[nn.Module]],
-    device_type: str,
-    pg: dist.ProcessGroup | None,
-    constraints: dict[str, ParameterConstraints] | None,
-    batch_size: int | None,
-    store: PlanStore | None = None,
-) -> GroupPlan:
-    """The built-in planner (or the stored plan) for one context's modules and ``L``;
-    collective over ``pg``, local to this rank with ``pg=None``."""
-    if not ctx.paths:
-        return GroupPlan(ShardingPlan(plan={}))
-    return plan_for_group(
-        module,
-        ctx.sharding_group_size,
-        device_type,
-        sharders_for(ctx, contexts, sharders),
-        constraints,
-        ctx.node_group_size,
-        pg,
-        batch_size,
-        store=store,
-        name=ctx.name,
-        paths=ctx.paths,
-    )
-
-
 def sharding_env(ctx: ShardingContext, pg: dist.ProcessGroup) -> ShardingEnv2D:
     """TorchRec's 2D environment for the modules of one context.
 
@@ -246,61 +211,6 @@ def sharding_env(ctx: ShardingContext, pg: dist.ProcessGroup) -> ShardingEnv2D:
         use_inter_host_allreduce=ctx.replica_layout == "inter_host",
         sharding_strategy=strategy,
     )
-
-
-def plan_contexts(
-    contexts: list[ShardingContext],
-    module: nn.Module,
-    sharders: list[ModuleSharder[nn.Module]],
-    device_type: str,
-    pg: dist.ProcessGroup,
-    constraints: dict[str, ParameterConstraints] | None,
-    batch_size: int | None,
-    store: PlanStore | None,
-    report: ConstructionReport,
-) -> None:
-    """The plan of every context for ranks ``0..L-1`` (collective over ``pg``).
-
-    Rank 0 plans for ``L`` ranks and all receive (under the fake backend of a dry run each
-    rank plans alone), or the stored plan is loaded; a given plan is used as it is."""
-    plan_pg = None if dist.get_backend(pg) == "fake" else pg
-    for ctx in contexts:
-        if ctx.plan is None:
-            with report.phase("plan"):
-                made = plan_context(
-                    ctx,
-                    contexts,
-                    module,
-                    sharders,
-                    device_type,
-                    plan_pg,
-                    constraints,
-                    batch_size,
-                    store,
-                )
-            ctx.plan = made.plan
-            report.note_plan(ctx.name, made.cache, made.file, made.reason)
-        else:
-            report.note_plan(ctx.name, "given")
-        check_fully_sharded_plan(ctx.strategy, ctx.plan)  # the same plan on every rank
-
-
-def build_meshes(
-    contexts: list[ShardingContext],
-    world_size: int,
-    device_type: str,
-    rank: int,
-    report: ConstructionReport,
-) -> None:
-    """The 2D mesh of every context (collective); contexts of one geometry share a mesh
-    (its two process groups)."""
-    meshes: dict[tuple[int, str], Mesh2D] = {}
-    for ctx in contexts:
-        key = (ctx.sharding_group_size, ctx.replica_layout)
-        if key not in meshes:
-            with report.phase("mesh"):
-                meshes[key] = build_mesh(world_size, *key, device_type, rank)
-        ctx.mesh = meshes[key]
 
 
 def remapped_plan(contexts: list[ShardingContext], device: torch.device) -> ShardingPlan:
