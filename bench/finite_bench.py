@@ -107,7 +107,7 @@ def _worker(rank: int, world: int, where: str, repeats: int, out: Any) -> None:
             begin = time.perf_counter()
             all(all_finite(b) for b in payload.buffers)
             scanned = time.perf_counter()
-            guard.check(step, [], weights=True, states=True)
+            guard.start(step, [], weights=True, states=True).wait()
             if rep:
                 times["scan"].append(scanned - begin)
                 times["flags"].append(time.perf_counter() - scanned)

@@ -82,12 +82,6 @@ class FiniteGuard:
         work = dist.all_reduce(flag, dist.ReduceOp.SUM, self.global_pg, async_op=True)
         return Verdict(self, step, flag, work, bad, weights, states)
 
-    def check(
-        self, step: int, buffers: Sequence[torch.Tensor], *, weights: bool, states: bool
-    ) -> None:
-        """``start`` and ``wait`` in one call: raise ``SyncError`` on every rank if any is bad."""
-        self.start(step, buffers, weights=weights, states=states).wait()
-
 
 class Verdict:
     """The job-wide outcome of one NaN/inf vote (``FiniteGuard.start``), in flight."""

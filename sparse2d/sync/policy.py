@@ -343,7 +343,7 @@ class SyncPolicy:
         with torch.no_grad():
             if self.guard is not None:
                 tensors = live_tensors(mc.shards + self.shards, True, True)
-                self.guard.check(step, tensors, weights=True, states=True)
+                self.guard.start(step, tensors, weights=True, states=True).wait()
             sent, write = mc.prepare()
         written = Payload(buffers=[], scatter=lambda values: write(), gather=list)
         self.channel.hand(InFlight([], written, dropped=self.engine.diverged))
