@@ -83,14 +83,6 @@ class ManagedCollisionSync:
         """Take the current (replica-identical) identities as the count baseline."""
         self.baselines = [local_identity(t) for t in self.tables]
 
-    def sync(self) -> int:
-        """Merge identities, move rows and optimizer state, average by id; returns bytes sent.
-
-        Collective over the replica group; every replica ends bit-identical."""
-        sent, land = self.prepare()
-        land()
-        return sent
-
     def _gather(self, packed: torch.Tensor) -> tuple[list[torch.Tensor], int]:
         """Every replica's ``packed`` (and this replica's index among them), on the CPU."""
         if self.channel is not None:
@@ -109,10 +101,11 @@ class ManagedCollisionSync:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.replica_pg)
 
     def prepare(self) -> tuple[int, Callable[[], None]]:
-        """The collectives of ``sync`` with every result held in copies: (bytes sent, the
-        call that writes the merged identities and averaged rows into the live tables).
-        The policy hands that call to its channel, which lands it like any blocking part
-        (``sync.landing``)."""
+        """Merge identities, move rows and optimizer state, average by id, every result held
+        in copies (collective over the replica group): (bytes sent, the call that writes the
+        merged identities and averaged rows into the live tables, after which every replica
+        is bit-identical). The policy hands that call to its channel, which lands it like any
+        blocking part."""
         mine = [local_identity(t) for t in self.tables]
         mch_packed = torch.cat(
             [_pack(i, t) for i, t in zip(mine, self.tables, strict=True)]
