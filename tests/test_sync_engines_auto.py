@@ -32,7 +32,9 @@ class Scripted(AutoEngine):
         self.predictions: list[dict[str, float | None]] = []
 
     def _choose(self, kinds: list[str], cost: dict) -> str:
-        self.predictions.append(self.predict(kinds))
+        modelled = self.model(kinds)  # predicted seconds per mode (None: union unknown)
+        known = modelled[SPARSE] is not None
+        self.predictions.append(dict(self.chooser.estimate(modelled)) if known else modelled)
         super()._choose(kinds, cost)
         return next(self._script)
 

@@ -128,13 +128,6 @@ class AutoEngine(SparseEngine):
                 rest += whole
         return {DENSE: dense, SPARSE: (1 + int(unions) + buffers) * c.latency_s + rest}
 
-    def predict(self, kinds: list[str]) -> dict[str, float | None]:
-        """Predicted seconds of each mode for a sync of ``kinds`` (None = union unknown)."""
-        cost = self.model(kinds)
-        if cost[SPARSE] is None:
-            return cost
-        return dict(self.chooser.estimate(cost))  # type: ignore[arg-type]
-
     def _choose(self, kinds: list[str], cost: dict[str, float | None]) -> str:
         if cost[SPARSE] is None or torch.float32 not in self._dtypes(kinds):
             return SPARSE  # learn the unions first (or no fp32 buffer to carry dense counts)
