@@ -11,6 +11,7 @@ CLI) uses both for a trainer config; library users call them around their own mo
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Any
 
 import torch.distributed as dist
@@ -77,36 +78,39 @@ def rank_report(model: Any, groups: list[dist.ProcessGroup] | None = None) -> di
                 "optimizer_state_bytes": o,
             }
         )
-    report: dict[str, Any] = {
-        "rank": dist.get_rank(),
-        "world_size": dist.get_world_size(),
-        "sharding_group_size": model.sharding_group_size,
-        "num_replicas": model.num_replicas,
-        "replica_layout": model.replica_layout,
-        "sharding_group": model.sharding_group,
-        "replica_group": model.replica_group,
-        "embedding_bytes": weight_bytes,
-        "optimizer_state_bytes": state_bytes,
-        "shards": shards,
-        "sharding_types": _sharding_types(model),
-        "construction": model.construction.record(),
-    }
-    if groups is not None:
-        sizes: dict[str, int] = {}
-        for g in groups:
-            key = str(g.size())
-            sizes[key] = sizes.get(key, 0) + 1
-        report["process_groups"] = {"created": len(groups), "by_size": sizes}
+    report = layout_report(model.contexts, model.construction, groups)
+    report.update(embedding_bytes=weight_bytes, optimizer_state_bytes=state_bytes, shards=shards)
     return report
 
 
-def _sharding_types(model: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for ctx in model.contexts:
-        for module_plan in (ctx.plan.plan if ctx.plan is not None else {}).values():
-            for sharding in module_plan.values():
-                counts[sharding.sharding_type] = counts.get(sharding.sharding_type, 0) + 1
-    return counts
+def layout_report(
+    contexts: list[Any], construction: Any, groups: list[dist.ProcessGroup] | None
+) -> dict[str, Any]:
+    """What ``rank_report`` says of a rank built or only planned (``plan_rank``): its
+    default context's geometry, the plans' sharding types, the construction and its groups."""
+    ctx = contexts[0]
+    report: dict[str, Any] = {
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "sharding_group_size": ctx.sharding_group_size,
+        "num_replicas": ctx.num_replicas,
+        "replica_layout": ctx.replica_layout,
+        "sharding_group": ctx.sharding_group,
+        "replica_group": ctx.replica_group,
+        "sharding_types": dict(
+            Counter(
+                sharding.sharding_type
+                for c in contexts
+                for module_plan in (c.plan.plan if c.plan is not None else {}).values()
+                for sharding in module_plan.values()
+            )
+        ),
+        "construction": construction.record(),
+    }
+    if groups is not None:
+        sizes = dict(Counter(str(g.size()) for g in groups))
+        report["process_groups"] = {"created": len(groups), "by_size": sizes}
+    return report
 
 
 def plan_rank(module: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[Any], Any]:

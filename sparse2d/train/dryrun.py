@@ -199,7 +199,7 @@ def _planned_only(
     import torch  # torch, TorchRec: inside (module docstring)
 
     from sparse2d.core.resources import GroupRecorder
-    from sparse2d.fake_world import plan_rank, planned_shards
+    from sparse2d.fake_world import layout_report, plan_rank, planned_shards
     from sparse2d.train.model_builder import build_model, shard_options
 
     recorder = GroupRecorder()
@@ -212,37 +212,21 @@ def _planned_only(
     need = sum(s["weight_bytes"] for s in shards)
     if need <= args.max_storage:
         return None, construction.record()
-    ctx, types = contexts[0], {}
-    for module_plan in plan.plan.values():
-        for sharding in module_plan.values():
-            types[sharding.sharding_type] = types.get(sharding.sharding_type, 0) + 1
-    sizes: dict[str, int] = {}
-    for g in recorder.groups:
-        sizes[str(g.size())] = sizes.get(str(g.size()), 0) + 1
     why = (
         f"not run: the rank's shards need {need / 1e9:.2f} GB of real storage, over "
         f"--max-storage {args.max_storage:.0f} bytes; a dry run allocates none"
     )
-    report = {
-        "rank": args.rank,
-        "world_size": args.world_size,
-        "sharding_group_size": ctx.sharding_group_size,
-        "num_replicas": ctx.num_replicas,
-        "replica_layout": ctx.replica_layout,
-        "sharding_group": ctx.sharding_group,
-        "replica_group": ctx.replica_group,
-        "materialized": False,
-        "embedding_bytes": need,
-        "optimizer_state_bytes": None,
-        "shards": shards,
-        "sharding_types": types,
-        "construction": construction.record(),
-        "process_groups": {"created": len(recorder.groups), "by_size": sizes},
-        "config": args.config,
-        "run_dir": cfg.run_dir,
-        "total_embedding_bytes": sum(4 * t.rows * t.dim for t in cfg.model.specs()),
-        "forward_backward": {"ran": False, "forward": False, "skipped": why},
-    }
+    report = layout_report(contexts, construction, recorder.groups)
+    report.update(
+        materialized=False,
+        embedding_bytes=need,
+        optimizer_state_bytes=None,
+        shards=shards,
+        config=args.config,
+        run_dir=cfg.run_dir,
+        total_embedding_bytes=sum(4 * t.rows * t.dim for t in cfg.model.specs()),
+        forward_backward={"ran": False, "forward": False, "skipped": why},
+    )
     return report, report["construction"]
 
 
