@@ -23,10 +23,6 @@ class KnownWarning:
     """Regex matched at the start of the warning's module (where it is attributed)."""
     why: str
 
-    def pytest_filter(self) -> str:
-        """The ``filterwarnings`` line pytest's ini takes (``action:message:category:module``)."""
-        return f"ignore:{self.message}:{self.category.__name__}:{self.module}"
-
 
 KNOWN_WARNINGS = (
     KnownWarning(
