@@ -17,52 +17,19 @@ from typing import Any
 
 import yaml
 
-from sparse2d.advisor.trial_options import TrialOptions
 from sparse2d.errors import ConfigError
-from sparse2d.sync.options import SyncOptions
-from sparse2d.train.config.checkpoint import CheckpointConfig
-from sparse2d.train.config.data import CriteoConfig, DataConfig, SyntheticConfig
-from sparse2d.train.config.fault_tolerance import FaultToleranceConfig
-from sparse2d.train.config.io import apply_override, bad, build, field_docs
+from sparse2d.train.config.io import apply_override, build, field_docs
 from sparse2d.train.config.io import reference as _reference
-from sparse2d.train.config.model import SHARDING_TYPES, ModelConfig, TableConfig, TableSpec
-from sparse2d.train.config.optimizer import (
-    DenseOptimizerConfig,
-    OptimizerConfig,
-    SparseOptimizerConfig,
-)
-from sparse2d.train.config.parallel import ParallelConfig
-from sparse2d.train.config.schema import Config, tensorboard_installed
-from sparse2d.train.config.train import MetricsConfig, TrainConfig
+from sparse2d.train.config.schema import Config
 
 __all__ = [
-    "SHARDING_TYPES",
-    "CheckpointConfig",
     "Config",
-    "ConfigError",
-    "CriteoConfig",
-    "DataConfig",
-    "DenseOptimizerConfig",
-    "FaultToleranceConfig",
-    "MetricsConfig",
-    "ModelConfig",
-    "OptimizerConfig",
-    "ParallelConfig",
-    "SparseOptimizerConfig",
-    "SyncOptions",
-    "SyntheticConfig",
-    "TableConfig",
-    "TableSpec",
-    "TrainConfig",
-    "TrialOptions",
     "apply_override",
-    "bad",
     "dump_yaml",
     "field_docs",
     "load_config",
     "main",
     "reference",
-    "tensorboard_installed",
 ]
 
 
