@@ -10,7 +10,6 @@ answer (or the advisor's error) so every rank builds the same mesh, as ``plan_fo
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,6 @@ if TYPE_CHECKING:
     import torch.distributed as dist
     import torch.nn as nn
 
-logger = logging.getLogger(__name__)
 
 AUTO = "auto"
 DEFAULT_BATCH_SIZE = 512

@@ -9,15 +9,12 @@ once. Destroying a group is local (no collective), so ``close()`` never hangs.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterator
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from sparse2d.errors import ClosedError
-
-logger = logging.getLogger(__name__)
 
 
 def registered_groups() -> list[dist.ProcessGroup]:

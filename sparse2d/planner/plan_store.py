@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ from sparse2d.errors import ConfigError, StoredPlanError
 from sparse2d.planner.plan_codec import decode_plan, encode_plan
 from sparse2d.planner.plan_context import PlanContext
 
-logger = logging.getLogger(__name__)
 FORMAT = "sparse2d-plan/1"
 
 
