@@ -24,6 +24,7 @@ group's timeout, as any collective would.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import statistics
@@ -178,35 +179,6 @@ def close_candidate(model: Any) -> None:
             close()
 
 
-def _one(
-    build: Callable[[int], Any],
-    step: Callable[[Any, int], Any],
-    group_size: int,
-    options: TrialOptions,
-    close: Callable[[Any], None],
-    period: int,
-) -> tuple[float | None, str | None]:
-    """Build, step and close one candidate; (step s, None) or (None, why it failed)."""
-    model = None
-    times: list[float] = []
-    try:
-        with rng_preserved():
-            model = build(group_size)
-            for i in range(options.steps_for(period)):
-                start = time.perf_counter()
-                step(model, i)
-                if i >= options.warmup_steps:
-                    times.append(time.perf_counter() - start)
-    except Exception as error:  # skipped, never the end of the job
-        why = f"{type(error).__name__}: {error}".replace("\n", " ")
-        return None, why[:300]
-    finally:
-        if model is not None:
-            with contextlib.suppress(Exception):
-                close(model)
-    return step_time(times, period), None
-
-
 def step_time(times: Sequence[float], period: int = 1) -> float:
     """The median step of ``times``; with a sync every ``period`` steps, the median of whole
     periods divided by ``period``, so each number carries one sync (a plain median would
@@ -243,9 +215,8 @@ def measure_group_sizes(
     if not candidates:
         raise TrialError("auto: no sharding group size to measure (none fits memory).")
     begin = time.perf_counter()
-    results = []
-    for group_size, predicted in candidates:
-        results.append(_measure(build, step, group_size, predicted, options, pg, close, period))
+    measure = functools.partial(_measure, build, step, options=options, pg=pg, close=close)
+    results = [measure(L, predicted, period=period) for L, predicted in candidates]
     ok = [r for r in results if r.measured_s is not None]
     if not ok:
         listed = "; ".join(f"L={r.sharding_group_size}: {r.error}" for r in results)
@@ -257,16 +228,7 @@ def measure_group_sizes(
     again = [r for r in ok if r.measured_s <= limit or r is ok[0]]  # type: ignore[operator]
     if options.retrial_margin > 0 and len(again) > 1:
         for result in reversed(again):
-            again = _measure(
-                build,
-                step,
-                result.sharding_group_size,
-                result.predicted_s,
-                options,
-                pg,
-                close,
-                period,
-            )
+            again = measure(result.sharding_group_size, result.predicted_s, period=period)
             result.seconds += again.seconds
             result.passes_s.append(again.measured_s)
             if again.measured_s is not None:
@@ -292,10 +254,25 @@ def _measure(
     close: Callable[[Any], None],
     period: int,
 ) -> TrialResult:
-    """One pass of one candidate, agreed by every rank (the slowest rank's time)."""
+    """One pass of one candidate (built, stepped and closed), agreed by every rank (the
+    slowest rank's time); a candidate that raises is skipped, never the end of the job."""
     start = time.perf_counter()
-    measured, error = _one(build, step, group_size, options, close, period)
-    failed, slowest = _agree(measured, pg)
+    model, times, error = None, [], None
+    try:
+        with rng_preserved():
+            model = build(group_size)
+            for i in range(options.steps_for(period)):
+                begin = time.perf_counter()
+                step(model, i)
+                if i >= options.warmup_steps:
+                    times.append(time.perf_counter() - begin)
+    except Exception as failure:
+        error = f"{type(failure).__name__}: {failure}".replace("\n", " ")[:300]
+    finally:
+        if model is not None:
+            with contextlib.suppress(Exception):
+                close(model)
+    failed, slowest = _agree(None if error else step_time(times, period), pg)
     if failed and error is None:
         error = "failed on another rank"
     if error is not None:
