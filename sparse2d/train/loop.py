@@ -35,13 +35,6 @@ from sparse2d.train.recorder import Recorder, short
 from sparse2d.train.step_mode import Attempt, Mode, Run
 
 
-def make_mode(cfg: Config, rank: int, world: int) -> Mode:
-    """The mode ``cfg`` asks for (``fault_tolerance.enable``: this world is one group)."""
-    if cfg.fault_tolerance.enable:
-        return FaultTolerantMode(cfg, rank, world)
-    return InWorld(cfg)
-
-
 class Loop:
     """One training run on an initialized process group (every rank builds one)."""
 
@@ -62,7 +55,11 @@ class Loop:
             if self.is_main
             else {}
         )
-        self.mode = make_mode(cfg, self.rank, self.world)
+        self.mode: Mode = (  # fault tolerance: this world is one replica group
+            FaultTolerantMode(cfg, self.rank, self.world)
+            if cfg.fault_tolerance.enable
+            else InWorld(cfg)
+        )
         self.recorder = Recorder(
             cfg, self.mode.run_dir, self.is_main, self.mode.label, self.mode.wall_time
         )
