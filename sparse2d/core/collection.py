@@ -55,12 +55,13 @@ from sparse2d.core.fully_sharded.surfaces import (
     slice_fully_sharded,
 )
 from sparse2d.core.group_refs import ClosedGroup, drop_references
-from sparse2d.core.pipeline_guard import install_pipeline_guard
+from sparse2d.core.pipeline_guard import before_early_lookup
 from sparse2d.core.replica_repair import repair_from_replicas
 from sparse2d.core.resources import GroupRecorder, Resources
 from sparse2d.managed_collision import mc_identity_buffers, mc_sync_for, plain_shards
 from sparse2d.patches import apply_all
 from sparse2d.patches.torchrec_comm import forget_destroyed_groups
+from sparse2d.patches.torchrec_train_pipelines import add_early_lookup_hook
 from sparse2d.planner.plan_store import PlanStore
 from sparse2d.sync.collectives import broadcast_
 from sparse2d.sync.options import SyncOptions, SyncReport, merge_reports
@@ -222,7 +223,7 @@ class DMPCollection(TorchRecDMPCollection):
     ) -> None:
         """Step 5: TorchRec's DMP, each module type with its context's ``ShardingEnv2D``."""
         apply_all(setup.device)  # workarounds this device still needs (sparse2d.patches)
-        install_pipeline_guard()
+        add_early_lookup_hook(before_early_lookup)  # TorchRec pipelines that look ahead
         self._envs_by_type = {c.module_type: sharding_env(c, setup.pg) for c in contexts}
         call = setup.call
         with report.phase("shard"):

@@ -3,7 +3,9 @@
 Under ``TrainPipelineSemiSync`` and ``TrainPipelineFusedSparseDist`` batch ``i+1``'s fused
 update lands after batch ``i``'s sync: managed-collision tables are refused (a sync moves ids
 between rows under the early lookup) and touched-row engines keep rows pending one more sync
-(``SyncPolicy.look_ahead``). Checked when the pipeline is built, before any collective.
+(``SyncPolicy.look_ahead``). Checked when the pipeline is built, before any collective:
+``DMPCollection`` adds ``before_early_lookup`` to the hooks those pipelines run
+(``sparse2d.patches.torchrec_train_pipelines``, applied by ``apply_all``; idempotent).
 """
 
 from __future__ import annotations
@@ -11,25 +13,19 @@ from __future__ import annotations
 from typing import Any
 
 from sparse2d.option_conflicts import LIBRARY_NAMES, check
-from sparse2d.patches.torchrec_train_pipelines import add_early_lookup_hook
-
-
-def mc_tables_with_replicas(model: Any) -> list[str]:
-    """Names of ``model``'s managed-collision tables synced over more than one replica."""
-    policies = getattr(model, "sync_policies", [])
-    return sorted(
-        t.name
-        for p in policies
-        if getattr(p, "mc", None) is not None and p.num_replicas > 1
-        for t in p.mc.tables
-    )
 
 
 def refuse_early_lookup(model: Any, pipeline: str) -> None:
-    """Refuse replicated managed-collision tables under an early-lookup pipeline (the rule
-    is ``sparse2d.option_conflicts``'); ``pipeline``: TorchRec's class name."""
-    settings = {"managed_collision": mc_tables_with_replicas(model), "pipeline": pipeline}
-    check(settings, LIBRARY_NAMES)
+    """Refuse managed-collision tables synced over more than one replica under an
+    early-lookup pipeline (the rule is ``sparse2d.option_conflicts``'); ``pipeline``:
+    TorchRec's class name."""
+    tables = sorted(
+        t.name
+        for p in getattr(model, "sync_policies", [])
+        if getattr(p, "mc", None) is not None and p.num_replicas > 1
+        for t in p.mc.tables
+    )
+    check({"managed_collision": tables, "pipeline": pipeline}, LIBRARY_NAMES)
 
 
 def before_early_lookup(model: Any, pipeline: str) -> None:
@@ -38,10 +34,3 @@ def before_early_lookup(model: Any, pipeline: str) -> None:
     refuse_early_lookup(model, pipeline)
     for policy in getattr(model, "sync_policies", []):
         policy.look_ahead()
-
-
-def install_pipeline_guard() -> None:
-    """Have TorchRec's early-lookup pipelines run ``before_early_lookup`` on their model
-    (idempotent; the patch that makes them call it is
-    ``sparse2d.patches.torchrec_train_pipelines``, applied by ``apply_all``)."""
-    add_early_lookup_hook(before_early_lookup)
