@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from sparse2d.advisor.cost_model import AnalyticCostModel, Candidate, CostModel
+from sparse2d.advisor.cost_model import AnalyticCostModel, Candidate
 from sparse2d.advisor.group_layout import GroupLayoutPlanner, TorchRecGroupPlanner
 from sparse2d.advisor.topology import ClusterTopology, byte_text
 from sparse2d.advisor.workload import Workload
@@ -45,15 +45,13 @@ def advise(
     workload: Workload,
     topology: ClusterTopology,
     planner: GroupLayoutPlanner | None = None,
-    model: CostModel | None = None,
 ) -> Advice:
     """Estimate every divisor ``L`` of the world size and recommend one (None: nothing fits).
     With ``workload.replica_layout == "auto"`` each ``L`` is priced in both layouts and keeps
     the faster (L=1 and L=T have one layout: their groups are the same either way)."""
-    if workload.replica_layout != "auto" or model is not None:
-        model = model or AnalyticCostModel(workload, topology, planner or default_planner())
-        if isinstance(model, AnalyticCostModel):
-            model.prepare(divisors(topology.world_size))
+    if workload.replica_layout != "auto":
+        model = AnalyticCostModel(workload, topology, planner or default_planner())
+        model.prepare(divisors(topology.world_size))
         candidates = tuple(model.estimate(L) for L in divisors(topology.world_size))
     else:
         candidates = _both_layouts(workload, topology, planner or default_planner())
