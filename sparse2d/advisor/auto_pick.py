@@ -130,6 +130,7 @@ def auto_candidates(
     nothing fits."""
     from sparse2d.advisor.search import advise, no_fit_message
     from sparse2d.advisor.trial import shortlist
+    from sparse2d.comm_device import share_from_rank0
     from sparse2d.errors import NoFitError
 
     def decide() -> tuple[int, list[tuple[int, float]]]:
@@ -142,21 +143,3 @@ def auto_candidates(
 
     pick, candidates = share_from_rank0(decide, pg)
     return int(pick), [(int(L), float(s)) for L, s in candidates]
-
-
-def share_from_rank0(compute: Callable[[], Any], pg: dist.ProcessGroup | None) -> Any:
-    """``compute()`` on rank 0 of ``pg`` (picklable), broadcast; its error raised on every rank."""
-    import torch.distributed as dist
-
-    result: list[Any] = [None]
-    if dist.get_rank(pg) == 0:
-        try:
-            result[0] = compute()
-        except Exception as error:  # forwarded to every rank below
-            result[0] = error
-    dist.broadcast_object_list(
-        result, src=dist.get_global_rank(pg or dist.group.WORLD, 0), group=pg
-    )
-    if isinstance(result[0], Exception):
-        raise result[0]
-    return result[0]

@@ -15,7 +15,6 @@ import copy
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +25,7 @@ from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
 
+from sparse2d.comm_device import share_from_rank0
 from sparse2d.errors import PlanError, StoredPlanError
 from sparse2d.planner.fast_planner import group_planner, spread_constraints
 from sparse2d.planner.plan_context import describe_context
@@ -105,28 +105,21 @@ def plan_for_group(
             file = None
         return GroupPlan(plan, found.cache, file, found.reason)
 
-    def obtain() -> GroupPlan | Exception:
+    def obtain() -> GroupPlan:
         try:
             return _obtain()
-        except StoredPlanError as error:
-            return error
-        except Exception as error:  # forwarded to every rank below
-            return PlanError(
+        except StoredPlanError:
+            raise
+        except Exception as error:  # share_from_rank0 raises it on every rank
+            raise PlanError(
                 f"Planning the embedding tables for a sharding group of {sharding_group_size} "
                 f"ranks failed: {error}\nFixes: 1. raise sharding_group_size above "
                 f"{sharding_group_size} so each rank holds less; 2. relax or remove the "
                 f"constraints on {sorted(constraints or {})}; 3. pass a hand-made plan= for "
                 f"{sharding_group_size} ranks."
-            )
+            ) from None
 
-    if pg is None:
-        result: list[Any] = [obtain()]
-    else:
-        result = [obtain() if dist.get_rank(pg) == 0 else None]
-        dist.broadcast_object_list(result, src=dist.get_global_rank(pg, 0), group=pg)
-    if isinstance(result[0], Exception):
-        raise result[0]
-    return result[0]
+    return obtain() if pg is None else share_from_rank0(obtain, pg)
 
 
 def _plan_locally(

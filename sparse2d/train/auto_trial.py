@@ -17,9 +17,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sparse2d.advisor.auto_pick import share_from_rank0, topology_for_device
+from sparse2d.advisor.auto_pick import topology_for_device
 from sparse2d.advisor.search import advise, no_fit_message
 from sparse2d.advisor.trial import TrialReport, close_candidate, measure_group_sizes, shortlist
+from sparse2d.comm_device import share_from_rank0
 from sparse2d.errors import NoFitError
 from sparse2d.train.advisor_workload import workload_from_config
 from sparse2d.train.config import Config

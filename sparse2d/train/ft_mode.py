@@ -20,6 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 from sparse2d import checkpoint
+from sparse2d.comm_device import share_from_rank0
 from sparse2d.errors import FaultToleranceError
 from sparse2d.ft import commit_log
 from sparse2d.ft.heal_log import HealLog
@@ -306,9 +307,7 @@ class FaultTolerantMode:
         """``_finished_by_others`` as the whole group sees it (collective inside the group):
         rank 0 reads the files and its answer holds for the group, because ranks reading a
         summary being written a moment apart must not take different ways out."""
-        done = [self._finished_by_others() if self.rank == 0 else None]
-        dist.broadcast_object_list(done, src=0)
-        return done[0]
+        return share_from_rank0(self._finished_by_others, None)
 
     def _check_not_all_lost(self, run: Run) -> bool:
         """A restarted or relaunched group that finds the job at step 0 with nothing to heal
