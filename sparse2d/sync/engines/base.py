@@ -1,9 +1,9 @@
 """Sync engines decide *which values* are averaged; the policy decides *when and how*.
 
 An engine turns the live shards into a ``Payload``: contiguous buffers that are
-safe to all-reduce (also asynchronously, also in reduced precision), plus
-``scatter`` to write averaged values back and ``gather`` to re-read the live
-values at the same positions (for delayed state's delta correction).
+safe to all-reduce (also asynchronously), plus ``scatter`` to write averaged values back
+and ``gather`` to re-read the live values at the same positions (for delayed state's delta
+correction).
 ``engines.dense`` covers every row, ``engines.sparse`` touched rows only and
 ``engines.auto`` picks between them per sync.
 """
