@@ -319,13 +319,6 @@ class FullyShardedEmbeddings:
         self._handles.clear()
         self._reducing.clear()
 
-    def remove(self) -> None:
-        """Gather everything back and uninstall the hooks (DEFAULT layout again)."""
-        self._gather_all()
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
 
 def _sync_error(step: int, tables: list[str], ranks: object) -> Exception:
     from sparse2d.errors import SyncError
