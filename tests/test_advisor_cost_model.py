@@ -155,7 +155,7 @@ def test_a_streamed_sync_hides_its_wire_time_behind_the_next_step() -> None:
     """Two hosts joined by a slow link, replicas across it (inter_host): a burst pays the
     whole interval's bytes at once, a stream one fragment a step whose wire time runs behind
     the next step's work."""
-    big = (TableLoad("z", 200_000, DIM, sharding="table_wise"),)
+    big = tuple(TableLoad(n, 200_000, DIM, sharding="table_wise") for n in "zy")  # one a rank
     kw = dict(
         sync_every=20,
         replica_layout="inter_host",
@@ -234,3 +234,32 @@ def test_auto_syncs_the_touched_rows_where_the_ring_crosses_a_host_link() -> Non
     assert c.sync_bytes == pytest.approx(union * (DIM * 4 + ID_BYTES), abs=1)  # int bytes
     flat = AnalyticCostModel(w, topology(4, ranks_per_host=2), PLANNER).estimate(2)
     assert flat.sync_bytes == ROWS * DIM * 4
+
+
+def test_a_hosts_rings_finish_when_the_link_has_carried_all_their_bytes() -> None:
+    """3 tables on a group of 2 hold 2 and 1; their two rings share each host's slow link,
+    which stays busy while either sends: the sync takes 3 tables' bytes at the link's rate,
+    not twice the larger shard's 2 (catches ``rings x max(shard)`` in the sync's time: +33%)."""
+    w = workload(
+        TW4[:3], optimizer="sgd", engine="dense", replica_layout="inter_host", check_finite=False
+    )
+    c = AnalyticCostModel(w, topology(4, ranks_per_host=2, host_link_bw=5e6), PLANNER).estimate(2)
+    table = ROWS * DIM * 4
+    assert c.sync_bytes == 2 * table  # the larger shard
+    assert c.sync_s == pytest.approx(3 * table / 5e6 + 2 * 1e-4)  # 2 tree steps of latency
+
+
+def test_a_hidden_sync_hides_one_input_dist_per_sync() -> None:
+    """``hide``: a sync's all-reduce runs beside the next input dist once per sync, so a sync
+    every 20 steps hides one input dist in 20 steps' worth of sync, not one a step (catches
+    ``exposed_s(sync / every, ids a2a)``, which hid 20x too much where the cores overlap)."""
+    kw = dict(optimizer="sgd", engine="dense", replica_layout="inter_host", check_finite=False)
+    topo = topology(4, ranks_per_host=2)  # no host link: the cores overlap (comm_overlap 1)
+    plain = AnalyticCostModel(workload(TW2, sync_every=20, hide=False, **kw), topo, PLANNER)
+    hidden = AnalyticCostModel(workload(TW2, sync_every=20, hide=True, **kw), topo, PLANNER)
+    shown, kept = plain.estimate(2), hidden.estimate(2)
+    ids = kept.term("input_a2a")
+    per_sync = shown.sync_s * 20
+    assert 0 < ids < per_sync
+    assert kept.sync_s == pytest.approx((per_sync - ids) / 20)
+    assert kept.sync_s > 1.5 * (shown.sync_s - ids)  # the old units: 20 input dists hidden

@@ -268,3 +268,37 @@ def test_replica_layout_auto_keeps_the_faster_layout_per_group_size() -> None:
         fastest = min(each[lay].candidate(c.sharding_group_size).step_s for lay in each)
         assert c.step_s == pytest.approx(fastest)
     assert each["inter_host"].candidate(4).step_s < each["intra_host"].candidate(4).step_s
+
+
+def test_rings_sharing_a_host_link_take_their_summed_bytes() -> None:
+    """4 pairs share a host's link and TCP keeps it busy while any of them sends: the last
+    ring ends when the link has carried every ring's bytes, the sum (4 x their mean shard),
+    not 4 x the largest. Catches ``rings x nbytes`` for the wire where the shards differ
+    (the 2 x 4 cluster cell's 19.2, 19.2, 16.4, 16.5 MB: 3.07 s priced, 2.94 s measured to
+    the last ring's end, 2.85 s summed)."""
+    largest, mean = 1e6, 0.75e6
+    alpha = LINKED.inter_host_latency_s
+    pairs = ct.allreduce_s(largest, 2, True, LINKED, members_per_host=1, link_nbytes=mean)
+    assert pairs == pytest.approx(4 * mean / 25e6 + 2 * alpha)
+    # the cores still copy the largest shard: where they are slower than the link, it counts
+    slow_cores = dataclasses.replace(LINKED, intra_host_bw=2e6)
+    cores = ct.allreduce_s(largest, 2, True, slow_cores, 1, link_nbytes=mean)
+    assert cores == pytest.approx(largest / 2e6 + 2 * alpha)
+
+
+def test_a_hidden_all_reduce_exposes_its_wire_beyond_the_work_beside_it() -> None:
+    """What runs beside a background all-reduce hides its wire time on a host link even where
+    the cores cannot overlap (``comm_overlap=0``, a CPU box): the link carries the bytes
+    while the cores work. Catches ``exposed_s(sync, beside, comm_overlap)`` for a hidden
+    burst, which charged the whole sync there."""
+    cpu = dataclasses.replace(LINKED, comm_overlap=0.0)
+    total = ct.allreduce_s(1e6, 2, True, cpu, 1)
+    wire = 4 * 1e6 / 25e6
+    latency = 2 * cpu.inter_host_latency_s
+    assert total == pytest.approx(wire + latency)
+    assert ct.hidden_allreduce_s(1e6, 2, True, cpu, 1, 0.05) == pytest.approx(wire - 0.05 + latency)
+    cores = 1e6 / cpu.intra_host_bw  # copied and reduced on cores no one else frees
+    assert ct.hidden_allreduce_s(1e6, 2, True, cpu, 1, 1.0) == pytest.approx(cores + latency)
+    # no host link: only the cores' overlap hides it
+    flat = dataclasses.replace(cpu, host_link_bw=0.0)
+    assert ct.hidden_allreduce_s(1e6, 2, True, flat, 1, 1.0) == ct.allreduce_s(1e6, 2, True, flat)

@@ -13,8 +13,10 @@ sharding type of a table changes with ``L`` where that is cheaper), the terms of
   part at its own bandwidth;
 * input all-to-all of the ids: serial, or overlapped with the previous step when pipelined;
 * replica sync per step: a dense or touched-rows all-reduce plus a fixed cost and the NaN/inf
-  vote, over ``sync_every``; hidden
-  behind the dense step when ``hide``; FULLY_SHARDED's three collectives every step;
+  vote, over ``sync_every``; with ``hide`` its all-reduce runs beside the next input dist
+  until the next lookup lands it (a host link carries its bytes meanwhile; the cores hide
+  theirs by ``comm_overlap``), a stream's fragment beside the whole next step; the rings on a
+  host's link take the sum of their bytes; FULLY_SHARDED's three collectives every step;
 * lookup compute of the most loaded rank (stragglers): bytes streamed plus the distinct rows
   its fused optimizer updates (Zipf-expected over the group's ids), and the dense part.
 
@@ -264,13 +266,16 @@ class AnalyticCostModel(CostModel):
         )
         dense_s = _allreduce_s(w.dense_params * 4, list(range(topo.world_size)), topo)
         synced = loads.synced
-        sync_s, sync_kind = self._sync_s(max(synced), max(loads.full), replicas, L)
-        if w.hide and sync_kind in ("dense", "sparse"):  # beside the next input dist only:
-            sync_s = ct.exposed_s(sync_s, ids_a2a, topo.comm_overlap)  # the dense step is tiny
+        shard = max(synced)  # the slowest ring's; the rings on a host's link carry the mean
+        mean = sum(synced) / L
+        # hidden: from the end of the backward to the next lookup, which lands it; beside the
+        # next input dist only (the dense optimizer step and the data are not priced)
+        window = ids_a2a if w.hide else None
+        sync_s, sync_kind = self._sync_s(shard, mean, max(loads.full), replicas, L, window)
         modes: tuple[tuple[str, float], ...] = ()
         if sync_kind in ("dense", "sparse") and w.sync_every > 1:
             beside = compute_s + out_a2a + ids_exposed + dense_s if w.hide else 0.0
-            streamed = self._streamed_s(max(synced), replicas, L, beside)
+            streamed = self._streamed_s(shard, mean, replicas, L, beside)
             modes = (("burst", sync_s), ("streamed", streamed))
             sync_s = streamed if w.stream else sync_s
         mem = max(loads.memory)
@@ -433,8 +438,20 @@ class AnalyticCostModel(CostModel):
             return 0.0
         return ct.link_time_s(nbytes * local / peers, nbytes * remote / peers, self.topology)
 
-    def _sync_s(self, shard_bytes: float, full: float, replicas: int, L: int) -> tuple[float, str]:
-        """Replica sync per step and which mechanism runs it."""
+    def _sync_s(
+        self,
+        shard_bytes: float,
+        link_bytes: float,
+        full: float,
+        replicas: int,
+        L: int,
+        hidden_beside: float | None = None,
+    ) -> tuple[float, str]:
+        """Replica sync per step and which mechanism runs it. ``link_bytes``: the mean shard
+        of the rings side by side on a host's link (``allreduce_s``). ``hidden_beside``
+        (``hide``): the seconds of work one sync's all-reduce runs beside before the next
+        lookup waits for it, once per sync (``hidden_allreduce_s``); its fixed cost and
+        vote are the sync call's own and are paid."""
         w, topo = self.workload, self.topology
         if replicas <= 1:
             return 0.0, "none"
@@ -445,22 +462,33 @@ class AnalyticCostModel(CostModel):
             return ct.fully_sharded_s(
                 full, replicas, remote > 0, topo
             ) + topo.sync_overhead_s, "fully_sharded"
-        per_sync = ct.allreduce_s(shard_bytes, replicas, remote > 0, topo, local + 1)
+        if hidden_beside is None:
+            per_sync = ct.allreduce_s(
+                shard_bytes, replicas, remote > 0, topo, local + 1, link_bytes
+            )
+        else:
+            per_sync = ct.hidden_allreduce_s(
+                shard_bytes, replicas, remote > 0, topo, local + 1, hidden_beside, link_bytes
+            )
         per_sync += topo.sync_overhead_s
         kind = "dense" if w.engine == "dense" else "sparse"
         if w.check_finite:
             per_sync += ct.vote_s(topo.world_size, world_remote, topo)
         return per_sync / w.sync_every, kind
 
-    def _streamed_s(self, shard_bytes: float, replicas: int, L: int, beside_s: float) -> float:
+    def _streamed_s(
+        self, shard_bytes: float, link_bytes: float, replicas: int, L: int, beside_s: float
+    ) -> float:
         """A streamed sync per step: ``1 / sync_every`` of a sync's bytes every step, its wire
         time behind ``beside_s`` of the next step's work, its fixed cost and NaN/inf vote paid
         every step."""
         w, topo = self.workload, self.topology
         members = replica_groups(topo.world_size, L, w.replica_layout)[0]
         local, remote = _peers(topo, members)
-        fragment = shard_bytes / w.sync_every
-        step_s = ct.streamed_allreduce_s(fragment, replicas, remote > 0, topo, local + 1, beside_s)
+        fragment, on_link = shard_bytes / w.sync_every, link_bytes / w.sync_every
+        step_s = ct.hidden_allreduce_s(
+            fragment, replicas, remote > 0, topo, local + 1, beside_s, on_link
+        )
         step_s += topo.sync_overhead_s
         if w.check_finite:
             step_s += ct.vote_s(topo.world_size, topo.world_size > topo.ranks_per_host, topo)
