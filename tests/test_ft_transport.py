@@ -104,7 +104,8 @@ def _quorum_channel(group: int, lighthouse: str, timeout_s: float, pg_timeout_s:
     its manager, the channel over them). ``pg_timeout_s``: the process group's own gloo
     timeout, set at its setup (0: ``timeout_s``)."""
     from sparse2d.ft.ft_options import FTOptions
-    from sparse2d.ft.quorum import form, torchft_manager
+    from sparse2d.ft.manager import torchft_manager
+    from sparse2d.ft.quorum import form
     from sparse2d.ft.transport import ManagedChannel
 
     options = FTOptions(

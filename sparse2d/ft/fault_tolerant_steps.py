@@ -38,6 +38,7 @@ from sparse2d.errors import FaultToleranceError, SyncError
 from sparse2d.ft import commit, in_world, quorum, replica_sync, step_vote
 from sparse2d.ft import state as heal_state
 from sparse2d.ft.ft_options import FTOptions
+from sparse2d.ft.manager import drop_process_group, torchft_manager
 from sparse2d.ft.quorum import START_POLL_S
 from sparse2d.ft.transport import ManagedChannel
 from sparse2d.managed_collision.tables import sharded_mc_table_names
@@ -93,7 +94,7 @@ class FaultTolerance:
         self._lease = quorum.QuorumLease(
             options.quorum_every, lambda: self._pg, self._drop_process_group, options.timeout_s
         )
-        self._pg, self.manager = quorum.torchft_manager(options, self._restore, self._capture)
+        self._pg, self.manager = torchft_manager(options, self._restore, self._capture)
         self.channel = ManagedChannel(
             self.manager, self._pg, lambda: self.participants, options.timeout_s
         )
@@ -319,7 +320,7 @@ class FaultTolerance:
         return committed
 
     def _drop_process_group(self) -> None:
-        quorum.drop_process_group(self._pg, self.manager)
+        drop_process_group(self._pg, self.manager)
         self.channel.arena.forget()  # the abandoned all-reduce may still write into it
 
     def resume(self, step: int, position: int, slices_skipped: int = 0) -> None:

@@ -258,7 +258,7 @@ class ManagedChannel:
 TRUSTED_SHARE = 0.75
 """A cross-group all-reduce done later than this share of ``timeout_s`` fails its step. A
 peer that started it up to ``timeout_s`` x (1 - share) earlier may have reached its own
-deadline and gone on without this group (``quorum.drop_process_group`` leaves the
+deadline and gone on without this group (``manager.drop_process_group`` leaves the
 abandoned collective running); completed here later, it would commit a step the peer then
 commits again with other weights (split brain). Steps are in lockstep within milliseconds."""
 
@@ -396,7 +396,7 @@ class SendArena:
         self._cursor.clear()
 
     def forget(self) -> None:
-        """A send failed and was abandoned (``quorum.drop_process_group``): it may still write
+        """A send failed and was abandoned (``manager.drop_process_group``): it may still write
         into its buffer when a cut link comes back, so the next payload gets new buffers."""
         self._flat.clear()
         self._cursor.clear()
