@@ -171,3 +171,28 @@ def test_a_dropped_process_group_is_freed_off_the_training_thread() -> None:
         while not freed and time.monotonic() < deadline:
             time.sleep(0.01)
         assert freed == ["sparse2d_abort"], freed
+
+
+def test_a_replaced_process_group_is_freed_off_the_quorum_thread() -> None:
+    """torchft's ``configure`` aborts and frees the group a new quorum replaces on its quorum
+    thread, which the step waits for; the guard hands that group to the reaper first, so
+    ``configure`` finds none and returns at once. Breaks if the guard is not installed or
+    keeps its own reference (the caller then frees the group: 1 s here, the whole cut on a
+    cut link)."""
+    from types import SimpleNamespace
+
+    from sparse2d.ft.manager import free_replaced_groups_off_the_quorum_thread
+
+    for _ in range(3):
+        freed: list[str] = []
+        seen: list[object] = []
+        wrapper = SimpleNamespace(_pg=_CutGroup(freed))
+        wrapper.configure = lambda *a, w=wrapper, seen=seen, **k: seen.append(w._pg)  # torchft's
+        free_replaced_groups_off_the_quorum_thread(wrapper)
+        began = time.monotonic()
+        wrapper.configure("store/torchft/4/0", "group_1", 0, 2)
+        assert time.monotonic() - began < 0.5 and seen == [None], seen
+        deadline = time.monotonic() + 10
+        while not freed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert freed == ["sparse2d_abort"], freed

@@ -60,6 +60,7 @@ def torchft_manager(
     bound_quorum_wait(manager, options.quorum_timeout_s)
     refuse_strangers(manager, job)
     fresh_store_prefix(manager, pg)  # wraps the guarded client: notes accepted quorums
+    free_replaced_groups_off_the_quorum_thread(pg)  # wraps fresh_store_prefix's configure
     return pg, manager
 
 
@@ -190,11 +191,36 @@ def drop_process_group(pg: Any, manager: Any) -> None:
     buffers are never reused (``SendArena.forget``), and a peer cannot commit it alone
     (``transport.TRUSTED_SHARE``).
     """
+    _hand_to_reaper(pg)
+    manager._quorum_id = -1
+
+
+def _hand_to_reaper(pg: Any) -> None:
+    """Move the process group out of torchft's wrapper ``pg`` (which then builds a new one
+    at its next ``configure``) to the reaper, keeping no reference here."""
     handoff = [getattr(pg, "_pg", None)]  # the wrapper's reference moves into the box ...
-    pg._pg = None  # ... and torchft's wrapper builds a new group at the next quorum
+    pg._pg = None  # ... and the box's is the only one left
     if handoff[0] is not None:
         _REAPER.take(handoff)
-    manager._quorum_id = -1
+
+
+def free_replaced_groups_off_the_quorum_thread(pg: Any) -> None:
+    """Hand the process group a new quorum replaces to the reaper before torchft's
+    ``configure`` builds the next one.
+
+    torchft's ``configure`` aborts and frees the group it replaces itself, on its quorum
+    thread, and the step waits for that thread (``wait_quorum``). gloo's destructor waits for
+    whatever that group still has in flight toward a peer, and a peer behind a cut link
+    answers only when the link is back: the whole quorum, and the step, would wait that
+    long. Handed over first, the group is freed on the reaper's thread like a dropped one
+    (``drop_process_group``), and ``configure`` finds nothing to abort."""
+    configure = pg.configure
+
+    def configure_after_handing_over(*args: Any, **kwargs: Any) -> None:
+        _hand_to_reaper(pg)
+        configure(*args, **kwargs)
+
+    pg.configure = configure_after_handing_over
 
 
 class _Reaper:
