@@ -224,8 +224,9 @@ def free_replaced_groups_off_the_quorum_thread(pg: Any) -> None:
 
 
 class _Reaper:
-    """One daemon thread that aborts abandoned process groups and frees them, so that no
-    wait of theirs (abort, destructor) ever runs on a training thread."""
+    """One daemon thread that aborts abandoned and replaced process groups and frees them,
+    so that no wait of theirs (abort, destructor) ever runs on a training thread or on
+    torchft's quorum thread, which the step waits for."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
