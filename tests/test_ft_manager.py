@@ -1,7 +1,7 @@
 """``sparse2d.ft.manager``: torchft's manager for one group and the guards around it, on
 real torchft and gloo: the quorum's deadline (a stalled process-group setup), quorums of this
-job only (a stranger at the lighthouse), and a dropped process group freed off the training
-thread.
+job only (a stranger at the lighthouse), a dropped or replaced process group freed off the
+training and quorum threads, and a setup toward a silent store given up after ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -173,26 +173,92 @@ def test_a_dropped_process_group_is_freed_off_the_training_thread() -> None:
         assert freed == ["sparse2d_abort"], freed
 
 
-def test_a_replaced_process_group_is_freed_off_the_quorum_thread() -> None:
-    """torchft's ``configure`` aborts and frees the group a new quorum replaces on its quorum
-    thread, which the step waits for; the guard hands that group to the reaper first, so
-    ``configure`` finds none and returns at once. Breaks if the guard is not installed or
-    keeps its own reference (the caller then frees the group: 1 s here, the whole cut on a
-    cut link)."""
+def _store() -> tuple[object, str]:
+    """A real TCPStore server and its address, as torchft's quorum hands it to ``configure``."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    return server, f"127.0.0.1:{server.port}/torchft/4/0"
+
+
+def _guarded_wrapper(limit_s: float) -> tuple[object, object]:
+    """torchft's process-group wrapper and a stand-in for its manager's quorum id, with the
+    setup guard installed as ``torchft_manager`` installs it."""
     from types import SimpleNamespace
 
-    from sparse2d.ft.manager import free_replaced_groups_off_the_quorum_thread
+    from torchft.process_group import ProcessGroupGloo
 
+    from sparse2d.ft.manager import set_up_groups_by_deadline
+
+    wrapper = ProcessGroupGloo(timeout=datetime.timedelta(seconds=limit_s))
+    manager = SimpleNamespace(_quorum_id=4)
+    set_up_groups_by_deadline(wrapper, manager, limit_s)
+    return wrapper, manager
+
+
+def test_a_replaced_process_group_is_freed_off_the_quorum_thread() -> None:
+    """torchft's ``configure`` aborts and frees the group a new quorum replaces on its quorum
+    thread, which the step waits for; the guard hands that group to the reaper first and
+    builds the new one. Breaks if the guard keeps a reference to the replaced group or frees
+    it itself (1 s here, the whole cut on a cut link)."""
+    server, address = _store()
     for _ in range(3):
         freed: list[str] = []
-        seen: list[object] = []
-        wrapper = SimpleNamespace(_pg=_CutGroup(freed))
-        wrapper.configure = lambda *a, w=wrapper, seen=seen, **k: seen.append(w._pg)  # torchft's
-        free_replaced_groups_off_the_quorum_thread(wrapper)
+        wrapper, _ = _guarded_wrapper(limit_s=5.0)
+        wrapper._pg = _CutGroup(freed)
         began = time.monotonic()
-        wrapper.configure("store/torchft/4/0", "group_1", 0, 2)
-        assert time.monotonic() - began < 0.5 and seen == [None], seen
+        wrapper.configure(address, "group_1", 0, 1)
+        assert time.monotonic() - began < 0.9, time.monotonic() - began
+        assert wrapper._pg is not None and not isinstance(wrapper._pg, _CutGroup)
+        assert wrapper._rank == 0 and wrapper._replica_id == "group_1"
         deadline = time.monotonic() + 10
         while not freed and time.monotonic() < deadline:
             time.sleep(0.01)
         assert freed == ["sparse2d_abort"], freed
+    del server
+
+
+def test_a_setup_toward_a_silent_store_fails_within_timeout_s() -> None:
+    """A store that accepts and then never answers (its host's link cut just after the
+    quorum formed) holds torchft's own setup past its timeout, for as long as it stays
+    silent (a 27.7 s cut held the survivors 59.4 s in ``bench/chaos.py``). The guard gives
+    up after ``timeout_s``: the setup raises, the wrapper holds no group, and the next quorum
+    builds one whatever its id. Breaks without the guard (the setup is still waiting when
+    the test gives up on it) or with the deadline dropped."""
+    import socket
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(silent.accept()[0])  # reads nothing, answers nothing
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    wrapper, manager = _guarded_wrapper(limit_s=1.0)
+    outcome: list[object] = []
+
+    def configure() -> None:  # torchft's quorum thread
+        try:
+            wrapper.configure(f"127.0.0.1:{silent.getsockname()[1]}/torchft/4/0", "g", 0, 2)
+            outcome.append("configured")
+        except TimeoutError as error:
+            outcome.append(error)
+
+    began = time.monotonic()
+    quorum_thread = threading.Thread(target=configure, daemon=True)
+    quorum_thread.start()
+    quorum_thread.join(10)
+    took = time.monotonic() - began
+    try:
+        assert outcome and isinstance(outcome[0], TimeoutError), (outcome, took)
+        assert 1.0 <= took < 3.0, took
+        assert "fault_tolerance.timeout_s" in str(outcome[0])
+        assert wrapper._pg is None and manager._quorum_id == -1
+    finally:
+        silent.close()  # the abandoned setup then fails and hands its group to the reaper
+        for connection in held:
+            connection.close()

@@ -1,5 +1,6 @@
 """torchft's ``Manager`` for one group: built (``torchft_manager``), guarded (a fresh
-rendezvous prefix per quorum, quorums of this job only, a deadline on ``wait_quorum``), and
+rendezvous prefix per quorum, quorums of this job only, a deadline on ``wait_quorum`` and on
+each process group's setup), and
 its cross-group process group dropped after a failure without waiting (``drop_process_group``,
 freed on the ``_Reaper``'s thread).
 
@@ -59,8 +60,8 @@ def torchft_manager(
     )
     bound_quorum_wait(manager, options.quorum_timeout_s)
     refuse_strangers(manager, job)
-    fresh_store_prefix(manager, pg)  # wraps the guarded client: notes accepted quorums
-    free_replaced_groups_off_the_quorum_thread(pg)  # wraps fresh_store_prefix's configure
+    set_up_groups_by_deadline(pg, manager, options.timeout_s)
+    fresh_store_prefix(manager, pg)  # wraps the guarded client and the deadline's configure
     return pg, manager
 
 
@@ -204,29 +205,78 @@ def _hand_to_reaper(pg: Any) -> None:
         _REAPER.take(handoff)
 
 
-def free_replaced_groups_off_the_quorum_thread(pg: Any) -> None:
-    """Hand the process group a new quorum replaces to the reaper before torchft's
-    ``configure`` builds the next one.
+CONFIGURED = (
+    "_pg",
+    "_replica_id",
+    "_rank",
+    "_quorum_id",
+    "_group_rank",
+    "_group_world_size",
+    "_global_ranks",
+)
+"""What torchft's ``ProcessGroupWrapper.configure`` sets: moved from the spare wrapper that
+built a group to the one torchft's manager and sparse2d's transport hold."""
 
-    torchft's ``configure`` aborts and frees the group it replaces itself, on its quorum
-    thread, and the step waits for that thread (``wait_quorum``). gloo's destructor waits for
-    whatever that group still has in flight toward a peer, and a peer behind a cut link
-    answers only when the link is back: the whole quorum, and the step, would wait that
-    long. Handed over first, the group is freed on the reaper's thread like a dropped one
-    (``drop_process_group``), and ``configure`` finds nothing to abort."""
-    configure = pg.configure
 
-    def configure_after_handing_over(*args: Any, **kwargs: Any) -> None:
+def set_up_groups_by_deadline(pg: Any, manager: Any, limit_s: float) -> None:
+    """Build each quorum's cross-group process group on a thread of its own, and give up on
+    it ``limit_s`` (``fault_tolerance.timeout_s``) after it began.
+
+    torchft sets the group up on its quorum thread, which the step waits for: it reads the
+    members' addresses from the primary group's store and connects to each. A member whose
+    link is cut just after the quorum formed answers neither, and torchft's timeout ends
+    neither wait: a store that stopped answering held the setup for as long as it stayed
+    silent (``tests/test_ft_manager.py``), and a 27.7 s cut struck 6 ms after a quorum held
+    the survivors 59.4 s (``bench/chaos.py``). Past the deadline the setup raises: torchft
+    reports the error, the step fails its commit, and the next quorum forms without the cut
+    group. The abandoned setup's group, if it ever completes, goes to the reaper unused.
+
+    The group the new quorum replaces goes to the reaper first: torchft's ``configure``
+    would abort and free it on the quorum thread, and gloo's destructor waits for whatever
+    that group still has in flight toward a cut peer."""
+    make = type(pg)
+
+    def configure_by_deadline(*args: Any, **kwargs: Any) -> None:
         _hand_to_reaper(pg)
-        configure(*args, **kwargs)
+        spare = make(timeout=pg._timeout)
+        lock, outcome, finished = threading.Lock(), {}, threading.Event()
 
-    pg.configure = configure_after_handing_over
+        def set_up() -> None:
+            try:
+                spare.configure(*args, **kwargs)
+            except Exception as error:  # raised on the quorum thread below
+                outcome["error"] = error
+            with lock:
+                if "abandoned" in outcome:
+                    _hand_to_reaper(spare)
+                    return
+                outcome["done"] = True
+            finished.set()
+
+        threading.Thread(target=set_up, name="sparse2d_pg_setup", daemon=True).start()
+        finished.wait(limit_s)
+        with lock:
+            if "done" not in outcome:
+                outcome["abandoned"] = True
+        if "done" not in outcome or "error" in outcome:
+            manager._quorum_id = -1  # the next quorum builds a group, whatever its id
+        if "done" not in outcome:
+            raise TimeoutError(
+                f"cross-group process group not set up within {limit_s:g} s "
+                "(fault_tolerance.timeout_s): a member of the quorum did not answer"
+            )
+        if "error" in outcome:
+            raise outcome["error"]
+        for name in CONFIGURED:
+            setattr(pg, name, getattr(spare, name))
+
+    pg.configure = configure_by_deadline
 
 
 class _Reaper:
-    """One daemon thread that aborts abandoned and replaced process groups and frees them,
-    so that no wait of theirs (abort, destructor) ever runs on a training thread or on
-    torchft's quorum thread, which the step waits for."""
+    """One daemon thread that aborts abandoned, replaced and late-built process groups and
+    frees them, so that no wait of theirs (abort, destructor) ever runs on a training thread
+    or on torchft's quorum thread, which the step waits for."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
