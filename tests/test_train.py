@@ -218,7 +218,6 @@ def test_auto_group_size_and_balance_at_start_up(tmp_path, world4) -> None:
         world4,
         "parallel.sharding_group_size=auto",
         "train.steps=4",
-        "parallel.auto.candidates=0",  # the model-only pick (no trial)
         "train.eval_batches=1",
         "checkpoint.every=0",
         f"run_dir={tmp_path}",
