@@ -151,13 +151,13 @@ class Loop:
             }
         )
         pick = getattr(self.model, "auto_pick", None)  # auto: the cost model's pick
+        picked = {} if pick is None else {"auto_pick": pick.as_json()}
+        if pick is not None:
+            if self.is_main:
+                print(pick.line(), flush=True)
+            self.log({"kind": "auto_pick", **picked["auto_pick"]})
         self._log_balance()
-        if pick is None:
-            return {}
-        if self.is_main:
-            print(pick.line(), flush=True)
-        self.log({"kind": "auto_pick", **pick.as_json()})
-        return {"auto_pick": pick.as_json()}
+        return picked
 
     # ---- the loop --------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
