@@ -82,7 +82,7 @@ class Strategy:
 
     def overrides(self) -> list[str]:
         if self.auto:
-            trial = [] if self.auto == "measured" else ["parallel.auto.candidates=0"]
+            trial: list[str] = []  # parallel.auto (the trial) retired: "model" is what auto does
             return [
                 "parallel.sharding_group_size=auto",
                 "parallel.replica_layout=auto",

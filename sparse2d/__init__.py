@@ -25,7 +25,6 @@ from sparse2d.errors import (
     Sparse2DError,
     StoredPlanError,
     SyncError,
-    TrialError,
     UnsupportedOptimizerError,
 )
 from sparse2d.known_warnings import ignore_known_warnings
@@ -33,9 +32,7 @@ from sparse2d.mesh import rank_layout, replica_groups
 
 if TYPE_CHECKING:
     from sparse2d import checkpoint, patches
-    from sparse2d.advisor.embedding_trial import pick_group_size
-    from sparse2d.advisor.measured import measured_group_size
-    from sparse2d.advisor.trial_options import TrialOptions
+    from sparse2d.advisor.auto_pick import pick_group_size
     from sparse2d.ft.fault_tolerant_steps import FaultTolerance
     from sparse2d.ft.ft_options import FTOptions
     from sparse2d.ft.optim import FTOptimizer
@@ -50,9 +47,7 @@ _LAZY = {
     "FaultTolerance": "sparse2d.ft.fault_tolerant_steps",
     "FTOptimizer": "sparse2d.ft.optim",
     "FTOptions": "sparse2d.ft.ft_options",
-    "TrialOptions": "sparse2d.advisor.trial_options",
-    "measured_group_size": "sparse2d.advisor.measured",
-    "pick_group_size": "sparse2d.advisor.embedding_trial",
+    "pick_group_size": "sparse2d.advisor.auto_pick",
 }
 _SUBMODULES = ("checkpoint", "patches")
 """``sparse2d.checkpoint.save`` (save/load/latest/prune/repair); ``sparse2d.patches`` (which
@@ -78,12 +73,9 @@ __all__ = [
     "SyncError",
     "SyncOptions",
     "SyncReport",
-    "TrialError",
-    "TrialOptions",
     "UnsupportedOptimizerError",
     "checkpoint",
     "ignore_known_warnings",
-    "measured_group_size",
     "patches",
     "pick_group_size",
     "rank_layout",

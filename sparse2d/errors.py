@@ -34,7 +34,6 @@ __all__ = [
     "Sparse2DError",
     "StoredPlanError",
     "SyncError",
-    "TrialError",
     "UnsupportedOptimizerError",
 ]
 
@@ -100,10 +99,6 @@ class StoredPlanError(PlanError):
 
 class NoFitError(PlanError):
     """No sharding group size fits device memory; the message lists numbered fixes."""
-
-
-class TrialError(PlanError):
-    """Every shortlisted group size failed its measured trial; the message lists each and why."""
 
 
 # --- checkpoints ---------------------------------------------------------------------------

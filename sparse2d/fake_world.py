@@ -117,7 +117,7 @@ def plan_rank(module: Any, *args: Any, **kwargs: Any) -> tuple[Any, list[Any], A
     """``DMPCollection(module, *args, **kwargs)`` up to its plan, without sharding: steps 1-4
     of its construction (validate, L and layout, plan or load the stored plan, mesh), the
     plan remapped to this rank's groups. ``L`` is an ``int`` (a dry run's ``"auto"`` is
-    resolved before, by its trial). Allocates
+    resolved before, by the cost model's pick). Allocates
     no embedding storage, so a rank whose shards would not fit this machine can be described:
     returns ``(plan, contexts, construction_report)``; ``planned_shards`` reads the plan."""
     from sparse2d.core.collection_setup import choose_layout, fixed_group_size, resolve_setup

@@ -85,7 +85,6 @@ def test_error_hierarchy() -> None:
         e.PlanError,
         e.StoredPlanError,
         e.NoFitError,
-        e.TrialError,
         e.UnsupportedOptimizerError,
         e.KeyValueError,
         e.NotARunError,

@@ -28,7 +28,7 @@ def test_every_layout_once_and_the_options_crossed() -> None:
     assert len(fixed) == (1 + 2 + 2) * 2 * 2  # L=1, 2x2, 2x4 layouts; every; engines
     assert [s.every for s in plan if s.auto] == [1, 10]
     assert "parallel.replica_layout=auto" in Strategy(0, auto="model").overrides()
-    assert "parallel.auto.candidates=0" in Strategy(0, auto="model").overrides()
+    assert not any("parallel.auto." in o for o in Strategy(0, auto="model").overrides())
 
 
 def _cell(label: str, group: int, sps: list[float], **extra) -> dict:

@@ -254,14 +254,14 @@ COVERING_RUNS: dict[str, list[str]] = {
 }
 """Trainer runs in one world that together cover every working pair without fault
 tolerance (chosen greedily; ``test_covering_runs_cover_every_working_pair`` checks). A pair
-of two other options counts only in a run at the base's fixed ``L`` (2 replicas): measured
-``auto`` may pick ``L`` = the world, where nothing is replicated and a replica check holds
+of two other options counts only in a run at the base's fixed ``L`` (2 replicas): ``auto``
+(the cost model's pick) may pick ``L`` = the world, where nothing is replicated and a replica check holds
 vacuously (a stream with momentum scaling left replicas apart and passed that way, whenever
-the trial picked 1D). ``semi_sync_defaults`` guards a bug these runs found: under
+``auto`` picked 1D). ``semi_sync_defaults`` guards a bug these runs found: under
 ``TrainPipelineSemiSync`` the embedding update lands after DDP's backward and after the next
 batch's lookup, and replicas ended 0.5 apart (syncs run inside DDP's backward; touched rows
 stamped before a sync)."""
-COVERING_RUNS |= {  # measured auto beside the options of these runs: every (auto, option) pair
+COVERING_RUNS |= {  # auto beside the options of these runs: every (auto, option) pair
     f"auto_{name}": ["auto_group_size", *COVERING_RUNS[name]]
     for name in (
         "stream_mch",

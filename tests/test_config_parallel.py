@@ -75,3 +75,20 @@ def test_bad_sync_options_are_refused_when_the_section_is_built() -> None:
         ParallelConfig(node_group_size=0)
     with pytest.raises(ConfigError, match="every=0 must be an int >= 1"):
         SyncOptions(every=0)
+
+
+@pytest.mark.parametrize(
+    "override", ["parallel.auto.candidates=0", "parallel.auto={timed_steps: 5}"]
+)
+def test_the_retired_auto_trial_section_is_refused_naming_it_and_the_runs(override: str) -> None:
+    """``parallel.auto`` configured the measured trial of ``sharding_group_size: auto``,
+    retired by measurement (issue 66): one line naming the key and the stored runs."""
+    message = _error(["parallel.sharding_group_size=auto", override])
+    assert message.startswith("parallel.auto was retired: ") and "\n" not in message
+    assert "bench/RESULTS.md, section auto" in message
+
+
+def test_an_unknown_parallel_key_still_lists_the_valid_keys() -> None:
+    message = _error(["parallel.autos=1"])
+    assert message.startswith("unknown key 'autos' in section 'parallel'; valid keys: ")
+    assert "sharding_group_size" in message and "auto," not in message

@@ -214,8 +214,8 @@ def test_two_replica_layouts_in_one_process(world4) -> None:
 
 ROUTE_NAMES = ("sharding_group_size", "group_size")
 """The parameters that carry ``L`` on: a call that takes one of them is a stop of its route."""
-ADVICE = "auto_candidates"
-"""The advisor's advice (``sparse2d.advisor.auto_pick``) takes no ``L``: it prices every
+ADVICE = "decide"
+"""The advisor's advice (``sparse2d.advisor.auto_pick.decide``) takes no ``L``: it prices every
 divisor of the world and returns a pick. The ``L`` its cost model passes around are those
 divisors, not the constructor's, so calls inside it are no stops of the route."""
 
@@ -228,7 +228,6 @@ def _route_and_steps(group_size: int | str) -> dict[str, object]:
     import sys
     from pathlib import Path
 
-    from sparse2d import TrialOptions
     from tests.test_imports import ROOT, layer_of, module_name
 
     package = str(ROOT / "sparse2d")
@@ -259,11 +258,10 @@ def _route_and_steps(group_size: int | str) -> dict[str, object]:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     logging.disable(logging.NOTSET)  # the shared workers mute WARNING and below
-    extra = {"auto_options": TrialOptions(candidates=0)} if group_size == "auto" else {}
     model = build_model(MIXED_TABLES)
     sys.setprofile(profile)
     try:
-        built = DMPCollection(model, group_size, device="cpu", **extra)
+        built = DMPCollection(model, group_size, device="cpu")
     finally:
         sys.setprofile(None)
         logging.disable(logging.WARNING)

@@ -218,7 +218,6 @@ def test_auto_group_size_and_balance_at_start_up(tmp_path, world4) -> None:
         world4,
         "parallel.sharding_group_size=auto",
         "train.steps=4",
-        "parallel.auto.candidates=0",  # the model-only pick (no trial)
         "train.eval_batches=1",
         "checkpoint.every=0",
         f"run_dir={tmp_path}",
@@ -227,8 +226,12 @@ def test_auto_group_size_and_balance_at_start_up(tmp_path, world4) -> None:
     expected = recommend_group_size(
         workload_from_config(cfg), topology_for_device(torch.device("cpu"), 4)
     )
-    assert _summary(tmp_path)["sharding_group_size"] == expected
+    summary = _summary(tmp_path)
+    assert summary["sharding_group_size"] == expected
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    pick = next(r for r in records if r["kind"] == "auto_pick")  # the start-up line's record
+    assert pick["sharding_group_size"] == expected and pick["method"] == "model"
+    assert str(expected) in pick["predicted_step_s"] and summary["auto_pick"]["method"] == "model"
     balance = next(r for r in records if r["kind"] == "balance")
     assert balance["lookup_max_over_mean"] >= 1.0 and balance["memory_max_over_mean"] >= 1.0
     # tiny_cpu: 6 tables of 16 floats + 1 row-wise state; the fullest rank holds at least 1/L

@@ -1,6 +1,6 @@
 """The group-size advisor: which ``L`` to train at. The cluster (``topology``), the job
-(``workload``), the cost model and its terms, the search over divisors, the report, the live
-``auto`` answer and the measured trial (``trial``). Planning one ``L`` is ``sparse2d.planner``'s."""
+(``workload``), the cost model and its terms, the search over divisors, the report and the live
+``auto`` answer (``auto_pick``: the cost model's pick). Planning one ``L`` is ``sparse2d.planner``'s."""
 
 from sparse2d.advisor.search import Advice, advise, recommend_group_size
 from sparse2d.advisor.topology import PRESETS, ClusterTopology, load_topology

@@ -1,30 +1,47 @@
-"""``sharding_group_size="auto"``: ask the advisor for ``L`` from a live model and process group.
+"""``sharding_group_size="auto"``: the cost model's ``L`` for a live model and process group.
 
 The workload is read off the module (every ``EmbeddingBagCollection``/``EmbeddingCollection``
 table, the fused optimizer set by ``apply_optimizer_in_backward``, the dense parameters) and
 the topology from the device and ``LOCAL_WORLD_SIZE``. Rank 0 decides and broadcasts the
 answer (or the advisor's error) so every rank builds the same mesh, as ``plan_for_group`` does.
-``pick_group_size`` then measures the shortlist where it can
-(``sparse2d.advisor.embedding_trial``).
+``pick_group_size`` is that answer for ``DMPCollection(module, "auto")`` (the public door asks
+it in step 2 of the construction, ``sparse2d.public_collection``); the trainer asks ``decide``
+with its config's workload.
+
+Until issue 66 the shortlist was then measured by a trial of timed steps; the stored runs
+(``bench/RESULTS.md``, section ``auto``) found the model's pick as close to the best fixed
+``L`` and seconds cheaper, so the trial and its options were retired (``RETIRED``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparse2d.advisor.topology import ClusterTopology, load_topology
-from sparse2d.advisor.trial_options import TrialOptions
 from sparse2d.advisor.workload import TableLoad, Workload
+from sparse2d.errors import ConfigError, KeyValueError, NoFitError
 
 if TYPE_CHECKING:
     import torch
-    import torch.distributed as dist
     import torch.nn as nn
+
+    from sparse2d.core.collection_setup import Setup
+
+logger = logging.getLogger(__name__)
 
 
 AUTO = "auto"
+RETIRED = (
+    "the measured trial of sharding_group_size auto (timed steps of each L the cost model "
+    "shortlisted) came no closer to the best fixed L than the model's pick and cost seconds "
+    "per launch: bench/RESULTS.md, section auto, gives the runs. Drop it: auto is the cost "
+    "model's pick"
+)
+"""Why the trial's options went (issue 66): the door's ``auto_options`` and the trainer's
+``parallel.auto`` are refused with this line, never ignored."""
 DEFAULT_BATCH_SIZE = 512
 """Per-rank batch assumed when the caller gives no ``planner_batch_size`` (TorchRec's default)."""
 
@@ -117,29 +134,97 @@ def topology_for_device(device: torch.device, world_size: int) -> ClusterTopolog
     return load_topology("cpu_gloo", world_size, overrides)
 
 
-def auto_candidates(
-    workload: Callable[[], Workload],
-    world_size: int,
-    device: torch.device,
-    pg: dist.ProcessGroup,
-    options: TrialOptions | None = None,
-) -> tuple[int, list[tuple[int, float]]]:
-    """The advisor's ``L`` for the job ``workload()`` describes (called on rank 0 only) and
-    its shortlist (``(L, predicted s)``, the pick first, ``options`` as the trainer's),
-    decided on rank 0 of ``pg`` and broadcast to all; ``NoFitError`` on every rank when
-    nothing fits."""
+@dataclass(frozen=True, slots=True)
+class AutoPick:
+    """The cost model's answer: ``L``, the replica layout it was priced in, and the predicted
+    step (seconds) of every ``L`` that fits device memory."""
+
+    sharding_group_size: int
+    replica_layout: str
+    predicted_s: dict[int, float]
+
+    def line(self) -> str:
+        """The log line: the pick, said to be the model's, and its predicted step per ``L``."""
+        steps = ", ".join(f"L={L} {1e3 * s:.1f} ms" for L, s in sorted(self.predicted_s.items()))
+        return (
+            f"auto sharding_group_size={self.sharding_group_size} ({self.replica_layout}): "
+            f"the cost model's pick; predicted step {steps}"
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "sharding_group_size": self.sharding_group_size,
+            "replica_layout": self.replica_layout,
+            "method": "model",
+            "predicted_step_s": {str(L): s for L, s in sorted(self.predicted_s.items())},
+        }
+
+
+def decide(
+    workload: Workload, topology: ClusterTopology, group_size: int | None = None
+) -> AutoPick:
+    """The advisor's recommended ``L`` (or ``group_size`` when given: only its layout is asked
+    for); ``NoFitError`` when nothing fits. Pure: run it on rank 0 (``share_from_rank0``)."""
     from sparse2d.advisor.search import advise, no_fit_message
-    from sparse2d.advisor.trial import shortlist
-    from sparse2d.comm_device import share_from_rank0
-    from sparse2d.errors import NoFitError
 
-    def decide() -> tuple[int, list[tuple[int, float]]]:
-        job = workload()
-        topology = topology_for_device(device, world_size)
-        advice = advise(job, topology)
+    advice = advise(workload, topology)
+    if group_size is None:
         if advice.recommended is None:
-            raise NoFitError(no_fit_message(advice, job, topology))
-        return advice.recommended, shortlist(advice, options or TrialOptions())
+            raise NoFitError(no_fit_message(advice, workload, topology))
+        group_size = advice.recommended
+    return AutoPick(
+        group_size,
+        advice.candidate(group_size).replica_layout,
+        {c.sharding_group_size: c.step_s for c in advice.candidates if c.fits},
+    )
 
-    pick, candidates = share_from_rank0(decide, pg)
-    return int(pick), [(int(L), float(s)) for L, s in candidates]
+
+def refuse_retired(kwargs: dict[str, Any]) -> None:
+    """``auto_options`` (the retired trial's options) is refused naming it, never ignored."""
+    if "auto_options" in kwargs:
+        raise KeyValueError("auto_options", f" was retired: {RETIRED}.")
+
+
+def pick_group_size(module: nn.Module, **kwargs: Any) -> int:
+    """The ``L`` that ``DMPCollection(module, "auto", **kwargs)`` builds: the cost model's pick.
+
+    ``kwargs`` are the constructor's keywords (``device``, ``constraints``, ``sharders``,
+    ``replica_layout``, ``global_pg``, ``planner_batch_size``, ``sync_options``, ...), checked
+    as the constructor checks them before any collective. Collective over ``global_pg`` (rank 0
+    decides, all receive): the same ``L`` on every rank. ``module`` is not sharded.
+    """
+    from sparse2d.core.collection_setup import resolve_setup
+
+    refuse_retired(kwargs)
+    size = kwargs.pop("sharding_group_size", AUTO)
+    if size != AUTO:
+        raise ConfigError(
+            f"pick_group_size chooses sharding_group_size; got sharding_group_size={size!r}."
+        )
+    return choose_group_size(
+        module, resolve_setup(module, (), kwargs | {"sharding_group_size": AUTO})
+    )
+
+
+def choose_group_size(module: nn.Module, setup: Setup) -> int:
+    """``pick_group_size`` for a call validated by the core's step 1 (``resolve_setup``):
+    rank 0 decides, all receive, rank 0 logs the line; the chosen ``L`` is checked by the
+    construction's step 2."""
+    from sparse2d.comm_device import share_from_rank0
+
+    call = setup.call
+
+    def decide_here() -> AutoPick:
+        job = workload_from_module(
+            module,
+            call.planner_batch_size,
+            call.sync_options,
+            setup.replica_layout,
+            call.constraints,
+        )
+        return decide(job, topology_for_device(setup.device, setup.world_size))
+
+    pick: AutoPick = share_from_rank0(decide_here, setup.pg)
+    if setup.rank == 0:
+        logger.info("[sparse2d] %s", pick.line())
+    return pick.sharding_group_size

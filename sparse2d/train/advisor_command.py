@@ -87,19 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N[,N...]",
         help="also forecast 1D and the best L at these world sizes (e.g. 1024,4096)",
     )
-    parser.add_argument(
-        "--measure",
-        action="store_true",
-        help="on a launched job (torchrun): the measured auto trial, no training "
-        "(= python -m sparse2d.train --config C --measure)",
-    )
     parser.add_argument("overrides", nargs="*", help="dotted.key=value config overrides")
     args = parser.parse_args(argv)
-    if args.measure:  # the trainer runs it: a process group, models, batches
-        # here, not at the top: the advisor's table loads no torch (the trainer's main does)
-        from sparse2d.train.main import main as train
-
-        return int(train(["--config", args.config, "--measure", *args.overrides]))
     try:
         if args.world_size < 1:
             raise ConfigError(f"--world-size {args.world_size} must be >= 1.")

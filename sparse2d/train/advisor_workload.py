@@ -1,5 +1,5 @@
 """The advisor's plain view of a trainer config (``sparse2d.advisor.workload.Workload``):
-read by ``sparse2d plan``, the measured ``auto`` trial and the loop's balance record."""
+read by ``sparse2d plan``, the trainer's ``auto`` pick and the loop's balance record."""
 
 from __future__ import annotations
 

@@ -152,7 +152,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, An
     device = resolve_device(cfg)
     init_fake_world(args.rank, args.world_size, local)
     planned = None
-    if cfg.parallel.sharding_group_size != "auto":  # (auto: its trial builds models anyway)
+    if cfg.parallel.sharding_group_size != "auto":  # (auto: shard's collective pick decides L)
         report, planned = _planned_only(cfg, device, args)
         if report is not None:
             dist.destroy_process_group()

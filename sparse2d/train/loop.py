@@ -21,7 +21,6 @@ from sparse2d.advisor.balance import local_load, max_over_mean
 from sparse2d.comm_device import flag_device
 from sparse2d.environment import environment
 from sparse2d.train.advisor_workload import workload_from_config
-from sparse2d.train.auto_trial import log_trial
 from sparse2d.train.config import Config
 from sparse2d.train.config.paths import launch_job
 from sparse2d.train.failure import gather_peers
@@ -135,8 +134,8 @@ class Loop:
         )
 
     def _start(self) -> dict[str, Any]:
-        """The ``start`` record (job shape, environment stamp, the mode's fields), the auto
-        trial's and the balance records; returns the summary's trial entry."""
+        """The ``start`` record (job shape, environment stamp, the mode's fields), the ``auto``
+        pick's line and record, and the balance record; returns the summary's pick entry."""
         self.log(
             {
                 "kind": "start",
@@ -151,15 +150,20 @@ class Loop:
                 "construction": self.model.construction.record(),  # sparse2d.core.construction (issue 32)
             }
         )
-        trial = log_trial(self.model, self.log, self.is_main)  # measured auto: table and record
+        pick = getattr(self.model, "auto_pick", None)  # auto: the cost model's pick
+        picked = {} if pick is None else {"auto_pick": pick.as_json()}
+        if pick is not None:
+            if self.is_main:
+                print(pick.line(), flush=True)
+            self.log({"kind": "auto_pick", **picked["auto_pick"]})
         self._log_balance()
-        return trial
+        return picked
 
     # ---- the loop --------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         cfg, mode = self.cfg, self.mode
         steps = cfg.train.steps
-        trial = self._start()
+        picked = self._start()
         bar = tqdm(
             total=steps,
             initial=mode.completed,
@@ -221,7 +225,7 @@ class Loop:
         self._land_counted()
         last_eval = self.evaluate()
         self.log({"kind": "eval", "step": mode.completed, **last_eval, **self.planted})
-        return self._finish(last_train, last_eval, trial)
+        return self._finish(last_train, last_eval, picked)
 
     def _log_train(
         self, window: TrainWindow, clock: _Clock, attempt: Attempt, bar: tqdm
@@ -241,7 +245,7 @@ class Loop:
         return last_train
 
     def _finish(
-        self, last_train: dict[str, float], last_eval: dict[str, float], trial: dict[str, Any]
+        self, last_train: dict[str, float], last_eval: dict[str, float], picked: dict[str, Any]
     ) -> dict[str, Any]:
         """``summary.json`` (both modes' keys, then the mode's), the ``final`` line."""
         cfg, model = self.cfg, self.model
@@ -266,7 +270,7 @@ class Loop:
             # which code and libraries made these numbers (sparse2d/environment.py)
             "environment": self.environment,
             "construction": model.construction.record(),  # sparse2d.core.construction (issue 32)
-            **trial,
+            **picked,
             **self.mode.summary(self.run_state),
         }
         self.recorder.write_summary(summary)

@@ -10,14 +10,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
-import json
 import logging
 import os
 import socket
 import sys
 import time
 import traceback
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,7 +24,7 @@ from sparse2d.errors import CheckpointError, ConfigError, FaultToleranceError, S
 from sparse2d.known_warnings import ignore_known_warnings
 from sparse2d.train.config import load_config
 from sparse2d.train.failure import describe, is_peer_failure
-from sparse2d.train.model_builder import measure_only, resolve_device
+from sparse2d.train.model_builder import resolve_device
 from sparse2d.train.rendezvous import owns_round_store, round_store, shared_store_across_hosts
 from sparse2d.train.torchrun import final_failure
 
@@ -72,13 +70,6 @@ def _report(rank: int, error: BaseException, with_traceback: bool) -> None:
     _say(rank, f"{type(error).__name__}: {error}")
 
 
-def _measure(cfg: Any, device: torch.device, world: int, rank: int) -> None:
-    report = measure_only(cfg, device, world)
-    if rank == 0:
-        print(report.table(), flush=True)
-        print(json.dumps(report.as_json()), flush=True)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sparse2d.train", description=__doc__)
     parser.add_argument("--config", required=True, help="YAML file (configs/*.yaml)")
@@ -87,12 +78,6 @@ def _parser() -> argparse.ArgumentParser:
         "--profile",
         action="store_true",
         help="torch.profiler trace of a few steps on rank 0 into RUN_DIR/profile/",
-    )
-    parser.add_argument(
-        "--measure",
-        action="store_true",
-        help="run the measured sharding_group_size=auto trial (parallel.auto) and print its "
-        "table and JSON, without training",
     )
     return parser
 
@@ -150,11 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Deterministic checks on every rank, before any collective: all ranks agree.
         cfg = load_config(args.config, args.overrides)
-        cfg.check_runtime(world, local_world, new_run=not args.measure)  # measure: no records
+        cfg.check_runtime(world, local_world)
         note = cfg.one_replica_note(world)
         if note and rank == 0:
             _say(rank, f"note: {note}")
-        if cfg.fault_tolerance.enable and not args.measure:  # another job's lighthouse: now
+        if cfg.fault_tolerance.enable:  # another job's lighthouse: now
             from sparse2d.train.ft_mode import check_lighthouse
 
             check_lighthouse(cfg)
@@ -173,10 +158,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             dist.init_process_group(backend, timeout=timeout)
-        if args.measure:  # the auto trial alone (docs/advisor.md, measured auto)
-            _measure(cfg, device, world, rank)
-            code = 0
-            return code
         # here, not at the top: the loop loads TorchRec (and its modes), which a bad config,
         # checked above on every rank, must not wait for
         from sparse2d.train.loop import Loop

@@ -8,15 +8,15 @@ seconds of import.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from sparse2d.errors import ConfigError
-from sparse2d.train.auto_trial import resolve_group_size
+from sparse2d.advisor.auto_pick import AutoPick, decide, topology_for_device
+from sparse2d.comm_device import share_from_rank0
+from sparse2d.train.advisor_workload import workload_from_config
 from sparse2d.train.config import Config
 
 
@@ -93,33 +93,31 @@ def dense_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimize
 
 
 def shard(cfg: Config, module: torch.nn.Module, device: torch.device, world: int) -> Any:
-    """``module`` sharded at the config's ``L``; for ``auto`` the measured trial's pick
-    (``sparse2d.train.auto_trial``), its report kept as ``model.trial_report``."""
-    size, layout, report = resolve_group_size(cfg, device, world, _candidate_builder(cfg, device))
+    """``module`` sharded at the config's ``L``; for ``auto`` the cost model's pick
+    (``resolve_group_size``), kept as ``model.auto_pick`` for the loop's start-up line."""
+    size, layout, pick = resolve_group_size(cfg, device, world)
     model = shard_at(cfg, module, device, size, layout)
-    model.trial_report = report
+    model.auto_pick = pick
     return model
 
 
-def _candidate_builder(cfg: Config, device: torch.device) -> Any:
-    """(``L``, layout) -> (model, dense optimizer), built exactly as the trainer builds them."""
-
-    def candidate(size: int, layout: str) -> tuple[Any, torch.optim.Optimizer]:
-        model = shard_at(cfg, build_model(cfg, device), device, size, layout)
-        return model, dense_optimizer(cfg, model)
-
-    return candidate
-
-
-def measure_only(cfg: Config, device: torch.device, world: int) -> Any:
-    """``--measure``: the measured ``auto`` trial on this launched job, no training; its
-    report (rank 0 prints the table). ``parallel.sharding_group_size`` is taken as ``auto``."""
-    if cfg.parallel.auto.candidates == 0:
-        raise ConfigError("--measure with parallel.auto.candidates=0 measures nothing: set >= 1.")
-    parallel = dataclasses.replace(cfg.parallel, sharding_group_size="auto")
-    cfg = dataclasses.replace(cfg, parallel=parallel)
-    _, _, report = resolve_group_size(cfg, device, world, _candidate_builder(cfg, device))
-    return report
+def resolve_group_size(
+    cfg: Config, device: torch.device, world: int
+) -> tuple[int, str, AutoPick | None]:
+    """``L`` and the replica layout for this job and, for ``auto``, the cost model's pick.
+    ``replica_layout: auto`` takes the advisor's layout for the ``L`` (the faster of the two
+    on the job's topology: ``SPARSE2D_TOPOLOGY`` where a launcher describes the cluster).
+    Rank 0 decides and every rank receives: the same answer, or the same ``NoFitError``."""
+    size, layout = cfg.group_size(world), cfg.parallel.replica_layout
+    if size != "auto" and layout != "auto":
+        return int(size), layout, None
+    fixed = None if size == "auto" else int(size)
+    pick: AutoPick = share_from_rank0(
+        lambda: decide(workload_from_config(cfg), topology_for_device(device, world), fixed),
+        dist.group.WORLD,
+    )
+    chosen = pick.replica_layout if layout == "auto" else layout
+    return pick.sharding_group_size, chosen, pick if fixed is None else None
 
 
 def shard_at(

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from sparse2d.advisor.trial_options import TrialOptions
+from sparse2d.advisor.auto_pick import RETIRED
 from sparse2d.sync.options import SyncOptions
 from sparse2d.train.config.io import positive
 
@@ -14,10 +14,14 @@ from sparse2d.train.config.io import positive
 class ParallelConfig:
     """The 2D layout: sharding groups of ``L`` ranks, replicated ``world / L`` times."""
 
+    retired_keys: ClassVar[dict[str, str]] = {"auto": RETIRED}
+    """Keys removed after measurement (the config loader refuses them with this line):
+    ``auto`` configured the measured trial of ``sharding_group_size: auto``."""
+
     sharding_group_size: int | Literal["auto"] | None = None
     """Ranks per sharding group ``L``; must divide the world size. null: the whole world (1D);
-    ``auto``: at start-up the advisor shortlists and a short trial on the job's first batches
-    picks the fastest (``parallel.auto``; ``sparse2d plan`` shows the model's table)."""
+    ``auto``: at start-up the advisor's cost model picks (rank 0 decides for every rank; the
+    start-up line and ``sparse2d plan`` show its predicted step per ``L``)."""
     replica_layout: Literal["intra_host", "inter_host", "auto"] = "intra_host"
     """``intra_host``: replicas of a shard on adjacent ranks; ``inter_host``: contiguous groups
     (a sharding group inside a host, its replicas on other hosts); ``auto``: the advisor's
@@ -29,9 +33,6 @@ class ParallelConfig:
     sync: SyncOptions = field(default_factory=SyncOptions)
     """Replica sync cadence and options: ``sparse2d.SyncOptions`` itself, with the library's
     defaults (``parallel.sync.every`` is the sync interval)."""
-    auto: TrialOptions = field(default_factory=TrialOptions)
-    """The measured ``auto`` trial (used only with ``sharding_group_size: auto``):
-    ``sparse2d.TrialOptions`` itself."""
     sharding_strategy: Literal["default", "fully_sharded"] = "default"
     """``default``: each replica holds its group's embedding shards; ``fully_sharded``: between
     steps each replica holds 1/G of them and every step averages weights and optimizer state
