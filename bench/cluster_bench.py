@@ -52,12 +52,12 @@ class Strategy:
     every: int = 1
     engine: str = "dense"
     auto: str = ""
+    """``model``: ``sharding_group_size`` and ``replica_layout`` both ``auto`` (the cost
+    model's pick); ``measured``: stored runs only, made while a trial on the job decided
+    (retired, bench/RESULTS.md section auto); empty: the fixed layout above."""
     switch: str = ""
     """A ``parallel.sync`` option changed for this run (``key=value``, e.g. ``hide=false``):
     what the ``options`` preset measures each sync option by."""
-    """``measured``: ``sharding_group_size`` and ``replica_layout`` both ``auto`` (the advisor
-    shortlists, a trial on the job decides); ``model``: the same without the trial (the cost
-    model's pick); empty: the fixed layout above."""
 
     @classmethod
     def from_stored(cls, raw: dict[str, Any]) -> Strategy:
@@ -82,14 +82,12 @@ class Strategy:
 
     def overrides(self) -> list[str]:
         if self.auto:
-            trial: list[str] = []  # parallel.auto (the trial) retired: "model" is what auto does
             return [
                 "parallel.sharding_group_size=auto",
                 "parallel.replica_layout=auto",
                 f"parallel.sync.every={self.every}",
                 f"parallel.sync.engine={self.engine}",
                 "parallel.sync.stream=false",
-                *trial,
             ]
         return [
             f"parallel.sharding_group_size={self.group_size}",
@@ -126,7 +124,12 @@ def strategies(
                 for engine in engines:
                     out.append(Strategy(size, layout, n, engine))
                 out += [Strategy(size, layout, n, engines[0], switch=x) for x in switches]
-    for kind in auto:  # the advisor's picks at the job's own cadence and engine
+    for kind in auto:  # the advisor's pick at the job's own cadence and engine
+        if kind != "model":
+            raise ValueError(
+                f"--auto {kind}: only 'model' runs now (the measured trial was retired: "
+                "bench/RESULTS.md section auto); stored 'measured' rows still render"
+            )
         out += [Strategy(0, every=n, engine=engines[0], auto=kind) for n in every]
     return out
 
@@ -320,14 +323,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 PRESETS: dict[str, dict[str, Any]] = {
     # The acceptance's cell: the shipped setting against 1D and full replication, 2 x 4 ranks
-    # at 200 Mbit/s, sync every 20 (the shipped cadence), and the advisor's two picks.
+    # at 200 Mbit/s, sync every 20 (the shipped cadence), and the advisor's pick.
     "main": {
         "shapes": ["2x4"],
         "links": ["200mbit"],
         "every": [20],
         "engines": ["auto"],
         "group_sizes": [1, 4, 8],
-        "auto": ["measured", "model"],
+        "auto": ["model"],
         "rounds": 3,
         "steps": 100,
     },
@@ -408,8 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--auto",
         type=lambda s: [x for x in s.split(",") if x],
-        default=["measured", "model"],
-        help="the advisor's picks to run too: measured,model (empty: none)",
+        default=["model"],
+        help="the advisor's pick to run too: model (empty: none)",
     )
     parser.add_argument(
         "--layouts", type=lambda s: s.split(","), help="2D layouts to run (default: both)"

@@ -49,6 +49,9 @@ _LAZY = {
     "FTOptions": "sparse2d.ft.ft_options",
     "pick_group_size": "sparse2d.advisor.auto_pick",
 }
+_RETIRED = ("TrialOptions", "TrialError", "measured_group_size")
+"""Names of the measured ``auto`` trial, retired by measurement (bench/RESULTS.md, section
+auto): importing one says so instead of a bare "cannot import name"."""
 _SUBMODULES = ("checkpoint", "patches")
 """``sparse2d.checkpoint.save`` (save/load/latest/prune/repair); ``sparse2d.patches`` (which
 TorchRec/FBGEMM workarounds the installed versions still need)."""
@@ -89,6 +92,11 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
     elif name in _SUBMODULES:
         value = importlib.import_module(f"{__name__}.{name}")
+    elif name in _RETIRED:  # ImportError: ``from sparse2d import`` drops an AttributeError's text
+        raise ImportError(
+            f"sparse2d.{name} was retired with the measured auto trial: 'auto' is the cost "
+            "model's pick (docs/advisor.md; bench/RESULTS.md, section auto, gives the runs)"
+        )
     else:
         raise AttributeError(f"module 'sparse2d' has no attribute {name!r}")
     globals()[name] = value  # the next access is a plain attribute

@@ -51,6 +51,15 @@ def test_every_public_name_resolves() -> None:
         sparse2d.live_tensors  # noqa: B018
 
 
+def test_a_retired_name_says_it_was_retired() -> None:
+    """``from sparse2d import TrialOptions`` (the measured auto trial's) names the retirement
+    and where the runs behind it are, not a bare "cannot import name"."""
+    for name in ("TrialOptions", "TrialError", "measured_group_size"):
+        with pytest.raises(ImportError, match=f"sparse2d.{name} was retired.*section auto"):
+            exec(f"from sparse2d import {name}", {})
+        assert name not in sparse2d.__all__
+
+
 def test_lazy_names_come_from_the_library() -> None:
     """The lazy table is strings (``importlib``), which ``test_imports`` cannot see: check here
     that none points into the application and each name is defined where the table says."""

@@ -17,7 +17,7 @@ from cluster_report import plot, render, retired_option, title
 
 
 def test_every_layout_once_and_the_options_crossed() -> None:
-    plan = strategies(8, [1, 10], ["dense", "sparse"], auto=["measured"])
+    plan = strategies(8, [1, 10], ["dense", "sparse"], auto=["model"])
     labels = [s.label(8) for s in plan]
     assert len(labels) == len(set(labels))
     assert labels[0] == "1D" and sum(s.group_size == 8 for s in plan) == 1
@@ -29,6 +29,8 @@ def test_every_layout_once_and_the_options_crossed() -> None:
     assert [s.every for s in plan if s.auto] == [1, 10]
     assert "parallel.replica_layout=auto" in Strategy(0, auto="model").overrides()
     assert not any("parallel.auto." in o for o in Strategy(0, auto="model").overrides())
+    with pytest.raises(ValueError, match="retired"):  # a new run cannot pose as the trial
+        strategies(8, [1], ["dense"], auto=["measured"])
 
 
 def _cell(label: str, group: int, sps: list[float], **extra) -> dict:
