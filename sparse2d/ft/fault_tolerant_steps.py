@@ -172,6 +172,10 @@ class FaultTolerance:
         if reuse:
             self._open = True
             return
+        if self._pending is not None:  # the group regroups where this rank's echo said keep:
+            self.land()  # the vote lands before any quorum, and its echo with it
+            self._lease.settle()
+            self._opened_at = (self._opened_at[0], self.manager.current_step())
         self._quorum()
         if self._started:
             self.waited["quorum_s"] += time.perf_counter() - self._opened_at[0]

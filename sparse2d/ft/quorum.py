@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sparse2d.comm_device import flag_device
 from sparse2d.errors import ConfigError, FaultToleranceError
 from sparse2d.ft.ft_options import FTOptions
 from sparse2d.ft.lighthouse import check_reachable
@@ -151,6 +152,8 @@ class ShortQuorums:
 
 ECHO = Ballot(Flag("committed", Meaning.ALL))
 """The commit echo's ballot: did every group in the quorum commit the step?"""
+REGROUP = Ballot(Flag("regroup", Meaning.ANY))
+"""Whether some rank of this group would form a quorum at the next step (``QuorumLease.reuses``)."""
 
 
 class QuorumLease:
@@ -194,9 +197,22 @@ class QuorumLease:
 
     def reuses(self, started: bool, step: int) -> bool:
         """Whether the step that starts at committed step ``step`` keeps the last quorum
-        (lands the echo in flight first); a step that does not counts as one formed."""
+        (lands the echo in flight first); a step that does not counts as one formed.
+
+        Where the lease would be kept, the group's ranks agree first (one 1-flag SUM over
+        the group): each rank heard its echo over its own cross-group process group, and
+        they can differ. A rank whose echo was lost keeps the lease (``_lost``) while
+        another heard that a group failed the step and regroups: the first went into the
+        next step's lookups, the second into the quorum, each waiting for the other until
+        ``quorum_timeout_s``, and every group of the job restarted (``bench/chaos.py``'s
+        short run, a 10 s partition: one group's ring done within ``TRUSTED_SHARE`` of
+        ``timeout_s``, another's after it)."""
         self.settle()
-        reuse = started and not self.regroup and step % self.every != 0
+        reuse = started and step % self.every != 0
+        if reuse:  # every rank of the group is here at this step alike
+            counting = REGROUP.start({"regroup": self.regroup}, None, device=flag_device())
+            self.regroup = counting.wait()["regroup"]
+            reuse = not self.regroup
         self.formed += not reuse
         return reuse
 
