@@ -11,7 +11,7 @@ global batch 512, sync every step, 300 steps:
   step), heal seconds and bytes, steps redone, rank-seconds lost, time to pass the kill step
   again, total wall time, eval AUC against the uninterrupted run.
 
-Regenerate: PYTHONPATH=. OMP_NUM_THREADS=1 python bench/ft_bench.py   (~10 min on 2 cores)
+Regenerate: PYTHONPATH=. .venv/bin/python bench/ft_bench.py   (~10 min on 2 cores)
 """
 
 from __future__ import annotations

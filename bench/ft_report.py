@@ -59,7 +59,7 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
             "reversed every other round (fault tolerant first in even rounds, standard first in odd "
             "ones: the first launch after other work runs slowest). "
             f"{args.machine}.",
-            f"Regenerate: `PYTHONPATH=. OMP_NUM_THREADS=1 python bench/ft_bench.py --clean-only "
+            f"Regenerate: `PYTHONPATH=. .venv/bin/python bench/ft_bench.py --clean-only "
             f"--pipeline {res['pipeline']}{' --mc ' + mc if mc != 'none' else ''} --steps {args.steps} "
             f"--rounds {args.rounds}"
             f"{''.join(f' --set {kv!r}' for kv in res.get('set', []))}"
@@ -140,10 +140,12 @@ def clean_markdown(res: dict, args: argparse.Namespace) -> str:
             "two flags over the group, `sparse2d.ft.step_vote.GroupVote`; it lands at the next forward, "
             "overlapping the pipeline's next input all-to-all and data, except for the steps the "
             "trainer evaluates or saves after: `sparse2d.ft.commit`), the commit echo (one "
-            "float over the quorum) and the write-back from the copies, plus torchft's quorum RPC (manager server -> "
-            f"lighthouse) every `quorum_every` ({QUORUM_EVERY}) committed steps and after any failed step; the standard "
-            "world runs one DDP all-reduce that also carries the folded embedding sync and the "
-            "NaN/inf vote (`sync.ddp.fold`, `sync.ddp.carried_vote`). The quorum is joined before the forward, "
+            "float over the quorum), where the lease is kept the group's agreement on it (one flag "
+            "over the group, `QuorumLease.reuses`: its wait, counted with the echo's, is the skew "
+            "between the group's ranks) and the write-back from the copies, plus torchft's quorum "
+            f"RPC (manager server -> lighthouse) every `quorum_every` ({QUORUM_EVERY}) committed "
+            "steps and after any failed step; the standard world runs DDP's all-reduce and, after "
+            "the step, the replica sync (`sparse2d/sync/policy.py`). The quorum is joined before the forward, "
             "not the backward: a live group's heal capture runs on torchft's quorum thread and the "
             "forward already changes captured state (FBGEMM's iteration counter, managed-collision "
             "remaps) (docs/fault_tolerance.md).",
@@ -163,7 +165,7 @@ def markdown(res: dict, args: argparse.Namespace) -> str:
         f"4 gloo CPU processes, configs/ft_tiny_cpu.yaml model and data (global batch 512), sync every "
         f"step, {args.steps} steps; fault tolerant = 2 groups x 2 ranks (`launch/ft_local.sh`), standard = "
         f"one world of 4, L=2 (`launch/local.sh`). {args.machine}.",
-        "Regenerate: `PYTHONPATH=. OMP_NUM_THREADS=1 python bench/ft_bench.py`.",
+        "Regenerate: `PYTHONPATH=. .venv/bin/python bench/ft_bench.py`.",
         "",
         "No failure (alternated rounds; samples/s over the training steps, start-up excluded):",
         "",

@@ -8,7 +8,7 @@ Two measurements on real gloo ranks (4 processes):
    ``DMPCollection`` (every sharding type, L=2) that is closed, and of one kept open (what
    every model was before ``close()`` existed: nothing released its groups).
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 python bench/resources_bench.py
+    PYTHONPATH=. .venv/bin/python bench/resources_bench.py
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ threads and open sockets of rank 0 after each:
 | `close()` after each | {closed[0]} | {closed[-1]} | {(closed[-1][0] - closed[0][0]) / (len(closed) - 1):.1f} threads |
 | kept open (as before `close()` existed) | {kept[0]} | {kept[-1]} | {(kept[-1][0] - kept[0][0]) / (len(kept) - 1):.1f} threads |
 
-Regenerate: `PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/resources_bench.py`.
+Regenerate: `PYTHONPATH=. .venv/bin/python bench/resources_bench.py`.
 """
 
 
