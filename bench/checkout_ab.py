@@ -39,9 +39,9 @@ MARKERS = {
     "flat": "checkout-ab-flat",
     "cluster": "checkout-ab-cluster",
     "flat-stream": "checkout-ab-flat-stream",
+    "flat-redesign": "checkout-ab-flat-redesign",
 }
 """Each job's section of bench/RESULTS.md, and each tagged comparison's (``JOB-TAG``)."""
-"""Each job's section of bench/RESULTS.md."""
 KEEP = ("samples_per_s", "sync_s_per_step", "eval_auc", "sharding_group_size")
 
 
