@@ -40,6 +40,7 @@ MARKERS = {
     "cluster": "checkout-ab-cluster",
     "flat-stream": "checkout-ab-flat-stream",
     "flat-redesign": "checkout-ab-flat-redesign",
+    "cluster-redesign": "checkout-ab-cluster-redesign",
 }
 """Each job's section of bench/RESULTS.md, and each tagged comparison's (``JOB-TAG``)."""
 KEEP = ("samples_per_s", "sync_s_per_step", "eval_auc", "sharding_group_size")
