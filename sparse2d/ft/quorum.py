@@ -162,9 +162,10 @@ class QuorumLease:
     not commit; the steps between reuse the last quorum's groups with no RPC.
 
     Every rank of every group decides alike: the groups of a quorum share the committed step,
-    and after each vote one 1-float SUM of the commit flags over each rank's cross-group
-    process group (the commit echo, started after the vote and landed when the next step
-    starts) tells every group whether all committed. The echo calls
+    after each vote one 1-float SUM of the commit flags over each rank's cross-group process
+    group (the commit echo, started after the vote and landed when the next step starts)
+    tells every group whether all committed, and where the lease would be kept a group's
+    ranks agree on what their echoes said (``reuses``). The echo calls
     the process group directly: torchft's ``allreduce`` skips a group whose step failed,
     and that group must be heard. It is not asked where this step's all-reduce failed (that
     rank's group was torn down, and its peers failed too); a failed echo (a peer lost after
@@ -264,6 +265,7 @@ class QuorumLease:
         until ``quorum_timeout_s`` (seen in a kill test). So this rank keeps the group's
         answer (``committed``) and tears its cross-group process group down: its next
         all-reduce fails at once, the group's vote fails as one, and every rank of the
-        group regroups at the step after."""
+        group regroups at the step after (at once where another rank heard that a group
+        failed: the ranks agree in ``reuses``)."""
         self._drop()
         self.regroup = not committed
