@@ -363,6 +363,7 @@ def check_echo_deadline(timeout_s: float) -> tuple[float, int] | None:
     import time
 
     from sparse2d.ft.quorum import QuorumLease
+    from sparse2d.ft.transport import WaitBudget
 
     cut = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=60))
     store = dist.distributed_c10d._get_default_store()
@@ -370,7 +371,9 @@ def check_echo_deadline(timeout_s: float) -> tuple[float, int] | None:
     out = None
     if dist.get_rank() == 0:
         dropped: list[float] = []
-        lease = QuorumLease(4, lambda: cut, lambda: dropped.append(time.monotonic()), timeout_s)
+        lease = QuorumLease(
+            4, lambda: cut, lambda: dropped.append(time.monotonic()), WaitBudget(timeout_s)
+        )
         started = time.monotonic()
         lease.after_vote(committed=True, pg_failed=False, participants=2)
         step = cut.allreduce([torch.ones(1)])  # the next step's all-reduce, echo in flight
@@ -411,6 +414,7 @@ def check_cut_off_echo() -> tuple[float, int, bool] | None:
     import time
 
     from sparse2d.ft.quorum import QuorumLease
+    from sparse2d.ft.transport import WaitBudget
 
     cut = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=60))
     store = dist.distributed_c10d._get_default_store()
@@ -418,7 +422,9 @@ def check_cut_off_echo() -> tuple[float, int, bool] | None:
     out = None
     if dist.get_rank() == 0:
         dropped: list[float] = []
-        lease = QuorumLease(4, lambda: cut, lambda: dropped.append(time.monotonic()), 20.0)
+        lease = QuorumLease(
+            4, lambda: cut, lambda: dropped.append(time.monotonic()), WaitBudget(20.0)
+        )
         lease.after_vote(committed=False, pg_failed=False, participants=2, cut_off=True)
         started = time.monotonic()
         lease.settle()  # the next step's start

@@ -40,7 +40,7 @@ from sparse2d.ft import state as heal_state
 from sparse2d.ft.ft_options import FTOptions
 from sparse2d.ft.manager import drop_process_group, torchft_manager
 from sparse2d.ft.quorum import START_POLL_S
-from sparse2d.ft.transport import ManagedChannel
+from sparse2d.ft.transport import ManagedChannel, WaitBudget
 from sparse2d.managed_collision.tables import sharded_mc_table_names
 from sparse2d.sync.shards import live_tensors
 
@@ -91,12 +91,14 @@ class FaultTolerance:
         """Seconds spent blocked on the quorum, on the commit vote and on its echo, past the
         first step."""
         self._short = quorum.ShortQuorums(options, lambda: self.participants)
+        self.budget = WaitBudget(options.timeout_s)
+        """How long this rank's cross-group waits give a silent peer (measured steps)."""
         self._lease = quorum.QuorumLease(
-            options.quorum_every, lambda: self._pg, self._drop_process_group, options.timeout_s
+            options.quorum_every, lambda: self._pg, self._drop_process_group, self.budget
         )
         self._pg, self.manager = torchft_manager(options, self._restore, self._capture)
         self.channel = ManagedChannel(
-            self.manager, self._pg, lambda: self.participants, options.timeout_s
+            self.manager, self._pg, lambda: self.participants, self.budget
         )
         self.policy, self._check_finite = replica_sync.install(
             model, options, self.channel, self.shards, self._has_mc
@@ -311,6 +313,7 @@ class FaultTolerance:
         if error is not None:  # every rank of the group: it restarts as one
             raise error
         if committed:
+            self.budget.committed(time.monotonic())
             self.optimizer.step()
             self.committed += 1
             self.slices_skipped += opts.num_groups - participants

@@ -2,10 +2,13 @@
 
 Timeouts (seconds) and why they default where they do, on CPU/gloo:
 
-- ``timeout_s``: the cross-group all-reduce, ``should_commit``, the heal transfer and the
-  commit echo (counted from the echo's start, so a step and the echo after it share one
-  ``timeout_s``). A peer killed by SIGKILL resets its sockets at once, so this bounds only a
-  peer that hangs or whose link was cut.
+- ``timeout_s``: the longest a partition stalls survivors, plus the one step they redo. The
+  cross-group all-reduce and the commit echo (counted from the echo's start, so a step and the
+  echo after it share one wait) give a silent peer ``timeout_s`` less a measured reserve for
+  what a survivor still does once it gives up (``sparse2d.ft.transport.WaitBudget``: two
+  median steps and the regroup); ``should_commit`` and the heal transfer get ``timeout_s``
+  itself. A peer killed by SIGKILL resets its sockets at once, so this bounds only a peer
+  that hangs or whose link was cut.
 - ``quorum_timeout_s``: how long a group waits for a quorum of ``min_replica_size`` groups
   before it stops with ``FaultToleranceError`` (covers "quorum below min_replica_size"); the
   whole quorum (lighthouse, process-group setup, heal) ends within it.
@@ -62,7 +65,8 @@ class FTOptions:
     group refuses a lighthouse marked for, or reached by the groups of, another job
     (``sparse2d.ft.lighthouse.check_job``)."""
     timeout_s: float = 30.0
-    """Cross-group collectives, commit vote and heal transfer."""
+    """The longest a silent peer (a hung process, a cut link) stalls the live groups, plus the
+    step they redo: cross-group collectives, commit vote and heal transfer (module docstring)."""
     quorum_timeout_s: float = 60.0
     """Wait for a quorum of ``min_replica_size`` groups (its setup and heal included) at most
     this long, then fail."""

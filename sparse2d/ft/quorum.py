@@ -26,7 +26,7 @@ from sparse2d.comm_device import flag_device
 from sparse2d.errors import ConfigError, FaultToleranceError
 from sparse2d.ft.ft_options import FTOptions
 from sparse2d.ft.lighthouse import check_reachable
-from sparse2d.ft.transport import wait_by
+from sparse2d.ft.transport import WaitBudget, wait_by
 from sparse2d.sync.ballot import Ballot, Flag, Meaning
 
 logger = logging.getLogger(__name__)
@@ -175,11 +175,11 @@ class QuorumLease:
     """
 
     def __init__(
-        self, every: int, pg: Callable[[], Any], drop: Callable[[], None], timeout_s: float
+        self, every: int, pg: Callable[[], Any], drop: Callable[[], None], budget: WaitBudget
     ) -> None:
         self.every, self._pg, self._drop = every, pg, drop
-        self.timeout_s = timeout_s
-        """How long the echo may take (``fault_tolerance.timeout_s``), counted from its start
+        self.budget = budget
+        """How long the echo may take (``WaitBudget.seconds``), counted from its start
         (``after_vote``), not from the wait (``settle``). Waited for explicitly: gloo's own
         timeout did not end an echo whose peer's link was cut (no reset arrives), which held
         one rank of a survivor group until the link came back while its other rank waited
@@ -239,13 +239,13 @@ class QuorumLease:
         opts.reduceOp = dist.ReduceOp.SUM
         try:
             work = self._pg().allreduce([flag], opts)
-            deadline = time.monotonic() + (0.0 if cut_off else self.timeout_s)
+            deadline = time.monotonic() + (0.0 if cut_off else self.budget.seconds())
             self._echo = (work, flag, committed, participants, deadline)
         except Exception:  # the process group went away after the vote (``_lost``)
             self._lost(committed)
 
     def settle(self) -> None:
-        """Wait for the echo in flight, if any, until its deadline (``timeout_s`` after it
+        """Wait for the echo in flight, if any, until its deadline (its budget after it
         started): regroup next step unless every group committed (a failed echo, a peer lost
         after the vote or its link cut, regroups too)."""
         if self._echo is None:
