@@ -431,6 +431,11 @@ def _f(value: object, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _within(a: dict) -> bool:
+    """The seed's longest partition stall is within its bound (none: trivially)."""
+    return a["partition_stall_s"] is None or a["partition_stall_s"] <= a["partition_bound_s"]
+
+
 def markdown(analyses: list[dict], reference_auc: float | None, machine: str) -> str:
     lines = [
         "### A bad day on the cluster: seeded random faults (`bench/chaos.py`)",
@@ -459,13 +464,14 @@ def markdown(analyses: list[dict], reference_auc: float | None, machine: str) ->
             f"Seed {a['seed']}: checker {verdict}. Launcher rc {a['rc']}, heals {a['heals']}, "
             f"failed commits {a['failed_commits']}, steps redone {a['steps_redone']}, eval AUC "
             f"{_f(a['eval_auc'], '.4f')} ({_f(a['auc_delta'], '+.4f')} vs uninterrupted); "
-            f"longest survivor stall in a partition {_f(a['partition_stall_s'])} s against "
-            f"timeout_s + one step = {_f(a['partition_bound_s'], '.2f')} s. {a.get('machine', '')}",
+            f"longest survivor stall in a partition {_f(a['partition_stall_s'], '.2f')} s "
+            f"against timeout_s + one step = {_f(a['partition_bound_s'], '.2f')} s "
+            f"({'within' if _within(a) else 'OVER'}). {a.get('machine', '')}",
             "",
             "| fault | struck at step | lasted s | survivors' longest stall s | heal s |",
             "|---|---:|---:|---:|---:|",
             *(
-                f"| {r['fault']} | {r['step']} | {_f(r['seconds'])} | {_f(r['stall_s'])} | "
+                f"| {r['fault']} | {r['step']} | {_f(r['seconds'])} | {_f(r['stall_s'], '.2f')} | "
                 f"{_f(r.get('heal_s'), '.2f')} |"
                 for r in a["rows"]
             ),
