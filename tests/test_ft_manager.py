@@ -192,7 +192,7 @@ def _guarded_wrapper(limit_s: float) -> tuple[object, object]:
 
     wrapper = ProcessGroupGloo(timeout=datetime.timedelta(seconds=limit_s))
     manager = SimpleNamespace(_quorum_id=4)
-    set_up_groups_by_deadline(wrapper, manager, limit_s)
+    set_up_groups_by_deadline(wrapper, manager, lambda: limit_s)
     return wrapper, manager
 
 

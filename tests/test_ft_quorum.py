@@ -40,7 +40,12 @@ one rank loses its commit echo ("echo")."""
 
 
 def _train(
-    group: int, lighthouse: str, quorum_every: int, fail_at: dict[int, str], defer: bool = False
+    group: int,
+    lighthouse: str,
+    quorum_every: int,
+    fail_at: dict[int, str],
+    defer: bool = False,
+    timeout_s: float = 20,
 ) -> dict:
     from torchrec.datasets.utils import Batch
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -48,7 +53,6 @@ def _train(
 
     from sparse2d import DMPCollection
     from sparse2d.ft import FaultTolerance, FTOptimizer, FTOptions
-    from sparse2d.ft import step_vote as ft_vote
     from sparse2d.sync.options import SyncOptions
     from tests.test_core_call_forms import DENSE_LR, pipeline_model
 
@@ -71,13 +75,55 @@ def _train(
         num_groups=GROUPS,
         min_replica_size=1,
         lighthouse=lighthouse,
-        timeout_s=20,
+        timeout_s=timeout_s,
         quorum_timeout_s=60,
         quorum_every=quorum_every,
     )
     ft = FaultTolerance(model, dense, options)
     ft.final_step = STEPS  # the last step syncs: the groups end averaged
-    seen = {"restore_threads": [], "attempt": 0, "quorum_rpcs": []}
+    seen = {"restore_threads": [], "attempt": 0, "quorum_rpcs": [], "step_failed": []}
+    _instrument(ft, group, fail_at, seen)
+    ft.start_step()  # join (and heal) before the pipeline's first prefetch
+    wrapper = FTOptimizer(
+        ft, expect_position=ft.position, defer=(lambda _: True) if defer else None
+    )
+    pipeline = TrainPipelineSparseDist(model, wrapper, torch.device("cpu"))
+    read: list[int] = []
+
+    def data():
+        position = ft.position
+        while True:
+            read.append(position)
+            kjt, x, target = make_batch(tables, position, group * SIZE + dist.get_rank())
+            yield Batch(dense_features=x, sparse_features=kjt, labels=target)
+            position += 1
+
+    it, committed = data(), []
+    while ft.step < STEPS:
+        pipeline.progress(it)
+        committed += ft.verdicts  # with defer: the previous attempt's, landed at the forward
+        ft.verdicts.clear()
+        seen["attempt"] += 1
+    summary = ft.summary()  # lands the last vote, if pending
+    committed += ft.verdicts
+    ft.shutdown()
+    return {
+        "tables": gather_tables(model, tables, None),
+        "dense": dense_params(model),
+        "committed": committed,
+        "summary": summary,
+        "read": read,
+        "restores": seen["restore_threads"],
+        "quorum_rpcs": sorted(set(seen["quorum_rpcs"])),
+        "step_failed": seen["step_failed"],
+    }
+
+
+def _instrument(ft, group: int, fail_at: dict[int, str], seen: dict) -> None:
+    """Record quorum RPCs, heals and step failures into ``seen``; inject ``fail_at``'s faults
+    (by ``seen["attempt"]``): a local error at the vote, a lost echo peer, a failed setup."""
+    from sparse2d.ft import step_vote as ft_vote
+
     restore, group_vote = ft._restore, ft_vote.GroupVote
     start_quorum = ft.manager.start_quorum
 
@@ -116,49 +162,32 @@ def _train(
                 ft._lease._pg = pg
         return after_vote(committed, pg_failed, participants, cut_off)
 
+    configure, quorum_now = ft._pg.configure, ft._quorum
+
+    def failing_setup(*args, **kwargs):  # group 1 rank 1's setup fails after building
+        configure(*args, **kwargs)
+        if group == 1 and dist.get_rank() == 1 and fail_at.get(seen["attempt"]) == "setup":
+            raise RuntimeError("injected setup fault")
+
+    def recording_quorum():  # whether this rank's step failed by the time the quorum ended
+        if fail_at.get(seen["attempt"]) == "setup":  # every rank builds a new group there
+            ft.manager._quorum_id = -1  # (torchft builds one only for a new quorum id)
+        quorum_now()
+        seen["step_failed"].append((seen["attempt"], ft.manager.errored() is not None))
+
+    ft._pg.configure, ft._quorum = failing_setup, recording_quorum
     ft._lease.after_vote = losing_echo
     ft_vote.GroupVote = failing_vote
     ft.manager.start_quorum = counting_quorum
     ft.manager._load_state_dict_fns["default"] = recording_restore  # torchft's load hook
-    ft.start_step()  # join (and heal) before the pipeline's first prefetch
-    wrapper = FTOptimizer(
-        ft, expect_position=ft.position, defer=(lambda _: True) if defer else None
-    )
-    pipeline = TrainPipelineSparseDist(model, wrapper, torch.device("cpu"))
-    read: list[int] = []
-
-    def data():
-        position = ft.position
-        while True:
-            read.append(position)
-            kjt, x, target = make_batch(tables, position, group * SIZE + dist.get_rank())
-            yield Batch(dense_features=x, sparse_features=kjt, labels=target)
-            position += 1
-
-    it, committed = data(), []
-    while ft.step < STEPS:
-        pipeline.progress(it)
-        committed += ft.verdicts  # with defer: the previous attempt's, landed at the forward
-        ft.verdicts.clear()
-        seen["attempt"] += 1
-    summary = ft.summary()  # lands the last vote, if pending
-    committed += ft.verdicts
-    ft.shutdown()
-    return {
-        "tables": gather_tables(model, tables, None),
-        "dense": dense_params(model),
-        "committed": committed,
-        "summary": summary,
-        "read": read,
-        "restores": seen["restore_threads"],
-        "quorum_rpcs": sorted(set(seen["quorum_rpcs"])),
-    }
 
 
-def _run(quorum_every: int, fail_at: dict[int, str], defer: bool = False) -> dict:
+def _run(
+    quorum_every: int, fail_at: dict[int, str], defer: bool = False, timeout_s: float = 20
+) -> dict:
     lighthouse = start_lighthouse(min_replicas=1)
     try:
-        args = (lighthouse.address(), quorum_every, fail_at, defer)
+        args = (lighthouse.address(), quorum_every, fail_at, defer, timeout_s)
         return run_groups(GROUPS, SIZE, _train, *args, timeout=300)
     finally:
         lighthouse.shutdown()
@@ -247,6 +276,25 @@ def test_ranks_that_heard_different_echoes_regroup_together() -> None:
         assert s["final_step"] == STEPS and s["failed_commits"] == (1 if g == 0 else 0), (g, r)
         assert got["quorum_rpcs"] == out[(g, 0)]["quorum_rpcs"], (g, r, got["quorum_rpcs"])
         assert got["quorum_rpcs"][:3] == [0, 4, 6], (g, r, got["quorum_rpcs"])
+        for name in base["tables"]:
+            assert torch.equal(got["tables"][name], base["tables"][name]), (g, r, name)
+
+
+def test_a_rank_whose_setup_failed_fails_the_step_on_every_rank_of_its_group() -> None:
+    """Group 1's rank 1 fails to set up the quorum's cross-group process group at attempt 4;
+    its rank 0 set its own up. Rank 0 must not go on into the step: on the emulated cluster
+    it waited in the lookups for rank 1 (whose setup gave up at its deadline) and then a
+    whole deadline more in an all-reduce toward a cut peer (40 s for a 27.7 s cut). The ranks
+    agree after the quorum (``quorum.agree_on_setup``): both fail the step before the
+    forward, and the groups end identical. Breaks without the agreement (rank 0's step is
+    not failed there)."""
+    out = _run(1, {4: "setup"}, timeout_s=6)
+    base = out[(0, 0)]
+    for (g, r), got in out.items():
+        failed_at_4 = [failed for attempt, failed in got["step_failed"] if attempt == 4]
+        assert failed_at_4 == ([True] if g == 1 else [False]), (g, r, got["step_failed"])
+        s = got["summary"]
+        assert s["final_step"] == STEPS and s["failed_commits"] >= (1 if g == 1 else 0), (g, r)
         for name in base["tables"]:
             assert torch.equal(got["tables"][name], base["tables"][name]), (g, r, name)
 

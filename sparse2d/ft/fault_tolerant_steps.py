@@ -96,7 +96,9 @@ class FaultTolerance:
         self._lease = quorum.QuorumLease(
             options.quorum_every, lambda: self._pg, self._drop_process_group, self.budget
         )
-        self._pg, self.manager = torchft_manager(options, self._restore, self._capture)
+        self._pg, self.manager = torchft_manager(
+            options, self._restore, self._capture, self.budget.seconds
+        )
         self.channel = ManagedChannel(
             self.manager, self._pg, lambda: self.participants, self.budget
         )
@@ -212,6 +214,7 @@ class FaultTolerance:
 
     def _quorum(self) -> None:
         self._participants = quorum.form(self.manager, self.options)
+        quorum.agree_on_setup(self.manager)
 
     def sync_embeddings(self) -> None:
         """The replica sync of this step, into copies (``model.sync()`` does the same; a

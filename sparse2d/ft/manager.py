@@ -31,10 +31,12 @@ def torchft_manager(
     options: FTOptions,
     restore: Callable[[dict[str, Any]], None],
     capture: Callable[[], dict[str, Any]],
+    setup_s: Callable[[], float] | None = None,
 ) -> tuple[Any, Any]:
     """This rank's cross-group process group and torchft ``Manager``, after checking on
     every rank that the lighthouse answers (one line instead of a hang) and serves this job
-    (``check_job``: a group never joins another job's quorum)."""
+    (``check_job``: a group never joins another job's quorum). ``setup_s``: how long each
+    quorum's process-group setup may take (``WaitBudget.seconds``; None: ``timeout_s``)."""
     address, job = options.lighthouse_address(), options.job_id()
     check_reachable(address, options.connect_timeout_s)
     check_job(address, job, options.connect_timeout_s)
@@ -60,7 +62,7 @@ def torchft_manager(
     )
     bound_quorum_wait(manager, options.quorum_timeout_s)
     refuse_strangers(manager, job)
-    set_up_groups_by_deadline(pg, manager, options.timeout_s)
+    set_up_groups_by_deadline(pg, manager, setup_s or (lambda: options.timeout_s))
     fresh_store_prefix(manager, pg)  # wraps the guarded client and the deadline's configure
     return pg, manager
 
@@ -218,9 +220,9 @@ CONFIGURED = (
 built a group to the one torchft's manager and sparse2d's transport hold."""
 
 
-def set_up_groups_by_deadline(pg: Any, manager: Any, limit_s: float) -> None:
+def set_up_groups_by_deadline(pg: Any, manager: Any, limit_s: Callable[[], float]) -> None:
     """Build each quorum's cross-group process group on a thread of its own, and give up on
-    it ``limit_s`` (``fault_tolerance.timeout_s``) after it began.
+    it ``limit_s()`` (``WaitBudget.seconds``: what a silent peer is given) after it began.
 
     torchft sets the group up on its quorum thread, which the step waits for: it reads the
     members' addresses from the primary group's store and connects to each. A member whose
@@ -254,7 +256,8 @@ def set_up_groups_by_deadline(pg: Any, manager: Any, limit_s: float) -> None:
             finished.set()
 
         threading.Thread(target=set_up, name="sparse2d_pg_setup", daemon=True).start()
-        finished.wait(limit_s)
+        waited_s = limit_s()
+        finished.wait(waited_s)
         with lock:
             if "done" not in outcome:
                 outcome["abandoned"] = True
@@ -262,8 +265,9 @@ def set_up_groups_by_deadline(pg: Any, manager: Any, limit_s: float) -> None:
             manager._quorum_id = -1  # the next quorum builds a group, whatever its id
         if "done" not in outcome:
             raise TimeoutError(
-                f"cross-group process group not set up within {limit_s:g} s "
-                "(fault_tolerance.timeout_s): a member of the quorum did not answer"
+                f"cross-group process group not set up within {waited_s:.3g} s "
+                "(fault_tolerance.timeout_s less its reserve): a member of the quorum did not "
+                "answer"
             )
         if "error" in outcome:
             raise outcome["error"]

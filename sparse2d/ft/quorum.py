@@ -122,6 +122,30 @@ def form(manager: Any, options: FTOptions) -> int:
         raise stop from None
 
 
+SET_UP = Ballot(Flag("failed", Meaning.ANY))
+"""Whether some rank of this group could not set up the quorum's cross-group process group."""
+
+
+def agree_on_setup(manager: Any) -> None:
+    """After a quorum, fail this step on every rank of the group if any rank could not set up
+    its cross-group process group (one 1-flag SUM over the group).
+
+    Each rank builds its own group with rank ``r`` of the other groups, and a link cut just
+    after the quorum can leave one built and another not: the first went into the step's
+    lookups and waited there for the second, whose setup gave up at its deadline, and then
+    waited a whole deadline more in the cross-group all-reduce it could now send to the cut
+    peer (40 s for a 27.7 s cut with ``timeout_s=20``, ``bench/chaos.py``'s seed 1; the
+    survivors were back only after the link). Told here, no rank sends anything over the
+    quorum this step (``ManagedChannel`` skips a step torchft saw fail), the vote fails it,
+    and the group regroups at the next step."""
+    failed = manager.errored() is not None
+    counting = SET_UP.start({"failed": failed}, None, device=flag_device())
+    if counting.wait()["failed"] and not failed:
+        manager.report_error(
+            FaultToleranceError("another rank of this group could not set up its cross-group group")
+        )
+
+
 class ShortQuorums:
     """Stop, on every rank, after ``quorum_timeout_s`` of quorums below ``min_replica_size``.
 
