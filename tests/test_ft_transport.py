@@ -215,3 +215,18 @@ def test_the_budget_keeps_two_median_steps_and_the_regroup_out_of_timeout_s() ->
     for k in range(4):
         slow.committed(5.0 * k)
     assert slow.seconds() == 20.0 * (1 - MAX_RESERVE_SHARE)
+
+
+def test_a_steps_waits_share_one_budget_from_its_start() -> None:
+    """Inside a step every cross-group wait ends one budget after the step began, however
+    late it starts (a rank that first waited for its peer in the group's lease agreement
+    must not wait a fresh budget toward a cut peer); outside a step a wait counts from its
+    own start. Breaks if the deadline counts from each wait's start."""
+    budget = WaitBudget(20.0)
+    budget.begin_step()
+    began = time.monotonic()
+    late = budget.deadline(began + 19.0)  # the all-reduce sent 19 s into the step
+    assert abs(late - (began + budget.seconds())) < 0.05, (late - began, budget.seconds())
+    budget.end_step()
+    outside = budget.deadline(began + 30.0)
+    assert outside == began + 30.0 + budget.seconds()

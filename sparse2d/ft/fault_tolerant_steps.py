@@ -164,6 +164,7 @@ class FaultTolerance:
         """
         if self._open:  # already joined (the trainer opens the first step before a pipeline)
             return
+        self.budget.begin_step()
         echoing, voted = time.perf_counter(), self.waited["vote_s"]  # echo: settled first
         if self._pending is not None:  # it lands before any quorum (a heal's capture reads
             self._lease.settle()  # the state); the group's decision: no rank's own verdict
@@ -190,6 +191,7 @@ class FaultTolerance:
                 self._quorum()
                 polls -= 1
         self._started = self._open = True
+        self.budget.begin_step()  # a quorum (a heal) may take long: the waits count from here
         if self._heal_from is not None:
             self._record_heal()
         if expect_position is not None and self._position != expect_position:
@@ -256,6 +258,7 @@ class FaultTolerance:
         )
         self.channel.sent_aside = False
         self.channel.start_tensors([*grads, control], scan)()
+        self.budget.end_step()
         bad_here = scan.bad or bad_sync
         pg_failed = m.errored() is not None
         if pg_failed:

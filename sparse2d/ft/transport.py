@@ -253,9 +253,8 @@ class ManagedChannel:
         except Exception as error:
             manager.report_error(error)
             work = None
-        wait_s = self.budget.seconds()
-        deadline = time.monotonic() + wait_s
-        return _QuorumWork(manager, work, tensor, divisor, deadline, wait_s)
+        deadline = self.budget.deadline(time.monotonic())
+        return _QuorumWork(manager, work, tensor, divisor, deadline, self.budget.seconds())
 
 
 class WaitBudget:
@@ -278,6 +277,24 @@ class WaitBudget:
         """``fault_tolerance.timeout_s``."""
         self._gaps: deque[float] = deque(maxlen=STEPS_MEASURED)
         self._last: float | None = None
+        self._began: float | None = None
+
+    def begin_step(self) -> None:
+        """The step's cross-group waits count from now (its start, and again after its
+        quorum) until ``end_step``: one wait for the whole step, however its waits follow one
+        another on the group's ranks. Counted per wait, a rank waited out its commit echo
+        while its peer waited for it in the group's lease agreement, then sent the step's
+        all-reduce toward the cut peer with a fresh wait (the survivors back only after a
+        24.3 s cut, ``bench/chaos.py`` seed 3)."""
+        self._began = time.monotonic()
+
+    def end_step(self) -> None:
+        """Waits outside a step (a checkpoint's, a final sync's) count from their own start."""
+        self._began = None
+
+    def deadline(self, started: float) -> float:
+        """When a cross-group wait begun at ``started`` ends (``time.monotonic()``)."""
+        return (started if self._began is None else self._began) + self.seconds()
 
     def committed(self, now: float) -> None:
         """A step committed at ``now`` (``time.monotonic()``)."""
