@@ -284,7 +284,7 @@ def test_a_rank_whose_setup_failed_fails_the_step_on_every_rank_of_its_group() -
     """Group 1's rank 1 fails to set up the quorum's cross-group process group at attempt 4;
     its rank 0 set its own up. Rank 0 must not go on into the step: on the emulated cluster
     it waited in the lookups for rank 1 (whose setup gave up at its deadline) and then a
-    whole deadline more in an all-reduce toward a cut peer (40 s for a 27.7 s cut). The ranks
+    whole deadline more in an all-reduce toward a cut peer. The ranks
     agree after the quorum (``quorum.agree_on_setup``): both fail the step before the
     forward, and the groups end identical. Breaks without the agreement (rank 0's step is
     not failed there)."""

@@ -134,8 +134,8 @@ def agree_on_setup(manager: Any) -> None:
     after the quorum can leave one built and another not: the first went into the step's
     lookups and waited there for the second, whose setup gave up at its deadline, and then
     waited a whole deadline more in the cross-group all-reduce it could now send to the cut
-    peer (40 s for a 27.7 s cut with ``timeout_s=20``, ``bench/chaos.py``'s seed 1; the
-    survivors were back only after the link). Told here, no rank sends anything over the
+    peer (``bench/chaos.py``'s seed 1: the survivors were back only after the link came
+    back). Told here, no rank sends anything over the
     quorum this step (``ManagedChannel`` skips a step torchft saw fail), the vote fails it,
     and the group regroups at the next step."""
     failed = manager.errored() is not None

@@ -266,7 +266,8 @@ class WaitBudget:
     started later (up to a step: the groups' steps are that far apart when one committed a
     step another failed) and regroups (a quorum RPC and a new process group). Waiting the
     whole ``timeout_s`` from the all-reduce's start, survivors stalled 20.07-20.11 s against
-    the 20.04 s bound on the emulated cluster (``bench/chaos.py``, three seeds).
+    the 20.04 s bound on the emulated cluster (``bench/chaos.py``'s three seeds,
+    ``bench/results/chaos.json`` at commit 77d15ae).
 
     The reserve is measured, not guessed: two median steps between this rank's commits plus
     ``REGROUP_S``, at most ``MAX_RESERVE_SHARE`` of ``timeout_s`` (a step that long is not
@@ -284,8 +285,8 @@ class WaitBudget:
         quorum) until ``end_step``: one wait for the whole step, however its waits follow one
         another on the group's ranks. Counted per wait, a rank waited out its commit echo
         while its peer waited for it in the group's lease agreement, then sent the step's
-        all-reduce toward the cut peer with a fresh wait (the survivors back only after a
-        24.3 s cut, ``bench/chaos.py`` seed 3)."""
+        all-reduce toward the cut peer with a fresh wait (the survivors back only after the
+        link came back, ``bench/chaos.py`` seed 3)."""
         self._began = time.monotonic()
 
     def end_step(self) -> None:
