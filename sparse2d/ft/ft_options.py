@@ -66,7 +66,9 @@ class FTOptions:
     (``sparse2d.ft.lighthouse.check_job``)."""
     timeout_s: float = 30.0
     """The longest a silent peer (a hung process, a cut link) stalls the live groups, plus the
-    step they redo: cross-group collectives, commit vote and heal transfer (module docstring)."""
+    step they redo. The quorum's setup, the cross-group all-reduce and the commit echo give
+    it this less a measured reserve (two median steps and 0.1 s, at most 10%); the commit
+    vote and the heal transfer all of it."""
     quorum_timeout_s: float = 60.0
     """Wait for a quorum of ``min_replica_size`` groups (its setup and heal included) at most
     this long, then fail."""
