@@ -7,8 +7,8 @@ Timeouts (seconds) and why they default where they do, on CPU/gloo:
   peer ``timeout_s`` less a measured reserve for what a survivor still does once it gives up
   (``sparse2d.ft.transport.WaitBudget``: two median steps and the regroup), counted from the
   step's start for the step's waits and from the echo's start for the echo;
-  ``should_commit`` and the heal transfer get ``timeout_s`` itself. A peer killed by SIGKILL resets its sockets at once, so this bounds only a peer
-  that hangs or whose link was cut.
+  ``should_commit`` and the heal transfer get ``timeout_s`` itself. A peer killed by SIGKILL
+  resets its sockets at once, so this bounds only a peer that hangs or whose link was cut.
 - ``quorum_timeout_s``: how long a group waits for a quorum of ``min_replica_size`` groups
   before it stops with ``FaultToleranceError`` (covers "quorum below min_replica_size"); the
   whole quorum (lighthouse, process-group setup, heal) ends within it.

@@ -135,9 +135,9 @@ def agree_on_setup(manager: Any) -> None:
     lookups and waited there for the second, whose setup gave up at its deadline, and then
     waited a whole deadline more in the cross-group all-reduce it could now send to the cut
     peer (``bench/chaos.py``'s seed 1: the survivors were back only after the link came
-    back). Told here, no rank sends anything over the
-    quorum this step (``ManagedChannel`` skips a step torchft saw fail), the vote fails it,
-    and the group regroups at the next step."""
+    back). Told here, no rank sends anything over the quorum this step (``ManagedChannel``
+    skips a step torchft saw fail), the vote fails it, and the group regroups at the next
+    step."""
     failed = manager.errored() is not None
     counting = SET_UP.start({"failed": failed}, None, device=flag_device())
     if counting.wait()["failed"] and not failed:

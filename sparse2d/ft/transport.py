@@ -53,7 +53,8 @@ class ManagedChannel:
     ) -> None:
         self.manager = manager
         self.budget = budget
-        """How long each collective may take from its start (``WaitBudget``; ``wait_by``)."""
+        """When each collective is given up (``WaitBudget``: from the step's start inside a
+        step, else from its own; ``wait_by``)."""
         self._participants = participants
         """Groups in the current quorum (``FaultTolerance.participants``: read from torchft
         once per quorum)."""
@@ -239,7 +240,7 @@ class ManagedChannel:
         over the quorum, on torchft's process group itself. What ``Manager.allreduce`` does
         (no collective after an error, zeros from a group not participating, an error
         reported to the manager, never raised), without its per-call future chain and timeout
-        timer: the wait ends the budget's ``seconds()`` after the start (``wait_by``)."""
+        timer: the wait ends at the budget's deadline (``WaitBudget.deadline``, ``wait_by``)."""
         manager = self.manager
         if manager.errored() is not None:  # the step fails its vote: the result is not used
             return _QuorumWork(manager, None, tensor, None, 0.0, 0.0)
@@ -253,13 +254,14 @@ class ManagedChannel:
         except Exception as error:
             manager.report_error(error)
             work = None
-        deadline = self.budget.deadline(time.monotonic())
-        return _QuorumWork(manager, work, tensor, divisor, deadline, self.budget.seconds())
+        wait_s = self.budget.seconds()
+        deadline = self.budget.counted_from(time.monotonic()) + wait_s
+        return _QuorumWork(manager, work, tensor, divisor, deadline, wait_s)
 
 
 class WaitBudget:
-    """How long a cross-group wait (the step's all-reduce, the commit echo) gives a silent
-    peer: ``fault_tolerance.timeout_s`` less what a survivor still does once it gives up, so
+    """How long a cross-group wait (the quorum's setup, the step's all-reduce, the commit
+    echo) gives a silent peer: ``fault_tolerance.timeout_s`` less what a survivor still does once it gives up, so
     that a partition stalls survivors at most ``timeout_s`` plus the one step they redo
     (issue 64). Between its last commit and the step it redoes, a survivor also runs the
     failed step's work before its all-reduce (up to a step), waits for the groups whose step
@@ -293,9 +295,10 @@ class WaitBudget:
         """Waits outside a step (a checkpoint's, a final sync's) count from their own start."""
         self._began = None
 
-    def deadline(self, started: float) -> float:
-        """When a cross-group wait begun at ``started`` ends (``time.monotonic()``)."""
-        return (started if self._began is None else self._began) + self.seconds()
+    def counted_from(self, started: float) -> float:
+        """Where a cross-group wait begun at ``started`` counts from (``time.monotonic()``):
+        the step's start inside a step, else ``started``; it ends ``seconds()`` later."""
+        return started if self._began is None else self._began
 
     def committed(self, now: float) -> None:
         """A step committed at ``now`` (``time.monotonic()``)."""
@@ -363,7 +366,7 @@ class _QuorumWork:
     ) -> None:
         self.manager, self.work, self.tensor, self.divisor = manager, work, tensor, divisor
         self.deadline, self.wait_s = deadline, wait_s
-        """``wait_s`` (``WaitBudget.seconds``) after the all-reduce started, on
+        """``wait_s`` (``WaitBudget.seconds``) after the step began (``counted_from``), on
         ``time.monotonic()``."""
 
     def wait(self) -> bool:
